@@ -1,0 +1,201 @@
+/*
+ * The few CUDA driver API and NVML types hami-jupyter needs, declared here so
+ * that the preload library and the simulated GPU build with the system C
+ * compiler alone (no CUDA toolkit, no CUDA headers). Values and layouts follow
+ * the public ABI of libcuda.so.1 (CUDA 12/13) and libnvidia-ml.so.1.
+ */
+#ifndef HAMI_CUDA_TYPES_H
+#define HAMI_CUDA_TYPES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- CUDA driver API ---------------------------------------------------- */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long cuuint64_t;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUgraphExec_st *CUgraphExec;
+
+enum {
+	CUDA_SUCCESS = 0,
+	CUDA_ERROR_INVALID_VALUE = 1,
+	CUDA_ERROR_OUT_OF_MEMORY = 2,
+	CUDA_ERROR_NOT_INITIALIZED = 3,
+	CUDA_ERROR_DEINITIALIZED = 4,
+	CUDA_ERROR_NO_DEVICE = 100,
+	CUDA_ERROR_INVALID_DEVICE = 101,
+	CUDA_ERROR_INVALID_CONTEXT = 201,
+	CUDA_ERROR_INVALID_IMAGE = 200,
+	CUDA_ERROR_OPERATING_SYSTEM = 304,
+	CUDA_ERROR_INVALID_HANDLE = 400,
+	CUDA_ERROR_NOT_FOUND = 500,
+	CUDA_ERROR_NOT_READY = 600,
+	CUDA_ERROR_NOT_PERMITTED = 800,
+	CUDA_ERROR_NOT_SUPPORTED = 801,
+	CUDA_ERROR_UNKNOWN = 999
+};
+
+typedef struct CUuuid_st {
+	char bytes[16];
+} CUuuid;
+
+/* cuGetProcAddress flags and results. */
+enum {
+	CU_GET_PROC_ADDRESS_DEFAULT = 0,
+	CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1,
+	CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2
+};
+typedef enum {
+	CU_GET_PROC_ADDRESS_SUCCESS = 0,
+	CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+	CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2
+} CUdriverProcAddressQueryResult;
+
+/* cuDeviceGetAttribute: only the attributes this project asks for. */
+enum {
+	CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
+	CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+	CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
+	CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+	CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
+};
+
+typedef enum {
+	CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
+	CU_AD_FORMAT_UNSIGNED_INT16 = 0x02,
+	CU_AD_FORMAT_UNSIGNED_INT32 = 0x03,
+	CU_AD_FORMAT_SIGNED_INT8 = 0x08,
+	CU_AD_FORMAT_SIGNED_INT16 = 0x09,
+	CU_AD_FORMAT_SIGNED_INT32 = 0x0a,
+	CU_AD_FORMAT_HALF = 0x10,
+	CU_AD_FORMAT_FLOAT = 0x20
+} CUarray_format;
+
+typedef struct {
+	size_t Width;
+	size_t Height;
+	CUarray_format Format;
+	unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
+typedef struct {
+	size_t Width;
+	size_t Height;
+	size_t Depth;
+	CUarray_format Format;
+	unsigned int NumChannels;
+	unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+
+typedef enum {
+	CU_MEM_LOCATION_TYPE_INVALID = 0,
+	CU_MEM_LOCATION_TYPE_DEVICE = 1,
+	CU_MEM_LOCATION_TYPE_HOST = 2,
+	CU_MEM_LOCATION_TYPE_HOST_NUMA = 3,
+	CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4
+} CUmemLocationType;
+
+typedef struct {
+	CUmemLocationType type;
+	int id;
+} CUmemLocation;
+
+typedef struct {
+	int type;                 /* CUmemAllocationType: 1 = pinned */
+	int requestedHandleTypes; /* CUmemAllocationHandleType */
+	CUmemLocation location;
+	void *win32HandleMetaData;
+	struct {
+		unsigned char compressionType;
+		unsigned char gpuDirectRDMACapable;
+		unsigned short usage;
+		unsigned char reserved[4];
+	} allocFlags;
+} CUmemAllocationProp;
+
+/* cuMemPoolGetAttribute attributes used to follow pool growth. */
+typedef enum {
+	CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,
+	CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,
+	CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3,
+	CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+	CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+	CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,
+	CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+	CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8
+} CUmemPool_attribute;
+
+enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };
+
+/* ---- NVML ----------------------------------------------------------------- */
+
+typedef int nvmlReturn_t;
+typedef struct nvmlDevice_st *nvmlDevice_t;
+
+enum {
+	NVML_SUCCESS = 0,
+	NVML_ERROR_UNINITIALIZED = 1,
+	NVML_ERROR_INVALID_ARGUMENT = 2,
+	NVML_ERROR_NOT_SUPPORTED = 3,
+	NVML_ERROR_NO_PERMISSION = 4,
+	NVML_ERROR_NOT_FOUND = 6,
+	NVML_ERROR_INSUFFICIENT_SIZE = 7,
+	NVML_ERROR_FUNCTION_NOT_FOUND = 13,
+	NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+	NVML_ERROR_UNKNOWN = 999
+};
+
+#define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
+#define NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
+
+typedef struct {
+	unsigned long long total;
+	unsigned long long free;
+	unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct {
+	unsigned int version; /* nvmlMemory_v2 */
+	unsigned long long total;
+	unsigned long long reserved;
+	unsigned long long free;
+	unsigned long long used;
+} nvmlMemory_v2_t;
+
+/* NVML_STRUCT_VERSION(Memory, 2) */
+#define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+
+typedef struct {
+	unsigned int gpu;
+	unsigned int memory;
+} nvmlUtilization_t;
+
+/* nvmlDeviceGetComputeRunningProcesses_v3 element. */
+typedef struct {
+	unsigned int pid;
+	unsigned long long usedGpuMemory;
+	unsigned int gpuInstanceId;
+	unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+
+/* nvmlDeviceGetProcessUtilization element. */
+typedef struct {
+	unsigned int pid;
+	unsigned long long timeStamp;
+	unsigned int smUtil;
+	unsigned int memUtil;
+	unsigned int encUtil;
+	unsigned int decUtil;
+} nvmlProcessUtilizationSample_t;
+
+#endif

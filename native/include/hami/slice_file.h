@@ -1,0 +1,141 @@
+/*
+ * The slice file, layout version 1: the one contract between every process of
+ * a slice (the preload library in each kernel), the Jupyter side (magic, CLI,
+ * server extension) and whoever sets the limits (hub, admin).
+ *
+ * This header is the source of truth. hami_jupyter/slice_file.py mirrors it
+ * and tests/test_slice_layout.py fails if any offset or size disagrees.
+ * docs/slice-file.md explains the rules; in short:
+ *
+ *  - Every field is naturally aligned and accessed with atomic loads/stores
+ *    (or compare-and-swap); no process-shared mutex exists anywhere.
+ *  - A live slot is owned by the process holding an OFD write lock
+ *    (fcntl F_OFD_SETLK) on the slot's first byte. The kernel drops that lock
+ *    when the process dies, whatever its PID namespace, so "lock free" means
+ *    "owner gone" and PID reuse cannot fool it.
+ *  - The slice's memory charge per device (hami_slice_device.memory_used) is
+ *    reserved with compare-and-swap against the limit before the driver call,
+ *    and rolled back if the call fails: concurrent processes never pass it.
+ *  - Limits are double-buffered: writers (serialized by an OFD lock on the
+ *    limits block) fill the copy not in use, then bump the generation. Readers
+ *    never wait; a writer that dies half-way never published its copy.
+ *
+ * Sizes are fixed: nothing is ever moved or compacted.
+ */
+#ifndef HAMI_SLICE_FILE_H
+#define HAMI_SLICE_FILE_H
+
+#include <stdint.h>
+
+#define HAMI_SLICE_MAGIC "HAMISLCE" /* 8 bytes, no terminator */
+#define HAMI_SLICE_VERSION_MAJOR 1u
+#define HAMI_SLICE_VERSION_MINOR 0u
+
+#define HAMI_SLICE_MAX_DEVICES 16
+#define HAMI_SLICE_MAX_SLOTS 256
+#define HAMI_SLICE_NAME_LEN 64
+#define HAMI_SLICE_UUID_LEN 48
+#define HAMI_SLICE_KERNEL_ID_LEN 48
+#define HAMI_SLICE_COMM_LEN 16
+
+/* hami_slice_header.flags */
+#define HAMI_SLICE_FLAG_PRIVATE 0x1u /* anonymous slice of one process tree */
+
+/* hami_device_limit.mode */
+#define HAMI_MODE_HARD 0u
+#define HAMI_MODE_ELASTIC 1u
+
+/* hami_slice_device.state and hami_slot.state */
+#define HAMI_DEVICE_EMPTY 0u
+#define HAMI_DEVICE_CLAIMING 1u
+#define HAMI_DEVICE_READY 2u
+
+#define HAMI_SLOT_FREE 0u
+#define HAMI_SLOT_LIVE 1u
+
+struct hami_slice_header {
+	char magic[8];
+	uint32_t version_major;
+	uint32_t version_minor;
+	uint64_t file_size;      /* bytes; readers refuse a shorter file */
+	uint32_t header_size;    /* sizeof(struct hami_slice_header) */
+	uint32_t flags;          /* HAMI_SLICE_FLAG_* */
+	uint32_t max_devices;    /* HAMI_SLICE_MAX_DEVICES */
+	uint32_t max_slots;      /* HAMI_SLICE_MAX_SLOTS */
+	uint32_t device_size;    /* sizeof(struct hami_slice_device) */
+	uint32_t slot_size;      /* sizeof(struct hami_slot) */
+	uint64_t limits_offset;  /* struct hami_slice_limits */
+	uint64_t devices_offset; /* struct hami_slice_device[max_devices] */
+	uint64_t slots_offset;   /* struct hami_slot[max_slots] */
+	uint64_t created_unix_ns;
+	char name[HAMI_SLICE_NAME_LEN]; /* slice name, NUL-terminated */
+	uint8_t reserved[112];
+};
+
+/* Limits of one device. Zero means "no limit" for every field. */
+struct hami_device_limit {
+	uint64_t memory_limit; /* bytes */
+	uint32_t sm_share;     /* percent of the GPU's time, 1..100 */
+	uint32_t mode;         /* HAMI_MODE_* */
+	uint32_t max_decoders; /* concurrent NVDEC decoders */
+	uint32_t reserved0;
+	uint64_t reserved1;
+};
+
+/* One complete, consistent set of limits. */
+struct hami_limit_set {
+	struct hami_device_limit device[HAMI_SLICE_MAX_DEVICES]; /* by slice device index */
+	struct hami_device_limit fallback; /* for a GPU not yet in device[] */
+};
+
+struct hami_slice_limits {
+	uint64_t generation;      /* the copy in force is copy[generation & 1] */
+	uint64_t changed_unix_ns; /* when the generation last changed */
+	struct hami_limit_set copy[2];
+};
+
+/* One GPU the slice has met, keyed by UUID. */
+struct hami_slice_device {
+	uint32_t state;    /* HAMI_DEVICE_*: claimed with compare-and-swap */
+	uint32_t sm_count; /* multiprocessors of the physical GPU */
+	char uuid[HAMI_SLICE_UUID_LEN]; /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+	uint64_t memory_total; /* physical bytes */
+	uint64_t memory_used;  /* the slice's charge: every process, reservations included */
+	uint64_t memory_peak;  /* highest memory_used seen */
+	uint32_t sm_util;      /* percent, whole slice, refreshed by its processes */
+	uint32_t decoders;     /* live NVDEC decoders, whole slice */
+	uint64_t reserved[5];
+};
+
+/* One process of the slice. */
+struct hami_slot {
+	uint32_t state; /* HAMI_SLOT_*; owned while its OFD lock is held */
+	int32_t pid;    /* in the owner's PID namespace */
+	uint64_t pid_ns;          /* inode of the owner's /proc/self/ns/pid */
+	uint32_t uid;
+	uint32_t reserved0;
+	uint64_t started_unix_ns;
+	uint64_t active_unix_ns;  /* last charge, credit or heartbeat */
+	char kernel_id[HAMI_SLICE_KERNEL_ID_LEN]; /* Jupyter kernel id, if any */
+	char comm[HAMI_SLICE_COMM_LEN];           /* process name */
+	uint64_t memory_used[HAMI_SLICE_MAX_DEVICES]; /* by slice device index */
+	uint32_t sm_util[HAMI_SLICE_MAX_DEVICES];     /* percent */
+	uint8_t reserved[728];
+};
+
+/* The whole file, in order. */
+struct hami_slice_file {
+	struct hami_slice_header header;
+	struct hami_slice_limits limits;
+	struct hami_slice_device device[HAMI_SLICE_MAX_DEVICES];
+	struct hami_slot slot[HAMI_SLICE_MAX_SLOTS];
+};
+
+_Static_assert(sizeof(struct hami_slice_header) == 256, "header size");
+_Static_assert(sizeof(struct hami_device_limit) == 32, "device limit size");
+_Static_assert(sizeof(struct hami_limit_set) == 544, "limit set size");
+_Static_assert(sizeof(struct hami_slice_limits) == 1104, "limits size");
+_Static_assert(sizeof(struct hami_slice_device) == 128, "device size");
+_Static_assert(sizeof(struct hami_slot) == 1024, "slot size");
+
+#endif
