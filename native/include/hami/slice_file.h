@@ -16,6 +16,10 @@
  *  - The slice's memory charge per device (hami_slice_device.memory_used) is
  *    reserved with compare-and-swap against the limit before the driver call,
  *    and rolled back if the call fails: concurrent processes never pass it.
+ *    A slot's txn counter is odd while its owner is between updating that
+ *    counter and its own memory_used; when no live slot is odd, the device
+ *    counter must equal the sum of the slots', and a sweeping process
+ *    restores that equality after a process died half-way.
  *  - Limits are double-buffered: writers (serialized by an OFD lock on the
  *    limits block) fill the copy not in use, then bump the generation. Readers
  *    never wait; a writer that dies half-way never published its copy.
@@ -45,6 +49,9 @@
 #define HAMI_MODE_HARD 0u
 #define HAMI_MODE_ELASTIC 1u
 
+/* hami_device_limit.flags */
+#define HAMI_LIMIT_SET 0x1u /* this entry is in force (else: the fallback) */
+
 /* hami_slice_device.state and hami_slot.state */
 #define HAMI_DEVICE_EMPTY 0u
 #define HAMI_DEVICE_CLAIMING 1u
@@ -72,14 +79,17 @@ struct hami_slice_header {
 	uint8_t reserved[112];
 };
 
-/* Limits of one device. Zero means "no limit" for every field. */
+/*
+ * Limits of one device. An entry without HAMI_LIMIT_SET defers to the
+ * set's fallback. Within an entry in force, zero means "no limit".
+ */
 struct hami_device_limit {
 	uint64_t memory_limit; /* bytes */
 	uint32_t sm_share;     /* percent of the GPU's time, 1..100 */
 	uint32_t mode;         /* HAMI_MODE_* */
 	uint32_t max_decoders; /* concurrent NVDEC decoders */
-	uint32_t reserved0;
-	uint64_t reserved1;
+	uint32_t flags;        /* HAMI_LIMIT_* */
+	uint64_t reserved;
 };
 
 /* One complete, consistent set of limits. */
@@ -113,7 +123,7 @@ struct hami_slot {
 	int32_t pid;    /* in the owner's PID namespace */
 	uint64_t pid_ns;          /* inode of the owner's /proc/self/ns/pid */
 	uint32_t uid;
-	uint32_t reserved0;
+	uint32_t txn;   /* odd while the owner is between the steps of a charge */
 	uint64_t started_unix_ns;
 	uint64_t active_unix_ns;  /* last charge, credit or heartbeat */
 	char kernel_id[HAMI_SLICE_KERNEL_ID_LEN]; /* Jupyter kernel id, if any */

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Set up and run the whole test suite, from any state of the checkout:
+#   - a virtual environment in .venv (created on first use),
+#   - hami-jupyter installed into it editable, with the test extras,
+#   - native/ built twice: release (native/build) and ASan+UBSan (native/build-asan),
+#   - pytest -ra over tests/ (arguments are passed on to pytest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+
+jobs=$(nproc 2>/dev/null || echo 2)
+make -C native -j"$jobs" all sim tools
+make -C native -j"$jobs" BUILD=asan all sim tools
+
+status=0
+.venv/bin/python -m pytest -ra "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+    echo "dev/test.sh: pytest collected no tests; that is a failure, not a pass" >&2
+    exit 1
+fi
+exit "$status"

@@ -1,0 +1,490 @@
+"""Read a slice file: the Python mirror of ``native/include/hami/slice_file.h``.
+
+The C header is the source of truth. The ctypes classes below repeat it field
+for field (same names, types, array sizes and constants);
+``tests/test_slice_layout.py`` compiles a program against the header and fails
+if any offset or size disagrees. ``docs/slice-file.md`` explains the rules.
+
+:class:`SliceFile` only reads. It maps the file read-only, never takes a lock,
+never waits and never writes, so it cannot disturb the kernels of the slice
+and cannot hang on one that died mid-update. Opening and reading a slice of a
+few processes takes about 0.15 ms; with all 256 slots in use, about 1-2 ms
+(one ``fcntl`` per used slot dominates).
+
+Which processes are alive is decided exactly as the C side decides it: a slot
+belongs to a live process while some open file description holds an OFD write
+lock (``fcntl(F_OFD_SETLK)``) on the slot's first byte. The kernel drops that
+lock when the owner dies, whatever PID namespace it ran in, so a recycled PID
+cannot make a dead slot look alive. The reader asks with ``F_OFD_GETLK`` on its
+own read-only descriptor; being a separate open file description, it also sees
+locks held by other descriptors of its own process (a kernel that reads its own
+slice). A slot whose state says live while nobody holds its lock belongs to a
+process that died: it is reported as *stale* until a process of the slice
+reclaims it.
+"""
+
+import ctypes
+import fcntl
+import mmap
+import os
+import stat
+import struct
+from dataclasses import dataclass
+
+# ---- constants: the #defines of slice_file.h, same names -------------------
+
+HAMI_SLICE_MAGIC = b"HAMISLCE"  # 8 bytes, no terminator
+HAMI_SLICE_VERSION_MAJOR = 1
+HAMI_SLICE_VERSION_MINOR = 0
+
+HAMI_SLICE_MAX_DEVICES = 16
+HAMI_SLICE_MAX_SLOTS = 256
+HAMI_SLICE_NAME_LEN = 64
+HAMI_SLICE_UUID_LEN = 48
+HAMI_SLICE_KERNEL_ID_LEN = 48
+HAMI_SLICE_COMM_LEN = 16
+
+HAMI_SLICE_FLAG_PRIVATE = 0x1  # anonymous slice of one process tree
+
+HAMI_MODE_HARD = 0
+HAMI_MODE_ELASTIC = 1
+
+HAMI_LIMIT_SET = 0x1  # hami_device_limit.flags: this entry is in force (else: the fallback)
+
+HAMI_DEVICE_EMPTY = 0
+HAMI_DEVICE_CLAIMING = 1
+HAMI_DEVICE_READY = 2
+
+HAMI_SLOT_FREE = 0
+HAMI_SLOT_LIVE = 1
+
+
+# ---- layout: the structs of slice_file.h, same names and order -------------
+# Each class names its C struct in _c_name_ so the layout test can pair them.
+
+
+class HamiSliceHeader(ctypes.Structure):
+    _c_name_ = "hami_slice_header"
+    _fields_ = [
+        ("magic", ctypes.c_char * 8),
+        ("version_major", ctypes.c_uint32),
+        ("version_minor", ctypes.c_uint32),
+        ("file_size", ctypes.c_uint64),
+        ("header_size", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("max_devices", ctypes.c_uint32),
+        ("max_slots", ctypes.c_uint32),
+        ("device_size", ctypes.c_uint32),
+        ("slot_size", ctypes.c_uint32),
+        ("limits_offset", ctypes.c_uint64),
+        ("devices_offset", ctypes.c_uint64),
+        ("slots_offset", ctypes.c_uint64),
+        ("created_unix_ns", ctypes.c_uint64),
+        ("name", ctypes.c_char * HAMI_SLICE_NAME_LEN),
+        ("reserved", ctypes.c_uint8 * 112),
+    ]
+
+
+class HamiDeviceLimit(ctypes.Structure):
+    _c_name_ = "hami_device_limit"
+    _fields_ = [
+        ("memory_limit", ctypes.c_uint64),
+        ("sm_share", ctypes.c_uint32),
+        ("mode", ctypes.c_uint32),
+        ("max_decoders", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64),
+    ]
+
+
+class HamiLimitSet(ctypes.Structure):
+    _c_name_ = "hami_limit_set"
+    _fields_ = [
+        ("device", HamiDeviceLimit * HAMI_SLICE_MAX_DEVICES),
+        ("fallback", HamiDeviceLimit),
+    ]
+
+
+class HamiSliceLimits(ctypes.Structure):
+    _c_name_ = "hami_slice_limits"
+    _fields_ = [
+        ("generation", ctypes.c_uint64),
+        ("changed_unix_ns", ctypes.c_uint64),
+        ("copy", HamiLimitSet * 2),
+    ]
+
+
+class HamiSliceDevice(ctypes.Structure):
+    _c_name_ = "hami_slice_device"
+    _fields_ = [
+        ("state", ctypes.c_uint32),
+        ("sm_count", ctypes.c_uint32),
+        ("uuid", ctypes.c_char * HAMI_SLICE_UUID_LEN),
+        ("memory_total", ctypes.c_uint64),
+        ("memory_used", ctypes.c_uint64),
+        ("memory_peak", ctypes.c_uint64),
+        ("sm_util", ctypes.c_uint32),
+        ("decoders", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64 * 5),
+    ]
+
+
+class HamiSlot(ctypes.Structure):
+    _c_name_ = "hami_slot"
+    _fields_ = [
+        ("state", ctypes.c_uint32),
+        ("pid", ctypes.c_int32),
+        ("pid_ns", ctypes.c_uint64),
+        ("uid", ctypes.c_uint32),
+        ("txn", ctypes.c_uint32),
+        ("started_unix_ns", ctypes.c_uint64),
+        ("active_unix_ns", ctypes.c_uint64),
+        ("kernel_id", ctypes.c_char * HAMI_SLICE_KERNEL_ID_LEN),
+        ("comm", ctypes.c_char * HAMI_SLICE_COMM_LEN),
+        ("memory_used", ctypes.c_uint64 * HAMI_SLICE_MAX_DEVICES),
+        ("sm_util", ctypes.c_uint32 * HAMI_SLICE_MAX_DEVICES),
+        ("reserved", ctypes.c_uint8 * 728),
+    ]
+
+
+class HamiSliceFile(ctypes.Structure):
+    _c_name_ = "hami_slice_file"
+    _fields_ = [
+        ("header", HamiSliceHeader),
+        ("limits", HamiSliceLimits),
+        ("device", HamiSliceDevice * HAMI_SLICE_MAX_DEVICES),
+        ("slot", HamiSlot * HAMI_SLICE_MAX_SLOTS),
+    ]
+
+
+STRUCTS = (
+    HamiSliceHeader,
+    HamiDeviceLimit,
+    HamiLimitSet,
+    HamiSliceLimits,
+    HamiSliceDevice,
+    HamiSlot,
+    HamiSliceFile,
+)
+
+LIMITS_OFFSET = HamiSliceFile.limits.offset
+DEVICES_OFFSET = HamiSliceFile.device.offset
+SLOTS_OFFSET = HamiSliceFile.slot.offset
+FILE_SIZE = ctypes.sizeof(HamiSliceFile)
+_GENERATION_OFFSET = LIMITS_OFFSET + HamiSliceLimits.generation.offset
+_COPY_OFFSET = LIMITS_OFFSET + HamiSliceLimits.copy.offset
+
+
+def slot_offset(index):
+    """File offset of slot *index*; its first byte is the one its owner locks."""
+    return SLOTS_OFFSET + index * ctypes.sizeof(HamiSlot)
+
+
+# ---- errors -----------------------------------------------------------------
+
+
+class SliceFileError(Exception):
+    """The file is not a slice file this reader can read."""
+
+
+class UnsupportedVersion(SliceFileError):
+    """The file has a layout major version this reader does not know."""
+
+
+class TruncatedSliceFile(SliceFileError):
+    """The file is shorter than its header or the layout says."""
+
+
+class LimitsBusy(SliceFileError):
+    """The limits changed on every read attempt (writers faster than the reader)."""
+
+
+# ---- snapshot ---------------------------------------------------------------
+
+
+@dataclass
+class Limit:
+    """Limits of one device; 0 means "no limit" in every field."""
+
+    memory_limit: int
+    sm_share: int
+    mode: int
+    max_decoders: int
+
+
+@dataclass
+class Device:
+    """One GPU the slice has met; *index* is its slice device index."""
+
+    index: int
+    uuid: str
+    sm_count: int
+    memory_total: int
+    memory_used: int  # the whole slice's charge, reservations included
+    memory_peak: int
+    sm_util: int
+    decoders: int
+    limit: Limit  # the limit in force: the device's own entry, else the fallback
+    limit_is_fallback: bool
+
+
+@dataclass
+class Slot:
+    """One process of the slice. *memory_used* maps slice device index to bytes."""
+
+    index: int
+    pid: int  # in the owner's PID namespace (see pid_ns)
+    pid_ns: int
+    uid: int
+    kernel_id: str
+    comm: str
+    memory_used: dict[int, int]
+    sm_util: dict[int, int]
+    started_unix_ns: int
+    active_unix_ns: int
+
+
+@dataclass
+class SliceSnapshot:
+    """What a slice file said at one moment.
+
+    *slots* are processes alive now; *stale_slots* belong to processes that
+    died and whose usage no process of the slice has reclaimed yet (it is
+    still counted in the devices' ``memory_used``).
+    """
+
+    path: str
+    name: str
+    version: tuple[int, int]
+    flags: int
+    created_unix_ns: int
+    limits_generation: int
+    limits_changed_unix_ns: int
+    fallback_limit: Limit
+    devices: tuple[Device, ...]
+    slots: tuple[Slot, ...]
+    stale_slots: tuple[Slot, ...]
+
+
+# ---- locks --------------------------------------------------------------------
+
+# Linux fcntl commands for open-file-description locks (<asm-generic/fcntl.h>).
+# Python 3.9+ exposes them when it was built against headers that have them;
+# the numbers are fixed by the kernel ABI either way.
+F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)
+F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
+
+# struct flock on 64-bit Linux: short l_type, short l_whence, off_t l_start,
+# off_t l_len, pid_t l_pid (then 4 bytes of padding, which the kernel writes
+# into the 1024-byte buffer fcntl() passes, so the short pack is safe).
+# OFD commands require l_pid == 0.
+_FLOCK = "hhqqi"
+
+
+def flock_bytes(lock_type, start, length=1):
+    """A ``struct flock`` for an OFD lock command on bytes [start, start+length)."""
+    return struct.pack(_FLOCK, lock_type, os.SEEK_SET, start, length, 0)
+
+
+def _write_locked(fd, offset):
+    """True when some open file description holds a write lock on byte *offset*.
+
+    Asking about a read lock conflicts only with write locks, and works on a
+    read-only descriptor. F_OFD_GETLK never blocks.
+    """
+    answer = fcntl.fcntl(fd, F_OFD_GETLK, flock_bytes(fcntl.F_RDLCK, offset))
+    return struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK
+
+
+# ---- reader -----------------------------------------------------------------
+
+_LIMIT_READ_ATTEMPTS = 64
+
+
+def _text(raw):
+    return raw.decode("utf-8", errors="replace")
+
+
+def _limit(dl):
+    return Limit(dl.memory_limit, dl.sm_share, dl.mode, dl.max_decoders)
+
+
+class SliceFile:
+    """A slice file opened for reading.
+
+    ``with SliceFile(path) as sf: snap = sf.snapshot()``. Opening validates the
+    header; :meth:`snapshot` may be called as often as wanted (``%hami watch``).
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        # O_NONBLOCK: a FIFO or device node at this path must not hang us.
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise SliceFileError(f"{self.path}: not a regular file")
+            self._check_size(st.st_size, ctypes.sizeof(HamiSliceHeader), "its header")
+            header = HamiSliceHeader.from_buffer_copy(os.pread(fd, ctypes.sizeof(HamiSliceHeader), 0))
+            self._validate(header, st.st_size)
+            self._map = mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self.header = header
+
+    # -- validation --
+
+    def _check_size(self, actual, needed, what):
+        if actual < needed:
+            raise TruncatedSliceFile(
+                f"{self.path}: truncated slice file: {actual} bytes, {what} needs {needed}"
+            )
+
+    def _validate(self, h, actual_size):
+        if h.magic != HAMI_SLICE_MAGIC:
+            raise SliceFileError(
+                f"{self.path}: not a slice file (magic {h.magic!r}, "
+                f"expected {HAMI_SLICE_MAGIC!r})"
+            )
+        if h.version_major != HAMI_SLICE_VERSION_MAJOR:
+            raise UnsupportedVersion(
+                f"{self.path}: slice file layout version {h.version_major}.{h.version_minor} "
+                f"is not supported; this hami-jupyter reads version "
+                f"{HAMI_SLICE_VERSION_MAJOR}.x (upgrade hami-jupyter to read it)"
+            )
+        # Minor versions only add fields inside reserved space, so every
+        # version 1.x file has exactly this geometry.
+        expected = {
+            "header_size": ctypes.sizeof(HamiSliceHeader),
+            "max_devices": HAMI_SLICE_MAX_DEVICES,
+            "max_slots": HAMI_SLICE_MAX_SLOTS,
+            "device_size": ctypes.sizeof(HamiSliceDevice),
+            "slot_size": ctypes.sizeof(HamiSlot),
+            "limits_offset": LIMITS_OFFSET,
+            "devices_offset": DEVICES_OFFSET,
+            "slots_offset": SLOTS_OFFSET,
+        }
+        for field, want in expected.items():
+            got = getattr(h, field)
+            if got != want:
+                raise SliceFileError(
+                    f"{self.path}: corrupt slice file: header {field} is {got}, "
+                    f"layout version 1 has {want}"
+                )
+        if h.file_size < FILE_SIZE:
+            raise SliceFileError(
+                f"{self.path}: corrupt slice file: header file_size is {h.file_size}, "
+                f"layout version 1 needs at least {FILE_SIZE}"
+            )
+        self._check_size(actual_size, h.file_size, "its header's file_size")
+
+    # -- reading --
+
+    def _u64(self, offset):
+        return struct.unpack_from("=Q", self._map, offset)[0]
+
+    def read_limits(self):
+        """``(generation, changed_unix_ns, HamiLimitSet)`` of the copy in force.
+
+        Reads generation g, copies ``copy[g & 1]``, re-reads the generation and
+        keeps the copy only if it did not move; a writer that dies half-way
+        never published its copy, so this settles unless writers keep racing.
+        Bounded: raises :class:`LimitsBusy` instead of spinning forever.
+        """
+        set_size = ctypes.sizeof(HamiLimitSet)
+        changed_offset = LIMITS_OFFSET + HamiSliceLimits.changed_unix_ns.offset
+        for _ in range(_LIMIT_READ_ATTEMPTS):
+            generation = self._u64(_GENERATION_OFFSET)
+            copy = HamiLimitSet.from_buffer_copy(self._map, _COPY_OFFSET + (generation & 1) * set_size)
+            changed = self._u64(changed_offset)
+            if self._u64(_GENERATION_OFFSET) == generation:
+                return generation, changed, copy
+        raise LimitsBusy(
+            f"{self.path}: limits changed on each of {_LIMIT_READ_ATTEMPTS} reads; try again"
+        )
+
+    def snapshot(self):
+        """Return a :class:`SliceSnapshot` of the file as it is now."""
+        generation, changed, limits = self.read_limits()
+        devices = []
+        raw_devices = (HamiSliceDevice * HAMI_SLICE_MAX_DEVICES).from_buffer_copy(self._map, DEVICES_OFFSET)
+        for i, d in enumerate(raw_devices):
+            if d.state != HAMI_DEVICE_READY:
+                continue  # empty, or another process is still filling it in
+            own = limits.device[i]
+            own_set = bool(own.flags & HAMI_LIMIT_SET)
+            devices.append(Device(
+                index=i,
+                uuid=_text(d.uuid),
+                sm_count=d.sm_count,
+                memory_total=d.memory_total,
+                memory_used=d.memory_used,
+                memory_peak=d.memory_peak,
+                sm_util=d.sm_util,
+                decoders=d.decoders,
+                limit=_limit(own if own_set else limits.fallback),
+                limit_is_fallback=not own_set,
+            ))
+        indexes = [d.index for d in devices]
+        live, stale = [], []
+        for i in range(HAMI_SLICE_MAX_SLOTS):
+            offset = slot_offset(i)
+            # A FREE slot has nothing to show, even if a process holds its lock
+            # while it claims or reclaims it.
+            if struct.unpack_from("=I", self._map, offset)[0] != HAMI_SLOT_LIVE:
+                continue
+            s = HamiSlot.from_buffer_copy(self._map, offset)
+            memory_used, sm_util = s.memory_used[:], s.sm_util[:]
+            slot = Slot(
+                index=i,
+                pid=s.pid,
+                pid_ns=s.pid_ns,
+                uid=s.uid,
+                kernel_id=_text(s.kernel_id),
+                comm=_text(s.comm),
+                memory_used={d: memory_used[d] for d in indexes},
+                sm_util={d: sm_util[d] for d in indexes},
+                started_unix_ns=s.started_unix_ns,
+                active_unix_ns=s.active_unix_ns,
+            )
+            (live if _write_locked(self._fd, offset) else stale).append(slot)
+        h = self.header
+        return SliceSnapshot(
+            path=self.path,
+            name=_text(h.name),
+            version=(h.version_major, h.version_minor),
+            flags=h.flags,
+            created_unix_ns=h.created_unix_ns,
+            limits_generation=generation,
+            limits_changed_unix_ns=changed,
+            fallback_limit=_limit(limits.fallback),
+            devices=tuple(devices),
+            slots=tuple(live),
+            stale_slots=tuple(stale),
+        )
+
+    # -- lifetime --
+
+    def close(self):
+        if self._fd is not None:
+            self._map.close()
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_fd", None) is not None:
+            self.close()
+
+
+def read_snapshot(path):
+    """Open *path*, take one snapshot, close it."""
+    with SliceFile(path) as sf:
+        return sf.snapshot()

@@ -1,0 +1,96 @@
+/*
+ * Driver API and NVML declarations the simulated GPU needs beyond
+ * include/hami/cuda_types.h. Layouts follow the public ABI of libcuda.so.1
+ * (CUDA 12/13) and libnvidia-ml.so.1; only what the sim reads or writes.
+ */
+#ifndef HAMI_SIM_API_H
+#define HAMI_SIM_API_H
+
+#include "hami/cuda_types.h"
+
+/* ---- CUDA driver API ---------------------------------------------------- */
+
+/* Special stream handles. */
+#define SIM_STREAM_LEGACY ((CUstream)0x1)
+#define SIM_STREAM_PER_THREAD ((CUstream)0x2)
+
+typedef struct CUlaunchAttribute_st CUlaunchAttribute; /* never read */
+
+typedef struct {
+	unsigned int gridDimX;
+	unsigned int gridDimY;
+	unsigned int gridDimZ;
+	unsigned int blockDimX;
+	unsigned int blockDimY;
+	unsigned int blockDimZ;
+	unsigned int sharedMemBytes;
+	CUstream hStream;
+	CUlaunchAttribute *attrs;
+	unsigned int numAttrs;
+} CUlaunchConfig;
+
+/* CUmemPoolProps (CUDA 12): CUDA 11 had reserved[64] where maxSize is, which
+ * callers had to zero, so reading maxSize is safe for both. */
+typedef struct {
+	int allocType;   /* CUmemAllocationType */
+	int handleTypes; /* CUmemAllocationHandleType */
+	CUmemLocation location;
+	void *win32SecurityAttributes;
+	size_t maxSize;
+	unsigned short usage;
+	unsigned char reserved[54];
+} CUmemPoolProps;
+
+enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1 };
+
+/* cuArray3DCreate flags the sim looks at. */
+enum { CUDA_ARRAY3D_LAYERED = 0x01, CUDA_ARRAY3D_CUBEMAP = 0x04 };
+
+/* Device attributes with non-zero answers (see dev_attribute in sim_cuda.c). */
+enum {
+	CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X = 2,
+	CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y = 3,
+	CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z = 4,
+	CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X = 5,
+	CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y = 6,
+	CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z = 7,
+	CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10,
+	CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
+	CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
+	CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
+	CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+	CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
+};
+
+/* ---- NVML ----------------------------------------------------------------- */
+
+enum {
+	NVML_ERROR_ALREADY_INITIALIZED = 5,
+	NVML_ERROR_DRIVER_NOT_LOADED = 9,
+	NVML_ERROR_OPERATING_SYSTEM = 17,
+	NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+};
+
+#define SIM_NVML_VALUE_NOT_AVAILABLE 0xffffffffu
+
+/* nvmlDeviceGetComputeRunningProcesses (v1) element. */
+typedef struct {
+	unsigned int pid;
+	unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE 32
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
+
+/* nvmlPciInfo_t as nvmlDeviceGetPciInfo_v2/_v3 fill it. */
+typedef struct {
+	char busIdLegacy[NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE];
+	unsigned int domain;
+	unsigned int bus;
+	unsigned int device;
+	unsigned int pciDeviceId;
+	unsigned int pciSubSystemId;
+	char busId[NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE];
+} nvmlPciInfo_t;
+
+#endif

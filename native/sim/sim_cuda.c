@@ -1,0 +1,2174 @@
+/*
+ * libcuda.so.1 of the simulated GPU: the driver API subset hami-jupyter uses,
+ * with the real ABI. Memory has no backing store; what matters is that every
+ * byte a call takes or gives back is charged to the shared device (sim_state)
+ * exactly as the real driver would take it, so the device's used/peak_used
+ * witness what any process really got.
+ *
+ * Process-local objects (contexts, streams, pools, modules, functions, arrays,
+ * memory handles) live in a slot table; a handle encodes slot, generation and
+ * kind, so a stale or foreign handle is refused instead of dereferenced.
+ * Device pointers are numbers from a private range, kept sorted for range
+ * lookups. One process-local mutex guards all of it.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "sim_api.h"
+#include "sim_state.h"
+
+#define GRAN (2ull << 20)       /* allocation granularity, pool growth step */
+#define PITCH_ALIGN 512ull
+#define VA_BASE (1ull << 40)    /* device addresses start here */
+#define VA_END (1ull << 62)
+#define CTX_STACK 256
+#define DRIVER_VERSION 13000
+
+enum kind { K_NONE, K_CTX, K_STREAM, K_POOL, K_MODULE, K_FUNC, K_ARRAY, K_MIPMAP, K_MEMHANDLE };
+
+struct obj {
+	enum kind kind;
+	int dev;           /* physical device; -1 for host memory handles */
+	int ordinal;       /* ctx: the CUDA ordinal it was made for */
+	uint64_t ctx;      /* owning context: streams, modules, functions, arrays */
+	uint64_t parent;   /* function: its module */
+	uint64_t bytes;    /* device memory held: contexts, arrays, memory handles */
+	uint64_t last_end; /* ctx, stream: when the last launch on it ends */
+	unsigned flags;
+	int primary, active; /* ctx */
+	/* pool */
+	int is_default, dying;
+	uint64_t reserved, used, reserved_high, used_high, threshold, max_size;
+	char *name; /* function */
+};
+
+struct slot {
+	uint32_t gen;
+	uint32_t next_free;
+	struct obj *o;
+};
+
+struct alloc {
+	CUdeviceptr base;
+	uint64_t size;    /* as asked: range checks */
+	uint64_t charged; /* device bytes it holds itself; 0 for pool memory */
+	uint64_t ctx;
+	uint64_t pool; /* 0 unless stream-ordered */
+	int dev;
+	int live;
+};
+
+static struct {
+	pthread_mutex_t mu;
+	_Atomic int inited;
+	CUresult init_rc;
+	unsigned nvis;
+	int vis[SIM_MAX_DEVICES]; /* ordinal -> physical device */
+	struct slot *slots;
+	uint32_t nslots, cap, free_head, gen;
+	struct alloc *al; /* sorted by base: bases only grow */
+	size_t nal, cap_al, dead_al;
+	uint64_t next_va;
+	uint64_t prim[SIM_MAX_DEVICES]; /* primary context handles */
+	unsigned prim_refs[SIM_MAX_DEVICES];
+	unsigned prim_flags[SIM_MAX_DEVICES];
+	uint64_t def_pool[SIM_MAX_DEVICES];
+	uint64_t cur_pool[SIM_MAX_DEVICES];
+} C = {.mu = PTHREAD_MUTEX_INITIALIZER, .free_head = UINT32_MAX, .next_va = VA_BASE};
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+/* The calling thread's context stack; the top is the current context. */
+static __thread uint64_t t_stack[CTX_STACK];
+static __thread int t_depth;
+
+#define H(x) ((uint64_t)(uintptr_t)(x))
+
+static struct sim_state *S(void)
+{
+	return sim_st();
+}
+
+static CUresult ready(void)
+{
+	return atomic_load(&C.inited) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+static int phys(CUdevice d)
+{
+	return d >= 0 && (unsigned)d < C.nvis ? C.vis[d] : -1;
+}
+
+static uint64_t round_up(uint64_t v, uint64_t a)
+{
+	return v > UINT64_MAX - (a - 1) ? UINT64_MAX / a * a : (v + a - 1) / a * a;
+}
+
+static CUresult charge(int dev, uint64_t bytes)
+{
+	int r = sim_charge((unsigned)dev, bytes);
+	return r == SIM_OK ? CUDA_SUCCESS : r == SIM_ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
+}
+
+/* ---- objects ------------------------------------------------------------ */
+
+static uint64_t obj_new(enum kind k, struct obj **out)
+{
+	uint32_t i;
+	struct obj *o = calloc(1, sizeof(*o));
+	if (!o)
+		return 0;
+	if (C.free_head != UINT32_MAX) {
+		i = C.free_head;
+		C.free_head = C.slots[i].next_free;
+	} else {
+		if (C.nslots == C.cap) {
+			uint32_t cap = C.cap ? C.cap * 2 : 64;
+			struct slot *s = cap < (1u << 24) ? realloc(C.slots, cap * sizeof(*s)) : NULL;
+			if (!s) {
+				free(o);
+				return 0;
+			}
+			C.slots = s;
+			C.cap = cap;
+		}
+		i = C.nslots++;
+	}
+	if (++C.gen == 0)
+		C.gen = 1;
+	C.slots[i].gen = C.gen;
+	C.slots[i].o = o;
+	o->kind = k;
+	o->dev = -1;
+	*out = o;
+	return (uint64_t)C.gen << 32 | (uint64_t)(i + 1) << 8 | (uint64_t)k;
+}
+
+static struct obj *obj_get(uint64_t h, enum kind k)
+{
+	uint64_t i = (h >> 8) & 0xffffff;
+	if ((h & 0xff) != (uint64_t)k || i == 0 || i > C.nslots)
+		return NULL;
+	struct slot *s = &C.slots[i - 1];
+	if (!s->o || s->gen != (uint32_t)(h >> 32) || s->o->kind != k)
+		return NULL;
+	return s->o;
+}
+
+static void obj_free(uint64_t h)
+{
+	uint32_t i = (uint32_t)((h >> 8) & 0xffffff) - 1;
+	struct obj *o = C.slots[i].o;
+	free(o->name);
+	free(o);
+	C.slots[i].o = NULL;
+	C.slots[i].next_free = C.free_head;
+	C.free_head = i;
+}
+
+static uint64_t slot_handle(uint32_t i)
+{
+	return (uint64_t)C.slots[i].gen << 32 | (uint64_t)(i + 1) << 8 | (uint64_t)C.slots[i].o->kind;
+}
+
+/* ---- device pointers ---------------------------------------------------- */
+
+/* Addresses are never reused; a gap after each allocation keeps neighbours
+ * apart so that an overrun is outside every allocation. */
+static CUdeviceptr va_take(uint64_t size)
+{
+	uint64_t span = round_up(size, GRAN);
+	if (span > VA_END - C.next_va || VA_END - C.next_va - span < GRAN)
+		return 0;
+	CUdeviceptr p = C.next_va;
+	C.next_va += span + GRAN;
+	return p;
+}
+
+static int al_reserve(void)
+{
+	if (C.nal < C.cap_al)
+		return 1;
+	size_t cap = C.cap_al ? C.cap_al * 2 : 256;
+	struct alloc *a = realloc(C.al, cap * sizeof(*a));
+	if (!a)
+		return 0;
+	C.al = a;
+	C.cap_al = cap;
+	return 1;
+}
+
+/* After al_reserve: cannot fail. */
+static void al_push(CUdeviceptr base, uint64_t size, uint64_t charged, uint64_t ctx, uint64_t pool, int dev)
+{
+	C.al[C.nal++] = (struct alloc){base, size, charged, ctx, pool, dev, 1};
+}
+
+/* The live allocation starting at P (exact) or containing P. */
+static struct alloc *al_find(CUdeviceptr p, int exact)
+{
+	size_t lo = 0, hi = C.nal;
+	while (lo < hi) { /* first base > p */
+		size_t mid = lo + (hi - lo) / 2;
+		if (C.al[mid].base <= p)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0)
+		return NULL;
+	struct alloc *a = &C.al[lo - 1];
+	if (!a->live)
+		return NULL;
+	if (exact)
+		return a->base == p ? a : NULL;
+	return p - a->base < a->size ? a : NULL;
+}
+
+/* Drop dead records once they are the majority (never while iterating). */
+static void al_compact(void)
+{
+	if (C.dead_al < 64 || C.dead_al * 2 < C.nal)
+		return;
+	size_t n = 0;
+	for (size_t i = 0; i < C.nal; i++)
+		if (C.al[i].live)
+			C.al[n++] = C.al[i];
+	C.nal = n;
+	C.dead_al = 0;
+}
+
+/* ---- pools -------------------------------------------------------------- */
+
+static void pool_trim(struct obj *p, uint64_t keep)
+{
+	uint64_t target = round_up(p->used, GRAN);
+	uint64_t k = round_up(keep, GRAN);
+	if (k > target)
+		target = k;
+	if (target < p->reserved) {
+		sim_uncharge((unsigned)p->dev, p->reserved - target);
+		p->reserved = target;
+	}
+}
+
+/* Reuse free reserved bytes first; grow by the shortfall in GRAN steps. */
+static CUresult pool_take(struct obj *p, uint64_t size)
+{
+	uint64_t spare = p->reserved - p->used;
+	if (size > spare) {
+		uint64_t grow = round_up(size - spare, GRAN);
+		if (grow < size - spare || (p->max_size && grow > p->max_size - p->reserved))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		CUresult r = charge(p->dev, grow);
+		if (r)
+			return r;
+		p->reserved += grow;
+		if (p->reserved > p->reserved_high)
+			p->reserved_high = p->reserved;
+	}
+	p->used += size;
+	if (p->used > p->used_high)
+		p->used_high = p->used;
+	return CUDA_SUCCESS;
+}
+
+static void pool_give(uint64_t h, uint64_t size)
+{
+	struct obj *p = obj_get(h, K_POOL);
+	if (!p)
+		return;
+	p->used = p->used > size ? p->used - size : 0;
+	if (p->dying && p->used == 0) {
+		sim_uncharge((unsigned)p->dev, p->reserved);
+		obj_free(h);
+	}
+}
+
+/* Pools of DEV give back what they may: after a synchronize or a context's end. */
+static void pools_settle(int dev)
+{
+	for (uint32_t i = 0; i < C.nslots; i++) {
+		struct obj *o = C.slots[i].o;
+		if (o && o->kind == K_POOL && o->dev == dev)
+			pool_trim(o, o->threshold);
+	}
+}
+
+static uint64_t default_pool(int dev)
+{
+	if (!obj_get(C.def_pool[dev], K_POOL)) {
+		struct obj *o;
+		uint64_t h = obj_new(K_POOL, &o);
+		if (!h)
+			return 0;
+		o->dev = dev;
+		o->is_default = 1;
+		C.def_pool[dev] = h;
+	}
+	return C.def_pool[dev];
+}
+
+static uint64_t current_pool(int dev)
+{
+	return obj_get(C.cur_pool[dev], K_POOL) ? C.cur_pool[dev] : default_pool(dev);
+}
+
+/* ---- allocations -------------------------------------------------------- */
+
+static void alloc_release(struct alloc *a)
+{
+	if (a->pool)
+		pool_give(a->pool, a->size);
+	else
+		sim_uncharge((unsigned)a->dev, a->charged);
+	a->live = 0;
+	C.dead_al++;
+}
+
+/* A plain allocation of SIZE addressable bytes taking BYTES of DEV. */
+static CUresult alloc_plain(CUdeviceptr *dptr, uint64_t size, uint64_t bytes, uint64_t ctxh, int dev)
+{
+	if (!al_reserve())
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	CUdeviceptr base = va_take(size);
+	if (!base)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	CUresult r = charge(dev, bytes);
+	if (r)
+		return r;
+	al_push(base, size, bytes, ctxh, 0, dev);
+	*dptr = base;
+	return CUDA_SUCCESS;
+}
+
+/* ---- contexts ----------------------------------------------------------- */
+
+static struct obj *cur_ctx(uint64_t *h)
+{
+	if (t_depth == 0)
+		return NULL;
+	uint64_t c = t_stack[t_depth - 1];
+	struct obj *o = obj_get(c, K_CTX);
+	if (!o || !o->active)
+		return NULL;
+	if (h)
+		*h = c;
+	return o;
+}
+
+static void ctx_push(uint64_t h)
+{
+	if (t_depth == CTX_STACK) { /* drop the oldest rather than fail */
+		memmove(t_stack, t_stack + 1, (CTX_STACK - 1) * sizeof(t_stack[0]));
+		t_depth--;
+	}
+	t_stack[t_depth++] = h;
+}
+
+static CUresult ctx_activate(struct obj *o)
+{
+	uint64_t bytes = S()->hdr.context_bytes;
+	CUresult r = charge(o->dev, bytes);
+	if (r)
+		return r;
+	o->bytes = bytes;
+	o->active = 1;
+	o->last_end = 0;
+	sim_ctx_count((unsigned)o->dev, 1);
+	return CUDA_SUCCESS;
+}
+
+/* A context's end frees everything made in it, like the real driver. */
+static void ctx_teardown(uint64_t h, struct obj *c)
+{
+	for (size_t i = 0; i < C.nal; i++)
+		if (C.al[i].live && C.al[i].ctx == h)
+			alloc_release(&C.al[i]);
+	for (uint32_t i = 0; i < C.nslots; i++) {
+		struct obj *o = C.slots[i].o;
+		if (!o || o->ctx != h || o->kind == K_CTX)
+			continue;
+		if (o->bytes)
+			sim_uncharge((unsigned)o->dev, o->bytes);
+		obj_free(slot_handle(i));
+	}
+	pools_settle(c->dev);
+	sim_uncharge((unsigned)c->dev, c->bytes);
+	sim_ctx_count((unsigned)c->dev, -1);
+	c->bytes = 0;
+	c->active = 0;
+	c->last_end = 0;
+	al_compact();
+}
+
+/* The context work on stream S goes to, and the stream object (NULL for the
+ * default streams, which follow the current context). */
+static CUresult stream_ctx(CUstream s, struct obj **ctx, uint64_t *ctxh, struct obj **so)
+{
+	*so = NULL;
+	if (!s || s == SIM_STREAM_LEGACY || s == SIM_STREAM_PER_THREAD) {
+		*ctx = cur_ctx(ctxh);
+		return *ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+	}
+	struct obj *st = obj_get(H(s), K_STREAM);
+	if (!st)
+		return CUDA_ERROR_INVALID_HANDLE;
+	struct obj *c = obj_get(st->ctx, K_CTX);
+	if (!c || !c->active)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*so = st;
+	*ctx = c;
+	*ctxh = st->ctx;
+	return CUDA_SUCCESS;
+}
+
+/* ---- init, fork --------------------------------------------------------- */
+
+/* CUDA_VISIBLE_DEVICES: indices or (unique prefixes of) UUIDs; the list
+ * ends at the first entry that names no device, as with the real driver. */
+static void parse_visible(void)
+{
+	const struct sim_state *st = S();
+	unsigned ndev = st->hdr.ndev;
+	const char *v = getenv("CUDA_VISIBLE_DEVICES");
+
+	C.nvis = 0;
+	if (!v) {
+		for (unsigned i = 0; i < ndev; i++)
+			C.vis[C.nvis++] = (int)i;
+		return;
+	}
+	while (*v && C.nvis < ndev) {
+		const char *end = strchr(v, ',');
+		size_t len = end ? (size_t)(end - v) : strlen(v);
+		const char *t = v;
+		while (len && *t == ' ')
+			t++, len--;
+		while (len && t[len - 1] == ' ')
+			len--;
+		int idx = -1;
+		if (len && strspn(t, "0123456789") >= len) {
+			unsigned long n = 0;
+			for (size_t i = 0; i < len && n <= ndev; i++)
+				n = n * 10 + (unsigned long)(t[i] - '0');
+			if (n < ndev)
+				idx = (int)n;
+		} else if (len > 4 && strncasecmp(t, "GPU-", 4) == 0) {
+			for (unsigned i = 0; i < ndev; i++) {
+				if (strlen(st->dev[i].uuid) >= len && strncasecmp(st->dev[i].uuid, t, len) == 0) {
+					if (idx >= 0) {
+						idx = -1; /* ambiguous */
+						break;
+					}
+					idx = (int)i;
+				}
+			}
+		}
+		for (unsigned i = 0; idx >= 0 && i < C.nvis; i++)
+			if (C.vis[i] == idx)
+				idx = -1; /* listed twice */
+		if (idx < 0)
+			break;
+		C.vis[C.nvis++] = idx;
+		if (!end)
+			break;
+		v = end + 1;
+	}
+}
+
+static void cu_prepare(void)
+{
+	pthread_mutex_lock(&C.mu);
+}
+
+static void cu_parent(void)
+{
+	pthread_mutex_unlock(&C.mu);
+}
+
+/* What a forked child inherited belongs to the parent (whose entry holds its
+ * memory): start empty; the child claims its own entry when it needs one. */
+static void cu_child(void)
+{
+	for (uint32_t i = 0; i < C.nslots; i++) {
+		if (C.slots[i].o) {
+			free(C.slots[i].o->name);
+			free(C.slots[i].o);
+		}
+	}
+	free(C.slots);
+	free(C.al);
+	C.slots = NULL;
+	C.nslots = C.cap = 0;
+	C.free_head = UINT32_MAX;
+	C.al = NULL;
+	C.nal = C.cap_al = C.dead_al = 0;
+	memset(C.prim, 0, sizeof(C.prim));
+	memset(C.prim_refs, 0, sizeof(C.prim_refs));
+	memset(C.def_pool, 0, sizeof(C.def_pool));
+	memset(C.cur_pool, 0, sizeof(C.cur_pool));
+	t_depth = 0;
+	pthread_mutex_unlock(&C.mu);
+}
+
+static void do_init(void)
+{
+	/* sim_state's fork handlers first, so fork takes C.mu before its lock. */
+	sim_atfork_init();
+	pthread_atfork(cu_prepare, cu_parent, cu_child);
+	int r = sim_open(NULL);
+	if (r == SIM_ECONFIG) {
+		C.init_rc = CUDA_ERROR_UNKNOWN;
+		return;
+	}
+	if (r < 0) {
+		C.init_rc = CUDA_ERROR_OPERATING_SYSTEM;
+		return;
+	}
+	parse_visible();
+	if (C.nvis == 0) {
+		C.init_rc = CUDA_ERROR_NO_DEVICE;
+		return;
+	}
+	C.init_rc = CUDA_SUCCESS;
+	atomic_store(&C.inited, 1);
+}
+
+CUresult cuInit(unsigned int flags)
+{
+	if (flags != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_once(&init_once, do_init);
+	if (C.init_rc != CUDA_SUCCESS)
+		return C.init_rc;
+	/* Claim our process entry now (again in a forked child). */
+	return sim_self() < 0 ? CUDA_ERROR_OPERATING_SYSTEM : CUDA_SUCCESS;
+}
+
+CUresult cuDriverGetVersion(int *driverVersion)
+{
+	if (!driverVersion)
+		return CUDA_ERROR_INVALID_VALUE;
+	*driverVersion = DRIVER_VERSION;
+	return CUDA_SUCCESS;
+}
+
+/* ---- errors ------------------------------------------------------------- */
+
+static const struct {
+	CUresult code;
+	const char *name;
+	const char *text;
+} errors[] = {
+	{CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+	{CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+	{CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+	{CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+	{CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+	{CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+	{CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+	{CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+	{CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+	{CUDA_ERROR_OPERATING_SYSTEM, "CUDA_ERROR_OPERATING_SYSTEM",
+	 "OS call failed or operation not supported on this OS"},
+	{CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+	{CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+	{CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+	{CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
+	{CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+	{CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+static CUresult error_lookup(CUresult e, const char **p, int name)
+{
+	if (!p)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++) {
+		if (errors[i].code == e) {
+			*p = name ? errors[i].name : errors[i].text;
+			return CUDA_SUCCESS;
+		}
+	}
+	*p = NULL;
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+	return error_lookup(error, pStr, 0);
+}
+
+CUresult cuGetErrorName(CUresult error, const char **pStr)
+{
+	return error_lookup(error, pStr, 1);
+}
+
+/* ---- devices ------------------------------------------------------------ */
+
+CUresult cuDeviceGetCount(int *count)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!count)
+		return CUDA_ERROR_INVALID_VALUE;
+	*count = (int)C.nvis;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!device)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (phys(ordinal) < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*device = ordinal;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!name || len <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	snprintf(name, (size_t)len, "%s", S()->dev[p].name);
+	return CUDA_SUCCESS;
+}
+
+static CUresult device_uuid(CUuuid *uuid, CUdevice dev)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!uuid)
+		return CUDA_ERROR_INVALID_VALUE;
+	const char *s = S()->dev[p].uuid + 4; /* after "GPU-" */
+	for (int n = 0; n < 16; s++) {
+		if (*s == '-')
+			continue;
+		unsigned hi, lo;
+		if (sscanf(s, "%1x%1x", &hi, &lo) != 2)
+			return CUDA_ERROR_UNKNOWN;
+		uuid->bytes[n++] = (char)(hi << 4 | lo);
+		s++;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+	return device_uuid(uuid, dev);
+}
+
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+	return device_uuid(uuid, dev);
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!bytes)
+		return CUDA_ERROR_INVALID_VALUE;
+	*bytes = S()->dev[p].total;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!pi || attrib <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	switch (attrib) {
+	case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: *pi = 1024; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: *pi = 1024; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: *pi = 64; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: *pi = 2147483647; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: *pi = 65535; break;
+	case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: *pi = 65535; break;
+	case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
+	case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = (int)S()->dev[p].sm_count; break;
+	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = p + 1; break;
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
+	/* features the sim really provides */
+	case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+	case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+	case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH:
+	case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+	case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *pi = 1; break;
+	default: *pi = 0; break;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!pciBusId || len <= 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", (unsigned)(p + 1));
+	return CUDA_SUCCESS;
+}
+
+/* ---- primary contexts --------------------------------------------------- */
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&C.mu);
+	uint64_t h = C.prim[p];
+	struct obj *o = obj_get(h, K_CTX);
+	if (!o) {
+		h = obj_new(K_CTX, &o);
+		if (!h) {
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+			goto out;
+		}
+		o->primary = 1;
+		o->dev = p;
+		o->ordinal = dev;
+		C.prim[p] = h;
+	}
+	if (!o->active && (r = ctx_activate(o)) != CUDA_SUCCESS)
+		goto out;
+	C.prim_refs[p]++;
+	*pctx = (CUcontext)(uintptr_t)h;
+out:
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+static CUresult primary_release(CUdevice dev, int reset)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *o = obj_get(C.prim[p], K_CTX);
+	if (!reset && C.prim_refs[p] == 0) {
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else {
+		C.prim_refs[p] = reset ? 0 : C.prim_refs[p] - 1;
+		if (C.prim_refs[p] == 0 && o && o->active)
+			ctx_teardown(C.prim[p], o);
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+	return primary_release(dev, 0);
+}
+
+/* Frees everything made in the primary context; the next retain starts it
+ * afresh (same handle). */
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+	return primary_release(dev, 1);
+}
+
+CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!flags || !active)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *o = obj_get(C.prim[p], K_CTX);
+	*flags = C.prim_flags[p];
+	*active = o && o->active;
+	pthread_mutex_unlock(&C.mu);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&C.mu);
+	C.prim_flags[p] = flags;
+	pthread_mutex_unlock(&C.mu);
+	return CUDA_SUCCESS;
+}
+
+/* ---- contexts ----------------------------------------------------------- */
+
+static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *o;
+	uint64_t h = obj_new(K_CTX, &o);
+	if (!h) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto out;
+	}
+	o->dev = p;
+	o->ordinal = dev;
+	o->flags = flags;
+	if ((r = ctx_activate(o)) != CUDA_SUCCESS) {
+		obj_free(h);
+		goto out;
+	}
+	ctx_push(h);
+	*pctx = (CUcontext)(uintptr_t)h;
+out:
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	return ctx_create(pctx, flags, dev);
+}
+
+/* Execution affinity parameters are accepted and ignored. */
+CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams, unsigned int flags, CUdevice dev)
+{
+	if (numParams < 0 || (numParams > 0 && !paramsArray))
+		return CUDA_ERROR_INVALID_VALUE;
+	return ctx_create(pctx, flags, dev);
+}
+
+/* CUctxCreateParams (affinity, CIG) are accepted and ignored; NULL is fine. */
+CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned int flags, CUdevice dev)
+{
+	return ctx_create(pctx, flags, dev);
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	uint64_t h = H(ctx);
+	pthread_mutex_lock(&C.mu);
+	struct obj *o = obj_get(h, K_CTX);
+	if (!o || o->primary) {
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else {
+		if (o->active)
+			ctx_teardown(h, o);
+		obj_free(h);
+		if (t_depth && t_stack[t_depth - 1] == h)
+			t_depth--;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!ctx) {
+		if (t_depth)
+			t_depth--;
+		return CUDA_SUCCESS;
+	}
+	pthread_mutex_lock(&C.mu);
+	if (!obj_get(H(ctx), K_CTX))
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	else if (t_depth)
+		t_stack[t_depth - 1] = H(ctx);
+	else
+		ctx_push(H(ctx));
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pctx = t_depth ? (CUcontext)(uintptr_t)t_stack[t_depth - 1] : NULL;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *device)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!device)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c = cur_ctx(NULL);
+	if (c)
+		*device = c->ordinal;
+	else
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuCtxPushCurrent_v2(CUcontext ctx)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	if (!obj_get(H(ctx), K_CTX))
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	else
+		ctx_push(H(ctx));
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (t_depth == 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (pctx)
+		*pctx = (CUcontext)(uintptr_t)t_stack[t_depth - 1];
+	t_depth--;
+	return CUDA_SUCCESS;
+}
+
+static void sleep_until(uint64_t end)
+{
+	struct timespec ts = {(time_t)(end / 1000000000ull), (long)(end % 1000000000ull)};
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		;
+}
+
+/* Wait for END, then let DEV's pools release down to their thresholds. */
+static void synchronize(uint64_t end, int dev)
+{
+	sleep_until(end);
+	pthread_mutex_lock(&C.mu);
+	pools_settle(dev);
+	pthread_mutex_unlock(&C.mu);
+}
+
+CUresult cuCtxSynchronize(void)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c = cur_ctx(NULL);
+	uint64_t end = c ? c->last_end : 0;
+	int dev = c ? c->dev : -1;
+	pthread_mutex_unlock(&C.mu);
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	synchronize(end, dev);
+	return CUDA_SUCCESS;
+}
+
+/* ---- memory ------------------------------------------------------------- */
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!dptr || !bytesize)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	uint64_t ch;
+	struct obj *c = cur_ctx(&ch);
+	r = c ? alloc_plain(dptr, bytesize, bytesize, ch, c->dev) : CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+			    unsigned int ElementSizeBytes)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!dptr || !pPitch || !WidthInBytes || !Height ||
+	    (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
+		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t pitch = round_up(WidthInBytes, PITCH_ALIGN), bytes;
+	if (pitch < WidthInBytes || __builtin_mul_overflow(pitch, (uint64_t)Height, &bytes))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&C.mu);
+	uint64_t ch;
+	struct obj *c = cur_ctx(&ch);
+	r = c ? alloc_plain(dptr, bytes, bytes, ch, c->dev) : CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_unlock(&C.mu);
+	if (r == CUDA_SUCCESS)
+		*pPitch = pitch;
+	return r;
+}
+
+/* Managed memory is charged to the current device in full, at once. */
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!dptr || !bytesize || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	uint64_t ch;
+	struct obj *c = cur_ctx(&ch);
+	r = c ? alloc_plain(dptr, bytesize, bytesize, ch, c->dev) : CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct alloc *a = dptr ? al_find(dptr, 1) : NULL;
+	if (a) {
+		alloc_release(a);
+		al_compact();
+	} else {
+		r = CUDA_ERROR_INVALID_VALUE;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* Physical: free = total - what every process holds, as on a real GPU. */
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!free || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c = cur_ctx(NULL);
+	int dev = c ? c->dev : -1;
+	pthread_mutex_unlock(&C.mu);
+	if (dev < 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	sim_sweep();
+	const struct sim_device *d = &S()->dev[dev];
+	uint64_t used = atomic_load(&d->used);
+	*total = d->total;
+	*free = used < d->total ? d->total - used : 0;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct alloc *a = al_find(dptr, 0);
+	if (!cur_ctx(NULL)) {
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (!a) {
+		r = CUDA_ERROR_NOT_FOUND;
+	} else {
+		if (pbase)
+			*pbase = a->base;
+		if (psize)
+			*psize = a->size;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* No backing store: a copy only checks that the device range is ours. */
+static CUresult copy_check(CUdeviceptr dev, const void *host, size_t n)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (n && !host)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct alloc *a = al_find(dev, 0);
+	if (!cur_ctx(NULL))
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	else if (n && (!a || n > a->base + a->size - dev))
+		r = CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+	return copy_check(dstDevice, srcHost, ByteCount);
+}
+
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+	return copy_check(dstDevice, srcHost, ByteCount);
+}
+
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	return copy_check(srcDevice, dstHost, ByteCount);
+}
+
+CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	return copy_check(srcDevice, dstHost, ByteCount);
+}
+
+/* ---- stream-ordered memory ---------------------------------------------- */
+
+/* POOL 0: the current pool of the stream's device. The free happens at the
+ * call, not when the stream reaches it. */
+static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, uint64_t poolh, CUstream s)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!dptr || !bytesize)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c, *so, *p;
+	uint64_t ch;
+	if ((r = stream_ctx(s, &c, &ch, &so)) != CUDA_SUCCESS)
+		goto out;
+	if (!poolh)
+		poolh = current_pool(c->dev);
+	p = obj_get(poolh, K_POOL);
+	if (!p || p->dying) {
+		r = poolh ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_OUT_OF_MEMORY;
+		goto out;
+	}
+	CUdeviceptr base;
+	if (!al_reserve() || !(base = va_take(bytesize))) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto out;
+	}
+	if ((r = pool_take(p, bytesize)) != CUDA_SUCCESS)
+		goto out;
+	al_push(base, bytesize, 0, ch, poolh, p->dev);
+	*dptr = base;
+out:
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	return alloc_async(dptr, bytesize, 0, hStream);
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+	return alloc_async(dptr, bytesize, 0, hStream);
+}
+
+static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)
+{
+	if (!pool)
+		return ready() ? ready() : CUDA_ERROR_INVALID_VALUE;
+	return alloc_async(dptr, bytesize, H(pool), s);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+	return alloc_from_pool(dptr, bytesize, pool, hStream);
+}
+
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+	return alloc_from_pool(dptr, bytesize, pool, hStream);
+}
+
+/* Pool memory goes back to its pool (reserved stays); anything else is freed. */
+static CUresult free_async(CUdeviceptr dptr, CUstream s)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c, *so;
+	uint64_t ch;
+	struct alloc *a;
+	if ((r = stream_ctx(s, &c, &ch, &so)) != CUDA_SUCCESS)
+		goto out;
+	if (!dptr || !(a = al_find(dptr, 1))) {
+		r = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
+	alloc_release(a);
+	al_compact();
+out:
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+	return free_async(dptr, hStream);
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+	return free_async(dptr, hStream);
+}
+
+/* Only device pools: location.id is a CUDA ordinal; maxSize 0 = unbounded. */
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!pool || !poolProps || poolProps->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (poolProps->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	int p = phys(poolProps->location.id);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *o;
+	uint64_t h = obj_new(K_POOL, &o);
+	if (h) {
+		o->dev = p;
+		o->max_size = poolProps->maxSize;
+		*pool = (CUmemoryPool)(uintptr_t)h;
+	} else {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* Outstanding allocations keep a destroyed pool's memory until freed. */
+CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	uint64_t h = H(pool);
+	pthread_mutex_lock(&C.mu);
+	struct obj *p = obj_get(h, K_POOL);
+	if (!p || p->dying || p->is_default) {
+		r = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
+	if (C.cur_pool[p->dev] == h)
+		C.cur_pool[p->dev] = 0;
+	if (p->used) {
+		p->dying = 1;
+		pool_trim(p, 0);
+	} else {
+		sim_uncharge((unsigned)p->dev, p->reserved);
+		obj_free(h);
+	}
+out:
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct obj *p = obj_get(H(pool), K_POOL);
+	if (p && !p->dying)
+		pool_trim(p, minBytesToKeep);
+	else
+		r = CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!value)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *p = obj_get(H(pool), K_POOL);
+	uint64_t v = 0;
+	if (!p) {
+		r = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
+	switch (attr) {
+	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+	case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+		*(int *)value = 1;
+		goto out;
+	case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: v = p->threshold; break;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: v = p->reserved; break;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: v = p->reserved_high; break;
+	case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: v = p->used; break;
+	case CU_MEMPOOL_ATTR_USED_MEM_HIGH: v = p->used_high; break;
+	default: r = CUDA_ERROR_INVALID_VALUE; goto out;
+	}
+	*(cuuint64_t *)value = v;
+out:
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* The *_HIGH marks can only be reset (to the current value) by writing 0. */
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!value)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *p = obj_get(H(pool), K_POOL);
+	if (!p) {
+		r = CUDA_ERROR_INVALID_VALUE;
+		goto out;
+	}
+	switch (attr) {
+	case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+	case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+	case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+		break;
+	case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: p->threshold = *(cuuint64_t *)value; break;
+	case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+		if (*(cuuint64_t *)value)
+			r = CUDA_ERROR_INVALID_VALUE;
+		else
+			p->reserved_high = p->reserved;
+		break;
+	case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+		if (*(cuuint64_t *)value)
+			r = CUDA_ERROR_INVALID_VALUE;
+		else
+			p->used_high = p->used;
+		break;
+	default: r = CUDA_ERROR_INVALID_VALUE; break;
+	}
+out:
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!pool_out)
+		return CUDA_ERROR_INVALID_VALUE;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&C.mu);
+	uint64_t h = default_pool(p);
+	if (h)
+		*pool_out = (CUmemoryPool)(uintptr_t)h;
+	pthread_mutex_unlock(&C.mu);
+	return h ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!pool)
+		return CUDA_ERROR_INVALID_VALUE;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&C.mu);
+	uint64_t h = current_pool(p);
+	if (h)
+		*pool = (CUmemoryPool)(uintptr_t)h;
+	pthread_mutex_unlock(&C.mu);
+	return h ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(dev);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *o = obj_get(H(pool), K_POOL);
+	if (!o || o->dying || o->dev != p)
+		r = CUDA_ERROR_INVALID_VALUE;
+	else
+		C.cur_pool[p] = H(pool);
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* ---- virtual memory management ------------------------------------------ */
+
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, int option)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!granularity || !prop)
+		return CUDA_ERROR_INVALID_VALUE;
+	*granularity = GRAN;
+	return CUDA_SUCCESS;
+}
+
+/* Device locations take device memory; host locations take none. */
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+		     unsigned long long flags)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!handle || !prop || !size || size % GRAN || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+		return CUDA_ERROR_INVALID_VALUE;
+	int dev = -1;
+	switch (prop->location.type) {
+	case CU_MEM_LOCATION_TYPE_DEVICE:
+		if ((dev = phys(prop->location.id)) < 0)
+			return CUDA_ERROR_INVALID_DEVICE;
+		break;
+	case CU_MEM_LOCATION_TYPE_HOST:
+	case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+	case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+		break;
+	default:
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	pthread_mutex_lock(&C.mu);
+	struct obj *o;
+	uint64_t h = obj_new(K_MEMHANDLE, &o);
+	if (!h) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	} else if (dev >= 0 && (r = charge(dev, size)) != CUDA_SUCCESS) {
+		obj_free(h);
+	} else {
+		o->dev = dev;
+		o->bytes = dev >= 0 ? size : 0;
+		*handle = h;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct obj *o = obj_get(handle, K_MEMHANDLE);
+	if (o) {
+		if (o->bytes)
+			sim_uncharge((unsigned)o->dev, o->bytes);
+		obj_free(handle);
+	} else {
+		r = CUDA_ERROR_INVALID_VALUE;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* ---- arrays ------------------------------------------------------------- */
+
+static uint64_t format_bytes(CUarray_format f)
+{
+	switch (f) {
+	case CU_AD_FORMAT_UNSIGNED_INT8:
+	case CU_AD_FORMAT_SIGNED_INT8: return 1;
+	case CU_AD_FORMAT_UNSIGNED_INT16:
+	case CU_AD_FORMAT_SIGNED_INT16:
+	case CU_AD_FORMAT_HALF: return 2;
+	case CU_AD_FORMAT_UNSIGNED_INT32:
+	case CU_AD_FORMAT_SIGNED_INT32:
+	case CU_AD_FORMAT_FLOAT: return 4;
+	}
+	return 0;
+}
+
+/* Bytes of a W x H x D array (0 for H or D means 1), exactly, no padding. */
+static CUresult array_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format f, unsigned ch, uint64_t *out)
+{
+	uint64_t es = format_bytes(f), v;
+	if (!es || (ch != 1 && ch != 2 && ch != 4) || !w)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (__builtin_mul_overflow(w, h ? h : 1, &v) || __builtin_mul_overflow(v, d ? d : 1, &v) ||
+	    __builtin_mul_overflow(v, es * ch, &v))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*out = v;
+	return CUDA_SUCCESS;
+}
+
+static CUresult array_new(enum kind k, uint64_t bytes, uint64_t *out)
+{
+	CUresult r;
+	pthread_mutex_lock(&C.mu);
+	uint64_t ch, h;
+	struct obj *c = cur_ctx(&ch), *o;
+	if (!c) {
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (!(h = obj_new(k, &o))) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	} else if ((r = charge(c->dev, bytes)) != CUDA_SUCCESS) {
+		obj_free(h);
+	} else {
+		o->dev = c->dev;
+		o->ctx = ch;
+		o->bytes = bytes;
+		*out = h;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+static CUresult array_destroy(uint64_t h, enum kind k)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct obj *o = obj_get(h, k);
+	if (o) {
+		sim_uncharge((unsigned)o->dev, o->bytes);
+		obj_free(h);
+	} else {
+		r = CUDA_ERROR_INVALID_HANDLE;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!pHandle || !pAllocateArray)
+		return CUDA_ERROR_INVALID_VALUE;
+	const CUDA_ARRAY_DESCRIPTOR *d = pAllocateArray;
+	uint64_t bytes, h;
+	if ((r = array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels, &bytes)) != CUDA_SUCCESS)
+		return r;
+	if ((r = array_new(K_ARRAY, bytes, &h)) == CUDA_SUCCESS)
+		*pHandle = (CUarray)(uintptr_t)h;
+	return r;
+}
+
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!pHandle || !pAllocateArray)
+		return CUDA_ERROR_INVALID_VALUE;
+	const CUDA_ARRAY3D_DESCRIPTOR *d = pAllocateArray;
+	if ((d->Flags & CUDA_ARRAY3D_CUBEMAP) && d->Depth != 6 && !(d->Flags & CUDA_ARRAY3D_LAYERED))
+		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t bytes, h;
+	if ((r = array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels, &bytes)) != CUDA_SUCCESS)
+		return r;
+	if ((r = array_new(K_ARRAY, bytes, &h)) == CUDA_SUCCESS)
+		*pHandle = (CUarray)(uintptr_t)h;
+	return r;
+}
+
+CUresult cuArrayDestroy(CUarray hArray)
+{
+	return array_destroy(H(hArray), K_ARRAY);
+}
+
+/* Sum of the levels; each halves width, height and depth (not layers), min 1. */
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+				unsigned int numMipmapLevels)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!pHandle || !pMipmappedArrayDesc || !numMipmapLevels || !pMipmappedArrayDesc->Width)
+		return CUDA_ERROR_INVALID_VALUE;
+	const CUDA_ARRAY3D_DESCRIPTOR *d = pMipmappedArrayDesc;
+	int layered = (d->Flags & CUDA_ARRAY3D_LAYERED) != 0;
+	uint64_t big = d->Width;
+	if (d->Height > big)
+		big = d->Height;
+	if (!layered && d->Depth > big)
+		big = d->Depth;
+	unsigned max_levels = 1;
+	while (big >>= 1)
+		max_levels++;
+	if (numMipmapLevels > max_levels)
+		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t total = 0, h;
+	for (unsigned l = 0; l < numMipmapLevels; l++) {
+		uint64_t w = d->Width >> l, hh = d->Height >> l, dd = layered ? d->Depth : d->Depth >> l, b;
+		if ((r = array_bytes(w ? w : 1, hh ? hh : 1, dd ? dd : 1, d->Format, d->NumChannels, &b)) != CUDA_SUCCESS)
+			return r;
+		if (__builtin_add_overflow(total, b, &total))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	if ((r = array_new(K_MIPMAP, total, &h)) == CUDA_SUCCESS)
+		*pHandle = (CUmipmappedArray)(uintptr_t)h;
+	return r;
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+	return array_destroy(H(hMipmappedArray), K_MIPMAP);
+}
+
+/* ---- streams ------------------------------------------------------------ */
+
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!phStream)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	uint64_t ch, h;
+	struct obj *c = cur_ctx(&ch), *o;
+	if (!c) {
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (!(h = obj_new(K_STREAM, &o))) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	} else {
+		o->dev = c->dev;
+		o->ctx = ch;
+		o->flags = Flags;
+		*phStream = (CUstream)(uintptr_t)h;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	if (obj_get(H(hStream), K_STREAM))
+		obj_free(H(hStream));
+	else
+		r = CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* The default streams wait for everything queued in their context. */
+static CUresult stream_end(CUstream s, uint64_t *end, int *dev)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c, *so;
+	uint64_t ch;
+	if ((r = stream_ctx(s, &c, &ch, &so)) == CUDA_SUCCESS) {
+		*end = so ? so->last_end : c->last_end;
+		*dev = c->dev;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+static CUresult stream_sync(CUstream s)
+{
+	uint64_t end;
+	int dev;
+	CUresult r = stream_end(s, &end, &dev);
+	if (r == CUDA_SUCCESS)
+		synchronize(end, dev);
+	return r;
+}
+
+CUresult cuStreamSynchronize(CUstream hStream)
+{
+	return stream_sync(hStream);
+}
+
+CUresult cuStreamSynchronize_ptsz(CUstream hStream)
+{
+	return stream_sync(hStream);
+}
+
+static CUresult stream_query(CUstream s)
+{
+	uint64_t end;
+	int dev;
+	CUresult r = stream_end(s, &end, &dev);
+	if (r == CUDA_SUCCESS && end > sim_now_ns())
+		r = CUDA_ERROR_NOT_READY;
+	return r;
+}
+
+CUresult cuStreamQuery(CUstream hStream)
+{
+	return stream_query(hStream);
+}
+
+CUresult cuStreamQuery_ptsz(CUstream hStream)
+{
+	return stream_query(hStream);
+}
+
+/* ---- modules and launches ----------------------------------------------- */
+
+/* Any image is accepted: there is no code to run. */
+CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!module || !image)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	uint64_t ch, h;
+	struct obj *c = cur_ctx(&ch), *o;
+	if (!c) {
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (!(h = obj_new(K_MODULE, &o))) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	} else {
+		o->dev = c->dev;
+		o->ctx = ch;
+		*module = (CUmodule)(uintptr_t)h;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuModuleUnload(CUmodule hmod)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	uint64_t h = H(hmod);
+	pthread_mutex_lock(&C.mu);
+	if (obj_get(h, K_MODULE)) {
+		for (uint32_t i = 0; i < C.nslots; i++) {
+			struct obj *o = C.slots[i].o;
+			if (o && o->kind == K_FUNC && o->parent == h)
+				obj_free(slot_handle(i));
+		}
+		obj_free(h);
+	} else {
+		r = CUDA_ERROR_INVALID_HANDLE;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* Any name exists; the same name gives the same handle. */
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!hfunc || !name)
+		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t m = H(hmod);
+	pthread_mutex_lock(&C.mu);
+	struct obj *mod = obj_get(m, K_MODULE), *o;
+	if (!mod) {
+		r = CUDA_ERROR_INVALID_HANDLE;
+		goto out;
+	}
+	for (uint32_t i = 0; i < C.nslots; i++) {
+		o = C.slots[i].o;
+		if (o && o->kind == K_FUNC && o->parent == m && strcmp(o->name, name) == 0) {
+			*hfunc = (CUfunction)(uintptr_t)slot_handle(i);
+			goto out;
+		}
+	}
+	char *copy = strdup(name);
+	uint64_t h = copy ? obj_new(K_FUNC, &o) : 0;
+	if (!h) {
+		free(copy);
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+		goto out;
+	}
+	o->name = copy;
+	o->parent = m;
+	o->ctx = mod->ctx;
+	o->dev = mod->dev;
+	*hfunc = (CUfunction)(uintptr_t)h;
+out:
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* Queue the kernel's simulated time on the device and return at once.
+ * "hami_sim_busy*" kernels take *(uint64_t *)kernelParams[0] ns; others one
+ * HAMI_SIM_NS_PER_WAVE per wave of sm_count blocks. */
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+		       unsigned bz, CUstream s, void **params)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *fo = obj_get(H(f), K_FUNC), *c, *so;
+	uint64_t ch, dur;
+	if (!fo || !obj_get(fo->parent, K_MODULE)) {
+		r = CUDA_ERROR_INVALID_HANDLE;
+		goto out;
+	}
+	if ((r = stream_ctx(s, &c, &ch, &so)) != CUDA_SUCCESS)
+		goto out;
+	if (strncmp(fo->name, "hami_sim_busy", 13) == 0) {
+		if (!params || !params[0]) {
+			r = CUDA_ERROR_INVALID_VALUE;
+			goto out;
+		}
+		memcpy(&dur, params[0], sizeof(dur));
+	} else {
+		const struct sim_state *st = S();
+		unsigned __int128 blocks = (unsigned __int128)gx * gy * gz;
+		unsigned sm = st->dev[c->dev].sm_count;
+		unsigned __int128 t = (blocks + sm - 1) / sm * st->hdr.ns_per_wave;
+		dur = t > UINT64_MAX ? UINT64_MAX : (uint64_t)t;
+	}
+	uint64_t end = sim_launch((unsigned)c->dev, dur);
+	if (so && end > so->last_end)
+		so->last_end = end;
+	if (end > c->last_end)
+		c->last_end = end;
+out:
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+			unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+			unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+{
+	return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, kernelParams);
+}
+
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+			     unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+			     unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+{
+	return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, kernelParams);
+}
+
+static CUresult launch_ex(const CUlaunchConfig *config, CUfunction f, void **kernelParams)
+{
+	if (!config)
+		return ready() ? ready() : CUDA_ERROR_INVALID_VALUE;
+	return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
+		      config->blockDimZ, config->hStream, kernelParams);
+}
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+{
+	return launch_ex(config, f, kernelParams);
+}
+
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+{
+	return launch_ex(config, f, kernelParams);
+}
+
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+				   unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+				   unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+				   void **kernelParams)
+{
+	return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, kernelParams);
+}
+
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+					unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+					unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+					void **kernelParams)
+{
+	return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, kernelParams);
+}
+
+/* ---- entry points by name ----------------------------------------------- */
+
+CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
+{
+	if (ppExportTable)
+		*ppExportTable = NULL;
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+			     CUdriverProcAddressQueryResult *symbolStatus);
+
+/* Our own definitions, whatever a preloaded library interposes: taking the
+ * address of an exported function would go through the GOT and could give
+ * someone else's. These hidden aliases are the addresses dlsym(handle, name)
+ * returns for this library. */
+#define LOCAL(f) extern __typeof__(f) local_##f __attribute__((alias(#f), visibility("hidden")))
+LOCAL(cuInit);
+LOCAL(cuDriverGetVersion);
+LOCAL(cuGetErrorString);
+LOCAL(cuGetErrorName);
+LOCAL(cuGetProcAddress);
+LOCAL(cuGetProcAddress_v2);
+LOCAL(cuGetExportTable);
+LOCAL(cuDeviceGet);
+LOCAL(cuDeviceGetCount);
+LOCAL(cuDeviceGetName);
+LOCAL(cuDeviceGetUuid);
+LOCAL(cuDeviceGetUuid_v2);
+LOCAL(cuDeviceTotalMem_v2);
+LOCAL(cuDeviceGetAttribute);
+LOCAL(cuDeviceGetPCIBusId);
+LOCAL(cuDevicePrimaryCtxRetain);
+LOCAL(cuDevicePrimaryCtxRelease_v2);
+LOCAL(cuDevicePrimaryCtxReset_v2);
+LOCAL(cuDevicePrimaryCtxGetState);
+LOCAL(cuDevicePrimaryCtxSetFlags_v2);
+LOCAL(cuCtxCreate_v2);
+LOCAL(cuCtxCreate_v3);
+LOCAL(cuCtxCreate_v4);
+LOCAL(cuCtxDestroy_v2);
+LOCAL(cuCtxSetCurrent);
+LOCAL(cuCtxGetCurrent);
+LOCAL(cuCtxGetDevice);
+LOCAL(cuCtxPushCurrent_v2);
+LOCAL(cuCtxPopCurrent_v2);
+LOCAL(cuCtxSynchronize);
+LOCAL(cuMemAlloc_v2);
+LOCAL(cuMemAllocPitch_v2);
+LOCAL(cuMemAllocManaged);
+LOCAL(cuMemFree_v2);
+LOCAL(cuMemGetInfo_v2);
+LOCAL(cuMemGetAddressRange_v2);
+LOCAL(cuMemcpyHtoD_v2);
+LOCAL(cuMemcpyHtoD_v2_ptds);
+LOCAL(cuMemcpyDtoH_v2);
+LOCAL(cuMemcpyDtoH_v2_ptds);
+LOCAL(cuMemAllocAsync);
+LOCAL(cuMemAllocAsync_ptsz);
+LOCAL(cuMemAllocFromPoolAsync);
+LOCAL(cuMemAllocFromPoolAsync_ptsz);
+LOCAL(cuMemFreeAsync);
+LOCAL(cuMemFreeAsync_ptsz);
+LOCAL(cuMemPoolCreate);
+LOCAL(cuMemPoolDestroy);
+LOCAL(cuMemPoolTrimTo);
+LOCAL(cuMemPoolGetAttribute);
+LOCAL(cuMemPoolSetAttribute);
+LOCAL(cuDeviceGetDefaultMemPool);
+LOCAL(cuDeviceGetMemPool);
+LOCAL(cuDeviceSetMemPool);
+LOCAL(cuMemGetAllocationGranularity);
+LOCAL(cuMemCreate);
+LOCAL(cuMemRelease);
+LOCAL(cuArrayCreate_v2);
+LOCAL(cuArray3DCreate_v2);
+LOCAL(cuArrayDestroy);
+LOCAL(cuMipmappedArrayCreate);
+LOCAL(cuMipmappedArrayDestroy);
+LOCAL(cuStreamCreate);
+LOCAL(cuStreamDestroy_v2);
+LOCAL(cuStreamSynchronize);
+LOCAL(cuStreamSynchronize_ptsz);
+LOCAL(cuStreamQuery);
+LOCAL(cuStreamQuery_ptsz);
+LOCAL(cuModuleLoadData);
+LOCAL(cuModuleUnload);
+LOCAL(cuModuleGetFunction);
+LOCAL(cuLaunchKernel);
+LOCAL(cuLaunchKernel_ptsz);
+LOCAL(cuLaunchKernelEx);
+LOCAL(cuLaunchKernelEx_ptsz);
+LOCAL(cuLaunchCooperativeKernel);
+LOCAL(cuLaunchCooperativeKernel_ptsz);
+
+/* Base name -> the exported function for CUDA versions >= since; rows of one
+ * name in rising order. ptsz: the per-thread-default-stream variant. */
+static const struct {
+	const char *base;
+	int since;
+	void *fn;
+	void *ptsz;
+} procs[] = {
+	{"cuInit", 2000, local_cuInit, NULL},
+	{"cuDriverGetVersion", 2020, local_cuDriverGetVersion, NULL},
+	{"cuGetErrorString", 6000, local_cuGetErrorString, NULL},
+	{"cuGetErrorName", 6000, local_cuGetErrorName, NULL},
+	{"cuGetProcAddress", 11030, local_cuGetProcAddress, NULL},
+	{"cuGetProcAddress", 12000, local_cuGetProcAddress_v2, NULL},
+	{"cuGetExportTable", 3000, local_cuGetExportTable, NULL},
+	{"cuDeviceGet", 2000, local_cuDeviceGet, NULL},
+	{"cuDeviceGetCount", 2000, local_cuDeviceGetCount, NULL},
+	{"cuDeviceGetName", 2000, local_cuDeviceGetName, NULL},
+	{"cuDeviceGetUuid", 9020, local_cuDeviceGetUuid, NULL},
+	{"cuDeviceGetUuid", 11040, local_cuDeviceGetUuid_v2, NULL},
+	{"cuDeviceTotalMem", 3020, local_cuDeviceTotalMem_v2, NULL},
+	{"cuDeviceGetAttribute", 2000, local_cuDeviceGetAttribute, NULL},
+	{"cuDeviceGetPCIBusId", 4010, local_cuDeviceGetPCIBusId, NULL},
+	{"cuDevicePrimaryCtxRetain", 7000, local_cuDevicePrimaryCtxRetain, NULL},
+	{"cuDevicePrimaryCtxRelease", 11000, local_cuDevicePrimaryCtxRelease_v2, NULL},
+	{"cuDevicePrimaryCtxReset", 11000, local_cuDevicePrimaryCtxReset_v2, NULL},
+	{"cuDevicePrimaryCtxGetState", 7000, local_cuDevicePrimaryCtxGetState, NULL},
+	{"cuDevicePrimaryCtxSetFlags", 11000, local_cuDevicePrimaryCtxSetFlags_v2, NULL},
+	{"cuCtxCreate", 3020, local_cuCtxCreate_v2, NULL},
+	{"cuCtxCreate", 11040, local_cuCtxCreate_v3, NULL},
+	{"cuCtxCreate", 12050, local_cuCtxCreate_v4, NULL},
+	{"cuCtxDestroy", 4000, local_cuCtxDestroy_v2, NULL},
+	{"cuCtxSetCurrent", 4000, local_cuCtxSetCurrent, NULL},
+	{"cuCtxGetCurrent", 4000, local_cuCtxGetCurrent, NULL},
+	{"cuCtxGetDevice", 2000, local_cuCtxGetDevice, NULL},
+	{"cuCtxPushCurrent", 4000, local_cuCtxPushCurrent_v2, NULL},
+	{"cuCtxPopCurrent", 4000, local_cuCtxPopCurrent_v2, NULL},
+	{"cuCtxSynchronize", 2000, local_cuCtxSynchronize, NULL},
+	{"cuMemAlloc", 3020, local_cuMemAlloc_v2, NULL},
+	{"cuMemAllocPitch", 3020, local_cuMemAllocPitch_v2, NULL},
+	{"cuMemAllocManaged", 6000, local_cuMemAllocManaged, NULL},
+	{"cuMemFree", 3020, local_cuMemFree_v2, NULL},
+	{"cuMemGetInfo", 3020, local_cuMemGetInfo_v2, NULL},
+	{"cuMemGetAddressRange", 3020, local_cuMemGetAddressRange_v2, NULL},
+	{"cuMemcpyHtoD", 3020, local_cuMemcpyHtoD_v2, local_cuMemcpyHtoD_v2_ptds},
+	{"cuMemcpyDtoH", 3020, local_cuMemcpyDtoH_v2, local_cuMemcpyDtoH_v2_ptds},
+	{"cuMemAllocAsync", 11020, local_cuMemAllocAsync, local_cuMemAllocAsync_ptsz},
+	{"cuMemAllocFromPoolAsync", 11020, local_cuMemAllocFromPoolAsync, local_cuMemAllocFromPoolAsync_ptsz},
+	{"cuMemFreeAsync", 11020, local_cuMemFreeAsync, local_cuMemFreeAsync_ptsz},
+	{"cuMemPoolCreate", 11020, local_cuMemPoolCreate, NULL},
+	{"cuMemPoolDestroy", 11020, local_cuMemPoolDestroy, NULL},
+	{"cuMemPoolTrimTo", 11020, local_cuMemPoolTrimTo, NULL},
+	{"cuMemPoolGetAttribute", 11020, local_cuMemPoolGetAttribute, NULL},
+	{"cuMemPoolSetAttribute", 11020, local_cuMemPoolSetAttribute, NULL},
+	{"cuDeviceGetDefaultMemPool", 11020, local_cuDeviceGetDefaultMemPool, NULL},
+	{"cuDeviceGetMemPool", 11020, local_cuDeviceGetMemPool, NULL},
+	{"cuDeviceSetMemPool", 11020, local_cuDeviceSetMemPool, NULL},
+	{"cuMemGetAllocationGranularity", 10020, local_cuMemGetAllocationGranularity, NULL},
+	{"cuMemCreate", 10020, local_cuMemCreate, NULL},
+	{"cuMemRelease", 10020, local_cuMemRelease, NULL},
+	{"cuArrayCreate", 3020, local_cuArrayCreate_v2, NULL},
+	{"cuArray3DCreate", 3020, local_cuArray3DCreate_v2, NULL},
+	{"cuArrayDestroy", 2000, local_cuArrayDestroy, NULL},
+	{"cuMipmappedArrayCreate", 5000, local_cuMipmappedArrayCreate, NULL},
+	{"cuMipmappedArrayDestroy", 5000, local_cuMipmappedArrayDestroy, NULL},
+	{"cuStreamCreate", 2000, local_cuStreamCreate, NULL},
+	{"cuStreamDestroy", 4000, local_cuStreamDestroy_v2, NULL},
+	{"cuStreamSynchronize", 2000, local_cuStreamSynchronize, local_cuStreamSynchronize_ptsz},
+	{"cuStreamQuery", 2000, local_cuStreamQuery, local_cuStreamQuery_ptsz},
+	{"cuModuleLoadData", 2000, local_cuModuleLoadData, NULL},
+	{"cuModuleUnload", 2000, local_cuModuleUnload, NULL},
+	{"cuModuleGetFunction", 2000, local_cuModuleGetFunction, NULL},
+	{"cuLaunchKernel", 4000, local_cuLaunchKernel, local_cuLaunchKernel_ptsz},
+	{"cuLaunchKernelEx", 11060, local_cuLaunchKernelEx, local_cuLaunchKernelEx_ptsz},
+	{"cuLaunchCooperativeKernel", 9000, local_cuLaunchCooperativeKernel, local_cuLaunchCooperativeKernel_ptsz},
+};
+
+static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t flags,
+			 CUdriverProcAddressQueryResult *status)
+{
+	CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+	CUresult r = CUDA_ERROR_NOT_FOUND;
+
+	if (!symbol || !pfn || flags > CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pfn = NULL;
+	for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
+		if (strcmp(procs[i].base, symbol) != 0)
+			continue;
+		if (procs[i].since > version) {
+			if (st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)
+				st = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+			continue;
+		}
+		int pt = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && procs[i].ptsz;
+		*pfn = pt ? procs[i].ptsz : procs[i].fn;
+		st = CU_GET_PROC_ADDRESS_SUCCESS;
+		r = CUDA_SUCCESS;
+	}
+	if (status)
+		*status = st;
+	return r;
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+	return get_proc(symbol, pfn, cudaVersion, flags, NULL);
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+			     CUdriverProcAddressQueryResult *symbolStatus)
+{
+	return get_proc(symbol, pfn, cudaVersion, flags, symbolStatus);
+}

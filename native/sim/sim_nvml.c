@@ -1,0 +1,516 @@
+/*
+ * libnvidia-ml.so.1 of the simulated GPU: the NVML subset monitoring code and
+ * tests use. It reads the same shared state as the sim's libcuda.so.1, so its
+ * memory figures and process lists are physical: every process, every device,
+ * CUDA_VISIBLE_DEVICES ignored (index = device order in the state).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "sim_api.h"
+#include "sim_state.h"
+
+#define DRIVER_VERSION_STRING "580.0-sim"
+#define NVML_VERSION_STRING "13.580.0-sim"
+#define CUDA_DRIVER_VERSION 13000
+#define PCI_DEVICE_ID 0x233010deu /* H100 SXM5, vendor NVIDIA */
+
+struct nvmlDevice_st {
+	unsigned index;
+};
+
+static struct nvmlDevice_st devs[SIM_MAX_DEVICES];
+
+static struct {
+	pthread_mutex_t mu;
+	_Atomic unsigned refs;
+} N = {PTHREAD_MUTEX_INITIALIZER, 0};
+
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void nv_prepare(void)
+{
+	pthread_mutex_lock(&N.mu);
+}
+
+static void nv_release(void)
+{
+	pthread_mutex_unlock(&N.mu);
+}
+
+static void register_atfork(void)
+{
+	sim_atfork_init(); /* first: fork then takes N.mu before sim_state's lock */
+	pthread_atfork(nv_prepare, nv_release, nv_release);
+}
+
+/* ---- init --------------------------------------------------------------- */
+
+static nvmlReturn_t init(void)
+{
+	nvmlReturn_t r = NVML_SUCCESS;
+
+	pthread_once(&atfork_once, register_atfork);
+	pthread_mutex_lock(&N.mu);
+	if (atomic_load(&N.refs) == 0) {
+		int s = sim_open(NULL);
+		if (s < 0) {
+			r = s == SIM_ECONFIG ? NVML_ERROR_UNKNOWN : NVML_ERROR_OPERATING_SYSTEM;
+			goto out;
+		}
+		/* Our process entry (shared with the sim's libcuda in this
+		 * process); NVML works without one, so a full table is no error. */
+		sim_self();
+		for (unsigned i = 0; i < SIM_MAX_DEVICES; i++)
+			devs[i].index = i;
+	}
+	atomic_fetch_add(&N.refs, 1);
+out:
+	pthread_mutex_unlock(&N.mu);
+	return r;
+}
+
+nvmlReturn_t nvmlInit_v2(void)
+{
+	return init();
+}
+
+nvmlReturn_t nvmlInit(void)
+{
+	return init();
+}
+
+/* NVML_INIT_FLAG_NO_GPUS / NO_ATTACH change nothing here. */
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags)
+{
+	return init();
+}
+
+nvmlReturn_t nvmlShutdown(void)
+{
+	nvmlReturn_t r = NVML_SUCCESS;
+	pthread_mutex_lock(&N.mu);
+	if (atomic_load(&N.refs) == 0)
+		r = NVML_ERROR_UNINITIALIZED;
+	else
+		atomic_fetch_sub(&N.refs, 1);
+	pthread_mutex_unlock(&N.mu);
+	return r;
+}
+
+static const struct {
+	nvmlReturn_t code;
+	const char *text;
+} errors[] = {
+	{NVML_SUCCESS, "Success"},
+	{NVML_ERROR_UNINITIALIZED, "Uninitialized"},
+	{NVML_ERROR_INVALID_ARGUMENT, "Invalid Argument"},
+	{NVML_ERROR_NOT_SUPPORTED, "Not Supported"},
+	{NVML_ERROR_NO_PERMISSION, "Insufficient Permissions"},
+	{NVML_ERROR_ALREADY_INITIALIZED, "Already Initialized"},
+	{NVML_ERROR_NOT_FOUND, "Not Found"},
+	{NVML_ERROR_INSUFFICIENT_SIZE, "Insufficient Size"},
+	{NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded"},
+	{NVML_ERROR_FUNCTION_NOT_FOUND, "Function Not Found"},
+	{NVML_ERROR_OPERATING_SYSTEM, "Operating System Error"},
+	{NVML_ERROR_LIB_RM_VERSION_MISMATCH, "RM has detected an NVML/RM version mismatch."},
+	{NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "Argument version mismatch"},
+	{NVML_ERROR_UNKNOWN, "Unknown Error"},
+};
+
+const char *nvmlErrorString(nvmlReturn_t result)
+{
+	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+		if (errors[i].code == result)
+			return errors[i].text;
+	return "Unknown Error";
+}
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static nvmlReturn_t ready(void)
+{
+	return atomic_load(&N.refs) ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+}
+
+static nvmlReturn_t dev_index(nvmlDevice_t device, unsigned *idx)
+{
+	if (!atomic_load(&N.refs))
+		return NVML_ERROR_UNINITIALIZED;
+	uintptr_t p = (uintptr_t)device, base = (uintptr_t)devs;
+	if (p < base || (p - base) % sizeof(devs[0]) || (p - base) / sizeof(devs[0]) >= sim_st()->hdr.ndev)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*idx = (unsigned)((p - base) / sizeof(devs[0]));
+	return NVML_SUCCESS;
+}
+
+static nvmlReturn_t copy_str(char *dst, unsigned len, const char *src)
+{
+	if (!dst)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	size_t n = strlen(src) + 1;
+	if (n > len)
+		return NVML_ERROR_INSUFFICIENT_SIZE;
+	memcpy(dst, src, n);
+	return NVML_SUCCESS;
+}
+
+struct pinfo {
+	unsigned pid;
+	unsigned entry;
+	uint64_t used;
+};
+
+/* Live processes with a context or memory on device D (dead ones swept). */
+static unsigned list_procs(unsigned d, struct pinfo *out)
+{
+	struct sim_state *st = sim_st();
+	unsigned n = 0;
+
+	sim_sweep();
+	for (unsigned i = 0; i < SIM_MAX_PROCS; i++) {
+		struct sim_proc *p = &st->proc[i];
+		if (atomic_load(&p->state) != SIM_PROC_LIVE)
+			continue;
+		uint64_t used = atomic_load(&p->used[d]);
+		int32_t pid = atomic_load(&p->pid);
+		if (pid <= 0 || (!used && !atomic_load(&p->contexts[d])))
+			continue;
+		out[n++] = (struct pinfo){(unsigned)pid, i, used};
+	}
+	return n;
+}
+
+/* ---- system ------------------------------------------------------------- */
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length)
+{
+	nvmlReturn_t r = ready();
+	return r ? r : copy_str(version, length, DRIVER_VERSION_STRING);
+}
+
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length)
+{
+	return copy_str(version, length, NVML_VERSION_STRING);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *cudaDriverVersion)
+{
+	if (!cudaDriverVersion)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*cudaDriverVersion = CUDA_DRIVER_VERSION;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *cudaDriverVersion)
+{
+	return nvmlSystemGetCudaDriverVersion(cudaDriverVersion);
+}
+
+/* ---- devices ------------------------------------------------------------ */
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *deviceCount)
+{
+	nvmlReturn_t r = ready();
+	if (r)
+		return r;
+	if (!deviceCount)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*deviceCount = sim_st()->hdr.ndev;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount)
+{
+	return nvmlDeviceGetCount_v2(deviceCount);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device)
+{
+	nvmlReturn_t r = ready();
+	if (r)
+		return r;
+	if (!device || index >= sim_st()->hdr.ndev)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*device = &devs[index];
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int index, nvmlDevice_t *device)
+{
+	return nvmlDeviceGetHandleByIndex_v2(index, device);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device)
+{
+	nvmlReturn_t r = ready();
+	if (r)
+		return r;
+	if (!uuid || !device)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	const struct sim_state *st = sim_st();
+	for (unsigned i = 0; i < st->hdr.ndev; i++) {
+		if (strcasecmp(st->dev[i].uuid, uuid) == 0) {
+			*device = &devs[i];
+			return NVML_SUCCESS;
+		}
+	}
+	return NVML_ERROR_NOT_FOUND;
+}
+
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index)
+{
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!index)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*index = i;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minorNumber)
+{
+	return nvmlDeviceGetIndex(device, minorNumber);
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	return r ? r : copy_str(name, length, sim_st()->dev[i].name);
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length)
+{
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	return r ? r : copy_str(uuid, length, sim_st()->dev[i].uuid);
+}
+
+static nvmlReturn_t pci_info(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!pci)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	memset(pci, 0, sizeof(*pci));
+	pci->bus = i + 1;
+	pci->pciDeviceId = PCI_DEVICE_ID;
+	snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "0000:%02x:00.0", i + 1);
+	snprintf(pci->busId, sizeof(pci->busId), "00000000:%02x:00.0", i + 1);
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+	return pci_info(device, pci);
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t device, nvmlPciInfo_t *pci)
+{
+	return pci_info(device, pci);
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
+{
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!major || !minor)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*major = 9;
+	*minor = 0;
+	return NVML_SUCCESS;
+}
+
+/* ---- memory and utilization --------------------------------------------- */
+
+static void mem_figures(unsigned i, uint64_t *total, uint64_t *used)
+{
+	sim_sweep(); /* a killed process's memory is free again */
+	const struct sim_device *d = &sim_st()->dev[i];
+	*total = d->total;
+	*used = atomic_load(&d->used);
+	if (*used > *total)
+		*used = *total;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+	uint64_t total, used;
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!memory)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	mem_figures(i, &total, &used);
+	memory->total = total;
+	memory->used = used;
+	memory->free = total - used;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+	uint64_t total, used;
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!memory)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (memory->version != nvmlMemory_v2)
+		return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+	mem_figures(i, &total, &used);
+	memory->total = total;
+	memory->reserved = 0;
+	memory->used = used;
+	memory->free = total - used;
+	return NVML_SUCCESS;
+}
+
+/* gpu: percent of the last full second the device ran kernels. */
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
+{
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!utilization)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	utilization->gpu = sim_util_pct(sim_st()->dev[i].util);
+	utilization->memory = 0;
+	return NVML_SUCCESS;
+}
+
+/* ---- processes ---------------------------------------------------------- */
+
+/* Standard NVML sizing: *count in = capacity; too small -> INSUFFICIENT_SIZE
+ * with the count needed. ELEM: 1 = v1 element, 2 = v2/v3 element. */
+static nvmlReturn_t running(nvmlDevice_t device, unsigned *count, void *infos, int elem)
+{
+	struct pinfo list[SIM_MAX_PROCS];
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!count)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	unsigned n = list_procs(i, list);
+	if (n > *count) {
+		*count = n;
+		return NVML_ERROR_INSUFFICIENT_SIZE;
+	}
+	if (n && !infos)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	for (unsigned k = 0; k < n; k++) {
+		if (elem == 1) {
+			nvmlProcessInfo_v1_t *e = (nvmlProcessInfo_v1_t *)infos + k;
+			e->pid = list[k].pid;
+			e->usedGpuMemory = list[k].used;
+		} else {
+			nvmlProcessInfo_t *e = (nvmlProcessInfo_t *)infos + k;
+			e->pid = list[k].pid;
+			e->usedGpuMemory = list[k].used;
+			e->gpuInstanceId = SIM_NVML_VALUE_NOT_AVAILABLE; /* not MIG */
+			e->computeInstanceId = SIM_NVML_VALUE_NOT_AVAILABLE;
+		}
+	}
+	*count = n;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+						  nvmlProcessInfo_v1_t *infos)
+{
+	return running(device, infoCount, infos, 1);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+						     nvmlProcessInfo_t *infos)
+{
+	return running(device, infoCount, infos, 2);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+						     nvmlProcessInfo_t *infos)
+{
+	return running(device, infoCount, infos, 2);
+}
+
+/* Nothing draws on a simulated GPU. */
+static nvmlReturn_t no_graphics(nvmlDevice_t device, unsigned *count)
+{
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!count)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*count = 0;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, void *infos)
+{
+	return no_graphics(device, infoCount);
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, void *infos)
+{
+	return no_graphics(device, infoCount);
+}
+
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, void *infos)
+{
+	return no_graphics(device, infoCount);
+}
+
+/* One sample per listed process: smUtil over the last full second, stamped
+ * now (microseconds, wall clock). None newer than lastSeenTimeStamp, or no
+ * process at all: NVML_ERROR_NOT_FOUND, as NVML says when it has no sample. */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+					     unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
+{
+	struct pinfo list[SIM_MAX_PROCS];
+	struct timespec ts;
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!processSamplesCount)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	unsigned long long now_us = (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+	unsigned n = lastSeenTimeStamp < now_us ? list_procs(i, list) : 0;
+	if (n == 0) {
+		*processSamplesCount = 0;
+		return NVML_ERROR_NOT_FOUND;
+	}
+	if (!utilization || *processSamplesCount < n) {
+		*processSamplesCount = n;
+		return NVML_ERROR_INSUFFICIENT_SIZE;
+	}
+	struct sim_state *st = sim_st();
+	for (unsigned k = 0; k < n; k++) {
+		nvmlProcessUtilizationSample_t *e = &utilization[k];
+		memset(e, 0, sizeof(*e));
+		e->pid = list[k].pid;
+		e->timeStamp = now_us;
+		e->smUtil = sim_util_pct(st->proc[list[k].entry].util[i]);
+	}
+	*processSamplesCount = n;
+	return NVML_SUCCESS;
+}

@@ -1,0 +1,152 @@
+/*
+ * Reserve, then allocate. A charge is one compare-and-swap on the slice's
+ * per-device counter, checked against the limit in force at that instant, so
+ * concurrent processes can never pass the cap together. The process's slot
+ * records its share afterwards; a credit undoes both in the opposite order.
+ * The slot's txn counter is odd between the two steps: a process killed
+ * there leaves an over-count (never an under-count) that the next sweep
+ * finds and removes (hami_slice_recount).
+ */
+#include <stdio.h>
+
+#include "hami.h"
+
+#define OOM_REPORT_INTERVAL_NS 1000000000ull
+
+static uint64_t last_oom_report;
+
+static void report_oom(int sdev, uint64_t want, uint64_t used, uint64_t limit, const char *what)
+{
+	uint64_t now = hami_monotonic_ns();
+	uint64_t last = __atomic_load_n(&last_oom_report, __ATOMIC_RELAXED);
+	if (last && now - last < OOM_REPORT_INTERVAL_NS)
+		return;
+	if (!__atomic_compare_exchange_n(&last_oom_report, &last, now, 0, __ATOMIC_RELAXED,
+					 __ATOMIC_RELAXED))
+		return;
+	struct hami_slice_file *f = hami_slice();
+	char a[32], b[32], c[32];
+	hami_log(HAMI_LOG_ERROR,
+		 "slice \"%s\" GPU %s: out of memory: %s of %s refused, %s of the %llu-byte (%s) limit in use",
+		 hami_slice_name(), f ? f->device[sdev].uuid : "?", what, hami_human(want, a),
+		 hami_human(used, b), (unsigned long long)limit, hami_human(limit, c));
+}
+
+uint64_t hami_device_limit_bytes(int sdev)
+{
+	struct hami_device_limit l;
+	if (hami_slice_limit(sdev, &l) < 0)
+		return 0;
+	return l.memory_limit;
+}
+
+uint64_t hami_device_used(int sdev)
+{
+	struct hami_slice_file *f = hami_slice();
+	if (!f || sdev < 0)
+		return 0;
+	return __atomic_load_n(&f->device[sdev].memory_used, __ATOMIC_ACQUIRE);
+}
+
+static void raise_peak(struct hami_slice_device *d, uint64_t now_used)
+{
+	uint64_t peak = __atomic_load_n(&d->memory_peak, __ATOMIC_RELAXED);
+	while (now_used > peak &&
+	       !__atomic_compare_exchange_n(&d->memory_peak, &peak, now_used, 1, __ATOMIC_RELAXED,
+					    __ATOMIC_RELAXED))
+		;
+}
+
+/* This process's slot, or NULL when it has none (charges are then refused). */
+static struct hami_slot *own_slot(struct hami_slice_file *f)
+{
+	int i = hami_slot();
+	return i < 0 ? NULL : &f->slot[i];
+}
+
+static void txn_step(struct hami_slot *s)
+{
+	__atomic_add_fetch(&s->txn, 1, __ATOMIC_SEQ_CST);
+}
+
+static void sub_saturating(uint64_t *v, uint64_t bytes)
+{
+	uint64_t cur = __atomic_load_n(v, __ATOMIC_SEQ_CST);
+	while (!__atomic_compare_exchange_n(v, &cur, cur > bytes ? cur - bytes : 0, 1, __ATOMIC_SEQ_CST,
+					    __ATOMIC_SEQ_CST))
+		;
+}
+
+/* One charge: the device counter (checked against limit, 0 = none), then the slot. */
+static int reserve(struct hami_slot *s, struct hami_slice_device *d, int sdev, uint64_t bytes,
+		   uint64_t limit, uint64_t *seen)
+{
+	txn_step(s);
+	uint64_t used = __atomic_load_n(&d->memory_used, __ATOMIC_SEQ_CST);
+	for (;;) {
+		if (limit && (used > limit || bytes > limit - used)) {
+			*seen = used;
+			txn_step(s);
+			return -1;
+		}
+		if (__atomic_compare_exchange_n(&d->memory_used, &used, used + bytes, 1, __ATOMIC_SEQ_CST,
+						__ATOMIC_SEQ_CST))
+			break;
+	}
+	__atomic_add_fetch(&s->memory_used[sdev], bytes, __ATOMIC_SEQ_CST);
+	txn_step(s);
+	raise_peak(d, used + bytes);
+	return 0;
+}
+
+/* Charge bytes to the slice on slice device sdev, or refuse: CUDA_ERROR_OUT_OF_MEMORY. */
+int hami_charge(int sdev, uint64_t bytes, const char *what)
+{
+	struct hami_slice_file *f = hami_slice();
+	if (!f || sdev < 0 || bytes == 0)
+		return CUDA_SUCCESS;
+	struct hami_slot *s = own_slot(f);
+	if (!s)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	struct hami_slice_device *d = &f->device[sdev];
+	uint64_t limit = hami_device_limit_bytes(sdev), used = 0;
+	if (reserve(s, d, sdev, bytes, limit, &used) < 0) {
+		/* Room held by a process that just died comes back before we say no. */
+		hami_slice_sweep();
+		if (reserve(s, d, sdev, bytes, limit, &used) < 0) {
+			report_oom(sdev, bytes, used, limit, what);
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		}
+	}
+	return CUDA_SUCCESS;
+}
+
+/* Charge memory the driver has already handed out (e.g. pool growth). */
+void hami_charge_force(int sdev, uint64_t bytes)
+{
+	struct hami_slice_file *f = hami_slice();
+	struct hami_slot *s = f && sdev >= 0 && bytes ? own_slot(f) : NULL;
+	uint64_t unused;
+	if (s)
+		reserve(s, &f->device[sdev], sdev, bytes, 0, &unused);
+}
+
+/* Subtract from the slice total only: for reclaiming a dead slot. */
+void hami_credit_device(int sdev, uint64_t bytes)
+{
+	struct hami_slice_file *f = hami_slice();
+	if (f && sdev >= 0 && bytes)
+		sub_saturating(&f->device[sdev].memory_used, bytes);
+}
+
+void hami_credit(int sdev, uint64_t bytes)
+{
+	struct hami_slice_file *f = hami_slice();
+	struct hami_slot *s = f && sdev >= 0 && bytes ? own_slot(f) : NULL;
+	if (!s)
+		return;
+	txn_step(s);
+	sub_saturating(&s->memory_used[sdev], bytes);
+	sub_saturating(&f->device[sdev].memory_used, bytes);
+	txn_step(s);
+}

@@ -1,0 +1,174 @@
+/*
+ * The process's settings, read once from the environment. HAMi-core's names
+ * are accepted so its users can move over; our own are HAMI_*. A malformed
+ * value is an error that fails closed (cuInit refuses), never "no limit".
+ */
+#define _GNU_SOURCE
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hami.h"
+
+static struct hami_config config;
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+static char slice_path_buf[PATH_MAX];
+
+static void bad_setting(const char *name, const char *value, const char *why)
+{
+	hami_log(HAMI_LOG_ERROR, "%s=\"%s\" is %s; CUDA is disabled in this process until it is fixed",
+		 name, value, why);
+	config.error = 1;
+}
+
+static const char size_forms[] =
+	"not a size (use bytes or a number with k, m, g or t, e.g. 4g, 4096m, 4Gi, 1.5g)";
+
+static void read_size(const char *name, int *has, uint64_t *value)
+{
+	const char *v = getenv(name);
+	if (!v)
+		return;
+	if (hami_parse_size(v, value) < 0) {
+		bad_setting(name, v, size_forms);
+		return;
+	}
+	*has = 1;
+}
+
+/* A memory limit of zero would refuse every allocation: surely a mistake. */
+static void read_limit(const char *name, int *has, uint64_t *value)
+{
+	read_size(name, has, value);
+	if (*has && *value == 0) {
+		bad_setting(name, getenv(name), "zero (unset the variable for no limit)");
+		*has = 0;
+	}
+}
+
+static void copy_bounded(char *dst, size_t cap, const char *src)
+{
+	size_t n = src ? strnlen(src, cap - 1) : 0;
+	if (n)
+		memcpy(dst, src, n);
+	dst[n] = '\0';
+}
+
+/* A slice given by name lives under the slice root; a value with '/' is a path. */
+static const char *resolve_slice_path(const char *value)
+{
+	if (strchr(value, '/'))
+		return value;
+	const char *root = getenv("HAMI_SLICE_ROOT");
+	char fallback[128];
+	if (!root || !*root) {
+		const char *xdg = getenv("XDG_RUNTIME_DIR");
+		if (xdg && *xdg) {
+			snprintf(slice_path_buf, sizeof(slice_path_buf), "%s/hami-jupyter/%s.slice", xdg, value);
+			return slice_path_buf;
+		}
+		snprintf(fallback, sizeof(fallback), "/tmp/hami-jupyter-%u", (unsigned)getuid());
+		root = fallback;
+	}
+	snprintf(slice_path_buf, sizeof(slice_path_buf), "%s/%s.slice", root, value);
+	return slice_path_buf;
+}
+
+static void slice_name_from_path(const char *path)
+{
+	const char *base = strrchr(path, '/');
+	base = base ? base + 1 : path;
+	copy_bounded(config.slice_name, sizeof(config.slice_name), base);
+	char *dot = strrchr(config.slice_name, '.');
+	if (dot && strcmp(dot, ".slice") == 0)
+		*dot = '\0';
+}
+
+static void read_config(void)
+{
+	read_limit("CUDA_DEVICE_MEMORY_LIMIT", &config.has_memory_default, &config.memory_default);
+	for (int i = 0; i < HAMI_SLICE_MAX_DEVICES; i++) {
+		char name[64];
+		int has = 0;
+		snprintf(name, sizeof(name), "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
+		read_limit(name, &has, &config.memory_ordinal[i]);
+		config.has_memory_ordinal[i] = (uint8_t)has;
+	}
+	read_size("HAMI_CONTEXT_OVERHEAD", &config.has_context_overhead, &config.context_overhead);
+
+	const char *slice = getenv("HAMI_SLICE");
+	if (!slice)
+		slice = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+	if (slice && !*slice)
+		bad_setting(getenv("HAMI_SLICE") ? "HAMI_SLICE" : "CUDA_DEVICE_MEMORY_SHARED_CACHE", slice,
+			    "empty (give a slice name or file path, or unset it for a private slice)");
+	else if (slice) {
+		config.slice_path = resolve_slice_path(slice);
+		slice_name_from_path(config.slice_path);
+	} else {
+		snprintf(config.slice_name, sizeof(config.slice_name), "private-%d", (int)getpid());
+	}
+	const char *name = getenv("HAMI_SLICE_NAME");
+	if (name && *name)
+		copy_bounded(config.slice_name, sizeof(config.slice_name), name);
+	copy_bounded(config.kernel_id, sizeof(config.kernel_id), getenv("HAMI_KERNEL_ID"));
+}
+
+const struct hami_config *hami_config(void)
+{
+	pthread_once(&config_once, read_config);
+	return &config;
+}
+
+/* The limit this process's environment asks for on CUDA ordinal n. */
+int hami_config_memory_limit(int ordinal, uint64_t *limit)
+{
+	const struct hami_config *c = hami_config();
+	if (ordinal >= 0 && ordinal < HAMI_SLICE_MAX_DEVICES && c->has_memory_ordinal[ordinal]) {
+		*limit = c->memory_ordinal[ordinal];
+		return 1;
+	}
+	if (c->has_memory_default) {
+		*limit = c->memory_default;
+		return 1;
+	}
+	return 0;
+}
+
+/*
+ * The CUDA ordinal of a GPU known only through NVML (a process such as
+ * nvidia-smi that never calls cuInit). CUDA_VISIBLE_DEVICES lists indices or
+ * UUID prefixes; we assume CUDA's order equals NVML's (PCI) order, which holds
+ * on hosts of identical GPUs. -1: not visible.
+ */
+int hami_config_ordinal_of(const char *uuid, int nvml_index)
+{
+	const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+	if (!cvd)
+		return nvml_index;
+	char buf[1024];
+	copy_bounded(buf, sizeof(buf), cvd);
+	int ordinal = 0;
+	char *save = NULL;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), ordinal++) {
+		while (*tok == ' ')
+			tok++;
+		char *end;
+		long idx = strtol(tok, &end, 10);
+		if (end != tok && *end == '\0') {
+			if (idx == nvml_index)
+				return ordinal;
+			continue;
+		}
+		if (strncmp(tok, "GPU-", 4) == 0 || strncmp(tok, "MIG-", 4) == 0) {
+			if (strncmp(uuid, tok, strlen(tok)) == 0)
+				return ordinal;
+			continue;
+		}
+		return -1; /* the driver stops at the first invalid entry */
+	}
+	return -1;
+}

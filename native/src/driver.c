@@ -1,0 +1,97 @@
+/*
+ * The real libraries underneath the hooks: glibc's dlsym, libcuda.so.1 and
+ * libnvidia-ml.so.1. Lookups are cached by the callers; this file only loads.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
+
+#include "hami.h"
+
+typedef void *(*dlsym_fn)(void *, const char *);
+
+static dlsym_fn real_dlsym_fn;
+static void *cuda_handle;
+static void *nvml_handle;
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+
+/*
+ * dlsym and the path to glibc's are not instrumented by the sanitizers: the
+ * AddressSanitizer runtime looks its own symbols up through dlsym before it
+ * is initialised, and so reaches this code first.
+ */
+#define UNINSTRUMENTED __attribute__((no_sanitize_address, no_sanitize_undefined))
+
+UNINSTRUMENTED static dlsym_fn find_real_dlsym(void)
+{
+	dlsym_fn f = __atomic_load_n(&real_dlsym_fn, __ATOMIC_ACQUIRE);
+	if (f)
+		return f;
+	/* dlvsym is not hooked: ask for glibc's dlsym by version (2.34+, then older). */
+	f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+	if (!f)
+		f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+	__atomic_store_n(&real_dlsym_fn, f, __ATOMIC_RELEASE);
+	return f;
+}
+
+UNINSTRUMENTED void *hami_real_dlsym(void *handle, const char *name)
+{
+	dlsym_fn f = find_real_dlsym();
+	return f ? f(handle, name) : NULL;
+}
+
+static void open_cuda(void)
+{
+	cuda_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!cuda_handle)
+		hami_log(HAMI_LOG_WARN, "cannot load libcuda.so.1 (%s): is the NVIDIA driver installed?",
+			 dlerror());
+}
+
+static void open_nvml(void)
+{
+	nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!nvml_handle)
+		hami_log(HAMI_LOG_DEBUG, "cannot load libnvidia-ml.so.1 (%s)", dlerror());
+}
+
+void *hami_cuda_sym(const char *name)
+{
+	pthread_once(&cuda_once, open_cuda);
+	return cuda_handle ? hami_real_dlsym(cuda_handle, name) : NULL;
+}
+
+void *hami_nvml_sym(const char *name)
+{
+	pthread_once(&nvml_once, open_nvml);
+	return nvml_handle ? hami_real_dlsym(nvml_handle, name) : NULL;
+}
+
+/*
+ * Hooks are resolved by what the real library would hand out: a symbol the
+ * caller found in libcuda/libnvidia-ml is swapped for our hook of that name.
+ * RTLD_NEXT must be resolved relative to the caller, so that path ends in a
+ * tail call: glibc then sees the caller's return address, not ours.
+ */
+HAMI_EXPORT UNINSTRUMENTED __attribute__((optimize("optimize-sibling-calls")))
+void *dlsym(void *handle, const char *name)
+{
+	int cuda = name[0] == 'c' && name[1] == 'u';
+	int nvml = name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l';
+	if (handle != RTLD_NEXT && (cuda || nvml)) {
+		void *hook = hami_hook_by_name(name);
+		if (hook) {
+			void *found = hami_real_dlsym(handle, name);
+			void *real = cuda ? hami_cuda_sym(name) : hami_nvml_sym(name);
+			if (found && found == real)
+				return hook;
+		}
+	}
+	dlsym_fn f = find_real_dlsym();
+	if (!f)
+		return NULL;
+	return f(handle, name);
+}

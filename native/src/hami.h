@@ -1,0 +1,112 @@
+/*
+ * Internal interfaces of the preload library (libvgpu.so). Nothing here is
+ * exported: the library is built with -fvisibility=hidden and only functions
+ * marked HAMI_EXPORT (the hooks) leave it.
+ */
+#ifndef HAMI_INTERNAL_H
+#define HAMI_INTERNAL_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#include "hami/cuda_types.h"
+#include "hami/slice_file.h"
+
+#define HAMI_EXPORT __attribute__((visibility("default")))
+#define HAMI_MIB (1024ull * 1024ull)
+#define HAMI_MAX_ORDINALS 64
+
+/* log.c */
+enum { HAMI_LOG_ERROR = 0, HAMI_LOG_WARN, HAMI_LOG_INFO, HAMI_LOG_DEBUG, HAMI_LOG_TRACE };
+void hami_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int hami_log_enabled(int level);
+const char *hami_human(uint64_t bytes, char buf[32]);
+uint64_t hami_now_ns(void);      /* CLOCK_REALTIME, for times shown to people */
+uint64_t hami_monotonic_ns(void);
+
+/* size.c */
+int hami_parse_size(const char *text, uint64_t *out);
+
+/* config.c: the process's settings, parsed once from the environment. */
+struct hami_config {
+	int error;                 /* nonzero: a setting is malformed, fail closed */
+	int has_memory_default;
+	uint64_t memory_default;   /* CUDA_DEVICE_MEMORY_LIMIT */
+	uint8_t has_memory_ordinal[HAMI_SLICE_MAX_DEVICES];
+	uint64_t memory_ordinal[HAMI_SLICE_MAX_DEVICES]; /* CUDA_DEVICE_MEMORY_LIMIT_<n> */
+	int has_context_overhead;
+	uint64_t context_overhead; /* HAMI_CONTEXT_OVERHEAD */
+	const char *slice_path;    /* HAMI_SLICE or CUDA_DEVICE_MEMORY_SHARED_CACHE; NULL: private */
+	char slice_name[HAMI_SLICE_NAME_LEN];
+	char kernel_id[HAMI_SLICE_KERNEL_ID_LEN];
+};
+const struct hami_config *hami_config(void);
+int hami_config_memory_limit(int ordinal, uint64_t *limit);
+int hami_config_ordinal_of(const char *uuid, int nvml_index);
+
+/* driver.c: the real libcuda.so.1 and libnvidia-ml.so.1 */
+void *hami_real_dlsym(void *handle, const char *name);
+void *hami_cuda_sym(const char *name);
+void *hami_nvml_sym(const char *name);
+
+/* hooks.c: name <-> hook tables for dlsym and cuGetProcAddress */
+void *hami_hook_by_name(const char *name);
+void *hami_hook_for_real(void *real_fn);
+
+/* setup.c: one-time set-up after the real cuInit */
+int hami_setup(void); /* CUDA_SUCCESS, an error to return, or -1: driver not initialised yet */
+int hami_ordinal_device(int ordinal);   /* slice device index, -1 if none */
+int hami_current_device(int *ordinal); /* slice device index of the current context, -1 if none */
+
+/* slice.c: the mapped slice file */
+struct hami_device_info {
+	char uuid[HAMI_SLICE_UUID_LEN];
+	uint64_t memory_total;
+	uint32_t sm_count;
+};
+int hami_slice_attach(const struct hami_device_info *dev, int count);
+int hami_slice_open_existing(void);
+struct hami_slice_file *hami_slice(void);
+const char *hami_slice_name(void);
+int hami_slice_device(const char *uuid, const struct hami_device_info *info);
+int hami_slice_limit(int sdev, struct hami_device_limit *out);
+int hami_slot(void);
+void hami_slice_sweep(void);
+uint64_t hami_slice_live_used(int sdev);
+
+/* charge.c: reserve-then-allocate against the slice */
+int hami_charge(int sdev, uint64_t bytes, const char *what);
+void hami_charge_force(int sdev, uint64_t bytes);
+void hami_credit(int sdev, uint64_t bytes);
+void hami_credit_device(int sdev, uint64_t bytes);
+uint64_t hami_device_used(int sdev);
+uint64_t hami_device_limit_bytes(int sdev);
+
+/* context_hooks.c */
+void hami_contexts_after_fork(void);
+
+/* records.c: what this process was charged for, by handle */
+enum hami_kind {
+	HAMI_KIND_MEMORY = 1, /* cuMemAlloc, pitch, managed: credited by cuMemFree */
+	HAMI_KIND_POOLED,     /* from a stream-ordered pool: the pool is charged */
+	HAMI_KIND_ARRAY,
+	HAMI_KIND_MIPMAP,
+	HAMI_KIND_HANDLE,     /* cuMemCreate */
+	HAMI_KIND_CONTEXT,    /* cuCtxCreate */
+	HAMI_KIND_POOL        /* a memory pool: bytes = reserved bytes charged */
+};
+struct hami_record {
+	uint64_t key;
+	uint64_t bytes;
+	uint64_t pool;  /* HAMI_KIND_POOLED: the pool it came from */
+	int32_t sdev;
+	uint32_t kind;
+};
+int hami_record_put(const struct hami_record *r);
+int hami_record_take(uint32_t kind, uint64_t key, struct hami_record *out);
+int hami_record_get(uint32_t kind, uint64_t key, struct hami_record *out);
+void hami_records_lock(void);
+void hami_records_unlock(void);
+void hami_records_reset(void);
+
+#endif

@@ -1,0 +1,83 @@
+/*
+ * Which entry points are hooked. dlsym looks hooks up by name; cuGetProcAddress
+ * by the pointer the real driver returned, which is the address of one of its
+ * exported symbols (checked on driver 580): so the driver's own choice of
+ * variant for a cudaVersion and per-thread-stream flag is kept exactly.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include "hami.h"
+#include "hook_api.h"
+
+struct hook {
+	const char *name;
+	void *hook;
+};
+
+static const struct hook hooks[] = {
+	{ "cuInit", (void *)cuInit },
+	{ "cuGetProcAddress", (void *)cuGetProcAddress },
+	{ "cuGetProcAddress_v2", (void *)cuGetProcAddress_v2 },
+	{ "cuMemAlloc_v2", (void *)cuMemAlloc_v2 },
+	{ "cuMemAllocPitch_v2", (void *)cuMemAllocPitch_v2 },
+	{ "cuMemAllocManaged", (void *)cuMemAllocManaged },
+	{ "cuMemFree_v2", (void *)cuMemFree_v2 },
+	{ "cuMemAllocAsync", (void *)cuMemAllocAsync },
+	{ "cuMemAllocAsync_ptsz", (void *)cuMemAllocAsync_ptsz },
+	{ "cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync },
+	{ "cuMemAllocFromPoolAsync_ptsz", (void *)cuMemAllocFromPoolAsync_ptsz },
+	{ "cuMemFreeAsync", (void *)cuMemFreeAsync },
+	{ "cuMemFreeAsync_ptsz", (void *)cuMemFreeAsync_ptsz },
+	{ "cuMemPoolCreate", (void *)cuMemPoolCreate },
+	{ "cuMemPoolDestroy", (void *)cuMemPoolDestroy },
+	{ "cuMemPoolTrimTo", (void *)cuMemPoolTrimTo },
+	{ "cuMemCreate", (void *)cuMemCreate },
+	{ "cuMemRelease", (void *)cuMemRelease },
+	{ "cuArrayCreate_v2", (void *)cuArrayCreate_v2 },
+	{ "cuArray3DCreate_v2", (void *)cuArray3DCreate_v2 },
+	{ "cuArrayDestroy", (void *)cuArrayDestroy },
+	{ "cuMipmappedArrayCreate", (void *)cuMipmappedArrayCreate },
+	{ "cuMipmappedArrayDestroy", (void *)cuMipmappedArrayDestroy },
+	{ "cuMemGetInfo_v2", (void *)cuMemGetInfo_v2 },
+	{ "cuDeviceTotalMem_v2", (void *)cuDeviceTotalMem_v2 },
+	{ "cuDevicePrimaryCtxRetain", (void *)cuDevicePrimaryCtxRetain },
+	{ "cuDevicePrimaryCtxRelease_v2", (void *)cuDevicePrimaryCtxRelease_v2 },
+	{ "cuCtxCreate_v2", (void *)cuCtxCreate_v2 },
+	{ "cuCtxCreate_v3", (void *)cuCtxCreate_v3 },
+	{ "cuCtxCreate_v4", (void *)cuCtxCreate_v4 },
+	{ "cuCtxDestroy_v2", (void *)cuCtxDestroy_v2 },
+	{ "nvmlDeviceGetMemoryInfo", (void *)nvmlDeviceGetMemoryInfo },
+	{ "nvmlDeviceGetMemoryInfo_v2", (void *)nvmlDeviceGetMemoryInfo_v2 },
+};
+
+#define HOOK_COUNT (sizeof(hooks) / sizeof(hooks[0]))
+
+static void *real_of[HOOK_COUNT];
+static pthread_once_t real_once = PTHREAD_ONCE_INIT;
+
+void *hami_hook_by_name(const char *name)
+{
+	for (size_t i = 0; i < HOOK_COUNT; i++)
+		if (strcmp(hooks[i].name, name) == 0)
+			return hooks[i].hook;
+	return NULL;
+}
+
+static void resolve_reals(void)
+{
+	for (size_t i = 0; i < HOOK_COUNT; i++)
+		real_of[i] = hooks[i].name[0] == 'c' ? hami_cuda_sym(hooks[i].name)
+						     : hami_nvml_sym(hooks[i].name);
+}
+
+void *hami_hook_for_real(void *real_fn)
+{
+	if (!real_fn)
+		return NULL;
+	pthread_once(&real_once, resolve_reals);
+	for (size_t i = 0; i < HOOK_COUNT; i++)
+		if (real_of[i] == real_fn)
+			return hooks[i].hook;
+	return real_fn;
+}

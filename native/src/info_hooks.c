@@ -1,0 +1,64 @@
+/*
+ * Answers sized to the slice, so frameworks size themselves to it:
+ * total = min(limit, physical); free = what the slice has left, never more
+ * than the GPU really has free, never an unsigned wrap.
+ */
+#include "hami.h"
+#include "hook_api.h"
+
+typedef CUresult (*mem_info_fn)(size_t *, size_t *);
+typedef CUresult (*total_mem_fn)(size_t *, CUdevice);
+
+static uint64_t min_u64(uint64_t a, uint64_t b)
+{
+	return a < b ? a : b;
+}
+
+HAMI_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+	static mem_info_fn fn;
+	if (!fn)
+		fn = (mem_info_fn)hami_cuda_sym("cuMemGetInfo_v2");
+	if (!free || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!fn)
+		return CUDA_ERROR_NOT_FOUND;
+	int s = hami_setup();
+	if (s > 0)
+		return (CUresult)s;
+	CUresult rc = fn(free, total);
+	if (rc != CUDA_SUCCESS || s < 0)
+		return rc;
+	int sdev = hami_current_device(NULL);
+	uint64_t limit = sdev >= 0 ? hami_device_limit_bytes(sdev) : 0;
+	if (!limit)
+		return rc;
+	uint64_t slice_total = min_u64(limit, *total);
+	uint64_t used = hami_device_used(sdev);
+	uint64_t left = slice_total > used ? slice_total - used : 0;
+	*total = (size_t)slice_total;
+	*free = (size_t)min_u64(left, *free);
+	return rc;
+}
+
+HAMI_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+	static total_mem_fn fn;
+	if (!fn)
+		fn = (total_mem_fn)hami_cuda_sym("cuDeviceTotalMem_v2");
+	if (!bytes)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!fn)
+		return CUDA_ERROR_NOT_FOUND;
+	int s = hami_setup();
+	if (s > 0)
+		return (CUresult)s;
+	CUresult rc = fn(bytes, dev);
+	if (rc != CUDA_SUCCESS || s < 0)
+		return rc;
+	int sdev = hami_ordinal_device(dev);
+	uint64_t limit = sdev >= 0 ? hami_device_limit_bytes(sdev) : 0;
+	if (limit)
+		*bytes = (size_t)min_u64(limit, *bytes);
+	return rc;
+}

@@ -1,0 +1,94 @@
+/*
+ * NVML memory answers sized to the slice, so nvidia-smi and pynvml inside a
+ * slice show the slice: total = min(limit, physical), used = the slice's
+ * usage on that GPU, free = the rest (clamped, never wrapped).
+ */
+#include <string.h>
+
+#include "hami.h"
+#include "hook_api.h"
+
+typedef nvmlReturn_t (*mem_fn)(nvmlDevice_t, nvmlMemory_t *);
+typedef nvmlReturn_t (*mem2_fn)(nvmlDevice_t, nvmlMemory_v2_t *);
+typedef nvmlReturn_t (*uuid_fn)(nvmlDevice_t, char *, unsigned int);
+typedef nvmlReturn_t (*index_fn)(nvmlDevice_t, unsigned int *);
+
+/* The slice's view of an NVML device: its limit and usage, or 0 if none applies. */
+static int slice_view(nvmlDevice_t device, uint64_t physical, uint64_t *limit, uint64_t *used)
+{
+	uuid_fn get_uuid = (uuid_fn)hami_nvml_sym("nvmlDeviceGetUUID");
+	char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+	if (!get_uuid || get_uuid(device, uuid, sizeof(uuid)) != NVML_SUCCESS)
+		return 0;
+	*limit = 0;
+	*used = 0;
+	if (hami_slice() || hami_slice_open_existing() == 0) {
+		int sdev = hami_slice_device(uuid, NULL);
+		if (sdev >= 0) {
+			*limit = hami_device_limit_bytes(sdev);
+			*used = hami_slice_live_used(sdev);
+			return *limit != 0;
+		}
+	}
+	/* No slice file entry for this GPU yet: the environment's limit applies. */
+	index_fn get_index = (index_fn)hami_nvml_sym("nvmlDeviceGetIndex");
+	unsigned int index;
+	if (!get_index || get_index(device, &index) != NVML_SUCCESS)
+		return 0;
+	int ordinal = hami_config_ordinal_of(uuid, (int)index);
+	return ordinal >= 0 && hami_config_memory_limit(ordinal, limit);
+	(void)physical;
+}
+
+static void sized(uint64_t *total, uint64_t *free, uint64_t *used, uint64_t limit, uint64_t slice_used)
+{
+	uint64_t t = limit < *total ? limit : *total;
+	uint64_t real_free = *free;
+	*total = t;
+	*used = slice_used;
+	uint64_t left = t > slice_used ? t - slice_used : 0;
+	*free = left < real_free ? left : real_free;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
+{
+	static mem_fn fn;
+	if (!fn)
+		fn = (mem_fn)hami_nvml_sym("nvmlDeviceGetMemoryInfo");
+	if (!memory)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (!fn)
+		return NVML_ERROR_FUNCTION_NOT_FOUND;
+	nvmlReturn_t rc = fn(device, memory);
+	uint64_t limit, used;
+	if (rc == NVML_SUCCESS && !hami_config()->error && slice_view(device, memory->total, &limit, &used)) {
+		uint64_t t = memory->total, f = memory->free, u = memory->used;
+		sized(&t, &f, &u, limit, used);
+		memory->total = t;
+		memory->free = f;
+		memory->used = u;
+	}
+	return rc;
+}
+
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
+{
+	static mem2_fn fn;
+	if (!fn)
+		fn = (mem2_fn)hami_nvml_sym("nvmlDeviceGetMemoryInfo_v2");
+	if (!memory)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (!fn)
+		return NVML_ERROR_FUNCTION_NOT_FOUND;
+	nvmlReturn_t rc = fn(device, memory);
+	uint64_t limit, used;
+	if (rc == NVML_SUCCESS && !hami_config()->error && slice_view(device, memory->total, &limit, &used)) {
+		uint64_t t = memory->total, f = memory->free, u = memory->used;
+		sized(&t, &f, &u, limit, used);
+		memory->total = t;
+		memory->free = f;
+		memory->used = u;
+		memory->reserved = 0;
+	}
+	return rc;
+}

@@ -1,0 +1,184 @@
+/*
+ * cuInit and cuGetProcAddress, and the one-time set-up that follows the real
+ * cuInit: read the settings, learn the GPUs (by UUID), attach the slice file.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "hami.h"
+#include "hook_api.h"
+
+typedef CUresult (*cuInit_fn)(unsigned int);
+typedef CUresult (*cuGetProcAddress_fn)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*cuGetProcAddress_v2_fn)(const char *, void **, int, cuuint64_t,
+					   CUdriverProcAddressQueryResult *);
+typedef CUresult (*cuDeviceGetCount_fn)(int *);
+typedef CUresult (*cuDeviceGet_fn)(CUdevice *, int);
+typedef CUresult (*cuDeviceGetUuid_fn)(CUuuid *, CUdevice);
+typedef CUresult (*cuDeviceTotalMem_fn)(size_t *, CUdevice);
+typedef CUresult (*cuDeviceGetAttribute_fn)(int *, int, CUdevice);
+typedef CUresult (*cuCtxGetDevice_fn)(CUdevice *);
+
+enum { SETUP_NOT_YET, SETUP_DONE };
+
+static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
+static int setup_state = SETUP_NOT_YET;
+static CUresult setup_result;
+static int ordinal_count;
+static int ordinal_device[HAMI_MAX_ORDINALS]; /* CUDA ordinal -> slice device index */
+
+static void format_uuid(const CUuuid *u, char out[HAMI_SLICE_UUID_LEN])
+{
+	const unsigned char *b = (const unsigned char *)u->bytes;
+	snprintf(out, HAMI_SLICE_UUID_LEN,
+		 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+		 b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+		 b[14], b[15]);
+}
+
+/* Learn every visible GPU. Returns a CUresult; NOT_INITIALIZED means "try later". */
+static CUresult learn_devices(struct hami_device_info *info, int *count)
+{
+	cuDeviceGetCount_fn get_count = (cuDeviceGetCount_fn)hami_cuda_sym("cuDeviceGetCount");
+	cuDeviceGet_fn get = (cuDeviceGet_fn)hami_cuda_sym("cuDeviceGet");
+	cuDeviceGetUuid_fn get_uuid = (cuDeviceGetUuid_fn)hami_cuda_sym("cuDeviceGetUuid_v2");
+	cuDeviceTotalMem_fn total = (cuDeviceTotalMem_fn)hami_cuda_sym("cuDeviceTotalMem_v2");
+	cuDeviceGetAttribute_fn attr = (cuDeviceGetAttribute_fn)hami_cuda_sym("cuDeviceGetAttribute");
+	if (!get_uuid)
+		get_uuid = (cuDeviceGetUuid_fn)hami_cuda_sym("cuDeviceGetUuid");
+	if (!get_count || !get || !get_uuid || !total || !attr) {
+		hami_log(HAMI_LOG_ERROR, "the CUDA driver lacks device queries this library needs");
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	int n = 0;
+	CUresult rc = get_count(&n);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	if (n > HAMI_MAX_ORDINALS)
+		n = HAMI_MAX_ORDINALS;
+	for (int i = 0; i < n; i++) {
+		CUdevice dev;
+		CUuuid uuid;
+		size_t bytes = 0;
+		int sms = 0;
+		if ((rc = get(&dev, i)) != CUDA_SUCCESS || (rc = get_uuid(&uuid, dev)) != CUDA_SUCCESS ||
+		    (rc = total(&bytes, dev)) != CUDA_SUCCESS)
+			return rc;
+		attr(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+		format_uuid(&uuid, info[i].uuid);
+		info[i].memory_total = bytes;
+		info[i].sm_count = (uint32_t)sms;
+	}
+	*count = n;
+	return CUDA_SUCCESS;
+}
+
+static CUresult run_setup(void)
+{
+	if (hami_config()->error)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct hami_device_info info[HAMI_MAX_ORDINALS];
+	int n = 0;
+	CUresult rc = learn_devices(info, &n);
+	if (rc == CUDA_ERROR_NOT_INITIALIZED)
+		return rc;
+	if (rc != CUDA_SUCCESS) {
+		hami_log(HAMI_LOG_ERROR, "cannot list the GPUs (CUDA error %d)", rc);
+		return rc;
+	}
+	rc = hami_slice_attach(info, n < HAMI_SLICE_MAX_DEVICES ? n : HAMI_SLICE_MAX_DEVICES);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		ordinal_device[i] = hami_slice_device(info[i].uuid, &info[i]);
+		if (ordinal_device[i] < 0)
+			hami_log(HAMI_LOG_WARN, "slice \"%s\" has no room for GPU %d (%s): it is not limited",
+				 hami_slice_name(), i, info[i].uuid);
+	}
+	ordinal_count = n;
+	return CUDA_SUCCESS;
+}
+
+/* CUDA_SUCCESS when ready, the error to fail with, or -1: driver not initialised. */
+int hami_setup(void)
+{
+	if (__atomic_load_n(&setup_state, __ATOMIC_ACQUIRE) == SETUP_DONE)
+		return setup_result;
+	pthread_mutex_lock(&setup_lock);
+	if (setup_state != SETUP_DONE) {
+		CUresult rc = run_setup();
+		if (rc == CUDA_ERROR_NOT_INITIALIZED) {
+			pthread_mutex_unlock(&setup_lock);
+			return -1;
+		}
+		setup_result = rc;
+		__atomic_store_n(&setup_state, SETUP_DONE, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&setup_lock);
+	return setup_result;
+}
+
+int hami_ordinal_device(int ordinal)
+{
+	if (ordinal < 0 || ordinal >= ordinal_count)
+		return -1;
+	return ordinal_device[ordinal];
+}
+
+int hami_current_device(int *ordinal)
+{
+	static cuCtxGetDevice_fn get_device;
+	if (!get_device)
+		get_device = (cuCtxGetDevice_fn)hami_cuda_sym("cuCtxGetDevice");
+	CUdevice dev;
+	if (!get_device || get_device(&dev) != CUDA_SUCCESS)
+		return -1;
+	if (ordinal)
+		*ordinal = dev;
+	return hami_ordinal_device(dev);
+}
+
+HAMI_EXPORT CUresult cuInit(unsigned int flags)
+{
+	static cuInit_fn real;
+	if (!real)
+		real = (cuInit_fn)hami_cuda_sym("cuInit");
+	if (!real)
+		return CUDA_ERROR_NO_DEVICE;
+	if (hami_config()->error)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult rc = real(flags);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	int s = hami_setup();
+	return s < 0 ? CUDA_ERROR_NOT_INITIALIZED : (CUresult)s;
+}
+
+HAMI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+	static cuGetProcAddress_fn real;
+	if (!real)
+		real = (cuGetProcAddress_fn)hami_cuda_sym("cuGetProcAddress");
+	if (!real)
+		return CUDA_ERROR_NOT_FOUND;
+	CUresult rc = real(symbol, pfn, cudaVersion, flags);
+	if (rc == CUDA_SUCCESS && pfn)
+		*pfn = hami_hook_for_real(*pfn);
+	return rc;
+}
+
+HAMI_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+					 CUdriverProcAddressQueryResult *status)
+{
+	static cuGetProcAddress_v2_fn real;
+	if (!real)
+		real = (cuGetProcAddress_v2_fn)hami_cuda_sym("cuGetProcAddress_v2");
+	if (!real)
+		return CUDA_ERROR_NOT_FOUND;
+	CUresult rc = real(symbol, pfn, cudaVersion, flags, status);
+	if (rc == CUDA_SUCCESS && pfn)
+		*pfn = hami_hook_for_real(*pfn);
+	return rc;
+}

@@ -1,0 +1,631 @@
+/*
+ * The slice file: creating or opening it, checking it, finding a GPU's entry,
+ * reading limits, and owning one process slot. docs/slice-file.md has the rules.
+ *
+ * Ownership of a slot is an OFD lock on its first byte, which the kernel drops
+ * when the process dies: no PID checks, so PID namespaces and PID reuse cannot
+ * confuse it. A slot whose lock can be taken belongs to nobody alive.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hami.h"
+
+#define HOUSEKEEPING_INTERVAL_NS (200 * 1000000L)
+
+static struct hami_slice_file *map;
+static int map_fd = -1;
+static int map_writable;
+static int slot_index = -1;
+static int housekeeper_running;
+static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+struct hami_slice_file *hami_slice(void)
+{
+	return __atomic_load_n(&map, __ATOMIC_ACQUIRE);
+}
+
+const char *hami_slice_name(void)
+{
+	struct hami_slice_file *f = hami_slice();
+	return f ? f->header.name : hami_config()->slice_name;
+}
+
+/* ---- byte-range ownership ------------------------------------------------ */
+
+static off_t slot_offset(int i)
+{
+	return (off_t)(offsetof(struct hami_slice_file, slot) + (size_t)i * sizeof(struct hami_slot));
+}
+
+static int ofd_lock(int fd, off_t at, short type)
+{
+	struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_start = at, .l_len = 1 };
+	return fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+/*
+ * A second open file description of the same file, for the slot locks. The
+ * locks must not live on the description the mapping was made from: a forked
+ * child inherits the mapping, which would keep that description, and with it
+ * the parent's locks, alive after the parent died.
+ */
+static int reopen(int fd, int writable)
+{
+	char self[64];
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+	int again = open(self, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+	if (again < 0 && hami_config()->slice_path)
+		again = open(hami_config()->slice_path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+	return again;
+}
+
+/* Keep the mapping, swap its descriptor for a lock-only one. */
+static int adopt(int fd, void *m, int writable)
+{
+	int lock_fd = reopen(fd, writable);
+	close(fd);
+	if (lock_fd < 0) {
+		hami_log(HAMI_LOG_ERROR, "cannot reopen slice file %s: %s",
+			 hami_config()->slice_path ? hami_config()->slice_path : "(private)", strerror(errno));
+		munmap(m, sizeof(struct hami_slice_file));
+		return -1;
+	}
+	map_fd = lock_fd;
+	map_writable = writable;
+	__atomic_store_n(&map, (struct hami_slice_file *)m, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* ---- creating and checking ----------------------------------------------- */
+
+static void fill_new_slice(struct hami_slice_file *f, const char *name, uint32_t flags,
+			   const struct hami_device_info *dev, int count)
+{
+	memcpy(f->header.magic, HAMI_SLICE_MAGIC, 8);
+	f->header.version_major = HAMI_SLICE_VERSION_MAJOR;
+	f->header.version_minor = HAMI_SLICE_VERSION_MINOR;
+	f->header.file_size = sizeof(*f);
+	f->header.header_size = sizeof(f->header);
+	f->header.flags = flags;
+	f->header.max_devices = HAMI_SLICE_MAX_DEVICES;
+	f->header.max_slots = HAMI_SLICE_MAX_SLOTS;
+	f->header.device_size = sizeof(struct hami_slice_device);
+	f->header.slot_size = sizeof(struct hami_slot);
+	f->header.limits_offset = offsetof(struct hami_slice_file, limits);
+	f->header.devices_offset = offsetof(struct hami_slice_file, device);
+	f->header.slots_offset = offsetof(struct hami_slice_file, slot);
+	f->header.created_unix_ns = hami_now_ns();
+	snprintf(f->header.name, sizeof(f->header.name), "%s", name);
+
+	/* The creator's environment sets the first limits; the file is the authority after. */
+	struct hami_limit_set *set = &f->limits.copy[0];
+	uint64_t bytes;
+	if (hami_config_memory_limit(-1, &bytes)) {
+		set->fallback.memory_limit = bytes;
+		set->fallback.flags = HAMI_LIMIT_SET;
+	}
+	for (int i = 0; i < count && i < HAMI_SLICE_MAX_DEVICES; i++) {
+		struct hami_slice_device *d = &f->device[i];
+		d->state = HAMI_DEVICE_READY;
+		d->sm_count = dev[i].sm_count;
+		d->memory_total = dev[i].memory_total;
+		memcpy(d->uuid, dev[i].uuid, sizeof(d->uuid));
+		if (hami_config_memory_limit(i, &bytes)) {
+			set->device[i].memory_limit = bytes;
+			set->device[i].flags = HAMI_LIMIT_SET;
+		}
+	}
+	f->limits.copy[1] = f->limits.copy[0];
+	f->limits.changed_unix_ns = f->header.created_unix_ns;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+	while (len) {
+		ssize_t w = write(fd, p, len);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return -1;
+		p += w;
+		len -= (size_t)w;
+	}
+	return 0;
+}
+
+/* Publish a fully written file with link(2): nobody ever sees half of one. */
+static int create_slice_file(const char *path, const struct hami_device_info *dev, int count)
+{
+	char tmp[PATH_MAX];
+	snprintf(tmp, sizeof(tmp), "%s.%d.new", path, (int)getpid());
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	struct hami_slice_file *f = calloc(1, sizeof(*f));
+	int err = 0;
+	if (!f)
+		err = -ENOMEM;
+	else {
+		fill_new_slice(f, hami_config()->slice_name, 0, dev, count);
+		if (write_all(fd, f, sizeof(*f)) < 0)
+			err = -errno;
+	}
+	free(f);
+	close(fd);
+	if (!err && link(tmp, path) < 0 && errno != EEXIST)
+		err = -errno;
+	unlink(tmp);
+	return err;
+}
+
+static int check_header(const struct hami_slice_header *h, off_t size, const char *path)
+{
+	if ((size_t)size < sizeof(*h) || memcmp(h->magic, HAMI_SLICE_MAGIC, 8) != 0) {
+		if ((size_t)size < sizeof(*h) && size > 0 && memcmp(h->magic, HAMI_SLICE_MAGIC, 8) == 0)
+			goto truncated;
+		hami_log(HAMI_LOG_ERROR, "%s is not a hami slice file (bad magic); remove it or point "
+			 "HAMI_SLICE elsewhere", path);
+		return -1;
+	}
+	if (h->version_major != HAMI_SLICE_VERSION_MAJOR) {
+		hami_log(HAMI_LOG_ERROR, "slice file %s has layout version %u.%u; this library reads "
+			 "version %u: upgrade hami-jupyter in this environment",
+			 path, h->version_major, h->version_minor, HAMI_SLICE_VERSION_MAJOR);
+		return -1;
+	}
+	if (h->header_size != sizeof(*h) || h->max_devices != HAMI_SLICE_MAX_DEVICES ||
+	    h->max_slots != HAMI_SLICE_MAX_SLOTS || h->device_size != sizeof(struct hami_slice_device) ||
+	    h->slot_size != sizeof(struct hami_slot) ||
+	    h->slots_offset != offsetof(struct hami_slice_file, slot)) {
+		hami_log(HAMI_LOG_ERROR, "slice file %s has a layout this library does not know "
+			 "(corrupt?)", path);
+		return -1;
+	}
+	if (h->file_size < sizeof(struct hami_slice_file) || (uint64_t)size < h->file_size)
+		goto truncated;
+	return 0;
+truncated:
+	hami_log(HAMI_LOG_ERROR, "slice file %s is truncated: %lld bytes, expected %zu", path,
+		 (long long)size, sizeof(struct hami_slice_file));
+	return -1;
+}
+
+/* Open, check and map. 0, or -ENOENT when absent, or -1 (reported). */
+static int map_slice_file(const char *path, int writable)
+{
+	int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? -ENOENT : (hami_log(HAMI_LOG_ERROR,
+				"cannot open slice file %s: %s", path, strerror(errno)), -1);
+	struct stat st;
+	struct hami_slice_header h;
+	memset(&h, 0, sizeof(h));
+	if (fstat(fd, &st) < 0 || pread(fd, &h, sizeof(h), 0) < 0) {
+		hami_log(HAMI_LOG_ERROR, "cannot read slice file %s: %s", path, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	if (check_header(&h, st.st_size, path) < 0) {
+		close(fd);
+		return -1;
+	}
+	void *m = mmap(NULL, sizeof(struct hami_slice_file), PROT_READ | (writable ? PROT_WRITE : 0),
+		       MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		hami_log(HAMI_LOG_ERROR, "cannot map slice file %s: %s", path, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	/* A read-only mapping made earlier for NVML answers stays valid for
+	 * readers that still hold it; it is simply no longer used. */
+	return adopt(fd, m, writable);
+}
+
+/* A private slice: one process tree, no file name, same code paths. */
+static int map_private_slice(const struct hami_device_info *dev, int count)
+{
+	int fd = memfd_create("hami-private-slice", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, sizeof(struct hami_slice_file)) < 0) {
+		hami_log(HAMI_LOG_ERROR, "cannot create a private slice: %s", strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	struct hami_slice_file *f = mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (f == MAP_FAILED) {
+		hami_log(HAMI_LOG_ERROR, "cannot map a private slice: %s", strerror(errno));
+		close(fd);
+		return -1;
+	}
+	fill_new_slice(f, hami_config()->slice_name, HAMI_SLICE_FLAG_PRIVATE, dev, count);
+	return adopt(fd, f, 1);
+}
+
+static void make_parent_dir(const char *path)
+{
+	char dir[PATH_MAX];
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return;
+	*slash = '\0';
+	if (mkdir(dir, 0755) < 0 && errno == ENOENT) {
+		make_parent_dir(dir);
+		mkdir(dir, 0755);
+	}
+}
+
+static void install_atfork(void);
+
+int hami_slice_attach(const struct hami_device_info *dev, int count)
+{
+	pthread_once(&atfork_once, install_atfork);
+	if (hami_slice() && map_writable)
+		return CUDA_SUCCESS;
+	const char *path = hami_config()->slice_path;
+	if (!path)
+		return map_private_slice(dev, count) == 0 ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
+	for (int attempt = 0; attempt < 2; attempt++) {
+		int rc = map_slice_file(path, 1);
+		if (rc == 0)
+			return CUDA_SUCCESS;
+		if (rc != -ENOENT)
+			return CUDA_ERROR_INVALID_VALUE;
+		make_parent_dir(path);
+		rc = create_slice_file(path, dev, count);
+		if (rc < 0) {
+			hami_log(HAMI_LOG_ERROR, "cannot create slice file %s: %s", path, strerror(-rc));
+			return CUDA_ERROR_OPERATING_SYSTEM;
+		}
+	}
+	return CUDA_ERROR_OPERATING_SYSTEM;
+}
+
+/* For NVML-only processes: map an existing slice file read-only, create nothing. */
+int hami_slice_open_existing(void)
+{
+	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	const struct hami_config *c = hami_config();
+	if (hami_slice())
+		return 0;
+	if (c->error || !c->slice_path)
+		return -1;
+	pthread_mutex_lock(&lock);
+	int rc = hami_slice() ? 0 : map_slice_file(c->slice_path, 0);
+	pthread_mutex_unlock(&lock);
+	return rc == 0 ? 0 : -1;
+}
+
+/* ---- devices ------------------------------------------------------------- */
+
+/*
+ * The slice's entry for a GPU, claimed on first sight. A claim in progress is
+ * waited for (briefly), so two processes never make two entries for one UUID.
+ */
+int hami_slice_device(const char *uuid, const struct hami_device_info *info)
+{
+	struct hami_slice_file *f = hami_slice();
+	if (!f)
+		return -1;
+	for (int round = 0; round < 2000; round++) {
+		int pending = 0;
+		for (int i = 0; i < HAMI_SLICE_MAX_DEVICES; i++) {
+			struct hami_slice_device *d = &f->device[i];
+			uint32_t st = __atomic_load_n(&d->state, __ATOMIC_ACQUIRE);
+			if (st == HAMI_DEVICE_READY && strncmp(d->uuid, uuid, sizeof(d->uuid)) == 0)
+				return i;
+			if (st == HAMI_DEVICE_CLAIMING)
+				pending = 1;
+			if (st != HAMI_DEVICE_EMPTY || pending || !info)
+				continue;
+			uint32_t expect = HAMI_DEVICE_EMPTY;
+			if (!__atomic_compare_exchange_n(&d->state, &expect, HAMI_DEVICE_CLAIMING, 0,
+							 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+				pending = 1;
+				continue;
+			}
+			memcpy(d->uuid, info->uuid, sizeof(d->uuid));
+			d->memory_total = info->memory_total;
+			d->sm_count = info->sm_count;
+			__atomic_store_n(&d->state, HAMI_DEVICE_READY, __ATOMIC_RELEASE);
+			return i;
+		}
+		if (!pending)
+			return -1;
+		struct timespec ts = { 0, 50000 }; /* a claim takes microseconds; 100 ms at most */
+		nanosleep(&ts, NULL);
+	}
+	return -1;
+}
+
+/* ---- limits -------------------------------------------------------------- */
+
+/* The limit in force for a slice device: the copy the generation points at. */
+int hami_slice_limit(int sdev, struct hami_device_limit *out)
+{
+	struct hami_slice_file *f = hami_slice();
+	if (!f || sdev < 0 || sdev >= HAMI_SLICE_MAX_DEVICES)
+		return -1;
+	struct hami_slice_limits *l = &f->limits;
+	for (int tries = 0; tries < 16; tries++) {
+		uint64_t g = __atomic_load_n(&l->generation, __ATOMIC_ACQUIRE);
+		const struct hami_limit_set *set = &l->copy[g & 1];
+		struct hami_device_limit d = set->device[sdev];
+		if (!(d.flags & HAMI_LIMIT_SET))
+			d = set->fallback;
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&l->generation, __ATOMIC_RELAXED) == g) {
+			*out = d;
+			return 0;
+		}
+	}
+	/* Writers keep racing us: the copy we read last is still a whole one most
+	 * of the time; better a momentarily stale limit than a reader that hangs. */
+	uint64_t g = __atomic_load_n(&l->generation, __ATOMIC_ACQUIRE);
+	*out = l->copy[g & 1].device[sdev];
+	if (!(out->flags & HAMI_LIMIT_SET))
+		*out = l->copy[g & 1].fallback;
+	return 0;
+}
+
+/* ---- slots --------------------------------------------------------------- */
+
+/* Return a dead process's charges to the slice. Caller holds the slot's lock. */
+static void reclaim_slot(struct hami_slice_file *f, int i)
+{
+	struct hami_slot *s = &f->slot[i];
+	/* Odd while we work: a concurrent recount must not act on half of it. */
+	__atomic_store_n(&s->txn, 1, __ATOMIC_SEQ_CST);
+	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++) {
+		uint64_t v = __atomic_exchange_n(&s->memory_used[d], 0, __ATOMIC_ACQ_REL);
+		if (v)
+			hami_credit_device(d, v);
+	}
+	if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE)
+		hami_log(HAMI_LOG_INFO, "slice \"%s\": reclaimed slot %d of dead process %d",
+			 f->header.name, i, s->pid);
+	__atomic_store_n(&s->state, HAMI_SLOT_FREE, __ATOMIC_RELEASE);
+	__atomic_store_n(&s->txn, 0, __ATOMIC_SEQ_CST);
+}
+
+static uint64_t pid_namespace(void)
+{
+	struct stat st;
+	return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/*
+ * When no live slot is half-way through a charge, a device's counter must be
+ * the sum of the slots' shares. A process killed half-way leaves it higher;
+ * this puts it back. The compare-and-swap only lands if nothing moved the
+ * counter meanwhile, and a charge that begins after our second look at the
+ * txn counters has not touched the counter yet, so its bytes still add on top.
+ */
+static void recount(struct hami_slice_file *f)
+{
+	uint32_t txn[HAMI_SLICE_MAX_SLOTS];
+	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++) {
+		if (__atomic_load_n(&f->device[d].state, __ATOMIC_ACQUIRE) != HAMI_DEVICE_READY)
+			continue;
+		uint64_t total = __atomic_load_n(&f->device[d].memory_used, __ATOMIC_SEQ_CST), sum = 0;
+		for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++) {
+			txn[i] = __atomic_load_n(&f->slot[i].txn, __ATOMIC_SEQ_CST);
+			if (txn[i] & 1)
+				return;
+		}
+		for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
+			if (__atomic_load_n(&f->slot[i].state, __ATOMIC_SEQ_CST) == HAMI_SLOT_LIVE)
+				sum += __atomic_load_n(&f->slot[i].memory_used[d], __ATOMIC_SEQ_CST);
+		for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
+			if (__atomic_load_n(&f->slot[i].txn, __ATOMIC_SEQ_CST) != txn[i])
+				return;
+		if (total > sum &&
+		    __atomic_compare_exchange_n(&f->device[d].memory_used, &total, sum, 0, __ATOMIC_SEQ_CST,
+						__ATOMIC_SEQ_CST))
+			hami_log(HAMI_LOG_INFO, "slice \"%s\" GPU %s: %llu bytes left by a process killed "
+				 "half-way returned", f->header.name, f->device[d].uuid,
+				 (unsigned long long)(total - sum));
+	}
+}
+
+void hami_slice_sweep(void)
+{
+	struct hami_slice_file *f = hami_slice();
+	if (!f || map_fd < 0 || !map_writable)
+		return;
+	int mine = __atomic_load_n(&slot_index, __ATOMIC_ACQUIRE);
+	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++) {
+		if (i == mine || __atomic_load_n(&f->slot[i].state, __ATOMIC_ACQUIRE) != HAMI_SLOT_LIVE)
+			continue;
+		if (ofd_lock(map_fd, slot_offset(i), F_WRLCK) < 0)
+			continue; /* its owner lives */
+		if (__atomic_load_n(&f->slot[i].state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE)
+			reclaim_slot(f, i);
+		ofd_lock(map_fd, slot_offset(i), F_UNLCK);
+	}
+	recount(f);
+}
+
+static void *housekeeper(void *arg)
+{
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	for (;;) {
+		struct timespec ts = { 0, HOUSEKEEPING_INTERVAL_NS };
+		nanosleep(&ts, NULL);
+		struct hami_slice_file *f = hami_slice();
+		int mine = __atomic_load_n(&slot_index, __ATOMIC_ACQUIRE);
+		if (f && mine >= 0)
+			__atomic_store_n(&f->slot[mine].active_unix_ns, hami_now_ns(), __ATOMIC_RELAXED);
+		hami_slice_sweep();
+	}
+	return NULL;
+}
+
+static void start_housekeeper(void)
+{
+	if (housekeeper_running)
+		return;
+	pthread_t t;
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 64 * 1024);
+	if (pthread_create(&t, &attr, housekeeper, NULL) == 0)
+		housekeeper_running = 1;
+	else
+		hami_log(HAMI_LOG_WARN, "cannot start the slot housekeeper: dead processes are "
+			 "reclaimed only when the slice runs full");
+	pthread_attr_destroy(&attr);
+}
+
+static int claim_slot(struct hami_slice_file *f)
+{
+	const struct hami_config *c = hami_config();
+	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++) {
+		if (ofd_lock(map_fd, slot_offset(i), F_WRLCK) < 0)
+			continue;
+		/* We hold the lock: whoever had this slot is gone. */
+		if (__atomic_load_n(&f->slot[i].state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE)
+			reclaim_slot(f, i);
+		struct hami_slot *s = &f->slot[i];
+		s->pid = (int32_t)getpid();
+		s->pid_ns = pid_namespace();
+		s->uid = (uint32_t)getuid();
+		s->started_unix_ns = s->active_unix_ns = hami_now_ns();
+		snprintf(s->kernel_id, sizeof(s->kernel_id), "%s", c->kernel_id);
+		memset(s->comm, 0, sizeof(s->comm));
+		FILE *fp = fopen("/proc/self/comm", "re");
+		if (fp) {
+			if (fgets(s->comm, sizeof(s->comm), fp))
+				s->comm[strcspn(s->comm, "\n")] = '\0';
+			fclose(fp);
+		}
+		for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++) {
+			s->memory_used[d] = 0;
+			s->sm_util[d] = 0;
+		}
+		__atomic_store_n(&s->state, HAMI_SLOT_LIVE, __ATOMIC_RELEASE);
+		return i;
+	}
+	return -1;
+}
+
+/* This process's slot, claimed on first need. -1: the slice has no free slot. */
+int hami_slot(void)
+{
+	int i = __atomic_load_n(&slot_index, __ATOMIC_ACQUIRE);
+	if (i >= 0)
+		return i;
+	struct hami_slice_file *f = hami_slice();
+	if (!f || map_fd < 0 || !map_writable)
+		return -1;
+	pthread_mutex_lock(&slot_lock);
+	i = slot_index;
+	if (i < 0) {
+		i = claim_slot(f);
+		if (i < 0) {
+			hami_slice_sweep();
+			i = claim_slot(f);
+		}
+		if (i >= 0) {
+			__atomic_store_n(&slot_index, i, __ATOMIC_RELEASE);
+			start_housekeeper();
+		} else {
+			hami_log(HAMI_LOG_ERROR, "slice \"%s\" has no free process slot (%d in use)",
+				 f->header.name, HAMI_SLICE_MAX_SLOTS);
+		}
+	}
+	pthread_mutex_unlock(&slot_lock);
+	return i;
+}
+
+/*
+ * A process that exits normally hands its slot back at once; the driver frees
+ * its memory as it goes. (A killed one is reclaimed by the next sweep.)
+ */
+__attribute__((destructor)) static void release_slot_at_exit(void)
+{
+	struct hami_slice_file *f = hami_slice();
+	int i = __atomic_exchange_n(&slot_index, -1, __ATOMIC_ACQ_REL);
+	if (!f || i < 0 || map_fd < 0)
+		return;
+	reclaim_slot(f, i);
+	ofd_lock(map_fd, slot_offset(i), F_UNLCK);
+}
+
+/* Usage of a slice device, less what dead processes still hold (for read-only views). */
+uint64_t hami_slice_live_used(int sdev)
+{
+	struct hami_slice_file *f = hami_slice();
+	if (!f || sdev < 0 || sdev >= HAMI_SLICE_MAX_DEVICES)
+		return 0;
+	uint64_t used = __atomic_load_n(&f->device[sdev].memory_used, __ATOMIC_ACQUIRE);
+	if (map_writable || map_fd < 0)
+		return used;
+	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++) {
+		if (__atomic_load_n(&f->slot[i].state, __ATOMIC_ACQUIRE) != HAMI_SLOT_LIVE)
+			continue;
+		struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = slot_offset(i), .l_len = 1 };
+		if (fcntl(map_fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_UNLCK) {
+			uint64_t dead = __atomic_load_n(&f->slot[i].memory_used[sdev], __ATOMIC_ACQUIRE);
+			used = used > dead ? used - dead : 0;
+		}
+	}
+	return used;
+}
+
+/* ---- fork ----------------------------------------------------------------- */
+
+static void before_fork(void)
+{
+	pthread_mutex_lock(&slot_lock);
+	hami_records_lock();
+}
+
+static void after_fork_parent(void)
+{
+	hami_records_unlock();
+	pthread_mutex_unlock(&slot_lock);
+}
+
+/*
+ * The child shares the mapping but must not share the parent's slot: its
+ * inherited descriptor holds the parent's lock, so it reopens the file (a new
+ * open file description) and claims a slot of its own when it first charges.
+ */
+static void after_fork_child(void)
+{
+	hami_records_unlock();
+	hami_records_reset();
+	housekeeper_running = 0;
+	slot_index = -1;
+	if (map_fd >= 0) {
+		int fd = reopen(map_fd, map_writable);
+		close(map_fd);
+		map_fd = fd; /* -1: no slot for this child, its charges are refused */
+	}
+	pthread_mutex_unlock(&slot_lock);
+	hami_contexts_after_fork();
+}
+
+static void install_atfork(void)
+{
+	pthread_atfork(before_fork, after_fork_parent, after_fork_child);
+}

@@ -1,0 +1,2201 @@
+/*
+ * cudrive: a CUDA driver API command runner for tests and benchmarks.
+ *
+ * It never links libcuda: it dlopen()s "libcuda.so.1" (and "libnvidia-ml.so.1"
+ * for the nvml commands) and resolves every entry point either with dlsym (the
+ * default), or through cuGetProcAddress_v2 / cuGetProcAddress after
+ * `resolve procaddr` / `resolve procaddr1`. The same script therefore runs
+ * against the real driver, the simulated GPU, with or without the preload
+ * library, and through both of its interception paths.
+ *
+ *   cudrive init ctx 0 alloc 256m x meminfo free x
+ *   cudrive stdin            (then one command per line on standard input)
+ *
+ * Each executed command prints exactly one JSON object line and flushes:
+ *   {"op":"alloc","pid":123,"rc":2,"err":"CUDA_ERROR_OUT_OF_MEMORY",...}
+ * rc is the CUresult (nvmlReturn_t for nvml commands); -1 marks a cudrive
+ * usage error (err "CUDRIVE_..."). cudrive reports failures and goes on; it
+ * exits 0 unless told `exit N`.
+ *
+ * Optional trailing NAME arguments are taken when the next word is not a
+ * command word; in stdin mode a command and its arguments stay on one line
+ * (a "#" word starts a comment to the end of the line).
+ *
+ * Commands (SIZE: bytes or k/m/g/t with binary units; NAME optional):
+ *   init | count | ctx DEV | ctxrelease DEV | ctxcreate DEV [NAME] | ctxdestroy NAME
+ *   alloc SIZE [NAME] | pitch WIDTH HEIGHT ELEMBYTES [NAME] | managed SIZE [NAME]
+ *   async SIZE [NAME] | pool DEV [NAME] | poolalloc POOL SIZE [NAME]
+ *   poolattr POOL | pooltrim POOL BYTES | pooldestroy POOL   (POOL may be "default")
+ *   memcreate SIZE DEV|host [NAME] | array W H FMT CH [NAME]
+ *   array3d W H D FMT CH [NAME] | mipmap W H D FMT CH LEVELS [NAME]
+ *   free NAME | freeraw PTR | freeall | list
+ *   meminfo | totalmem DEV | uuid DEV | sync
+ *   fill SIZE | race ITERATIONS MAXSIZE SEED | null WHAT
+ *   getproc BASENAME VERSION FLAGS | getproc1 BASENAME VERSION FLAGS
+ *   dlsym NAME | nvmldlsym NAME | resolve dlsym|procaddr|procaddr1 [VERSION [FLAGS]]
+ *   nvml | nvmlcount | nvmlmem IDX | nvmluuid IDX | nvmlshutdown
+ *   sleep MS | echo [WORD] | waitfile PATH [TIMEOUT_MS] | hold | exit [N] | stdin
+ *   child ... endchild
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hami/cuda_types.h"
+
+/* ---- driver types cuda_types.h does not declare -------------------------- */
+
+typedef struct {
+	int allocType;   /* CUmemAllocationType: 1 = pinned */
+	int handleTypes; /* CUmemAllocationHandleType: 0 = none */
+	CUmemLocation location;
+	void *win32SecurityAttributes;
+	size_t maxSize;
+	unsigned short usage;
+	unsigned char reserved[54];
+} CUmemPoolProps;
+
+typedef struct CUctxCreateParams_st CUctxCreateParams;
+
+typedef CUresult (*fn_void)(void);
+typedef CUresult (*fn_init)(unsigned int);
+typedef CUresult (*fn_int_out)(int *);
+typedef CUresult (*fn_device_get)(CUdevice *, int);
+typedef CUresult (*fn_device_uuid)(CUuuid *, CUdevice);
+typedef CUresult (*fn_total_mem)(size_t *, CUdevice);
+typedef CUresult (*fn_primary_retain)(CUcontext *, CUdevice);
+typedef CUresult (*fn_primary_release)(CUdevice);
+typedef CUresult (*fn_ctx_set)(CUcontext);
+typedef CUresult (*fn_ctx_get_device)(CUdevice *);
+typedef CUresult (*fn_ctx_create)(CUcontext *, unsigned int, CUdevice);
+typedef CUresult (*fn_ctx_create_v3)(CUcontext *, void *, int, unsigned int, CUdevice);
+typedef CUresult (*fn_ctx_create_v4)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+typedef CUresult (*fn_ctx_destroy)(CUcontext);
+typedef CUresult (*fn_mem_alloc)(CUdeviceptr *, size_t);
+typedef CUresult (*fn_mem_pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+typedef CUresult (*fn_mem_managed)(CUdeviceptr *, size_t, unsigned int);
+typedef CUresult (*fn_mem_async)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*fn_mem_pool_async)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+typedef CUresult (*fn_mem_free_async)(CUdeviceptr, CUstream);
+typedef CUresult (*fn_mem_free)(CUdeviceptr);
+typedef CUresult (*fn_mem_info)(size_t *, size_t *);
+typedef CUresult (*fn_pool_create)(CUmemoryPool *, const CUmemPoolProps *);
+typedef CUresult (*fn_pool_destroy)(CUmemoryPool);
+typedef CUresult (*fn_pool_trim)(CUmemoryPool, size_t);
+typedef CUresult (*fn_pool_attr)(CUmemoryPool, CUmemPool_attribute, void *);
+typedef CUresult (*fn_default_pool)(CUmemoryPool *, CUdevice);
+typedef CUresult (*fn_mem_create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+				  unsigned long long);
+typedef CUresult (*fn_mem_release)(CUmemGenericAllocationHandle);
+typedef CUresult (*fn_array_create)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+typedef CUresult (*fn_array3d_create)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+typedef CUresult (*fn_array_destroy)(CUarray);
+typedef CUresult (*fn_mipmap_create)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+typedef CUresult (*fn_mipmap_destroy)(CUmipmappedArray);
+typedef CUresult (*fn_getproc_v2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*fn_getproc_v1)(const char *, void **, int, cuuint64_t);
+
+typedef nvmlReturn_t (*fn_nvml_void)(void);
+typedef nvmlReturn_t (*fn_nvml_count)(unsigned int *);
+typedef nvmlReturn_t (*fn_nvml_handle)(unsigned int, nvmlDevice_t *);
+typedef nvmlReturn_t (*fn_nvml_mem)(nvmlDevice_t, nvmlMemory_t *);
+typedef nvmlReturn_t (*fn_nvml_mem2)(nvmlDevice_t, nvmlMemory_v2_t *);
+typedef nvmlReturn_t (*fn_nvml_uuid)(nvmlDevice_t, char *, unsigned int);
+
+/* ---- error names ---------------------------------------------------------- */
+
+struct code_name {
+	int code;
+	const char *name;
+};
+
+static const struct code_name cu_names[] = {
+	{0, "CUDA_SUCCESS"},
+	{1, "CUDA_ERROR_INVALID_VALUE"},
+	{2, "CUDA_ERROR_OUT_OF_MEMORY"},
+	{3, "CUDA_ERROR_NOT_INITIALIZED"},
+	{4, "CUDA_ERROR_DEINITIALIZED"},
+	{5, "CUDA_ERROR_PROFILER_DISABLED"},
+	{34, "CUDA_ERROR_STUB_LIBRARY"},
+	{46, "CUDA_ERROR_DEVICE_UNAVAILABLE"},
+	{100, "CUDA_ERROR_NO_DEVICE"},
+	{101, "CUDA_ERROR_INVALID_DEVICE"},
+	{102, "CUDA_ERROR_DEVICE_NOT_LICENSED"},
+	{200, "CUDA_ERROR_INVALID_IMAGE"},
+	{201, "CUDA_ERROR_INVALID_CONTEXT"},
+	{202, "CUDA_ERROR_CONTEXT_ALREADY_CURRENT"},
+	{205, "CUDA_ERROR_MAP_FAILED"},
+	{206, "CUDA_ERROR_UNMAP_FAILED"},
+	{207, "CUDA_ERROR_ARRAY_IS_MAPPED"},
+	{208, "CUDA_ERROR_ALREADY_MAPPED"},
+	{209, "CUDA_ERROR_NO_BINARY_FOR_GPU"},
+	{210, "CUDA_ERROR_ALREADY_ACQUIRED"},
+	{211, "CUDA_ERROR_NOT_MAPPED"},
+	{214, "CUDA_ERROR_ECC_UNCORRECTABLE"},
+	{215, "CUDA_ERROR_UNSUPPORTED_LIMIT"},
+	{216, "CUDA_ERROR_CONTEXT_ALREADY_IN_USE"},
+	{217, "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"},
+	{218, "CUDA_ERROR_INVALID_PTX"},
+	{222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"},
+	{300, "CUDA_ERROR_INVALID_SOURCE"},
+	{301, "CUDA_ERROR_FILE_NOT_FOUND"},
+	{304, "CUDA_ERROR_OPERATING_SYSTEM"},
+	{400, "CUDA_ERROR_INVALID_HANDLE"},
+	{401, "CUDA_ERROR_ILLEGAL_STATE"},
+	{500, "CUDA_ERROR_NOT_FOUND"},
+	{600, "CUDA_ERROR_NOT_READY"},
+	{700, "CUDA_ERROR_ILLEGAL_ADDRESS"},
+	{701, "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"},
+	{702, "CUDA_ERROR_LAUNCH_TIMEOUT"},
+	{708, "CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE"},
+	{709, "CUDA_ERROR_CONTEXT_IS_DESTROYED"},
+	{710, "CUDA_ERROR_ASSERT"},
+	{719, "CUDA_ERROR_LAUNCH_FAILED"},
+	{720, "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"},
+	{800, "CUDA_ERROR_NOT_PERMITTED"},
+	{801, "CUDA_ERROR_NOT_SUPPORTED"},
+	{802, "CUDA_ERROR_SYSTEM_NOT_READY"},
+	{803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"},
+	{900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
+	{999, "CUDA_ERROR_UNKNOWN"},
+};
+
+static const struct code_name nvml_names[] = {
+	{0, "NVML_SUCCESS"},
+	{1, "NVML_ERROR_UNINITIALIZED"},
+	{2, "NVML_ERROR_INVALID_ARGUMENT"},
+	{3, "NVML_ERROR_NOT_SUPPORTED"},
+	{4, "NVML_ERROR_NO_PERMISSION"},
+	{5, "NVML_ERROR_ALREADY_INITIALIZED"},
+	{6, "NVML_ERROR_NOT_FOUND"},
+	{7, "NVML_ERROR_INSUFFICIENT_SIZE"},
+	{8, "NVML_ERROR_INSUFFICIENT_POWER"},
+	{9, "NVML_ERROR_DRIVER_NOT_LOADED"},
+	{10, "NVML_ERROR_TIMEOUT"},
+	{11, "NVML_ERROR_IRQ_ISSUE"},
+	{12, "NVML_ERROR_LIBRARY_NOT_FOUND"},
+	{13, "NVML_ERROR_FUNCTION_NOT_FOUND"},
+	{14, "NVML_ERROR_CORRUPTED_INFOROM"},
+	{15, "NVML_ERROR_GPU_IS_LOST"},
+	{16, "NVML_ERROR_RESET_REQUIRED"},
+	{17, "NVML_ERROR_OPERATING_SYSTEM"},
+	{18, "NVML_ERROR_LIB_RM_VERSION_MISMATCH"},
+	{19, "NVML_ERROR_IN_USE"},
+	{20, "NVML_ERROR_MEMORY"},
+	{21, "NVML_ERROR_NO_DATA"},
+	{22, "NVML_ERROR_VGPU_ECC_NOT_SUPPORTED"},
+	{23, "NVML_ERROR_INSUFFICIENT_RESOURCES"},
+	{24, "NVML_ERROR_FREQ_NOT_SUPPORTED"},
+	{25, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH"},
+	{26, "NVML_ERROR_DEPRECATED"},
+	{27, "NVML_ERROR_NOT_READY"},
+	{28, "NVML_ERROR_GPU_NOT_FOUND"},
+	{29, "NVML_ERROR_INVALID_STATE"},
+	{999, "NVML_ERROR_UNKNOWN"},
+};
+
+static void code_name(char *buf, size_t len, int code, bool nvml)
+{
+	const struct code_name *t = nvml ? nvml_names : cu_names;
+	size_t n = nvml ? sizeof(nvml_names) / sizeof(nvml_names[0]) : sizeof(cu_names) / sizeof(cu_names[0]);
+	for (size_t i = 0; i < n; i++) {
+		if (t[i].code == code) {
+			snprintf(buf, len, "%s", t[i].name);
+			return;
+		}
+	}
+	snprintf(buf, len, "%s_%d", nvml ? "NVML_ERROR" : "CUDA_ERROR", code);
+}
+
+/* ---- one JSON result line ------------------------------------------------- */
+
+#define RC_USAGE (-1)
+
+struct result {
+	const char *op;
+	int rc;
+	bool nvml;            /* rc is an nvmlReturn_t */
+	const char *err;      /* overrides the symbolic name (usage errors) */
+	char extra[3072];     /* ,"key":value ... */
+	size_t len;
+};
+
+static void res_init(struct result *r, const char *op)
+{
+	memset(r, 0, sizeof(*r));
+	r->op = op;
+}
+
+static void res_raw(struct result *r, const char *fmt, ...)
+{
+	if (r->len >= sizeof(r->extra) - 1)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(r->extra + r->len, sizeof(r->extra) - r->len, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return;
+	r->len += (size_t)n;
+	if (r->len >= sizeof(r->extra))
+		r->len = sizeof(r->extra) - 1;
+}
+
+static void json_escape(char *out, size_t outlen, const char *s)
+{
+	size_t o = 0;
+	if (!s)
+		s = "";
+	for (; *s && o + 7 < outlen; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\') {
+			out[o++] = '\\';
+			out[o++] = (char)c;
+		} else if (c < 0x20) {
+			o += (size_t)snprintf(out + o, outlen - o, "\\u%04x", c);
+		} else {
+			out[o++] = (char)c;
+		}
+	}
+	out[o] = 0;
+}
+
+static void res_str(struct result *r, const char *key, const char *val)
+{
+	char esc[1024];
+	json_escape(esc, sizeof(esc), val);
+	res_raw(r, ",\"%s\":\"%s\"", key, esc);
+}
+
+static void res_u64(struct result *r, const char *key, unsigned long long v)
+{
+	res_raw(r, ",\"%s\":%llu", key, v);
+}
+
+static void res_i64(struct result *r, const char *key, long long v)
+{
+	res_raw(r, ",\"%s\":%lld", key, v);
+}
+
+static void res_hex(struct result *r, const char *key, const void *p)
+{
+	res_raw(r, ",\"%s\":\"0x%llx\"", key, (unsigned long long)(uintptr_t)p);
+}
+
+static void res_emit(struct result *r)
+{
+	char name[64];
+	printf("{\"op\":\"%s\",\"pid\":%d,\"rc\":%d", r->op, (int)getpid(), r->rc);
+	if (r->err) {
+		printf(",\"err\":\"%s\"", r->err);
+	} else if (r->rc != 0) {
+		code_name(name, sizeof(name), r->rc, r->nvml);
+		printf(",\"err\":\"%s\"", name);
+	}
+	printf("%s}\n", r->extra);
+	fflush(stdout);
+}
+
+static void usage_error(const char *op, const char *err, const char *fmt, ...)
+{
+	struct result r;
+	char detail[512];
+	va_list ap;
+	res_init(&r, op);
+	r.rc = RC_USAGE;
+	r.err = err;
+	va_start(ap, fmt);
+	vsnprintf(detail, sizeof(detail), fmt, ap);
+	va_end(ap);
+	res_str(&r, "detail", detail);
+	res_emit(&r);
+}
+
+/* ---- library handles and entry point resolution --------------------------- */
+
+enum resolve_mode { RESOLVE_DLSYM, RESOLVE_PROCADDR, RESOLVE_PROCADDR1 };
+
+static void *libcuda;
+static void *libnvml;
+static enum resolve_mode mode = RESOLVE_DLSYM;
+static int proc_version = 12000;
+static unsigned long long proc_flags = 0;
+
+enum fn_id {
+	F_INIT,
+	F_DEVICE_GET_COUNT,
+	F_DEVICE_GET,
+	F_DEVICE_GET_UUID,
+	F_DEVICE_TOTAL_MEM,
+	F_PRIMARY_RETAIN,
+	F_PRIMARY_RELEASE,
+	F_CTX_SET_CURRENT,
+	F_CTX_GET_DEVICE,
+	F_CTX_CREATE,
+	F_CTX_DESTROY,
+	F_CTX_SYNCHRONIZE,
+	F_MEM_ALLOC,
+	F_MEM_ALLOC_PITCH,
+	F_MEM_ALLOC_MANAGED,
+	F_MEM_ALLOC_ASYNC,
+	F_MEM_ALLOC_FROM_POOL_ASYNC,
+	F_MEM_FREE_ASYNC,
+	F_MEM_FREE,
+	F_MEM_GET_INFO,
+	F_POOL_CREATE,
+	F_POOL_DESTROY,
+	F_POOL_TRIM,
+	F_POOL_GET_ATTR,
+	F_DEFAULT_POOL,
+	F_MEM_CREATE,
+	F_MEM_RELEASE,
+	F_ARRAY_CREATE,
+	F_ARRAY3D_CREATE,
+	F_ARRAY_DESTROY,
+	F_MIPMAP_CREATE,
+	F_MIPMAP_DESTROY,
+	F_COUNT
+};
+
+struct fn_entry {
+	const char *symbol; /* exported name, for dlsym */
+	const char *base;   /* base name, for cuGetProcAddress */
+};
+
+static const struct fn_entry fn_table[F_COUNT] = {
+	[F_INIT] = {"cuInit", "cuInit"},
+	[F_DEVICE_GET_COUNT] = {"cuDeviceGetCount", "cuDeviceGetCount"},
+	[F_DEVICE_GET] = {"cuDeviceGet", "cuDeviceGet"},
+	[F_DEVICE_GET_UUID] = {"cuDeviceGetUuid", "cuDeviceGetUuid"},
+	[F_DEVICE_TOTAL_MEM] = {"cuDeviceTotalMem_v2", "cuDeviceTotalMem"},
+	[F_PRIMARY_RETAIN] = {"cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain"},
+	[F_PRIMARY_RELEASE] = {"cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"},
+	[F_CTX_SET_CURRENT] = {"cuCtxSetCurrent", "cuCtxSetCurrent"},
+	[F_CTX_GET_DEVICE] = {"cuCtxGetDevice", NULL}, /* CUDA 13 has a _v2 with a context argument */
+	[F_CTX_CREATE] = {"cuCtxCreate_v2", "cuCtxCreate"},
+	[F_CTX_DESTROY] = {"cuCtxDestroy_v2", "cuCtxDestroy"},
+	/* Always through dlsym: newer headers give the base name another signature. */
+	[F_CTX_SYNCHRONIZE] = {"cuCtxSynchronize", NULL},
+	[F_MEM_ALLOC] = {"cuMemAlloc_v2", "cuMemAlloc"},
+	[F_MEM_ALLOC_PITCH] = {"cuMemAllocPitch_v2", "cuMemAllocPitch"},
+	[F_MEM_ALLOC_MANAGED] = {"cuMemAllocManaged", "cuMemAllocManaged"},
+	[F_MEM_ALLOC_ASYNC] = {"cuMemAllocAsync", "cuMemAllocAsync"},
+	[F_MEM_ALLOC_FROM_POOL_ASYNC] = {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync"},
+	[F_MEM_FREE_ASYNC] = {"cuMemFreeAsync", "cuMemFreeAsync"},
+	[F_MEM_FREE] = {"cuMemFree_v2", "cuMemFree"},
+	[F_MEM_GET_INFO] = {"cuMemGetInfo_v2", "cuMemGetInfo"},
+	[F_POOL_CREATE] = {"cuMemPoolCreate", "cuMemPoolCreate"},
+	[F_POOL_DESTROY] = {"cuMemPoolDestroy", "cuMemPoolDestroy"},
+	[F_POOL_TRIM] = {"cuMemPoolTrimTo", "cuMemPoolTrimTo"},
+	[F_POOL_GET_ATTR] = {"cuMemPoolGetAttribute", "cuMemPoolGetAttribute"},
+	[F_DEFAULT_POOL] = {"cuDeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool"},
+	[F_MEM_CREATE] = {"cuMemCreate", "cuMemCreate"},
+	[F_MEM_RELEASE] = {"cuMemRelease", "cuMemRelease"},
+	[F_ARRAY_CREATE] = {"cuArrayCreate_v2", "cuArrayCreate"},
+	[F_ARRAY3D_CREATE] = {"cuArray3DCreate_v2", "cuArray3DCreate"},
+	[F_ARRAY_DESTROY] = {"cuArrayDestroy", "cuArrayDestroy"},
+	[F_MIPMAP_CREATE] = {"cuMipmappedArrayCreate", "cuMipmappedArrayCreate"},
+	[F_MIPMAP_DESTROY] = {"cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy"},
+};
+
+static void *fn_cache[F_COUNT];
+static bool fn_cached[F_COUNT];
+static char resolve_error[512];
+
+static bool open_libcuda(void)
+{
+	if (libcuda)
+		return true;
+	libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+	if (!libcuda) {
+		const char *e = dlerror();
+		snprintf(resolve_error, sizeof(resolve_error), "dlopen libcuda.so.1: %s", e ? e : "failed");
+		return false;
+	}
+	return true;
+}
+
+static bool open_libnvml(void)
+{
+	if (libnvml)
+		return true;
+	libnvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_GLOBAL);
+	if (!libnvml) {
+		const char *e = dlerror();
+		snprintf(resolve_error, sizeof(resolve_error), "dlopen libnvidia-ml.so.1: %s", e ? e : "failed");
+		return false;
+	}
+	return true;
+}
+
+static void *cuda_dlsym(const char *name)
+{
+	if (!open_libcuda())
+		return NULL;
+	dlerror();
+	void *p = dlsym(libcuda, name);
+	if (!p) {
+		const char *e = dlerror();
+		snprintf(resolve_error, sizeof(resolve_error), "dlsym %s: %s", name, e ? e : "not found");
+	}
+	return p;
+}
+
+static void *nvml_dlsym(const char *name)
+{
+	if (!open_libnvml())
+		return NULL;
+	dlerror();
+	void *p = dlsym(libnvml, name);
+	if (!p) {
+		const char *e = dlerror();
+		snprintf(resolve_error, sizeof(resolve_error), "dlsym %s: %s", name, e ? e : "not found");
+	}
+	return p;
+}
+
+/* Set when get_proc could not find cuGetProcAddress itself (resolve_error says why). */
+static bool getproc_missing;
+
+/* cuGetProcAddress_v2 / cuGetProcAddress as the process sees them (via dlsym). */
+static CUresult get_proc(bool v1, const char *base, void **out, int version, unsigned long long flags,
+			 CUdriverProcAddressQueryResult *status)
+{
+	if (v1) {
+		fn_getproc_v1 f = (fn_getproc_v1)cuda_dlsym("cuGetProcAddress");
+		getproc_missing = !f;
+		if (!f)
+			return CUDA_ERROR_NOT_FOUND;
+		if (status)
+			*status = CU_GET_PROC_ADDRESS_SUCCESS;
+		return f(base, out, version, flags);
+	}
+	fn_getproc_v2 f = (fn_getproc_v2)cuda_dlsym("cuGetProcAddress_v2");
+	getproc_missing = !f;
+	if (!f)
+		return CUDA_ERROR_NOT_FOUND;
+	return f(base, out, version, flags, status);
+}
+
+static void *resolve(enum fn_id id)
+{
+	if (fn_cached[id])
+		return fn_cache[id];
+	const struct fn_entry *e = &fn_table[id];
+	void *p = NULL;
+	if (mode == RESOLVE_DLSYM || !e->base) {
+		p = cuda_dlsym(e->symbol);
+	} else {
+		CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+		CUresult rc = get_proc(mode == RESOLVE_PROCADDR1, e->base, &p, proc_version, proc_flags, &st);
+		if ((rc != CUDA_SUCCESS || !p) && !getproc_missing) {
+			snprintf(resolve_error, sizeof(resolve_error), "cuGetProcAddress%s %s: rc %d status %d",
+				 mode == RESOLVE_PROCADDR1 ? "" : "_v2", e->base, rc, (int)st);
+			p = NULL;
+		}
+	}
+	if (p) {
+		fn_cache[id] = p;
+		fn_cached[id] = true;
+	}
+	return p;
+}
+
+/* Resolve F into a typed variable or finish the command with NOT_FOUND. */
+#define NEED(var, type, id)                                                   \
+	type var = (type)resolve(id);                                         \
+	if (!var) {                                                           \
+		r->rc = CUDA_ERROR_NOT_FOUND;                                 \
+		res_str(r, "detail", resolve_error);                          \
+		return 0;                                                     \
+	}
+
+#define NEED_NVML(var, type, name)                                            \
+	type var = (type)nvml_dlsym(name);                                    \
+	if (!var) {                                                           \
+		r->rc = NVML_ERROR_FUNCTION_NOT_FOUND;                        \
+		res_str(r, "detail", resolve_error);                          \
+		return 0;                                                     \
+	}
+
+/* ---- named objects --------------------------------------------------------- */
+
+enum obj_kind {
+	K_MEM,      /* cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged: cuMemFree_v2 */
+	K_ASYNC,    /* cuMemAllocAsync, cuMemAllocFromPoolAsync: cuMemFreeAsync */
+	K_ARRAY,    /* cuArrayDestroy */
+	K_MIPMAP,   /* cuMipmappedArrayDestroy */
+	K_HANDLE,   /* cuMemCreate: cuMemRelease */
+	K_POOL,     /* cuMemPoolDestroy */
+	K_CTX       /* cuCtxDestroy_v2 */
+};
+
+static const char *kind_name[] = {"mem", "async", "array", "mipmap", "handle", "pool", "ctx"};
+
+#define NAME_LEN 64
+
+struct obj {
+	char name[NAME_LEN];
+	enum obj_kind kind;
+	CUdeviceptr ptr;
+	CUmemGenericAllocationHandle handle;
+	void *h; /* CUarray, CUmipmappedArray, CUmemoryPool, CUcontext */
+	unsigned long long size;
+};
+
+static struct obj *objs;
+static size_t nobjs, capobjs;
+static unsigned long auto_counter;
+static unsigned long fill_counter;
+
+static struct obj *obj_find(const char *name)
+{
+	for (size_t i = 0; i < nobjs; i++)
+		if (strcmp(objs[i].name, name) == 0)
+			return &objs[i];
+	return NULL;
+}
+
+static struct obj *obj_add(const char *name, enum obj_kind kind)
+{
+	if (nobjs == capobjs) {
+		size_t ncap = capobjs ? capobjs * 2 : 64;
+		struct obj *n = realloc(objs, ncap * sizeof(*n));
+		if (!n)
+			return NULL;
+		objs = n;
+		capobjs = ncap;
+	}
+	struct obj *o = &objs[nobjs++];
+	memset(o, 0, sizeof(*o));
+	snprintf(o->name, sizeof(o->name), "%s", name);
+	o->kind = kind;
+	return o;
+}
+
+static void obj_remove(struct obj *o)
+{
+	size_t i = (size_t)(o - objs);
+	memmove(&objs[i], &objs[i + 1], (nobjs - i - 1) * sizeof(*objs));
+	nobjs--;
+}
+
+/* ---- token streams ---------------------------------------------------------- */
+
+struct stream {
+	char **tok;
+	int n;
+	int pos;
+	bool is_stdin; /* the stream is standard input, line by line */
+};
+
+static const char *const command_words[] = {
+	"init", "count", "ctx", "ctxrelease", "ctxcreate", "ctxdestroy", "alloc", "pitch", "managed",
+	"async", "pool", "poolalloc", "poolattr", "pooltrim", "pooldestroy", "memcreate", "array",
+	"array3d", "mipmap", "free", "freeraw", "freeall", "meminfo", "totalmem", "uuid", "sync", "fill",
+	"race", "null", "getproc", "getproc1", "dlsym", "nvmldlsym", "resolve", "nvml", "nvmlcount",
+	"nvmlmem", "nvmluuid", "nvmlshutdown", "sleep", "child", "endchild", "hold", "exit", "stdin",
+	"echo", "list", "waitfile", NULL};
+
+static bool is_command_word(const char *w)
+{
+	for (int i = 0; command_words[i]; i++)
+		if (strcmp(command_words[i], w) == 0)
+			return true;
+	return false;
+}
+
+static const char *next_arg(struct stream *s)
+{
+	if (s->pos >= s->n)
+		return NULL;
+	return s->tok[s->pos++];
+}
+
+/* An optional argument: the next word, unless it starts another command. */
+static const char *opt_arg(struct stream *s)
+{
+	if (s->pos >= s->n || is_command_word(s->tok[s->pos]))
+		return NULL;
+	return s->tok[s->pos++];
+}
+
+static bool parse_u64(const char *s, unsigned long long *out)
+{
+	char *end;
+	if (!s || !*s || *s == '-')
+		return false;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 0);
+	if (errno || *end)
+		return false;
+	*out = v;
+	return true;
+}
+
+static bool parse_int(const char *s, long long *out)
+{
+	char *end;
+	if (!s || !*s)
+		return false;
+	errno = 0;
+	long long v = strtoll(s, &end, 0);
+	if (errno || *end)
+		return false;
+	*out = v;
+	return true;
+}
+
+/* Bytes, or a number with a binary k/m/g/t suffix (optionally "i", "b", "ib"). */
+static bool parse_size(const char *s, unsigned long long *out)
+{
+	char *end;
+	if (!s || !*s || *s == '-' || *s == '+')
+		return false;
+	errno = 0;
+	double whole = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return false;
+	bool frac = false;
+	if (*end == '.') {
+		char *fend;
+		errno = 0;
+		whole = strtod(s, &fend);
+		if (errno || fend == end + 1)
+			return false;
+		end = fend;
+		frac = true;
+	}
+	unsigned shift = 0;
+	switch (*end) {
+	case 'k': case 'K': shift = 10; end++; break;
+	case 'm': case 'M': shift = 20; end++; break;
+	case 'g': case 'G': shift = 30; end++; break;
+	case 't': case 'T': shift = 40; end++; break;
+	case 0: break;
+	default: return false;
+	}
+	if (shift && (*end == 'i' || *end == 'I'))
+		end++;
+	if (*end == 'b' || *end == 'B')
+		end++;
+	if (*end)
+		return false;
+	if (frac) {
+		double b = whole * (double)(1ull << shift);
+		if (b < 0 || b >= 18446744073709551615.0)
+			return false;
+		*out = (unsigned long long)b;
+		return true;
+	}
+	if (shift && v > (~0ull >> shift))
+		return false;
+	*out = v << shift;
+	return true;
+}
+
+static bool parse_format(const char *s, CUarray_format *f, unsigned *elem)
+{
+	static const struct {
+		const char *name;
+		CUarray_format fmt;
+		unsigned bytes;
+	} t[] = {
+		{"u8", CU_AD_FORMAT_UNSIGNED_INT8, 1},  {"u16", CU_AD_FORMAT_UNSIGNED_INT16, 2},
+		{"u32", CU_AD_FORMAT_UNSIGNED_INT32, 4}, {"i8", CU_AD_FORMAT_SIGNED_INT8, 1},
+		{"i16", CU_AD_FORMAT_SIGNED_INT16, 2},  {"i32", CU_AD_FORMAT_SIGNED_INT32, 4},
+		{"f16", CU_AD_FORMAT_HALF, 2},          {"f32", CU_AD_FORMAT_FLOAT, 4},
+	};
+	for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+		if (strcmp(s, t[i].name) == 0) {
+			*f = t[i].fmt;
+			*elem = t[i].bytes;
+			return true;
+		}
+	}
+	return false;
+}
+
+/* ---- command context ------------------------------------------------------- */
+
+/*
+ * A handler returns 0 when its result is in *r (emitted by the caller), or -1
+ * for a usage error it has already reported (the rest of the line is dropped).
+ */
+typedef int (*handler_fn)(struct stream *s, struct result *r);
+
+#define ARG(var, what)                                                          \
+	const char *var = next_arg(s);                                          \
+	if (!var) {                                                             \
+		usage_error(r->op, "CUDRIVE_USAGE", "missing argument: %s", what); \
+		return -1;                                                      \
+	}
+
+#define SIZE_ARG(var, what)                                                     \
+	unsigned long long var;                                                 \
+	{                                                                       \
+		ARG(var##_s, what);                                             \
+		if (!parse_size(var##_s, &var)) {                               \
+			usage_error(r->op, "CUDRIVE_USAGE", "bad %s: \"%s\"", what, var##_s); \
+			return -1;                                              \
+		}                                                               \
+	}
+
+#define INT_ARG(var, what)                                                      \
+	long long var;                                                          \
+	{                                                                       \
+		ARG(var##_s, what);                                             \
+		if (!parse_int(var##_s, &var)) {                                \
+			usage_error(r->op, "CUDRIVE_USAGE", "bad %s: \"%s\"", what, var##_s); \
+			return -1;                                              \
+		}                                                               \
+	}
+
+/* Pick the name for a new object: the optional NAME, else prefix + counter. */
+static int new_name(struct stream *s, struct result *r, char *name, const char *prefix)
+{
+	const char *given = opt_arg(s);
+	if (given) {
+		if (strlen(given) >= NAME_LEN) {
+			usage_error(r->op, "CUDRIVE_USAGE", "name too long: \"%s\"", given);
+			return -1;
+		}
+		if (obj_find(given)) {
+			usage_error(r->op, "CUDRIVE_NAME_IN_USE", "name in use: \"%s\"", given);
+			return -1;
+		}
+		snprintf(name, NAME_LEN, "%s", given);
+		return 0;
+	}
+	do
+		snprintf(name, NAME_LEN, "%s%lu", prefix, auto_counter++);
+	while (obj_find(name));
+	return 0;
+}
+
+static struct obj *store(struct result *r, const char *name, enum obj_kind kind)
+{
+	struct obj *o = obj_add(name, kind);
+	if (!o) {
+		res_str(r, "detail", "out of host memory for the object table");
+		return NULL;
+	}
+	res_str(r, "name", name);
+	return o;
+}
+
+static CUresult device_get(struct result *r, long long ordinal, CUdevice *dev)
+{
+	fn_device_get f = (fn_device_get)resolve(F_DEVICE_GET);
+	if (!f) {
+		res_str(r, "detail", resolve_error);
+		return CUDA_ERROR_NOT_FOUND;
+	}
+	return f(dev, (int)ordinal);
+}
+
+/* ---- driver commands ------------------------------------------------------ */
+
+static int cmd_init(struct stream *s, struct result *r)
+{
+	NEED(f, fn_init, F_INIT);
+	r->rc = f(0);
+	return 0;
+}
+
+static int cmd_count(struct stream *s, struct result *r)
+{
+	NEED(f, fn_int_out, F_DEVICE_GET_COUNT);
+	int n = 0;
+	r->rc = f(&n);
+	if (r->rc == 0)
+		res_i64(r, "count", n);
+	return 0;
+}
+
+static int cmd_ctx(struct stream *s, struct result *r)
+{
+	INT_ARG(ord, "DEV");
+	NEED(retain, fn_primary_retain, F_PRIMARY_RETAIN);
+	NEED(set, fn_ctx_set, F_CTX_SET_CURRENT);
+	CUdevice dev;
+	CUcontext ctx = NULL;
+	res_i64(r, "dev", ord);
+	if ((r->rc = device_get(r, ord, &dev)) != 0)
+		return 0;
+	if ((r->rc = retain(&ctx, dev)) != 0)
+		return 0;
+	r->rc = set(ctx);
+	res_hex(r, "ctx", ctx);
+	return 0;
+}
+
+static int cmd_ctxrelease(struct stream *s, struct result *r)
+{
+	INT_ARG(ord, "DEV");
+	NEED(release, fn_primary_release, F_PRIMARY_RELEASE);
+	CUdevice dev;
+	res_i64(r, "dev", ord);
+	if ((r->rc = device_get(r, ord, &dev)) != 0)
+		return 0;
+	r->rc = release(dev);
+	return 0;
+}
+
+static int cmd_ctxcreate(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	INT_ARG(ord, "DEV");
+	if (new_name(s, r, name, "c") < 0)
+		return -1;
+	NEED(f, void *, F_CTX_CREATE);
+	CUdevice dev;
+	CUcontext ctx = NULL;
+	res_i64(r, "dev", ord);
+	if ((r->rc = device_get(r, ord, &dev)) != 0)
+		return 0;
+	/*
+	 * cuGetProcAddress("cuCtxCreate") gives cuCtxCreate_v3 (CUDA >= 11.4,
+	 * execution-affinity parameters) or _v4 (CUDA >= 13, a params struct),
+	 * each with its own signature. Call what was returned: its symbol name
+	 * says which, else the requested version does.
+	 */
+	int api = 2;
+	Dl_info info;
+	const char *sym = NULL;
+	if (dladdr(f, &info) && info.dli_sname)
+		sym = info.dli_sname;
+	if (sym && strstr(sym, "cuCtxCreate") == sym) {
+		const char *v = strrchr(sym, '_');
+		api = v && strcmp(v, "_v4") == 0 ? 4 : v && strcmp(v, "_v3") == 0 ? 3 : 2;
+	} else if (mode != RESOLVE_DLSYM) {
+		api = proc_version >= 13000 ? 4 : proc_version >= 11040 ? 3 : 2;
+	}
+	if (api == 4)
+		r->rc = ((fn_ctx_create_v4)f)(&ctx, NULL, 0, dev);
+	else if (api == 3)
+		r->rc = ((fn_ctx_create_v3)f)(&ctx, NULL, 0, 0, dev);
+	else
+		r->rc = ((fn_ctx_create)f)(&ctx, 0, dev);
+	res_i64(r, "api", api);
+	if (r->rc == 0) {
+		struct obj *o = store(r, name, K_CTX);
+		if (o)
+			o->h = ctx;
+		res_hex(r, "ctx", ctx);
+	}
+	return 0;
+}
+
+static int cmd_alloc(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	SIZE_ARG(size, "SIZE");
+	if (new_name(s, r, name, "a") < 0)
+		return -1;
+	NEED(f, fn_mem_alloc, F_MEM_ALLOC);
+	CUdeviceptr p = 0;
+	res_u64(r, "size", size);
+	r->rc = f(&p, (size_t)size);
+	if (r->rc == 0) {
+		struct obj *o = store(r, name, K_MEM);
+		if (o) {
+			o->ptr = p;
+			o->size = size;
+		}
+		res_u64(r, "ptr", p);
+	}
+	return 0;
+}
+
+static int cmd_pitch(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	SIZE_ARG(width, "WIDTH");
+	SIZE_ARG(height, "HEIGHT");
+	INT_ARG(elem, "ELEMBYTES");
+	if (new_name(s, r, name, "a") < 0)
+		return -1;
+	NEED(f, fn_mem_pitch, F_MEM_ALLOC_PITCH);
+	CUdeviceptr p = 0;
+	size_t pitch = 0;
+	r->rc = f(&p, &pitch, (size_t)width, (size_t)height, (unsigned int)elem);
+	if (r->rc == 0) {
+		struct obj *o = store(r, name, K_MEM);
+		if (o) {
+			o->ptr = p;
+			o->size = (unsigned long long)pitch * height;
+		}
+		res_u64(r, "ptr", p);
+		res_u64(r, "pitch", pitch);
+		res_u64(r, "size", (unsigned long long)pitch * height);
+	}
+	return 0;
+}
+
+static int cmd_managed(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	SIZE_ARG(size, "SIZE");
+	if (new_name(s, r, name, "a") < 0)
+		return -1;
+	NEED(f, fn_mem_managed, F_MEM_ALLOC_MANAGED);
+	CUdeviceptr p = 0;
+	res_u64(r, "size", size);
+	r->rc = f(&p, (size_t)size, CU_MEM_ATTACH_GLOBAL);
+	if (r->rc == 0) {
+		struct obj *o = store(r, name, K_MEM);
+		if (o) {
+			o->ptr = p;
+			o->size = size;
+		}
+		res_u64(r, "ptr", p);
+	}
+	return 0;
+}
+
+static int cmd_async(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	SIZE_ARG(size, "SIZE");
+	if (new_name(s, r, name, "a") < 0)
+		return -1;
+	NEED(f, fn_mem_async, F_MEM_ALLOC_ASYNC);
+	CUdeviceptr p = 0;
+	res_u64(r, "size", size);
+	r->rc = f(&p, (size_t)size, NULL);
+	if (r->rc == 0) {
+		struct obj *o = store(r, name, K_ASYNC);
+		if (o) {
+			o->ptr = p;
+			o->size = size;
+		}
+		res_u64(r, "ptr", p);
+	}
+	return 0;
+}
+
+static int cmd_pool(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	INT_ARG(ord, "DEV");
+	if (new_name(s, r, name, "p") < 0)
+		return -1;
+	NEED(f, fn_pool_create, F_POOL_CREATE);
+	CUmemPoolProps props;
+	memset(&props, 0, sizeof(props));
+	props.allocType = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+	props.handleTypes = 0;
+	props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	props.location.id = (int)ord;
+	CUmemoryPool pool = NULL;
+	res_i64(r, "dev", ord);
+	r->rc = f(&pool, &props);
+	if (r->rc == 0) {
+		struct obj *o = store(r, name, K_POOL);
+		if (o)
+			o->h = pool;
+	}
+	return 0;
+}
+
+/* POOL is a pool's name, or "default" (the current device's default pool). */
+static int find_pool(struct result *r, const char *name, CUmemoryPool *pool)
+{
+	if (strcmp(name, "default") == 0) {
+		fn_ctx_get_device getdev = (fn_ctx_get_device)resolve(F_CTX_GET_DEVICE);
+		fn_default_pool getpool = (fn_default_pool)resolve(F_DEFAULT_POOL);
+		CUdevice dev = 0;
+		if (!getdev || !getpool) {
+			r->rc = CUDA_ERROR_NOT_FOUND;
+			res_str(r, "detail", resolve_error);
+			return 1;
+		}
+		if ((r->rc = getdev(&dev)) != 0 || (r->rc = getpool(pool, dev)) != 0)
+			return 1;
+		return 0;
+	}
+	struct obj *o = obj_find(name);
+	if (!o || o->kind != K_POOL) {
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no pool named \"%s\"", name);
+		return -1;
+	}
+	*pool = (CUmemoryPool)o->h;
+	return 0;
+}
+
+static int cmd_poolalloc(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	ARG(pname, "POOL");
+	SIZE_ARG(size, "SIZE");
+	if (new_name(s, r, name, "a") < 0)
+		return -1;
+	NEED(f, fn_mem_pool_async, F_MEM_ALLOC_FROM_POOL_ASYNC);
+	CUmemoryPool pool;
+	int k = find_pool(r, pname, &pool);
+	if (k)
+		return k < 0 ? -1 : 0;
+	CUdeviceptr p = 0;
+	res_u64(r, "size", size);
+	r->rc = f(&p, (size_t)size, pool, NULL);
+	if (r->rc == 0) {
+		struct obj *o = store(r, name, K_ASYNC);
+		if (o) {
+			o->ptr = p;
+			o->size = size;
+		}
+		res_u64(r, "ptr", p);
+	}
+	return 0;
+}
+
+static int cmd_poolattr(struct stream *s, struct result *r)
+{
+	ARG(pname, "POOL");
+	NEED(f, fn_pool_attr, F_POOL_GET_ATTR);
+	CUmemoryPool pool;
+	int k = find_pool(r, pname, &pool);
+	if (k)
+		return k < 0 ? -1 : 0;
+	cuuint64_t reserved = 0, used = 0, reserved_high = 0, used_high = 0;
+	if ((r->rc = f(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved)) != 0)
+		return 0;
+	if ((r->rc = f(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used)) != 0)
+		return 0;
+	res_u64(r, "reserved", reserved);
+	res_u64(r, "used", used);
+	if (f(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &reserved_high) == 0)
+		res_u64(r, "reserved_high", reserved_high);
+	if (f(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &used_high) == 0)
+		res_u64(r, "used_high", used_high);
+	return 0;
+}
+
+static int cmd_pooltrim(struct stream *s, struct result *r)
+{
+	ARG(pname, "POOL");
+	SIZE_ARG(keep, "BYTES");
+	NEED(f, fn_pool_trim, F_POOL_TRIM);
+	CUmemoryPool pool;
+	int k = find_pool(r, pname, &pool);
+	if (k)
+		return k < 0 ? -1 : 0;
+	r->rc = f(pool, (size_t)keep);
+	return 0;
+}
+
+static CUresult destroy_obj(struct result *r, struct obj *o);
+
+static int cmd_pooldestroy(struct stream *s, struct result *r)
+{
+	ARG(pname, "POOL");
+	struct obj *o = obj_find(pname);
+	if (!o || o->kind != K_POOL) {
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no pool named \"%s\"", pname);
+		return -1;
+	}
+	r->rc = destroy_obj(r, o);
+	return 0;
+}
+
+static int cmd_memcreate(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	SIZE_ARG(size, "SIZE");
+	ARG(where, "DEV|host");
+	CUmemAllocationProp prop;
+	memset(&prop, 0, sizeof(prop));
+	prop.type = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+	if (strcmp(where, "host") == 0) {
+		prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+		prop.location.id = 0;
+	} else {
+		long long ord;
+		if (!parse_int(where, &ord)) {
+			usage_error(r->op, "CUDRIVE_USAGE", "bad DEV|host: \"%s\"", where);
+			return -1;
+		}
+		prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		prop.location.id = (int)ord;
+	}
+	if (new_name(s, r, name, "a") < 0)
+		return -1;
+	NEED(f, fn_mem_create, F_MEM_CREATE);
+	CUmemGenericAllocationHandle h = 0;
+	res_u64(r, "size", size);
+	res_str(r, "location", where);
+	r->rc = f(&h, (size_t)size, &prop, 0);
+	if (r->rc == 0) {
+		struct obj *o = store(r, name, K_HANDLE);
+		if (o) {
+			o->handle = h;
+			o->size = size;
+		}
+		res_u64(r, "handle", h);
+	}
+	return 0;
+}
+
+static int array_args(struct stream *s, struct result *r, int dims, CUDA_ARRAY3D_DESCRIPTOR *d,
+		      unsigned long long *raw)
+{
+	unsigned long long depth = 0, height;
+	CUarray_format fmt;
+	unsigned elem;
+	SIZE_ARG(width, "W");
+	{
+		SIZE_ARG(h, "H");
+		height = h;
+	}
+	if (dims == 3) {
+		SIZE_ARG(dd, "D");
+		depth = dd;
+	}
+	ARG(fmt_s, "FMT");
+	if (!parse_format(fmt_s, &fmt, &elem)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad FMT \"%s\" (u8 u16 u32 i8 i16 i32 f16 f32)", fmt_s);
+		return -1;
+	}
+	INT_ARG(channels, "CH");
+	memset(d, 0, sizeof(*d));
+	d->Width = (size_t)width;
+	d->Height = (size_t)height;
+	d->Depth = (size_t)depth;
+	d->Format = fmt;
+	d->NumChannels = (unsigned int)channels;
+	*raw = width * (height ? height : 1) * (depth ? depth : 1) * (unsigned long long)channels * elem;
+	return 0;
+}
+
+static int cmd_array(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	CUDA_ARRAY3D_DESCRIPTOR d3;
+	unsigned long long raw;
+	if (array_args(s, r, 2, &d3, &raw) < 0)
+		return -1;
+	if (new_name(s, r, name, "a") < 0)
+		return -1;
+	NEED(f, fn_array_create, F_ARRAY_CREATE);
+	CUDA_ARRAY_DESCRIPTOR d = {d3.Width, d3.Height, d3.Format, d3.NumChannels};
+	CUarray a = NULL;
+	res_u64(r, "raw_bytes", raw);
+	r->rc = f(&a, &d);
+	if (r->rc == 0) {
+		struct obj *o = store(r, name, K_ARRAY);
+		if (o) {
+			o->h = a;
+			o->size = raw;
+		}
+	}
+	return 0;
+}
+
+static int cmd_array3d(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	CUDA_ARRAY3D_DESCRIPTOR d;
+	unsigned long long raw;
+	if (array_args(s, r, 3, &d, &raw) < 0)
+		return -1;
+	if (new_name(s, r, name, "a") < 0)
+		return -1;
+	NEED(f, fn_array3d_create, F_ARRAY3D_CREATE);
+	CUarray a = NULL;
+	res_u64(r, "raw_bytes", raw);
+	r->rc = f(&a, &d);
+	if (r->rc == 0) {
+		struct obj *o = store(r, name, K_ARRAY);
+		if (o) {
+			o->h = a;
+			o->size = raw;
+		}
+	}
+	return 0;
+}
+
+static int cmd_mipmap(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	CUDA_ARRAY3D_DESCRIPTOR d;
+	unsigned long long raw;
+	if (array_args(s, r, 3, &d, &raw) < 0)
+		return -1;
+	INT_ARG(levels, "LEVELS");
+	if (new_name(s, r, name, "a") < 0)
+		return -1;
+	NEED(f, fn_mipmap_create, F_MIPMAP_CREATE);
+	CUmipmappedArray m = NULL;
+	res_u64(r, "raw_bytes", raw); /* level 0 only */
+	r->rc = f(&m, &d, (unsigned int)levels);
+	if (r->rc == 0) {
+		struct obj *o = store(r, name, K_MIPMAP);
+		if (o) {
+			o->h = m;
+			o->size = raw;
+		}
+	}
+	return 0;
+}
+
+/* The matching free for the object's kind; the object is forgotten on success. */
+static CUresult destroy_obj(struct result *r, struct obj *o)
+{
+	CUresult rc;
+	void *f = NULL;
+	enum fn_id id;
+	switch (o->kind) {
+	case K_MEM: id = F_MEM_FREE; break;
+	case K_ASYNC: id = F_MEM_FREE_ASYNC; break;
+	case K_ARRAY: id = F_ARRAY_DESTROY; break;
+	case K_MIPMAP: id = F_MIPMAP_DESTROY; break;
+	case K_HANDLE: id = F_MEM_RELEASE; break;
+	case K_POOL: id = F_POOL_DESTROY; break;
+	case K_CTX: id = F_CTX_DESTROY; break;
+	default: return CUDA_ERROR_INVALID_VALUE;
+	}
+	f = resolve(id);
+	if (!f) {
+		res_str(r, "detail", resolve_error);
+		return CUDA_ERROR_NOT_FOUND;
+	}
+	switch (o->kind) {
+	case K_MEM: rc = ((fn_mem_free)f)(o->ptr); break;
+	case K_ASYNC: rc = ((fn_mem_free_async)f)(o->ptr, NULL); break;
+	case K_ARRAY: rc = ((fn_array_destroy)f)((CUarray)o->h); break;
+	case K_MIPMAP: rc = ((fn_mipmap_destroy)f)((CUmipmappedArray)o->h); break;
+	case K_HANDLE: rc = ((fn_mem_release)f)(o->handle); break;
+	case K_POOL: rc = ((fn_pool_destroy)f)((CUmemoryPool)o->h); break;
+	case K_CTX: rc = ((fn_ctx_destroy)f)((CUcontext)o->h); break;
+	default: rc = CUDA_ERROR_INVALID_VALUE; break;
+	}
+	if (rc == 0)
+		obj_remove(o);
+	return rc;
+}
+
+static int cmd_free(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	struct obj *o = obj_find(name);
+	if (!o) {
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "nothing named \"%s\"", name);
+		return -1;
+	}
+	res_str(r, "name", name);
+	res_str(r, "kind", kind_name[o->kind]);
+	res_u64(r, "size", o->size);
+	r->rc = destroy_obj(r, o);
+	return 0;
+}
+
+static int cmd_ctxdestroy(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	struct obj *o = obj_find(name);
+	if (!o || o->kind != K_CTX) {
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no context named \"%s\"", name);
+		return -1;
+	}
+	res_str(r, "name", name);
+	r->rc = destroy_obj(r, o);
+	return 0;
+}
+
+static int cmd_freeraw(struct stream *s, struct result *r)
+{
+	ARG(ptr_s, "PTR");
+	unsigned long long p;
+	if (!parse_u64(ptr_s, &p)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad PTR: \"%s\"", ptr_s);
+		return -1;
+	}
+	NEED(f, fn_mem_free, F_MEM_FREE);
+	res_u64(r, "ptr", p);
+	r->rc = f((CUdeviceptr)p);
+	/* If it was one of ours, forget it: it is gone either way. */
+	for (size_t i = 0; r->rc == 0 && i < nobjs; i++) {
+		if (objs[i].kind == K_MEM && objs[i].ptr == p) {
+			res_str(r, "name", objs[i].name);
+			obj_remove(&objs[i]);
+			break;
+		}
+	}
+	return 0;
+}
+
+/* Free every memory object, newest first; pools and contexts stay. */
+static int cmd_freeall(struct stream *s, struct result *r)
+{
+	unsigned long long freed = 0, failed = 0, bytes = 0;
+	size_t i = nobjs;
+	while (i-- > 0) {
+		struct obj *o = &objs[i];
+		if (o->kind == K_POOL || o->kind == K_CTX)
+			continue;
+		unsigned long long size = o->size;
+		CUresult rc = destroy_obj(r, o);
+		if (rc == 0) {
+			freed++;
+			bytes += size;
+		} else {
+			failed++;
+			if (r->rc == 0)
+				r->rc = rc;
+		}
+	}
+	res_u64(r, "freed", freed);
+	res_u64(r, "failed", failed);
+	res_u64(r, "bytes", bytes);
+	return 0;
+}
+
+static int cmd_meminfo(struct stream *s, struct result *r)
+{
+	NEED(f, fn_mem_info, F_MEM_GET_INFO);
+	size_t free_b = 0, total = 0;
+	r->rc = f(&free_b, &total);
+	if (r->rc == 0) {
+		res_u64(r, "free", free_b);
+		res_u64(r, "total", total);
+	}
+	return 0;
+}
+
+static int cmd_totalmem(struct stream *s, struct result *r)
+{
+	INT_ARG(ord, "DEV");
+	NEED(f, fn_total_mem, F_DEVICE_TOTAL_MEM);
+	CUdevice dev;
+	size_t total = 0;
+	res_i64(r, "dev", ord);
+	if ((r->rc = device_get(r, ord, &dev)) != 0)
+		return 0;
+	r->rc = f(&total, dev);
+	if (r->rc == 0)
+		res_u64(r, "total", total);
+	return 0;
+}
+
+static int cmd_uuid(struct stream *s, struct result *r)
+{
+	INT_ARG(ord, "DEV");
+	NEED(f, fn_device_uuid, F_DEVICE_GET_UUID);
+	CUdevice dev;
+	CUuuid u;
+	res_i64(r, "dev", ord);
+	if ((r->rc = device_get(r, ord, &dev)) != 0)
+		return 0;
+	memset(&u, 0, sizeof(u));
+	r->rc = f(&u, dev);
+	if (r->rc == 0) {
+		const unsigned char *b = (const unsigned char *)u.bytes;
+		char text[64];
+		snprintf(text, sizeof(text),
+			 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+			 b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+		res_str(r, "uuid", text);
+	}
+	return 0;
+}
+
+static int cmd_sync(struct stream *s, struct result *r)
+{
+	NEED(f, fn_void, F_CTX_SYNCHRONIZE);
+	r->rc = f();
+	return 0;
+}
+
+static int cmd_fill(struct stream *s, struct result *r)
+{
+	SIZE_ARG(size, "SIZE");
+	NEED(f, fn_mem_alloc, F_MEM_ALLOC);
+	unsigned long long count = 0, bytes = 0;
+	CUresult last = CUDA_SUCCESS;
+	char name[NAME_LEN], lastname[64];
+	/* Bounded so that a driver without a limit cannot keep it busy forever. */
+	while (count < 1000000) {
+		CUdeviceptr p = 0;
+		last = f(&p, (size_t)size);
+		if (last != 0)
+			break;
+		do
+			snprintf(name, sizeof(name), "f%lu", fill_counter++);
+		while (obj_find(name));
+		struct obj *o = obj_add(name, K_MEM);
+		if (!o) {
+			fn_mem_free release = (fn_mem_free)resolve(F_MEM_FREE);
+			if (release)
+				release(p);
+			break;
+		}
+		o->ptr = p;
+		o->size = size;
+		count++;
+		bytes += size;
+	}
+	res_u64(r, "size", size);
+	res_u64(r, "count", count);
+	res_u64(r, "bytes", bytes);
+	res_i64(r, "last_rc", last);
+	code_name(lastname, sizeof(lastname), last, false);
+	res_str(r, "last_err", lastname);
+	return 0;
+}
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void)
+{
+	/* xorshift64* */
+	uint64_t x = rng_state;
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	rng_state = x;
+	return x * 0x2545F4914F6CDD1Dull;
+}
+
+#define RACE_LIVE 32
+
+static int cmd_race(struct stream *s, struct result *r)
+{
+	SIZE_ARG(iterations, "ITERATIONS");
+	SIZE_ARG(maxsize, "MAXSIZE");
+	SIZE_ARG(seed, "SEED");
+	if (maxsize == 0) {
+		usage_error(r->op, "CUDRIVE_USAGE", "MAXSIZE must be > 0");
+		return -1;
+	}
+	NEED(alloc, fn_mem_alloc, F_MEM_ALLOC);
+	NEED(release, fn_mem_free, F_MEM_FREE);
+	CUdeviceptr live[RACE_LIVE];
+	int nlive = 0;
+	unsigned long long ok = 0, oom = 0, freed = 0, other = 0, free_failed = 0;
+	int first_other = 0;
+	rng_state = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull;
+	if (!rng_state)
+		rng_state = 1;
+	for (unsigned long long i = 0; i < iterations; i++) {
+		uint64_t x = rng_next();
+		bool do_alloc = nlive == 0 || (nlive < RACE_LIVE && (x & 1));
+		if (do_alloc) {
+			size_t size = (size_t)(1 + (x >> 1) % maxsize);
+			CUdeviceptr p = 0;
+			CUresult rc = alloc(&p, size);
+			if (rc == 0) {
+				live[nlive++] = p;
+				ok++;
+			} else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+				oom++;
+			} else {
+				other++;
+				if (!first_other)
+					first_other = rc;
+			}
+		} else {
+			int k = (int)((x >> 1) % (uint64_t)nlive);
+			if (release(live[k]) == 0)
+				freed++;
+			else
+				free_failed++;
+			live[k] = live[--nlive];
+		}
+	}
+	while (nlive > 0) {
+		if (release(live[--nlive]) == 0)
+			freed++;
+		else
+			free_failed++;
+	}
+	res_u64(r, "iterations", iterations);
+	res_u64(r, "ok", ok);
+	res_u64(r, "oom", oom);
+	res_u64(r, "freed", freed);
+	res_u64(r, "other", other);
+	res_i64(r, "first_other_rc", first_other);
+	res_u64(r, "free_failed", free_failed);
+	return 0;
+}
+
+/*
+ * A driver (or a preload library) that dereferences a NULL output pointer
+ * crashes; `null` reports that as {"rc":-1,"err":"CUDRIVE_CRASH","signal":N}
+ * and goes on, so the caller sees which call crashed.
+ */
+static sigjmp_buf null_jump;
+static volatile sig_atomic_t null_signal;
+
+static void null_crash(int sig)
+{
+	null_signal = sig;
+	siglongjmp(null_jump, 1);
+}
+
+static int null_call(struct stream *s, struct result *r);
+
+static int cmd_null(struct stream *s, struct result *r)
+{
+	struct sigaction sa, old_segv, old_bus;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = null_crash;
+	sigemptyset(&sa.sa_mask);
+	sa.sa_flags = SA_NODEFER;
+	sigaction(SIGSEGV, &sa, &old_segv);
+	sigaction(SIGBUS, &sa, &old_bus);
+	int k;
+	null_signal = 0;
+	if (sigsetjmp(null_jump, 1) == 0) {
+		k = null_call(s, r);
+	} else {
+		r->rc = RC_USAGE;
+		r->err = "CUDRIVE_CRASH";
+		res_i64(r, "signal", null_signal);
+		k = 0;
+	}
+	sigaction(SIGSEGV, &old_segv, NULL);
+	sigaction(SIGBUS, &old_bus, NULL);
+	return k;
+}
+
+/* Each API with a NULL output pointer: the answer must be an error, never a crash. */
+static int null_call(struct stream *s, struct result *r)
+{
+	ARG(what, "WHAT");
+	res_str(r, "what", what);
+	if (strcmp(what, "alloc") == 0) {
+		NEED(f, fn_mem_alloc, F_MEM_ALLOC);
+		r->rc = f(NULL, 1 << 20);
+	} else if (strcmp(what, "pitch") == 0) {
+		NEED(f, fn_mem_pitch, F_MEM_ALLOC_PITCH);
+		size_t pitch = 0;
+		CUdeviceptr p = 0;
+		r->rc = f(NULL, &pitch, 1024, 1024, 4);
+		res_i64(r, "rc_null_pitch", f(&p, NULL, 1024, 1024, 4));
+		res_u64(r, "ptr_null_pitch", p);
+	} else if (strcmp(what, "managed") == 0) {
+		NEED(f, fn_mem_managed, F_MEM_ALLOC_MANAGED);
+		r->rc = f(NULL, 1 << 20, CU_MEM_ATTACH_GLOBAL);
+	} else if (strcmp(what, "async") == 0) {
+		NEED(f, fn_mem_async, F_MEM_ALLOC_ASYNC);
+		r->rc = f(NULL, 1 << 20, NULL);
+	} else if (strcmp(what, "poolalloc") == 0) {
+		NEED(f, fn_mem_pool_async, F_MEM_ALLOC_FROM_POOL_ASYNC);
+		CUmemoryPool pool;
+		int k = find_pool(r, "default", &pool);
+		if (k)
+			return k < 0 ? -1 : 0;
+		r->rc = f(NULL, 1 << 20, pool, NULL);
+	} else if (strcmp(what, "meminfo") == 0) {
+		NEED(f, fn_mem_info, F_MEM_GET_INFO);
+		size_t v = 0;
+		r->rc = f(NULL, NULL);
+		res_i64(r, "rc_free_null", f(NULL, &v));
+		res_i64(r, "rc_total_null", f(&v, NULL));
+	} else if (strcmp(what, "totalmem") == 0) {
+		NEED(f, fn_total_mem, F_DEVICE_TOTAL_MEM);
+		CUdevice dev = 0;
+		if ((r->rc = device_get(r, 0, &dev)) != 0)
+			return 0;
+		r->rc = f(NULL, dev);
+	} else if (strcmp(what, "memcreate") == 0) {
+		NEED(f, fn_mem_create, F_MEM_CREATE);
+		CUmemAllocationProp prop;
+		CUmemGenericAllocationHandle h = 0;
+		memset(&prop, 0, sizeof(prop));
+		prop.type = 1;
+		prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		prop.location.id = 0;
+		r->rc = f(NULL, 2 << 20, &prop, 0);
+		res_i64(r, "rc_null_prop", f(&h, 2 << 20, NULL, 0));
+	} else if (strcmp(what, "array") == 0) {
+		NEED(f, fn_array_create, F_ARRAY_CREATE);
+		CUDA_ARRAY_DESCRIPTOR d = {64, 64, CU_AD_FORMAT_FLOAT, 1};
+		CUarray a = NULL;
+		r->rc = f(NULL, &d);
+		res_i64(r, "rc_null_desc", f(&a, NULL));
+	} else if (strcmp(what, "array3d") == 0) {
+		NEED(f, fn_array3d_create, F_ARRAY3D_CREATE);
+		CUDA_ARRAY3D_DESCRIPTOR d = {64, 64, 4, CU_AD_FORMAT_FLOAT, 1, 0};
+		CUarray a = NULL;
+		r->rc = f(NULL, &d);
+		res_i64(r, "rc_null_desc", f(&a, NULL));
+	} else if (strcmp(what, "mipmap") == 0) {
+		NEED(f, fn_mipmap_create, F_MIPMAP_CREATE);
+		CUDA_ARRAY3D_DESCRIPTOR d = {64, 64, 0, CU_AD_FORMAT_FLOAT, 1, 0};
+		CUmipmappedArray m = NULL;
+		r->rc = f(NULL, &d, 3);
+		res_i64(r, "rc_null_desc", f(&m, NULL, 3));
+	} else if (strcmp(what, "getproc") == 0) {
+		CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+		r->rc = get_proc(false, "cuMemAlloc", NULL, proc_version, proc_flags, &st);
+		res_i64(r, "rc_v1", get_proc(true, "cuMemAlloc", NULL, proc_version, proc_flags, NULL));
+	} else if (strcmp(what, "nvmlmem") == 0) {
+		r->nvml = true;
+		NEED_NVML(gethandle, fn_nvml_handle, "nvmlDeviceGetHandleByIndex_v2");
+		NEED_NVML(mem, fn_nvml_mem, "nvmlDeviceGetMemoryInfo");
+		NEED_NVML(mem2, fn_nvml_mem2, "nvmlDeviceGetMemoryInfo_v2");
+		nvmlDevice_t dev = NULL;
+		if ((r->rc = gethandle(0, &dev)) != 0)
+			return 0;
+		r->rc = mem(dev, NULL);
+		res_i64(r, "rc_v2", mem2(dev, NULL));
+	} else {
+		usage_error(r->op, "CUDRIVE_USAGE", "unknown null target \"%s\"", what);
+		return -1;
+	}
+	return 0;
+}
+
+/* Where a resolved pointer lives: the file and symbol dladdr names. */
+static void describe_ptr(struct result *r, void *p)
+{
+	Dl_info info;
+	res_hex(r, "ptr", p);
+	if (p && dladdr(p, &info)) {
+		res_str(r, "lib", info.dli_fname ? info.dli_fname : "");
+		res_str(r, "sym", info.dli_sname ? info.dli_sname : "");
+	}
+}
+
+static int cmd_getproc_common(struct stream *s, struct result *r, bool v1)
+{
+	ARG(base, "BASENAME");
+	INT_ARG(version, "VERSION");
+	SIZE_ARG(flags, "FLAGS");
+	void *p = NULL;
+	CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+	res_str(r, "symbol", base);
+	r->rc = get_proc(v1, base, &p, (int)version, flags, &st);
+	if (getproc_missing)
+		res_str(r, "detail", resolve_error);
+	describe_ptr(r, p);
+	if (!v1)
+		res_i64(r, "status", st);
+	return 0;
+}
+
+static int cmd_getproc(struct stream *s, struct result *r)
+{
+	return cmd_getproc_common(s, r, false);
+}
+
+static int cmd_getproc1(struct stream *s, struct result *r)
+{
+	return cmd_getproc_common(s, r, true);
+}
+
+static int cmd_dlsym(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	res_str(r, "symbol", name);
+	void *p = cuda_dlsym(name);
+	if (!p) {
+		r->rc = CUDA_ERROR_NOT_FOUND;
+		res_str(r, "detail", resolve_error);
+	}
+	describe_ptr(r, p);
+	return 0;
+}
+
+static int cmd_nvmldlsym(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	r->nvml = true;
+	res_str(r, "symbol", name);
+	void *p = nvml_dlsym(name);
+	if (!p) {
+		r->rc = NVML_ERROR_FUNCTION_NOT_FOUND;
+		res_str(r, "detail", resolve_error);
+	}
+	describe_ptr(r, p);
+	return 0;
+}
+
+static int cmd_resolve(struct stream *s, struct result *r)
+{
+	ARG(how, "dlsym|procaddr|procaddr1");
+	enum resolve_mode m;
+	if (strcmp(how, "dlsym") == 0)
+		m = RESOLVE_DLSYM;
+	else if (strcmp(how, "procaddr") == 0)
+		m = RESOLVE_PROCADDR;
+	else if (strcmp(how, "procaddr1") == 0)
+		m = RESOLVE_PROCADDR1;
+	else {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad mode \"%s\" (dlsym, procaddr, procaddr1)", how);
+		return -1;
+	}
+	long long version = 12000;
+	unsigned long long flags = 0;
+	const char *v = opt_arg(s);
+	if (v) {
+		if (!parse_int(v, &version)) {
+			usage_error(r->op, "CUDRIVE_USAGE", "bad VERSION: \"%s\"", v);
+			return -1;
+		}
+		const char *fl = opt_arg(s);
+		if (fl && !parse_u64(fl, &flags)) {
+			usage_error(r->op, "CUDRIVE_USAGE", "bad FLAGS: \"%s\"", fl);
+			return -1;
+		}
+	}
+	mode = m;
+	proc_version = (int)version;
+	proc_flags = flags;
+	memset(fn_cached, 0, sizeof(fn_cached));
+	memset(fn_cache, 0, sizeof(fn_cache));
+	res_str(r, "mode", how);
+	res_i64(r, "version", proc_version);
+	res_u64(r, "flags", proc_flags);
+	return 0;
+}
+
+/* ---- NVML commands ---------------------------------------------------------- */
+
+static int cmd_nvml(struct stream *s, struct result *r)
+{
+	r->nvml = true;
+	NEED_NVML(f, fn_nvml_void, "nvmlInit_v2");
+	r->rc = f();
+	return 0;
+}
+
+static int cmd_nvmlshutdown(struct stream *s, struct result *r)
+{
+	r->nvml = true;
+	NEED_NVML(f, fn_nvml_void, "nvmlShutdown");
+	r->rc = f();
+	return 0;
+}
+
+static int cmd_nvmlcount(struct stream *s, struct result *r)
+{
+	r->nvml = true;
+	NEED_NVML(f, fn_nvml_count, "nvmlDeviceGetCount_v2");
+	unsigned int n = 0;
+	r->rc = f(&n);
+	if (r->rc == 0)
+		res_u64(r, "count", n);
+	return 0;
+}
+
+static int cmd_nvmlmem(struct stream *s, struct result *r)
+{
+	INT_ARG(idx, "IDX");
+	r->nvml = true;
+	NEED_NVML(gethandle, fn_nvml_handle, "nvmlDeviceGetHandleByIndex_v2");
+	NEED_NVML(mem, fn_nvml_mem, "nvmlDeviceGetMemoryInfo");
+	nvmlDevice_t dev = NULL;
+	res_i64(r, "index", idx);
+	if ((r->rc = gethandle((unsigned int)idx, &dev)) != 0)
+		return 0;
+	nvmlMemory_t m;
+	memset(&m, 0, sizeof(m));
+	r->rc = mem(dev, &m);
+	if (r->rc == 0) {
+		res_u64(r, "total", m.total);
+		res_u64(r, "free", m.free);
+		res_u64(r, "used", m.used);
+	}
+	fn_nvml_mem2 mem2 = (fn_nvml_mem2)nvml_dlsym("nvmlDeviceGetMemoryInfo_v2");
+	if (!mem2) {
+		res_i64(r, "rc_v2", NVML_ERROR_FUNCTION_NOT_FOUND);
+		return 0;
+	}
+	nvmlMemory_v2_t m2;
+	memset(&m2, 0, sizeof(m2));
+	m2.version = nvmlMemory_v2;
+	int rc2 = mem2(dev, &m2);
+	res_i64(r, "rc_v2", rc2);
+	if (rc2 == 0) {
+		res_u64(r, "total_v2", m2.total);
+		res_u64(r, "free_v2", m2.free);
+		res_u64(r, "used_v2", m2.used);
+		res_u64(r, "reserved_v2", m2.reserved);
+	}
+	return 0;
+}
+
+static int cmd_nvmluuid(struct stream *s, struct result *r)
+{
+	INT_ARG(idx, "IDX");
+	r->nvml = true;
+	NEED_NVML(gethandle, fn_nvml_handle, "nvmlDeviceGetHandleByIndex_v2");
+	NEED_NVML(getuuid, fn_nvml_uuid, "nvmlDeviceGetUUID");
+	nvmlDevice_t dev = NULL;
+	char buf[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+	res_i64(r, "index", idx);
+	if ((r->rc = gethandle((unsigned int)idx, &dev)) != 0)
+		return 0;
+	memset(buf, 0, sizeof(buf));
+	r->rc = getuuid(dev, buf, sizeof(buf));
+	buf[sizeof(buf) - 1] = 0;
+	if (r->rc == 0)
+		res_str(r, "uuid", buf);
+	return 0;
+}
+
+/* ---- process commands ----------------------------------------------------------- */
+
+static int cmd_sleep(struct stream *s, struct result *r)
+{
+	INT_ARG(ms, "MS");
+	if (ms > 0) {
+		struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+			;
+	}
+	res_i64(r, "ms", ms);
+	return 0;
+}
+
+/* Block until PATH exists (a test's go-ahead), at most TIMEOUT_MS (default 60 s). */
+static int cmd_waitfile(struct stream *s, struct result *r)
+{
+	ARG(path, "PATH");
+	long long timeout_ms = 60000, waited = 0;
+	const char *t = opt_arg(s);
+	if (t && !parse_int(t, &timeout_ms)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad TIMEOUT_MS: \"%s\"", t);
+		return -1;
+	}
+	res_str(r, "path", path);
+	while (access(path, F_OK) != 0) {
+		if (waited >= timeout_ms) {
+			r->rc = RC_USAGE;
+			r->err = "CUDRIVE_TIMEOUT";
+			break;
+		}
+		struct timespec ts = {0, 5 * 1000000L};
+		nanosleep(&ts, NULL);
+		waited += 5;
+	}
+	res_i64(r, "waited_ms", waited);
+	return 0;
+}
+
+static int cmd_echo(struct stream *s, struct result *r)
+{
+	const char *text = opt_arg(s);
+	res_str(r, "text", text ? text : "");
+	return 0;
+}
+
+static int cmd_list(struct stream *s, struct result *r)
+{
+	unsigned long long bytes = 0;
+	res_raw(r, ",\"objects\":[");
+	for (size_t i = 0; i < nobjs; i++) {
+		char esc[2 * NAME_LEN + 8];
+		json_escape(esc, sizeof(esc), objs[i].name);
+		if (i < 64)
+			res_raw(r, "%s{\"name\":\"%s\",\"kind\":\"%s\",\"size\":%llu}", i ? "," : "", esc,
+				kind_name[objs[i].kind], objs[i].size);
+		if (objs[i].kind != K_POOL && objs[i].kind != K_CTX)
+			bytes += objs[i].size;
+	}
+	res_raw(r, "]");
+	res_u64(r, "count", nobjs);
+	res_u64(r, "bytes", bytes);
+	return 0;
+}
+
+static int cmd_hold(struct stream *s, struct result *r)
+{
+	char buf[4096];
+	res_emit(r);
+	while (fgets(buf, sizeof(buf), stdin))
+		;
+	return 1; /* already emitted */
+}
+
+static int cmd_exit(struct stream *s, struct result *r)
+{
+	long long code = 0;
+	const char *c = opt_arg(s);
+	if (c && !parse_int(c, &code)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad exit code \"%s\"", c);
+		return -1;
+	}
+	res_i64(r, "code", code);
+	res_emit(r);
+	exit((int)code);
+}
+
+static void run_stream(struct stream *s);
+static void run_stdin(void);
+static bool read_line_tokens(struct stream *line);
+
+static int cmd_stdin(struct stream *s, struct result *r)
+{
+	if (s->is_stdin) {
+		usage_error(r->op, "CUDRIVE_USAGE", "already reading standard input");
+		return -1;
+	}
+	run_stdin();
+	return 1; /* nothing to print: each line printed its own */
+}
+
+static void free_tokens(struct stream *t);
+
+/*
+ * child ... endchild: the commands in between run in a fork()ed child, which
+ * then exits; the parent waits and reports how it ended. The block is read
+ * completely before the fork (from further lines in stdin mode), so the child
+ * never shares standard input with its parent.
+ */
+static int cmd_child(struct stream *s, struct result *r)
+{
+	struct stream block = {0};
+	int cap = 0, depth = 1;
+	struct stream line = {0};
+	bool more_lines = s->is_stdin;
+	bool closed = false;
+	struct stream *src = s;
+
+	for (;;) {
+		const char *w = next_arg(src);
+		if (!w) {
+			if (!more_lines)
+				break;
+			if (src == &line)
+				free_tokens(&line);
+			if (!read_line_tokens(&line))
+				break;
+			src = &line;
+			continue;
+		}
+		if (strcmp(w, "child") == 0)
+			depth++;
+		else if (strcmp(w, "endchild") == 0 && --depth == 0) {
+			closed = true;
+			break;
+		}
+		if (block.n == cap) {
+			cap = cap ? cap * 2 : 16;
+			char **n = realloc(block.tok, (size_t)cap * sizeof(char *));
+			if (!n)
+				break;
+			block.tok = n;
+		}
+		block.tok[block.n++] = strdup(w);
+	}
+	if (src == &line && (!closed || line.pos >= line.n))
+		free_tokens(&line); /* nothing left on it to run */
+	if (!closed) {
+		free_tokens(&block);
+		usage_error(r->op, "CUDRIVE_USAGE", "child without endchild");
+		return -1;
+	}
+	fflush(stdout);
+	fflush(stderr);
+	pid_t pid = fork();
+	if (pid < 0) {
+		free_tokens(&block);
+		if (src == &line)
+			free_tokens(&line);
+		r->rc = CUDA_ERROR_OPERATING_SYSTEM;
+		res_str(r, "detail", strerror(errno));
+		return 0;
+	}
+	if (pid == 0) {
+		/* Keep the parent's standard input position intact (glibc may
+		 * reposition a shared file offset at exit). */
+		int fd = open("/dev/null", O_RDONLY);
+		if (fd >= 0) {
+			dup2(fd, 0);
+			if (fd != 0)
+				close(fd);
+		}
+		run_stream(&block);
+		fflush(stdout);
+		exit(0);
+	}
+	free_tokens(&block);
+	int status = 0;
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	res_i64(r, "child", pid);
+	if (WIFEXITED(status)) {
+		res_i64(r, "status", WEXITSTATUS(status));
+		res_i64(r, "signal", 0);
+	} else {
+		res_i64(r, "status", -1);
+		res_i64(r, "signal", WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+	}
+	res_emit(r);
+	if (src == &line) {
+		/* Words after endchild on its line run in the parent, after the child. */
+		run_stream(&line);
+		free_tokens(&line);
+	}
+	return 1;
+}
+
+static int cmd_endchild(struct stream *s, struct result *r)
+{
+	usage_error(r->op, "CUDRIVE_USAGE", "endchild without child");
+	return -1;
+}
+
+/* ---- dispatch ------------------------------------------------------------------- */
+
+static const struct {
+	const char *word;
+	handler_fn fn;
+} commands[] = {
+	{"init", cmd_init},
+	{"count", cmd_count},
+	{"ctx", cmd_ctx},
+	{"ctxrelease", cmd_ctxrelease},
+	{"ctxcreate", cmd_ctxcreate},
+	{"ctxdestroy", cmd_ctxdestroy},
+	{"alloc", cmd_alloc},
+	{"pitch", cmd_pitch},
+	{"managed", cmd_managed},
+	{"async", cmd_async},
+	{"pool", cmd_pool},
+	{"poolalloc", cmd_poolalloc},
+	{"poolattr", cmd_poolattr},
+	{"pooltrim", cmd_pooltrim},
+	{"pooldestroy", cmd_pooldestroy},
+	{"memcreate", cmd_memcreate},
+	{"array", cmd_array},
+	{"array3d", cmd_array3d},
+	{"mipmap", cmd_mipmap},
+	{"free", cmd_free},
+	{"freeraw", cmd_freeraw},
+	{"freeall", cmd_freeall},
+	{"meminfo", cmd_meminfo},
+	{"totalmem", cmd_totalmem},
+	{"uuid", cmd_uuid},
+	{"sync", cmd_sync},
+	{"fill", cmd_fill},
+	{"race", cmd_race},
+	{"null", cmd_null},
+	{"getproc", cmd_getproc},
+	{"getproc1", cmd_getproc1},
+	{"dlsym", cmd_dlsym},
+	{"nvmldlsym", cmd_nvmldlsym},
+	{"resolve", cmd_resolve},
+	{"nvml", cmd_nvml},
+	{"nvmlcount", cmd_nvmlcount},
+	{"nvmlmem", cmd_nvmlmem},
+	{"nvmluuid", cmd_nvmluuid},
+	{"nvmlshutdown", cmd_nvmlshutdown},
+	{"sleep", cmd_sleep},
+	{"child", cmd_child},
+	{"endchild", cmd_endchild},
+	{"hold", cmd_hold},
+	{"exit", cmd_exit},
+	{"stdin", cmd_stdin},
+	{"echo", cmd_echo},
+	{"list", cmd_list},
+	{"waitfile", cmd_waitfile},
+};
+
+static void run_stream(struct stream *s)
+{
+	while (s->pos < s->n) {
+		const char *word = s->tok[s->pos++];
+		handler_fn fn = NULL;
+		for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+			if (strcmp(commands[i].word, word) == 0) {
+				fn = commands[i].fn;
+				word = commands[i].word; /* a static string for r.op */
+				break;
+			}
+		}
+		if (!fn) {
+			char esc[256];
+			json_escape(esc, sizeof(esc), word);
+			usage_error(esc, "CUDRIVE_UNKNOWN_COMMAND", "unknown command \"%s\"", esc);
+			return; /* the rest of the line cannot be trusted */
+		}
+		struct result r;
+		res_init(&r, word);
+		int k = fn(s, &r);
+		if (k < 0)
+			return;
+		if (k == 0)
+			res_emit(&r);
+	}
+}
+
+static void free_tokens(struct stream *t)
+{
+	for (int i = 0; i < t->n; i++)
+		free(t->tok[i]);
+	free(t->tok);
+	memset(t, 0, sizeof(*t));
+}
+
+/* Read one line of standard input and split it into words; false at EOF. */
+static bool read_line_tokens(struct stream *line)
+{
+	char *buf = NULL;
+	size_t cap = 0;
+	memset(line, 0, sizeof(*line));
+	line->is_stdin = true;
+	ssize_t n = getline(&buf, &cap, stdin);
+	if (n < 0) {
+		free(buf);
+		return false;
+	}
+	int tcap = 0;
+	char *save = NULL;
+	for (char *w = strtok_r(buf, " \t\r\n", &save); w; w = strtok_r(NULL, " \t\r\n", &save)) {
+		if (w[0] == '#')
+			break; /* comment to the end of the line */
+		if (line->n == tcap) {
+			tcap = tcap ? tcap * 2 : 8;
+			char **t = realloc(line->tok, (size_t)tcap * sizeof(char *));
+			if (!t)
+				break;
+			line->tok = t;
+		}
+		line->tok[line->n++] = strdup(w);
+	}
+	free(buf);
+	return true;
+}
+
+static void run_stdin(void)
+{
+	struct stream line;
+	while (read_line_tokens(&line)) {
+		run_stream(&line);
+		free_tokens(&line);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct stream args = {argv + 1, argc - 1, 0, false};
+	if (argc < 2) {
+		fprintf(stderr,
+			"usage: cudrive COMMAND [ARGS...] ...   (or: cudrive stdin, one command per line)\n"
+			"see the comment at the top of native/tools/cudrive.c for the commands\n");
+		return 2;
+	}
+	run_stream(&args);
+	fflush(stdout);
+	return 0;
+}
