@@ -3,7 +3,8 @@
 #   - a virtual environment in .venv (created on first use),
 #   - hami-jupyter installed into it editable, with the test extras,
 #   - native/ built twice: release (native/build) and ASan+UBSan (native/build-asan),
-#   - pytest -ra over tests/ (arguments are passed on to pytest).
+#   - pytest -ra over tests/ (arguments are passed on to pytest), then, for a
+#     full run, tests/native again against the sanitizer build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,10 +18,19 @@ jobs=$(nproc 2>/dev/null || echo 2)
 make -C native -j"$jobs" all sim tools
 make -C native -j"$jobs" BUILD=asan all sim tools
 
-status=0
-.venv/bin/python -m pytest -ra "$@" || status=$?
-if [ "$status" -eq 5 ]; then
-    echo "dev/test.sh: pytest collected no tests; that is a failure, not a pass" >&2
-    exit 1
+# pytest exit 5 means it collected nothing: a failure here, never a pass.
+run_pytest() {
+    local status=0
+    .venv/bin/python -m pytest -ra "$@" || status=$?
+    if [ "$status" -eq 5 ]; then
+        echo "dev/test.sh: pytest collected no tests; that is a failure, not a pass" >&2
+        return 1
+    fi
+    return "$status"
+}
+
+run_pytest "$@"
+# The C code again, under AddressSanitizer and UndefinedBehaviorSanitizer.
+if [ "$#" -eq 0 ]; then
+    HAMI_TEST_BUILD=asan run_pytest tests/native
 fi
-exit "$status"

@@ -161,6 +161,8 @@ HAMI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVe
 	static cuGetProcAddress_fn real;
 	if (!real)
 		real = (cuGetProcAddress_fn)hami_cuda_sym("cuGetProcAddress");
+	if (!symbol || !pfn)
+		return CUDA_ERROR_INVALID_VALUE; /* the real driver crashes on these */
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
 	CUresult rc = real(symbol, pfn, cudaVersion, flags);
@@ -175,6 +177,8 @@ HAMI_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cud
 	static cuGetProcAddress_v2_fn real;
 	if (!real)
 		real = (cuGetProcAddress_v2_fn)hami_cuda_sym("cuGetProcAddress_v2");
+	if (!symbol || !pfn)
+		return CUDA_ERROR_INVALID_VALUE; /* the real driver crashes on these */
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
 	CUresult rc = real(symbol, pfn, cudaVersion, flags, status);

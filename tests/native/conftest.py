@@ -1,0 +1,50 @@
+"""Fixtures for the preload-library tests: real processes on a simulated GPU.
+
+* ``hami_build`` (session): builds ``native/`` once (``make sim tools`` must
+  succeed; ``make all``, the preload library, may fail and is then reported by
+  every test that needs it). ``HAMI_TEST_BUILD=asan`` builds and uses
+  ``native/build-asan/`` instead, with libasan preloaded first.
+* ``gpu``: a fresh simulated GPU per test (2 devices of 16 GiB, 64 MiB per
+  CUDA context); ``gpu.env()`` for a process without the preload,
+  ``gpu.status()`` / ``gpu.used(i)`` / ``gpu.peak(i)`` from ``hami-simctl``.
+* ``make_slice(name="team", limit="1g", overhead="64m", **env)``: a Slice with
+  ``.env`` (a process under the preload library in the slice file
+  ``tmp_path/name``), ``.used(i)`` and ``.snapshot()`` (the slice file).
+* ``cudrive``: ``cudrive.run(args, env)`` one-shot -> Result (JSON records,
+  stderr); ``cudrive.start(env)`` -> Interactive (``.cmd(line)``). Every wait
+  has a timeout; every process started is killed at teardown.
+
+Helpers shared by the tests live in native_helpers.py.
+"""
+
+import os
+
+import pytest
+
+from native_helpers import CudriveRunner, SimGpu, Slice, build_native, slice_env
+
+
+@pytest.fixture(scope="session")
+def hami_build():
+    return build_native(asan=os.environ.get("HAMI_TEST_BUILD", "") == "asan")
+
+
+@pytest.fixture
+def gpu(hami_build, tmp_path):
+    return SimGpu(hami_build, tmp_path / "sim-state")
+
+
+@pytest.fixture
+def make_slice(gpu, tmp_path):
+    def make(name="team", limit="1g", overhead="64m", **extra):
+        path = tmp_path / name if name else None
+        return Slice(gpu, path, slice_env(gpu, path, limit, overhead, **extra))
+
+    return make
+
+
+@pytest.fixture
+def cudrive(hami_build, tmp_path):
+    runner = CudriveRunner(hami_build, tmp_path)
+    yield runner
+    runner.teardown()

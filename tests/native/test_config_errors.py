@@ -1,0 +1,53 @@
+"""Malformed limits fail closed: a clear error, never a crash, never "no limit"."""
+
+import pytest
+
+from native_helpers import CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, SIM_CONTEXT, SIM_MEMORY
+
+BAD_VALUES = ["4x", "-1g", "0", "", "1.5.3g", "99999999999t"]
+
+
+def _quoted(value, text):
+    return f'"{value}"' in text or f"'{value}'" in text
+
+
+def _check_refused(cudrive, gpu, env, variable, value):
+    p = cudrive.start(env)
+    init = p.cmd("init")
+    assert init["rc"] == CUDA_ERROR_INVALID_VALUE, (init, p.stderr())
+    p.cmd("ctx 0")
+    alloc = p.cmd("alloc 1m")
+    assert alloc["rc"] != CUDA_SUCCESS, "a malformed limit must not mean 'no limit'"
+    # The GPU agrees: the allocation never happened.
+    assert gpu.process_used(p.pid, 0) <= SIM_CONTEXT
+    assert p.close() == 0  # no crash, cudrive went on to the end
+    lines = [line for line in p.stderr().splitlines() if line.startswith("hami:")]
+    naming = [line for line in lines if variable in line]
+    assert len(naming) == 1, f"expected one hami: line naming {variable}, got:\n{p.stderr()}"
+    assert _quoted(value, naming[0]), naming[0]
+
+
+@pytest.mark.parametrize("value", BAD_VALUES, ids=[v or "empty" for v in BAD_VALUES])
+def test_malformed_limit_is_refused(cudrive, make_slice, gpu, value):
+    s = make_slice(limit=value, overhead="64m")
+    _check_refused(cudrive, gpu, s.env, "CUDA_DEVICE_MEMORY_LIMIT", value)
+
+
+@pytest.mark.parametrize("value", ["abc", "1.5.3g", "0"])
+def test_malformed_per_device_limit_is_refused(cudrive, make_slice, gpu, value):
+    s = make_slice(limit="4g", overhead="64m", CUDA_DEVICE_MEMORY_LIMIT_1=value)
+    _check_refused(cudrive, gpu, s.env, "CUDA_DEVICE_MEMORY_LIMIT_1", value)
+
+
+def test_malformed_limit_refused_without_a_slice_file(cudrive, make_slice, gpu):
+    s = make_slice(name=None, limit="4x", overhead="64m")
+    _check_refused(cudrive, gpu, s.env, "CUDA_DEVICE_MEMORY_LIMIT", "4x")
+
+
+def test_unset_limit_means_no_limit(cudrive, make_slice):
+    s = make_slice(limit=None, overhead="64m")
+    res = cudrive.run("init totalmem 0 ctx 0 alloc 15g", s.env)
+    assert res.one("init")["rc"] == CUDA_SUCCESS, res.describe()
+    assert res.one("totalmem")["total"] == SIM_MEMORY, res.describe()
+    assert res.rcs("alloc") == [CUDA_SUCCESS], res.describe()
+    assert not res.hami_lines(), res.describe()
