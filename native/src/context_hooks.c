@@ -179,20 +179,40 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 	return rc;
 }
 
-/* Charge a context created by cuCtxCreate*, or destroy it if the slice is full. */
-static CUresult charge_created(CUresult rc, CUcontext *pctx, int sdev, int have_before, uint64_t before)
+/* What cuCtxCreate* needs before the real call: the slice device and a reading. */
+struct ctx_create {
+	int sdev;
+	int have_before;
+	uint64_t before;
+};
+
+static CUresult begin_create(CUcontext *pctx, void *fn, CUdevice dev, struct ctx_create *c)
 {
-	if (rc != CUDA_SUCCESS || sdev < 0)
+	if (!pctx)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!fn)
+		return CUDA_ERROR_NOT_FOUND;
+	CUresult err;
+	c->sdev = ready_device(dev, &err);
+	c->before = 0;
+	c->have_before = err == CUDA_SUCCESS && reading_before(c->sdev, &c->before);
+	return err;
+}
+
+/* Charge a context created by cuCtxCreate*, or destroy it if the slice is full. */
+static CUresult finish_create(CUresult rc, CUcontext *pctx, const struct ctx_create *c)
+{
+	if (rc != CUDA_SUCCESS || c->sdev < 0)
 		return rc;
-	uint64_t bytes = context_bytes(sdev, have_before, before);
-	if (hami_charge(sdev, bytes, "a CUDA context") != CUDA_SUCCESS) {
+	uint64_t bytes = context_bytes(c->sdev, c->have_before, c->before);
+	if (hami_charge(c->sdev, bytes, "a CUDA context") != CUDA_SUCCESS) {
 		destroy_fn d = (destroy_fn)hami_cuda_sym("cuCtxDestroy_v2");
 		if (d)
 			d(*pctx);
 		*pctx = NULL;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	struct hami_record r = { .key = (uint64_t)(uintptr_t)*pctx, .bytes = bytes, .sdev = sdev,
+	struct hami_record r = { .key = (uint64_t)(uintptr_t)*pctx, .bytes = bytes, .sdev = c->sdev,
 				 .kind = HAMI_KIND_CONTEXT };
 	hami_record_put(&r);
 	return rc;
@@ -203,17 +223,9 @@ HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevic
 	static create2_fn fn;
 	if (!fn)
 		fn = (create2_fn)hami_cuda_sym("cuCtxCreate_v2");
-	if (!pctx)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!fn)
-		return CUDA_ERROR_NOT_FOUND;
-	CUresult err;
-	int sdev = ready_device(dev, &err);
-	if (err != CUDA_SUCCESS)
-		return err;
-	uint64_t before = 0;
-	int have_before = reading_before(sdev, &before);
-	return charge_created(fn(pctx, flags, dev), pctx, sdev, have_before, before);
+	struct ctx_create c;
+	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
+	return err != CUDA_SUCCESS ? err : finish_create(fn(pctx, flags, dev), pctx, &c);
 }
 
 HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams, unsigned int flags,
@@ -222,17 +234,9 @@ HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams
 	static create3_fn fn;
 	if (!fn)
 		fn = (create3_fn)hami_cuda_sym("cuCtxCreate_v3");
-	if (!pctx)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!fn)
-		return CUDA_ERROR_NOT_FOUND;
-	CUresult err;
-	int sdev = ready_device(dev, &err);
-	if (err != CUDA_SUCCESS)
-		return err;
-	uint64_t before = 0;
-	int have_before = reading_before(sdev, &before);
-	return charge_created(fn(pctx, params, numParams, flags, dev), pctx, sdev, have_before, before);
+	struct ctx_create c;
+	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
+	return err != CUDA_SUCCESS ? err : finish_create(fn(pctx, params, numParams, flags, dev), pctx, &c);
 }
 
 HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev)
@@ -240,17 +244,9 @@ HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int 
 	static create4_fn fn;
 	if (!fn)
 		fn = (create4_fn)hami_cuda_sym("cuCtxCreate_v4");
-	if (!pctx)
-		return CUDA_ERROR_INVALID_VALUE;
-	if (!fn)
-		return CUDA_ERROR_NOT_FOUND;
-	CUresult err;
-	int sdev = ready_device(dev, &err);
-	if (err != CUDA_SUCCESS)
-		return err;
-	uint64_t before = 0;
-	int have_before = reading_before(sdev, &before);
-	return charge_created(fn(pctx, params, flags, dev), pctx, sdev, have_before, before);
+	struct ctx_create c;
+	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
+	return err != CUDA_SUCCESS ? err : finish_create(fn(pctx, params, flags, dev), pctx, &c);
 }
 
 HAMI_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
@@ -263,11 +259,6 @@ HAMI_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 	struct hami_record r;
 	int known = hami_record_take(HAMI_KIND_CONTEXT, (uint64_t)(uintptr_t)ctx, &r) == 0;
 	CUresult rc = fn(ctx);
-	if (known) {
-		if (rc == CUDA_SUCCESS)
-			hami_credit(r.sdev, r.bytes);
-		else
-			hami_record_put(&r);
-	}
+	hami_settle_free(known, &r, rc);
 	return rc;
 }

@@ -105,6 +105,7 @@ struct hami_record {
 int hami_record_put(const struct hami_record *r);
 int hami_record_take(uint32_t kind, uint64_t key, struct hami_record *out);
 int hami_record_get(uint32_t kind, uint64_t key, struct hami_record *out);
+void hami_settle_free(int known, const struct hami_record *r, CUresult rc);
 void hami_records_lock(void);
 void hami_records_unlock(void);
 void hami_records_reset(void);

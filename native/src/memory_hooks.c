@@ -153,12 +153,7 @@ HAMI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 	struct hami_record r;
 	int known = hami_record_take(HAMI_KIND_MEMORY, dptr, &r) == 0;
 	CUresult rc = fn(dptr);
-	if (known) {
-		if (rc == CUDA_SUCCESS)
-			hami_credit(r.sdev, r.bytes);
-		else
-			hami_record_put(&r);
-	}
+	hami_settle_free(known, &r, rc);
 	return rc;
 }
 
@@ -301,12 +296,7 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, free_async_fn fn)
 	/* cuMemFreeAsync may also free memory from cuMemAlloc. */
 	int known = hami_record_take(HAMI_KIND_MEMORY, dptr, &r) == 0;
 	CUresult rc = fn(dptr, stream);
-	if (known) {
-		if (rc == CUDA_SUCCESS)
-			hami_credit(r.sdev, r.bytes);
-		else
-			hami_record_put(&r);
-	}
+	hami_settle_free(known, &r, rc);
 	return rc;
 }
 
@@ -407,12 +397,7 @@ HAMI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 	struct hami_record r;
 	int known = hami_record_take(HAMI_KIND_HANDLE, handle, &r) == 0;
 	CUresult rc = fn(handle);
-	if (known) {
-		if (rc == CUDA_SUCCESS)
-			hami_credit(r.sdev, r.bytes);
-		else
-			hami_record_put(&r);
-	}
+	hami_settle_free(known, &r, rc);
 	return rc;
 }
 
@@ -516,12 +501,7 @@ static CUresult destroy_charged(uint32_t kind, void *handle, CUresult (*destroy)
 	struct hami_record r;
 	int known = hami_record_take(kind, (uint64_t)(uintptr_t)handle, &r) == 0;
 	CUresult rc = destroy(handle);
-	if (known) {
-		if (rc == CUDA_SUCCESS)
-			hami_credit(r.sdev, r.bytes);
-		else
-			hami_record_put(&r);
-	}
+	hami_settle_free(known, &r, rc);
 	return rc;
 }
 

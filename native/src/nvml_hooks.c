@@ -14,7 +14,7 @@ typedef nvmlReturn_t (*uuid_fn)(nvmlDevice_t, char *, unsigned int);
 typedef nvmlReturn_t (*index_fn)(nvmlDevice_t, unsigned int *);
 
 /* The slice's view of an NVML device: its limit and usage, or 0 if none applies. */
-static int slice_view(nvmlDevice_t device, uint64_t physical, uint64_t *limit, uint64_t *used)
+static int slice_view(nvmlDevice_t device, uint64_t *limit, uint64_t *used)
 {
 	uuid_fn get_uuid = (uuid_fn)hami_nvml_sym("nvmlDeviceGetUUID");
 	char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
@@ -37,17 +37,20 @@ static int slice_view(nvmlDevice_t device, uint64_t physical, uint64_t *limit, u
 		return 0;
 	int ordinal = hami_config_ordinal_of(uuid, (int)index);
 	return ordinal >= 0 && hami_config_memory_limit(ordinal, limit);
-	(void)physical;
 }
 
-static void sized(uint64_t *total, uint64_t *free, uint64_t *used, uint64_t limit, uint64_t slice_used)
+/* Rewrite one NVML memory answer to the slice's view, if a limit applies. */
+static void slice_sized(nvmlDevice_t device, unsigned long long *total, unsigned long long *free,
+			unsigned long long *used)
 {
+	uint64_t limit, slice_used;
+	if (hami_config()->error || !slice_view(device, &limit, &slice_used))
+		return;
 	uint64_t t = limit < *total ? limit : *total;
-	uint64_t real_free = *free;
+	uint64_t left = t > slice_used ? t - slice_used : 0;
 	*total = t;
 	*used = slice_used;
-	uint64_t left = t > slice_used ? t - slice_used : 0;
-	*free = left < real_free ? left : real_free;
+	*free = left < *free ? left : *free;
 }
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
@@ -60,14 +63,8 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
 	if (!fn)
 		return NVML_ERROR_FUNCTION_NOT_FOUND;
 	nvmlReturn_t rc = fn(device, memory);
-	uint64_t limit, used;
-	if (rc == NVML_SUCCESS && !hami_config()->error && slice_view(device, memory->total, &limit, &used)) {
-		uint64_t t = memory->total, f = memory->free, u = memory->used;
-		sized(&t, &f, &u, limit, used);
-		memory->total = t;
-		memory->free = f;
-		memory->used = u;
-	}
+	if (rc == NVML_SUCCESS)
+		slice_sized(device, &memory->total, &memory->free, &memory->used);
 	return rc;
 }
 
@@ -81,14 +78,11 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMem
 	if (!fn)
 		return NVML_ERROR_FUNCTION_NOT_FOUND;
 	nvmlReturn_t rc = fn(device, memory);
-	uint64_t limit, used;
-	if (rc == NVML_SUCCESS && !hami_config()->error && slice_view(device, memory->total, &limit, &used)) {
-		uint64_t t = memory->total, f = memory->free, u = memory->used;
-		sized(&t, &f, &u, limit, used);
-		memory->total = t;
-		memory->free = f;
-		memory->used = u;
-		memory->reserved = 0;
+	if (rc == NVML_SUCCESS) {
+		unsigned long long total = memory->total;
+		slice_sized(device, &memory->total, &memory->free, &memory->used);
+		if (memory->total != total)
+			memory->reserved = 0; /* the driver's reservation is outside the slice */
 	}
 	return rc;
 }

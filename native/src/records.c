@@ -131,3 +131,17 @@ void hami_records_reset(void)
 	table = NULL;
 	capacity = used = live = 0;
 }
+
+/*
+ * After the driver freed (or refused to free) something we took out of the
+ * table: credit its charge, or put the record back if the free failed.
+ */
+void hami_settle_free(int known, const struct hami_record *r, CUresult rc)
+{
+	if (!known)
+		return;
+	if (rc == CUDA_SUCCESS)
+		hami_credit(r->sdev, r->bytes);
+	else
+		hami_record_put(r);
+}
