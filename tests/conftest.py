@@ -1,14 +1,12 @@
-"""Shared test set-up: the native build, the GPU marker, the simulated GPU."""
+"""Shared test set-up: tests marked ``gpu`` run only beside a real NVIDIA driver.
+
+The native build and the simulated GPU fixtures live in tests/native/conftest.py."""
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from hami_jupyter import native
-
-REPO = Path(__file__).resolve().parent.parent
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
 
 
@@ -29,22 +27,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
-
-
-@pytest.fixture(scope="session")
-def native_build():
-    """Build native/ (library, simulated GPU, tools) once per session; fail loudly if make does."""
-    cmd = ["make", "-C", str(REPO / "native"), "-j", str(os.cpu_count() or 1), "all", "sim", "tools"]
-    result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if result.returncode != 0:
-        pytest.fail(
-            f"{' '.join(cmd)} exited {result.returncode}:\n{result.stdout[-6000:]}",
-            pytrace=False,
-        )
-    return REPO / "native" / "build"
-
-
-@pytest.fixture
-def sim_gpu(native_build, tmp_path):
-    """Environment for a subprocess that sees a fresh simulated GPU of its own."""
-    yield native.sim_env(tmp_path / "sim-state")
