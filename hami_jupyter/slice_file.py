@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 HAMI_SLICE_MAGIC = b"HAMISLCE"  # 8 bytes, no terminator
 HAMI_SLICE_VERSION_MAJOR = 1
-HAMI_SLICE_VERSION_MINOR = 0
+HAMI_SLICE_VERSION_MINOR = 1
 
 HAMI_SLICE_MAX_DEVICES = 16
 HAMI_SLICE_MAX_SLOTS = 256
@@ -125,7 +125,14 @@ class HamiSliceDevice(ctypes.Structure):
         ("memory_peak", ctypes.c_uint64),
         ("sm_util", ctypes.c_uint32),
         ("decoders", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64 * 5),
+        ("sm_sample_us", ctypes.c_uint64),
+        ("sm_open_ppm", ctypes.c_uint32),
+        ("sm_tuned_for", ctypes.c_uint32),
+        ("sm_others_util", ctypes.c_uint32),
+        ("sm_waits", ctypes.c_uint32),
+        ("sm_waits_steered", ctypes.c_uint32),
+        ("reserved0", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64),
     ]
 
 

@@ -17,6 +17,8 @@ import time
 from .slice_file import (
     FILE_SIZE,
     HAMI_LIMIT_SET,
+    HAMI_MODE_ELASTIC,
+    HAMI_MODE_HARD,
     HAMI_SLICE_MAX_DEVICES,
     LIMITS_OFFSET,
     HamiLimitSet,
@@ -83,11 +85,9 @@ def update_limits(path, change):
         os.close(fd)  # drops the lock
 
 
-def set_memory_limit(path, device, memory_limit):
-    """Set the memory limit (bytes, 0 = none) of one GPU (UUID or slice index), or of
-    every GPU without a limit of its own when *device* is None. Applies live."""
-    if memory_limit < 0:
-        raise ValueError(f"memory limit cannot be negative: {memory_limit}")
+def _set_fields(path, device, **fields):
+    """Set limit fields of one GPU (UUID or slice index), or of the fallback
+    entry (every GPU without limits of its own) when *device* is None."""
     index = _device_index(path, device)
 
     def change(limits):
@@ -96,10 +96,34 @@ def set_memory_limit(path, device, memory_limit):
             # The GPU followed the fallback: keep its other limits as they were.
             ctypes.memmove(ctypes.addressof(entry), ctypes.addressof(limits.fallback),
                            ctypes.sizeof(entry))
-        entry.memory_limit = memory_limit
+        for name, value in fields.items():
+            setattr(entry, name, value)
         entry.flags |= HAMI_LIMIT_SET
 
     return update_limits(path, change)
 
 
-__all__ = ["set_memory_limit", "update_limits", "HAMI_SLICE_MAX_DEVICES"]
+def set_memory_limit(path, device, memory_limit):
+    """Set the memory limit in bytes (0 = none) of *device*; applies live."""
+    if memory_limit < 0:
+        raise ValueError(f"memory limit cannot be negative: {memory_limit}")
+    return _set_fields(path, device, memory_limit=memory_limit)
+
+
+MODES = {"hard": HAMI_MODE_HARD, "elastic": HAMI_MODE_ELASTIC}
+
+
+def set_sm_share(path, device, percent, mode=None):
+    """Set the SM share in percent (0 or 100 = none) and optionally the mode
+    ("hard" or "elastic") of *device*; running processes follow within 100 ms."""
+    if isinstance(percent, bool) or not isinstance(percent, int) or not 0 <= percent <= 100:
+        raise ValueError(f"SM share must be a whole percent 0..100, not {percent!r}")
+    fields = {"sm_share": percent}
+    if mode is not None:
+        if mode not in MODES:
+            raise ValueError(f"SM mode must be one of {', '.join(MODES)}, not {mode!r}")
+        fields["mode"] = MODES[mode]
+    return _set_fields(path, device, **fields)
+
+
+__all__ = ["set_memory_limit", "set_sm_share", "update_limits", "MODES", "HAMI_SLICE_MAX_DEVICES"]

@@ -111,7 +111,7 @@ def test_snapshot_of_a_valid_file(slice_path):
 
     assert snap.name == "alice"
     assert snap.path == str(slice_path)
-    assert snap.version == (1, 0)
+    assert snap.version == (1, sf.HAMI_SLICE_VERSION_MINOR)
     assert snap.flags == 0
     assert snap.limits_generation == 3
     assert snap.limits_changed_unix_ns == 1_700_000_001_000_000_000

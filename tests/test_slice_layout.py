@@ -49,7 +49,9 @@ C_FIELDS = {
     "hami_slice_limits": ["generation", "changed_unix_ns", "copy[]"],
     "hami_slice_device": [
         "state", "sm_count", "uuid[]", "memory_total", "memory_used", "memory_peak",
-        "sm_util", "decoders", "reserved[]",
+        "sm_util", "decoders", "sm_sample_us", "sm_open_ppm", "sm_tuned_for",
+        "sm_others_util", "sm_waits", "sm_waits_steered", "reserved0",
+        "reserved",
     ],
     "hami_slot": [
         "state", "pid", "pid_ns", "uid", "txn", "started_unix_ns",

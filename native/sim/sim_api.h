@@ -15,6 +15,37 @@
 #define SIM_STREAM_PER_THREAD ((CUstream)0x2)
 
 typedef struct CUlaunchAttribute_st CUlaunchAttribute; /* never read */
+typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+
+/* Results cuda_types.h does not name (the real CUresult values). SIM_ names:
+ * the shared header may come to declare the plain ones. */
+enum {
+	SIM_CUDA_ERROR_ILLEGAL_STATE = 401,
+	SIM_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+	SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
+};
+
+/* cuEventCreate flags (CUevent_flags) and cuEventRecordWithFlags flags. */
+enum {
+	SIM_CU_EVENT_BLOCKING_SYNC = 0x1,
+	SIM_CU_EVENT_DISABLE_TIMING = 0x2,
+	SIM_CU_EVENT_INTERPROCESS = 0x4,
+	SIM_CU_EVENT_RECORD_EXTERNAL = 0x1
+};
+
+/* CUstreamCaptureMode and CUstreamCaptureStatus. */
+enum { SIM_CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
+enum {
+	SIM_CU_STREAM_CAPTURE_STATUS_NONE = 0,
+	SIM_CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+	SIM_CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+};
+
+/* CUgraphInstantiate_flags: AUTO_FREE_ON_LAUNCH 1, UPLOAD 2, DEVICE_LAUNCH 4,
+ * USE_NODE_PRIORITY 8. */
+#define SIM_CUDA_GRAPH_INSTANTIATE_FLAGS 0xfull
 
 typedef struct {
 	unsigned int gridDimX;

@@ -6,8 +6,9 @@
  * witness what any process really got.
  *
  * Process-local objects (contexts, streams, pools, modules, functions, arrays,
- * memory handles) live in a slot table; a handle encodes slot, generation and
- * kind, so a stale or foreign handle is refused instead of dereferenced.
+ * memory handles, events, graphs and graph executables) live in a slot table;
+ * a handle encodes slot, generation and kind, so a stale or foreign handle is
+ * refused instead of dereferenced.
  * Device pointers are numbers from a private range, kept sorted for range
  * lookups. One process-local mutex guards all of it.
  */
@@ -31,7 +32,13 @@
 #define CTX_STACK 256
 #define DRIVER_VERSION 13000
 
-enum kind { K_NONE, K_CTX, K_STREAM, K_POOL, K_MODULE, K_FUNC, K_ARRAY, K_MIPMAP, K_MEMHANDLE };
+enum kind {
+	K_NONE, K_CTX, K_STREAM, K_POOL, K_MODULE, K_FUNC, K_ARRAY, K_MIPMAP, K_MEMHANDLE, K_EVENT, K_GRAPH, K_GEXEC
+};
+
+/* A stream's capture: its CUstreamCaptureStatus. */
+enum { CAPTURE_NONE = SIM_CU_STREAM_CAPTURE_STATUS_NONE, CAPTURE_ACTIVE = SIM_CU_STREAM_CAPTURE_STATUS_ACTIVE,
+       CAPTURE_INVALIDATED = SIM_CU_STREAM_CAPTURE_STATUS_INVALIDATED };
 
 struct obj {
 	enum kind kind;
@@ -40,8 +47,13 @@ struct obj {
 	uint64_t ctx;      /* owning context: streams, modules, functions, arrays */
 	uint64_t parent;   /* function: its module */
 	uint64_t bytes;    /* device memory held: contexts, arrays, memory handles */
-	uint64_t last_end; /* ctx, stream: when the last launch on it ends */
+	uint64_t last_end; /* ctx, stream: when the last launch on it ends; event: when it completes */
 	unsigned flags;
+	int recorded; /* event */
+	/* stream: its capture; graph, exec: what a launch runs (kernels back to
+	 * back, ns in all); stream under capture: what it captured so far */
+	int capture;
+	uint64_t kernels, ns;
 	int primary, active; /* ctx */
 	/* pool */
 	int is_default, dying;
@@ -580,10 +592,15 @@ static const struct {
 	{CUDA_ERROR_OPERATING_SYSTEM, "CUDA_ERROR_OPERATING_SYSTEM",
 	 "OS call failed or operation not supported on this OS"},
 	{CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+	{SIM_CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation is not permitted in the current state"},
 	{CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
 	{CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
 	{CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
 	{CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+	{SIM_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+	 "operation not permitted when stream is capturing"},
+	{SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+	 "operation failed due to a previous error during capture"},
 	{CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -1728,7 +1745,9 @@ CUresult cuStreamDestroy_v2(CUstream hStream)
 	return r;
 }
 
-/* The default streams wait for everything queued in their context. */
+/* The default streams wait for everything queued in their context. Waiting
+ * for a capturing stream is illegal and ends its capture in failure, as with
+ * the real driver. */
 static CUresult stream_end(CUstream s, uint64_t *end, int *dev)
 {
 	CUresult r = ready();
@@ -1738,8 +1757,13 @@ static CUresult stream_end(CUstream s, uint64_t *end, int *dev)
 	struct obj *c, *so;
 	uint64_t ch;
 	if ((r = stream_ctx(s, &c, &ch, &so)) == CUDA_SUCCESS) {
-		*end = so ? so->last_end : c->last_end;
-		*dev = c->dev;
+		if (so && so->capture != CAPTURE_NONE) {
+			so->capture = CAPTURE_INVALIDATED;
+			r = SIM_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+		} else {
+			*end = so ? so->last_end : c->last_end;
+			*dev = c->dev;
+		}
 	}
 	pthread_mutex_unlock(&C.mu);
 	return r;
@@ -1871,9 +1895,38 @@ out:
 	return r;
 }
 
-/* Queue the kernel's simulated time on the device and return at once.
- * "hami_sim_busy*" kernels take *(uint64_t *)kernelParams[0] ns; others one
- * HAMI_SIM_NS_PER_WAVE per wave of sm_count blocks. */
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+	return a + b < a ? UINT64_MAX : a + b;
+}
+
+/* Queue DUR ns on the device behind context C (stream SO, NULL for the
+ * default streams); C.mu held. */
+static void queue_work(struct obj *c, struct obj *so, uint64_t dur)
+{
+	uint64_t end = sim_launch((unsigned)c->dev, dur);
+	if (so && end > so->last_end)
+		so->last_end = end;
+	if (end > c->last_end)
+		c->last_end = end;
+}
+
+/* Work launched on a capturing stream does not run: it joins the capture.
+ * Into a capture some illegal call invalidated, nothing more goes. */
+static CUresult capture_add(struct obj *so, uint64_t kernels, uint64_t ns)
+{
+	if (so->capture == CAPTURE_INVALIDATED)
+		return SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	so->kernels = add_sat(so->kernels, kernels);
+	so->ns = add_sat(so->ns, ns);
+	return CUDA_SUCCESS;
+}
+
+/* Queue the kernel's simulated time on the device and return at once (on a
+ * capturing stream: add it to the capture). "hami_sim_busy*" kernels take
+ * *(uint64_t *)kernelParams[0] ns; others one HAMI_SIM_NS_PER_WAVE per wave of
+ * sm_count blocks. Every launch entry point (cuLaunchKernel, cuLaunchKernelEx,
+ * cuLaunchCooperativeKernel and their _ptsz forms) comes here. */
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
 		       unsigned bz, CUstream s, void **params)
 {
@@ -1904,11 +1957,10 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
 		unsigned __int128 t = (blocks + sm - 1) / sm * st->hdr.ns_per_wave;
 		dur = t > UINT64_MAX ? UINT64_MAX : (uint64_t)t;
 	}
-	uint64_t end = sim_launch((unsigned)c->dev, dur);
-	if (so && end > so->last_end)
-		so->last_end = end;
-	if (end > c->last_end)
-		c->last_end = end;
+	if (so && so->capture != CAPTURE_NONE)
+		r = capture_add(so, 1, dur);
+	else
+		queue_work(c, so, dur);
 out:
 	pthread_mutex_unlock(&C.mu);
 	return r;
@@ -1960,6 +2012,420 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, uns
 					void **kernelParams)
 {
 	return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, kernelParams);
+}
+
+/* ---- events ------------------------------------------------------------- */
+
+#define EVENT_FLAGS (SIM_CU_EVENT_BLOCKING_SYNC | SIM_CU_EVENT_DISABLE_TIMING | SIM_CU_EVENT_INTERPROCESS)
+
+/* An event belongs to the context current at its creation, and dies with it. */
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	/* Interprocess events must not time, as the real driver insists. */
+	if (!phEvent || (Flags & ~EVENT_FLAGS) ||
+	    ((Flags & SIM_CU_EVENT_INTERPROCESS) && !(Flags & SIM_CU_EVENT_DISABLE_TIMING)))
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	uint64_t ch, h;
+	struct obj *c = cur_ctx(&ch), *o;
+	if (!c) {
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (!(h = obj_new(K_EVENT, &o))) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	} else {
+		o->dev = c->dev;
+		o->ctx = ch;
+		o->flags = Flags;
+		*phEvent = (CUevent)(uintptr_t)h;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	if (obj_get(H(hEvent), K_EVENT))
+		obj_free(H(hEvent));
+	else
+		r = CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* The event completes when everything queued on the stream so far has run
+ * (default streams: everything queued in the context), or now if that is
+ * already done: an event on an idle stream is stamped at its record. On a
+ * capturing stream a record is only a dependency inside the capture; the
+ * event itself does not change. */
+static CUresult event_record(CUevent e, CUstream s, unsigned flags)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (flags & ~(unsigned)SIM_CU_EVENT_RECORD_EXTERNAL)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *ev = obj_get(H(e), K_EVENT), *c, *so;
+	uint64_t ch;
+	if (!ev) {
+		r = CUDA_ERROR_INVALID_HANDLE;
+		goto out;
+	}
+	if ((r = stream_ctx(s, &c, &ch, &so)) != CUDA_SUCCESS)
+		goto out;
+	if (ch != ev->ctx) {
+		r = CUDA_ERROR_INVALID_HANDLE; /* event and stream of different contexts */
+		goto out;
+	}
+	if (so && so->capture != CAPTURE_NONE) {
+		r = capture_add(so, 0, 0);
+		goto out;
+	}
+	uint64_t end = so ? so->last_end : c->last_end, now = sim_now_ns();
+	ev->last_end = end > now ? end : now;
+	ev->recorded = 1;
+out:
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+	return event_record(hEvent, hStream, 0);
+}
+
+CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
+{
+	return event_record(hEvent, hStream, 0);
+}
+
+CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+	return event_record(hEvent, hStream, flags);
+}
+
+CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+	return event_record(hEvent, hStream, flags);
+}
+
+/* When event E completes (0: never recorded, which counts as complete). */
+static CUresult event_end(CUevent e, uint64_t *end, int *dev)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct obj *ev = obj_get(H(e), K_EVENT);
+	if (ev) {
+		*end = ev->recorded ? ev->last_end : 0;
+		*dev = ev->dev;
+	} else {
+		r = CUDA_ERROR_INVALID_HANDLE;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuEventQuery(CUevent hEvent)
+{
+	uint64_t end;
+	int dev;
+	CUresult r = event_end(hEvent, &end, &dev);
+	if (r == CUDA_SUCCESS && end > sim_now_ns())
+		r = CUDA_ERROR_NOT_READY;
+	return r;
+}
+
+/* Sleeps until the event completes; pools settle as after any synchronize. */
+CUresult cuEventSynchronize(CUevent hEvent)
+{
+	uint64_t end;
+	int dev;
+	CUresult r = event_end(hEvent, &end, &dev);
+	if (r == CUDA_SUCCESS)
+		synchronize(end, dev);
+	return r;
+}
+
+/* Milliseconds between the completions of two recorded timing events. */
+static CUresult elapsed(float *ms, CUevent start, CUevent end)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!ms)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *a = obj_get(H(start), K_EVENT), *b = obj_get(H(end), K_EVENT);
+	uint64_t now = sim_now_ns();
+	if (!a || !b || !a->recorded || !b->recorded || ((a->flags | b->flags) & SIM_CU_EVENT_DISABLE_TIMING))
+		r = CUDA_ERROR_INVALID_HANDLE;
+	else if (a->last_end > now || b->last_end > now)
+		r = CUDA_ERROR_NOT_READY;
+	else
+		*ms = (float)((double)(int64_t)(b->last_end - a->last_end) / 1e6);
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+	return elapsed(pMilliseconds, hStart, hEnd);
+}
+
+CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+	return elapsed(pMilliseconds, hStart, hEnd);
+}
+
+/* ---- stream capture and graphs ------------------------------------------ */
+
+/* A graph is what its kernels add up to: a count and a total duration; a
+ * launch runs them back to back. Graphs belong to no context (they outlive
+ * the one they were captured in); executables to the context current when
+ * they were instantiated. */
+
+/* The stream object a capture call works on: only created streams capture
+ * here (the legacy stream cannot on the real driver either). */
+static CUresult capture_stream(CUstream s, struct obj **so)
+{
+	struct obj *c;
+	uint64_t ch;
+	CUresult r = stream_ctx(s, &c, &ch, so);
+	if (r == CUDA_SUCCESS && !*so)
+		r = SIM_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+	return r;
+}
+
+/* MODE: CUstreamCaptureMode; the sim treats all three alike. */
+static CUresult begin_capture(CUstream s, int mode)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (mode < 0 || mode > SIM_CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *so;
+	if ((r = capture_stream(s, &so)) == CUDA_SUCCESS) {
+		if (so->capture != CAPTURE_NONE) {
+			r = SIM_CUDA_ERROR_ILLEGAL_STATE;
+		} else {
+			so->capture = CAPTURE_ACTIVE;
+			so->kernels = so->ns = 0;
+		}
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* CUDA 10.0's form had no mode: global, the default. */
+CUresult cuStreamBeginCapture(CUstream hStream)
+{
+	return begin_capture(hStream, 0);
+}
+
+CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
+{
+	return begin_capture(hStream, 0);
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode)
+{
+	return begin_capture(hStream, mode);
+}
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode)
+{
+	return begin_capture(hStream, mode);
+}
+
+/* Ends the capture either way; an invalidated one gives no graph. */
+static CUresult end_capture(CUstream s, CUgraph *phGraph)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!phGraph)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *so, *g;
+	uint64_t h;
+	if ((r = capture_stream(s, &so)) != CUDA_SUCCESS)
+		goto out;
+	if (so->capture == CAPTURE_NONE) {
+		r = SIM_CUDA_ERROR_ILLEGAL_STATE;
+		goto out;
+	}
+	*phGraph = NULL;
+	if (so->capture == CAPTURE_INVALIDATED) {
+		r = SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	} else if (!(h = obj_new(K_GRAPH, &g))) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	} else {
+		g->dev = so->dev;
+		g->kernels = so->kernels;
+		g->ns = so->ns;
+		*phGraph = (CUgraph)(uintptr_t)h;
+	}
+	so->capture = CAPTURE_NONE;
+	so->kernels = so->ns = 0;
+out:
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+	return end_capture(hStream, phGraph);
+}
+
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+	return end_capture(hStream, phGraph);
+}
+
+/* STATUS: CUstreamCaptureStatus. The default streams never capture here. */
+static CUresult is_capturing(CUstream s, int *status)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!status)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c, *so;
+	uint64_t ch;
+	if ((r = stream_ctx(s, &c, &ch, &so)) == CUDA_SUCCESS)
+		*status = so ? so->capture : CAPTURE_NONE;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus)
+{
+	return is_capturing(hStream, captureStatus);
+}
+
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream, int *captureStatus)
+{
+	return is_capturing(hStream, captureStatus);
+}
+
+static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!phGraphExec || (flags & ~SIM_CUDA_GRAPH_INSTANTIATE_FLAGS))
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *g = obj_get(H(hGraph), K_GRAPH), *c, *x;
+	uint64_t ch, h;
+	if (!g) {
+		r = CUDA_ERROR_INVALID_VALUE;
+	} else if (!(c = cur_ctx(&ch))) {
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (!(h = obj_new(K_GEXEC, &x))) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	} else {
+		x->dev = c->dev;
+		x->ctx = ch;
+		x->kernels = g->kernels;
+		x->ns = g->ns;
+		*phGraphExec = (CUgraphExec)(uintptr_t)h;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+{
+	return instantiate(phGraphExec, hGraph, flags);
+}
+
+/* The CUDA 11 form: no error node, an empty log. */
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+			       char *logBuffer, size_t bufferSize)
+{
+	if (phErrorNode)
+		*phErrorNode = NULL;
+	if (logBuffer && bufferSize)
+		logBuffer[0] = 0;
+	return instantiate(phGraphExec, hGraph, 0);
+}
+
+/* On a capturing stream the graph's kernels join the capture (as a child
+ * graph would). */
+static CUresult graph_launch(CUgraphExec e, CUstream s)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct obj *x = obj_get(H(e), K_GEXEC), *c, *so;
+	uint64_t ch;
+	if (!x) {
+		r = CUDA_ERROR_INVALID_HANDLE;
+		goto out;
+	}
+	if ((r = stream_ctx(s, &c, &ch, &so)) != CUDA_SUCCESS)
+		goto out;
+	if (ch != x->ctx) {
+		r = CUDA_ERROR_INVALID_CONTEXT; /* instantiated in another context */
+		goto out;
+	}
+	if (so && so->capture != CAPTURE_NONE)
+		r = capture_add(so, x->kernels, x->ns);
+	else if (x->kernels)
+		queue_work(c, so, x->ns);
+out:
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+	return graph_launch(hGraphExec, hStream);
+}
+
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
+	return graph_launch(hGraphExec, hStream);
+}
+
+/* Bad graph handles are INVALID_VALUE here, as the real driver documents them
+ * for these calls (and for instantiation); a launch says INVALID_HANDLE. */
+static CUresult graph_free(uint64_t h, enum kind k)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	if (obj_get(h, k))
+		obj_free(h);
+	else
+		r = CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+	return graph_free(H(hGraphExec), K_GEXEC);
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph)
+{
+	return graph_free(H(hGraph), K_GRAPH);
 }
 
 /* ---- entry points by name ----------------------------------------------- */
@@ -2057,6 +2523,30 @@ LOCAL(cuLaunchKernelEx);
 LOCAL(cuLaunchKernelEx_ptsz);
 LOCAL(cuLaunchCooperativeKernel);
 LOCAL(cuLaunchCooperativeKernel_ptsz);
+LOCAL(cuEventCreate);
+LOCAL(cuEventDestroy_v2);
+LOCAL(cuEventRecord);
+LOCAL(cuEventRecord_ptsz);
+LOCAL(cuEventRecordWithFlags);
+LOCAL(cuEventRecordWithFlags_ptsz);
+LOCAL(cuEventQuery);
+LOCAL(cuEventSynchronize);
+LOCAL(cuEventElapsedTime);
+LOCAL(cuEventElapsedTime_v2);
+LOCAL(cuStreamBeginCapture);
+LOCAL(cuStreamBeginCapture_ptsz);
+LOCAL(cuStreamBeginCapture_v2);
+LOCAL(cuStreamBeginCapture_v2_ptsz);
+LOCAL(cuStreamEndCapture);
+LOCAL(cuStreamEndCapture_ptsz);
+LOCAL(cuStreamIsCapturing);
+LOCAL(cuStreamIsCapturing_ptsz);
+LOCAL(cuGraphInstantiate_v2);
+LOCAL(cuGraphInstantiateWithFlags);
+LOCAL(cuGraphLaunch);
+LOCAL(cuGraphLaunch_ptsz);
+LOCAL(cuGraphExecDestroy);
+LOCAL(cuGraphDestroy);
 
 /* Base name -> the exported function for CUDA versions >= since; rows of one
  * name in rising order. ptsz: the per-thread-default-stream variant. */
@@ -2133,6 +2623,24 @@ static const struct {
 	{"cuLaunchKernel", 4000, local_cuLaunchKernel, local_cuLaunchKernel_ptsz},
 	{"cuLaunchKernelEx", 11060, local_cuLaunchKernelEx, local_cuLaunchKernelEx_ptsz},
 	{"cuLaunchCooperativeKernel", 9000, local_cuLaunchCooperativeKernel, local_cuLaunchCooperativeKernel_ptsz},
+	{"cuEventCreate", 2000, local_cuEventCreate, NULL},
+	{"cuEventDestroy", 4000, local_cuEventDestroy_v2, NULL},
+	{"cuEventRecord", 2000, local_cuEventRecord, local_cuEventRecord_ptsz},
+	{"cuEventRecordWithFlags", 11010, local_cuEventRecordWithFlags, local_cuEventRecordWithFlags_ptsz},
+	{"cuEventQuery", 2000, local_cuEventQuery, NULL},
+	{"cuEventSynchronize", 2000, local_cuEventSynchronize, NULL},
+	{"cuEventElapsedTime", 2000, local_cuEventElapsedTime, NULL},
+	{"cuEventElapsedTime", 12080, local_cuEventElapsedTime_v2, NULL},
+	{"cuStreamBeginCapture", 10000, local_cuStreamBeginCapture, local_cuStreamBeginCapture_ptsz},
+	{"cuStreamBeginCapture", 10010, local_cuStreamBeginCapture_v2, local_cuStreamBeginCapture_v2_ptsz},
+	{"cuStreamEndCapture", 10000, local_cuStreamEndCapture, local_cuStreamEndCapture_ptsz},
+	{"cuStreamIsCapturing", 10000, local_cuStreamIsCapturing, local_cuStreamIsCapturing_ptsz},
+	{"cuGraphInstantiate", 11000, local_cuGraphInstantiate_v2, NULL},
+	{"cuGraphInstantiate", 12000, local_cuGraphInstantiateWithFlags, NULL},
+	{"cuGraphInstantiateWithFlags", 11040, local_cuGraphInstantiateWithFlags, NULL},
+	{"cuGraphLaunch", 10000, local_cuGraphLaunch, local_cuGraphLaunch_ptsz},
+	{"cuGraphExecDestroy", 10000, local_cuGraphExecDestroy, NULL},
+	{"cuGraphDestroy", 10000, local_cuGraphDestroy, NULL},
 };
 
 static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t flags,

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
 
 #include "sim_api.h"
 #include "sim_state.h"
@@ -381,7 +380,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
 	return NVML_SUCCESS;
 }
 
-/* gpu: percent of the last full second the device ran kernels. */
+/* gpu: percent of the last complete sample period (SIM_SAMPLE_NS) the device
+ * ran kernels, the same period nvmlDeviceGetProcessUtilization reports. */
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_t *utilization)
 {
 	unsigned i;
@@ -390,7 +390,7 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
 		return r;
 	if (!utilization)
 		return NVML_ERROR_INVALID_ARGUMENT;
-	utilization->gpu = sim_util_pct(sim_st()->dev[i].util);
+	utilization->gpu = sim_sample_pct(sim_st()->dev[i].util, sim_sample_end(sim_now_ns()));
 	utilization->memory = 0;
 	return NVML_SUCCESS;
 }
@@ -478,23 +478,49 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsig
 	return no_graphics(device, infoCount);
 }
 
-/* One sample per listed process: smUtil over the last full second, stamped
- * now (microseconds, wall clock). None newer than lastSeenTimeStamp, or no
- * process at all: NVML_ERROR_NOT_FOUND, as NVML says when it has no sample. */
+/* Live processes with a context on device D, or whose kernels ran on it in
+ * the period ending at END (one that dropped its context since then). */
+static unsigned sampled_procs(unsigned d, uint64_t end, struct pinfo *out)
+{
+	struct sim_state *st = sim_st();
+	unsigned n = 0;
+
+	sim_sweep();
+	for (unsigned i = 0; i < SIM_MAX_PROCS; i++) {
+		struct sim_proc *p = &st->proc[i];
+		if (atomic_load(&p->state) != SIM_PROC_LIVE)
+			continue;
+		int32_t pid = atomic_load(&p->pid);
+		if (pid <= 0 || (!atomic_load(&p->contexts[d]) && !sim_sample_busy(p->util[d], end)))
+			continue;
+		out[n++] = (struct pinfo){(unsigned)pid, i, atomic_load(&p->used[d])};
+	}
+	return n;
+}
+
+/*
+ * Like the real driver (580): one sample per process per SIM_SAMPLE_NS period.
+ * The newest covers the last complete period [P - 200 ms, P); its timeStamp is
+ * P in microseconds (CLOCK_MONOTONIC, the same for every process) and smUtil
+ * the percent of the period the process's kernels occupied the device. Only
+ * that newest sample is returned, one per process with a context. When
+ * lastSeenTimeStamp >= P (nothing new) or there is no such process:
+ * NVML_ERROR_NOT_FOUND with count 0. Sizing: NULL or too small a buffer gives
+ * NVML_ERROR_INSUFFICIENT_SIZE with the count needed.
+ */
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
 					     unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
 {
 	struct pinfo list[SIM_MAX_PROCS];
-	struct timespec ts;
 	unsigned i;
 	nvmlReturn_t r = dev_index(device, &i);
 	if (r)
 		return r;
 	if (!processSamplesCount)
 		return NVML_ERROR_INVALID_ARGUMENT;
-	clock_gettime(CLOCK_REALTIME, &ts);
-	unsigned long long now_us = (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
-	unsigned n = lastSeenTimeStamp < now_us ? list_procs(i, list) : 0;
+	uint64_t end = sim_sample_end(sim_now_ns());
+	unsigned long long stamp = end / 1000;
+	unsigned n = lastSeenTimeStamp < stamp ? sampled_procs(i, end, list) : 0;
 	if (n == 0) {
 		*processSamplesCount = 0;
 		return NVML_ERROR_NOT_FOUND;
@@ -508,8 +534,8 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
 		nvmlProcessUtilizationSample_t *e = &utilization[k];
 		memset(e, 0, sizeof(*e));
 		e->pid = list[k].pid;
-		e->timeStamp = now_us;
-		e->smUtil = sim_util_pct(st->proc[list[k].entry].util[i]);
+		e->timeStamp = stamp;
+		e->smUtil = sim_sample_pct(st->proc[list[k].entry].util[i], end);
 	}
 	*processSamplesCount = n;
 	return NVML_SUCCESS;

@@ -772,19 +772,53 @@ static void util_add(_Atomic uint64_t *ring, uint64_t start, uint64_t end, uint6
 	}
 }
 
-unsigned sim_util_pct(_Atomic uint64_t *ring)
+/* Busy ns in slots [first, first + n); a slot whose tag is another slot's
+ * (one no launch touched since the ring came round) counts 0. */
+static uint64_t slots_sum(_Atomic uint64_t *ring, uint64_t first, uint64_t n)
 {
-	uint64_t cur = sim_now_ns() / SIM_UTIL_SLOT_NS, sum = 0;
-	if (cur < SIM_UTIL_WINDOW)
-		return 0;
-	for (uint64_t slot = cur - SIM_UTIL_WINDOW; slot < cur; slot++) {
+	uint64_t sum = 0;
+	for (uint64_t slot = first; slot < first + n; slot++) {
 		uint64_t v = atomic_load(&ring[slot % SIM_UTIL_SLOTS]);
 		if ((uint32_t)(v >> 32) == (uint32_t)slot)
 			sum += v & 0xffffffffu;
 	}
-	uint64_t window = SIM_UTIL_WINDOW * SIM_UTIL_SLOT_NS;
-	uint64_t pct = (sum * 100 + window / 2) / window;
+	return sum;
+}
+
+static unsigned pct_of(uint64_t busy, uint64_t span)
+{
+	uint64_t pct = (busy * 100 + span / 2) / span;
 	return pct > 100 ? 100 : (unsigned)pct;
+}
+
+unsigned sim_util_pct(_Atomic uint64_t *ring)
+{
+	uint64_t cur = sim_now_ns() / SIM_UTIL_SLOT_NS;
+	if (cur < SIM_UTIL_WINDOW)
+		return 0;
+	return pct_of(slots_sum(ring, cur - SIM_UTIL_WINDOW, SIM_UTIL_WINDOW), SIM_UTIL_WINDOW * SIM_UTIL_SLOT_NS);
+}
+
+_Static_assert(SIM_SAMPLE_NS % SIM_UTIL_SLOT_NS == 0, "a sample period is whole slots");
+_Static_assert(SIM_SAMPLE_NS / SIM_UTIL_SLOT_NS <= SIM_UTIL_WINDOW, "the ring keeps a whole period");
+
+uint64_t sim_sample_end(uint64_t now)
+{
+	return now / SIM_SAMPLE_NS * SIM_SAMPLE_NS;
+}
+
+/* Work is recorded when queued, always at or after the moment of queueing, so
+ * a period that has ended can no longer change. */
+uint64_t sim_sample_busy(_Atomic uint64_t *ring, uint64_t end)
+{
+	if (end < SIM_SAMPLE_NS)
+		return 0;
+	return slots_sum(ring, (end - SIM_SAMPLE_NS) / SIM_UTIL_SLOT_NS, SIM_SAMPLE_NS / SIM_UTIL_SLOT_NS);
+}
+
+unsigned sim_sample_pct(_Atomic uint64_t *ring, uint64_t end)
+{
+	return pct_of(sim_sample_busy(ring, end), SIM_SAMPLE_NS);
 }
 
 /* The device runs kernels one after another, whoever queued them: reserve

@@ -43,6 +43,11 @@
 #define SIM_UTIL_SLOTS 256
 #define SIM_UTIL_WINDOW 20
 
+/* NVML's sample period: the real driver (580, H200) makes one per-process
+ * sample every ~200 ms. Periods are aligned on CLOCK_MONOTONIC, so every
+ * process sees the same period boundaries. A whole number of slots. */
+#define SIM_SAMPLE_NS 200000000ull
+
 /* Defaults (environment variables override them when the file is created). */
 #define SIM_DEFAULT_DEVICES 2
 #define SIM_DEFAULT_MEMORY (16ull << 30)
@@ -149,6 +154,12 @@ SIM_HIDDEN void sim_sweep(void);
 SIM_HIDDEN int sim_proc_alive(unsigned i);
 /* Percent of the last second RING (a util ring) shows busy. */
 SIM_HIDDEN unsigned sim_util_pct(_Atomic uint64_t *ring);
+/* End of the last complete sample period at NOW (a multiple of SIM_SAMPLE_NS). */
+SIM_HIDDEN uint64_t sim_sample_end(uint64_t now);
+/* Busy ns RING shows in the sample period [END - SIM_SAMPLE_NS, END). */
+SIM_HIDDEN uint64_t sim_sample_busy(_Atomic uint64_t *ring, uint64_t end);
+/* The same as a percent of the period, rounded, 0..100. */
+SIM_HIDDEN unsigned sim_sample_pct(_Atomic uint64_t *ring, uint64_t end);
 SIM_HIDDEN uint64_t sim_now_ns(void);
 
 #endif

@@ -57,6 +57,8 @@ static int status(void)
 	unsigned ndev = st->hdr.ndev;
 
 	sim_sweep();
+	/* "util": the sample NVML's process and device utilization give now. */
+	uint64_t end = sim_sample_end(sim_now_ns());
 	printf("{\"state\": ");
 	json_str(sim_path());
 	printf(", \"context_bytes\": %llu, \"ns_per_wave\": %llu,\n \"devices\": [",
@@ -68,11 +70,12 @@ static int status(void)
 		printf(", \"name\": ");
 		json_str(d->name);
 		printf(", \"total\": %llu, \"used\": %llu, \"peak_used\": %llu, \"sm_count\": %u, "
-		       "\"busy_until_ns\": %llu, \"busy_total_ns\": %llu, \"utilization\": %u}",
+		       "\"busy_until_ns\": %llu, \"busy_total_ns\": %llu, \"utilization\": %u, \"util\": %u}",
 		       (unsigned long long)d->total, (unsigned long long)atomic_load(&d->used),
 		       (unsigned long long)atomic_load(&d->peak_used), d->sm_count,
 		       (unsigned long long)atomic_load(&d->busy_until_ns),
-		       (unsigned long long)atomic_load(&d->busy_total_ns), sim_util_pct(d->util));
+		       (unsigned long long)atomic_load(&d->busy_total_ns), sim_util_pct(d->util),
+		       sim_sample_pct(d->util, end));
 	}
 	printf("],\n \"processes\": [");
 	int first = 1;
@@ -85,7 +88,10 @@ static int status(void)
 		json_u64_array(p->used, ndev);
 		printf(", \"busy_ns\": ");
 		json_u64_array(p->busy_ns, ndev);
-		printf(", \"contexts\": [");
+		printf(", \"util\": [");
+		for (unsigned d = 0; d < ndev; d++)
+			printf("%s%u", d ? ", " : "", sim_sample_pct(p->util[d], end));
+		printf("], \"contexts\": [");
 		for (unsigned d = 0; d < ndev; d++)
 			printf("%s%u", d ? ", " : "", (unsigned)atomic_load(&p->contexts[d]));
 		printf("]}");

@@ -49,6 +49,33 @@ static void read_limit(const char *name, int *has, uint64_t *value)
 	}
 }
 
+/* A share in percent, 0..100; 0 and 100 mean "no limit" (HAMi's meaning). */
+static void read_percent(const char *name, int *has, uint32_t *value)
+{
+	const char *v = getenv(name);
+	if (!v)
+		return;
+	char *end;
+	long n = strtol(v, &end, 10);
+	if (!*v || *end || end == v || n < 0 || n > 100 || (*v == '+' || *v == '-' || *v == ' ')) {
+		bad_setting(name, v, "not a share in percent (a whole number 0..100; 0 or 100 = no limit)");
+		return;
+	}
+	*value = (uint32_t)n;
+	*has = 1;
+}
+
+static void read_mode(void)
+{
+	const char *v = getenv("HAMI_SM_MODE");
+	if (!v || strcmp(v, "hard") == 0)
+		config.sm_mode = HAMI_MODE_HARD;
+	else if (strcmp(v, "elastic") == 0)
+		config.sm_mode = HAMI_MODE_ELASTIC;
+	else
+		bad_setting("HAMI_SM_MODE", v, "not a mode (hard or elastic)");
+}
+
 static void copy_bounded(char *dst, size_t cap, const char *src)
 {
 	size_t n = src ? strnlen(src, cap - 1) : 0;
@@ -97,6 +124,15 @@ static void read_config(void)
 		read_limit(name, &has, &config.memory_ordinal[i]);
 		config.has_memory_ordinal[i] = (uint8_t)has;
 	}
+	read_percent("CUDA_DEVICE_SM_LIMIT", &config.has_sm_default, &config.sm_default);
+	for (int i = 0; i < HAMI_SLICE_MAX_DEVICES; i++) {
+		char name[64];
+		int has = 0;
+		snprintf(name, sizeof(name), "CUDA_DEVICE_SM_LIMIT_%d", i);
+		read_percent(name, &has, &config.sm_ordinal[i]);
+		config.has_sm_ordinal[i] = (uint8_t)has;
+	}
+	read_mode();
 	read_size("HAMI_CONTEXT_OVERHEAD", &config.has_context_overhead, &config.context_overhead);
 
 	const char *slice = getenv("HAMI_SLICE");
@@ -136,6 +172,47 @@ int hami_config_memory_limit(int ordinal, uint64_t *limit)
 		return 1;
 	}
 	return 0;
+}
+
+/* The SM share this process's environment asks for on CUDA ordinal n (-1: any). */
+int hami_config_sm_share(int ordinal, uint32_t *percent)
+{
+	const struct hami_config *c = hami_config();
+	if (ordinal >= 0 && ordinal < HAMI_SLICE_MAX_DEVICES && c->has_sm_ordinal[ordinal]) {
+		*percent = c->sm_ordinal[ordinal];
+		return 1;
+	}
+	if (c->has_sm_default) {
+		*percent = c->sm_default;
+		return 1;
+	}
+	return 0;
+}
+
+/*
+ * The limits a new slice file gets from its creator's environment: for
+ * ordinal -1 the fallback entry, else the entry of GPU n, which is only "set"
+ * when a per-GPU variable names it (otherwise that GPU follows the fallback).
+ */
+int hami_config_limit(int ordinal, struct hami_device_limit *out)
+{
+	const struct hami_config *c = hami_config();
+	uint64_t bytes;
+	uint32_t pct;
+	memset(out, 0, sizeof(*out));
+	int own = ordinal >= 0 && ordinal < HAMI_SLICE_MAX_DEVICES &&
+		  (c->has_memory_ordinal[ordinal] || c->has_sm_ordinal[ordinal]);
+	int any = c->has_memory_default || c->has_sm_default || c->sm_mode != HAMI_MODE_HARD;
+	if (ordinal >= 0 && !own)
+		return 0;
+	if (hami_config_memory_limit(ordinal, &bytes))
+		out->memory_limit = bytes;
+	if (hami_config_sm_share(ordinal, &pct))
+		out->sm_share = pct;
+	out->mode = c->sm_mode;
+	if (own || any)
+		out->flags = HAMI_LIMIT_SET;
+	return (out->flags & HAMI_LIMIT_SET) != 0;
 }
 
 /*

@@ -34,6 +34,11 @@ struct hami_config {
 	uint64_t memory_default;   /* CUDA_DEVICE_MEMORY_LIMIT */
 	uint8_t has_memory_ordinal[HAMI_SLICE_MAX_DEVICES];
 	uint64_t memory_ordinal[HAMI_SLICE_MAX_DEVICES]; /* CUDA_DEVICE_MEMORY_LIMIT_<n> */
+	int has_sm_default;
+	uint32_t sm_default;       /* CUDA_DEVICE_SM_LIMIT, percent */
+	uint8_t has_sm_ordinal[HAMI_SLICE_MAX_DEVICES];
+	uint32_t sm_ordinal[HAMI_SLICE_MAX_DEVICES]; /* CUDA_DEVICE_SM_LIMIT_<n> */
+	uint32_t sm_mode;          /* HAMI_SM_MODE: HAMI_MODE_HARD or HAMI_MODE_ELASTIC */
 	int has_context_overhead;
 	uint64_t context_overhead; /* HAMI_CONTEXT_OVERHEAD */
 	const char *slice_path;    /* HAMI_SLICE or CUDA_DEVICE_MEMORY_SHARED_CACHE; NULL: private */
@@ -42,6 +47,8 @@ struct hami_config {
 };
 const struct hami_config *hami_config(void);
 int hami_config_memory_limit(int ordinal, uint64_t *limit);
+int hami_config_sm_share(int ordinal, uint32_t *percent);
+int hami_config_limit(int ordinal, struct hami_device_limit *out);
 int hami_config_ordinal_of(const char *uuid, int nvml_index);
 
 /* driver.c: the real libcuda.so.1 and libnvidia-ml.so.1 */
@@ -57,6 +64,7 @@ void *hami_hook_for_real(void *real_fn);
 int hami_setup(void); /* CUDA_SUCCESS, an error to return, or -1: driver not initialised yet */
 int hami_ordinal_device(int ordinal);   /* slice device index, -1 if none */
 int hami_current_device(int *ordinal); /* slice device index of the current context, -1 if none */
+int hami_ordinal_count(void);
 
 /* slice.c: the mapped slice file */
 struct hami_device_info {
@@ -81,6 +89,13 @@ void hami_credit(int sdev, uint64_t bytes);
 void hami_credit_device(int sdev, uint64_t bytes);
 uint64_t hami_device_used(int sdev);
 uint64_t hami_device_limit_bytes(int sdev);
+
+/* sm_share.c: the SM-share gate (launch path) and controller (housekeeper) */
+extern int hami_sm_watch;
+void hami_sm_before_launch(CUstream stream, int per_thread);
+void hami_sm_after_launch(CUresult rc);
+void hami_sm_tick(void);
+void hami_sm_refresh(void);
 
 /* context_hooks.c */
 void hami_contexts_after_fork(void);

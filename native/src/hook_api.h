@@ -44,6 +44,23 @@ CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams, unsigned i
 CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev);
 CUresult cuCtxDestroy_v2(CUcontext ctx);
 
+CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+			unsigned int by, unsigned int bz, unsigned int shm, CUstream stream, void **params,
+			void **extra);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+			     unsigned int by, unsigned int bz, unsigned int shm, CUstream stream, void **params,
+			     void **extra);
+CUresult cuLaunchKernelEx(const void *config, CUfunction f, void **params, void **extra);
+CUresult cuLaunchKernelEx_ptsz(const void *config, CUfunction f, void **params, void **extra);
+CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+				   unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
+				   CUstream stream, void **params);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+					unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
+					CUstream stream, void **params);
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
+CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
 

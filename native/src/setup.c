@@ -98,6 +98,8 @@ static CUresult run_setup(void)
 				 hami_slice_name(), i, info[i].uuid);
 	}
 	ordinal_count = n;
+	hami_sm_refresh();
+	hami_slot(); /* every CUDA process shows in the slice, and keeps it tidy */
 	return CUDA_SUCCESS;
 }
 
@@ -118,6 +120,11 @@ int hami_setup(void)
 	}
 	pthread_mutex_unlock(&setup_lock);
 	return setup_result;
+}
+
+int hami_ordinal_count(void)
+{
+	return ordinal_count;
 }
 
 int hami_ordinal_device(int ordinal)

@@ -23,7 +23,7 @@
 
 #include "hami.h"
 
-#define HOUSEKEEPING_INTERVAL_NS (200 * 1000000L)
+#define HOUSEKEEPING_INTERVAL_NS (50 * 1000000L) /* SM-share changes apply within 100 ms */
 
 static struct hami_slice_file *map;
 static int map_fd = -1;
@@ -113,21 +113,14 @@ static void fill_new_slice(struct hami_slice_file *f, const char *name, uint32_t
 
 	/* The creator's environment sets the first limits; the file is the authority after. */
 	struct hami_limit_set *set = &f->limits.copy[0];
-	uint64_t bytes;
-	if (hami_config_memory_limit(-1, &bytes)) {
-		set->fallback.memory_limit = bytes;
-		set->fallback.flags = HAMI_LIMIT_SET;
-	}
+	hami_config_limit(-1, &set->fallback);
 	for (int i = 0; i < count && i < HAMI_SLICE_MAX_DEVICES; i++) {
 		struct hami_slice_device *d = &f->device[i];
 		d->state = HAMI_DEVICE_READY;
 		d->sm_count = dev[i].sm_count;
 		d->memory_total = dev[i].memory_total;
 		memcpy(d->uuid, dev[i].uuid, sizeof(d->uuid));
-		if (hami_config_memory_limit(i, &bytes)) {
-			set->device[i].memory_limit = bytes;
-			set->device[i].flags = HAMI_LIMIT_SET;
-		}
+		hami_config_limit(i, &set->device[i]);
 	}
 	f->limits.copy[1] = f->limits.copy[0];
 	f->limits.changed_unix_ns = f->header.created_unix_ns;
@@ -474,6 +467,7 @@ static void *housekeeper(void *arg)
 		if (f && mine >= 0)
 			__atomic_store_n(&f->slot[mine].active_unix_ns, hami_now_ns(), __ATOMIC_RELAXED);
 		hami_slice_sweep();
+		hami_sm_tick();
 	}
 	return NULL;
 }

@@ -36,6 +36,30 @@
  *   nvml | nvmlcount | nvmlmem IDX | nvmluuid IDX | nvmlshutdown
  *   sleep MS | echo [WORD] | waitfile PATH [TIMEOUT_MS] | hold | exit [N] | stdin
  *   child ... endchild
+ *
+ * Kernels (NS: kernel duration in ns; COUNT defaults to 1):
+ *   module                      (re)load the busy kernel "hami_sim_busy" in the current context
+ *   launch NS [COUNT] | launchex NS [COUNT] | coop NS [COUNT]
+ *                               cuLaunchKernel / cuLaunchKernelEx / cuLaunchCooperativeKernel on
+ *                               the NULL stream, or on the capture stream while capturing
+ *   capture begin [global|thread|relaxed] | capture end [NAME] | capture status
+ *                               stream capture on cudrive's own (non-blocking) stream
+ *   graph NAME | graphlaunch NAME [COUNT]
+ *                               instantiate a captured graph / launch it on the capture stream
+ *   event NS                    timing events around one kernel: query, synchronize, elapsed time
+ *   burn launch|launchex|coop|graph NS SECONDS [SYNC_EVERY]
+ *                               launch NS kernels for SECONDS of wall time (graph: a graph of 8),
+ *                               cuCtxSynchronize every SYNC_EVERY launches (default 64, 0 never)
+ *                               and once at the end; reports the GPU share achieved
+ *
+ * The busy kernel is a module the kernel commands load lazily, and the capture
+ * stream one they make lazily, in the current context; again when the current
+ * context changed, or after the driver called them unknown (INVALID_HANDLE:
+ * their context was released and retained again): the command that met the
+ * stale handle reports the error, the next one starts afresh. The simulated
+ * GPU runs "hami_sim_busy" for the u64 its first parameter points at; on a
+ * real GPU the same command loads a PTX kernel of that name that returns at
+ * once, so the same scripts run on both.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -108,6 +132,41 @@ typedef CUresult (*fn_mipmap_create)(CUmipmappedArray *, const CUDA_ARRAY3D_DESC
 typedef CUresult (*fn_mipmap_destroy)(CUmipmappedArray);
 typedef CUresult (*fn_getproc_v2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*fn_getproc_v1)(const char *, void **, int, cuuint64_t);
+
+typedef struct CUevent_st *CUevent;
+typedef struct CUgraph_st *CUgraph;
+
+/* CUlaunchConfig (CUDA 12): no attributes here. */
+struct launch_config {
+	unsigned int gridDimX, gridDimY, gridDimZ;
+	unsigned int blockDimX, blockDimY, blockDimZ;
+	unsigned int sharedMemBytes;
+	CUstream hStream;
+	void *attrs;
+	unsigned int numAttrs;
+};
+
+typedef CUresult (*fn_ctx_get_current)(CUcontext *);
+typedef CUresult (*fn_module_load)(CUmodule *, const void *);
+typedef CUresult (*fn_module_unload)(CUmodule);
+typedef CUresult (*fn_module_function)(CUfunction *, CUmodule, const char *);
+typedef CUresult (*fn_launch)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+			      unsigned int, unsigned int, CUstream, void **, void **);
+typedef CUresult (*fn_launch_ex)(const struct launch_config *, CUfunction, void **, void **);
+typedef CUresult (*fn_launch_coop)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+				   unsigned int, unsigned int, unsigned int, CUstream, void **);
+typedef CUresult (*fn_stream_create)(CUstream *, unsigned int);
+typedef CUresult (*fn_begin_capture)(CUstream, int);
+typedef CUresult (*fn_end_capture)(CUstream, CUgraph *);
+typedef CUresult (*fn_is_capturing)(CUstream, int *);
+typedef CUresult (*fn_graph_instantiate)(CUgraphExec *, CUgraph, unsigned long long);
+typedef CUresult (*fn_graph_launch)(CUgraphExec, CUstream);
+typedef CUresult (*fn_graph_exec_destroy)(CUgraphExec);
+typedef CUresult (*fn_graph_destroy)(CUgraph);
+typedef CUresult (*fn_event_create)(CUevent *, unsigned int);
+typedef CUresult (*fn_event)(CUevent); /* destroy, query, synchronize */
+typedef CUresult (*fn_event_record)(CUevent, CUstream);
+typedef CUresult (*fn_event_elapsed)(float *, CUevent, CUevent);
 
 typedef nvmlReturn_t (*fn_nvml_void)(void);
 typedef nvmlReturn_t (*fn_nvml_count)(unsigned int *);
@@ -368,6 +427,27 @@ enum fn_id {
 	F_ARRAY_DESTROY,
 	F_MIPMAP_CREATE,
 	F_MIPMAP_DESTROY,
+	F_CTX_GET_CURRENT,
+	F_MODULE_LOAD_DATA,
+	F_MODULE_UNLOAD,
+	F_MODULE_GET_FUNCTION,
+	F_LAUNCH_KERNEL,
+	F_LAUNCH_KERNEL_EX,
+	F_LAUNCH_COOPERATIVE,
+	F_STREAM_CREATE,
+	F_BEGIN_CAPTURE,
+	F_END_CAPTURE,
+	F_IS_CAPTURING,
+	F_GRAPH_INSTANTIATE,
+	F_GRAPH_LAUNCH,
+	F_GRAPH_EXEC_DESTROY,
+	F_GRAPH_DESTROY,
+	F_EVENT_CREATE,
+	F_EVENT_RECORD,
+	F_EVENT_QUERY,
+	F_EVENT_SYNCHRONIZE,
+	F_EVENT_ELAPSED,
+	F_EVENT_DESTROY,
 	F_COUNT
 };
 
@@ -410,6 +490,29 @@ static const struct fn_entry fn_table[F_COUNT] = {
 	[F_ARRAY_DESTROY] = {"cuArrayDestroy", "cuArrayDestroy"},
 	[F_MIPMAP_CREATE] = {"cuMipmappedArrayCreate", "cuMipmappedArrayCreate"},
 	[F_MIPMAP_DESTROY] = {"cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy"},
+	[F_CTX_GET_CURRENT] = {"cuCtxGetCurrent", "cuCtxGetCurrent"},
+	[F_MODULE_LOAD_DATA] = {"cuModuleLoadData", "cuModuleLoadData"},
+	[F_MODULE_UNLOAD] = {"cuModuleUnload", "cuModuleUnload"},
+	[F_MODULE_GET_FUNCTION] = {"cuModuleGetFunction", "cuModuleGetFunction"},
+	[F_LAUNCH_KERNEL] = {"cuLaunchKernel", "cuLaunchKernel"},
+	[F_LAUNCH_KERNEL_EX] = {"cuLaunchKernelEx", "cuLaunchKernelEx"},
+	[F_LAUNCH_COOPERATIVE] = {"cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel"},
+	[F_STREAM_CREATE] = {"cuStreamCreate", "cuStreamCreate"},
+	/* Below CUDA 10.1 cuGetProcAddress gives the one-argument form; the
+	 * extra mode argument it is passed then is ignored by the C ABI. */
+	[F_BEGIN_CAPTURE] = {"cuStreamBeginCapture_v2", "cuStreamBeginCapture"},
+	[F_END_CAPTURE] = {"cuStreamEndCapture", "cuStreamEndCapture"},
+	[F_IS_CAPTURING] = {"cuStreamIsCapturing", "cuStreamIsCapturing"},
+	[F_GRAPH_INSTANTIATE] = {"cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags"},
+	[F_GRAPH_LAUNCH] = {"cuGraphLaunch", "cuGraphLaunch"},
+	[F_GRAPH_EXEC_DESTROY] = {"cuGraphExecDestroy", "cuGraphExecDestroy"},
+	[F_GRAPH_DESTROY] = {"cuGraphDestroy", "cuGraphDestroy"},
+	[F_EVENT_CREATE] = {"cuEventCreate", "cuEventCreate"},
+	[F_EVENT_RECORD] = {"cuEventRecord", "cuEventRecord"},
+	[F_EVENT_QUERY] = {"cuEventQuery", "cuEventQuery"},
+	[F_EVENT_SYNCHRONIZE] = {"cuEventSynchronize", "cuEventSynchronize"},
+	[F_EVENT_ELAPSED] = {"cuEventElapsedTime", "cuEventElapsedTime"},
+	[F_EVENT_DESTROY] = {"cuEventDestroy_v2", "cuEventDestroy"},
 };
 
 static void *fn_cache[F_COUNT];
@@ -609,7 +712,8 @@ static const char *const command_words[] = {
 	"array3d", "mipmap", "free", "freeraw", "freeall", "meminfo", "totalmem", "uuid", "sync", "fill",
 	"race", "null", "getproc", "getproc1", "dlsym", "nvmldlsym", "resolve", "nvml", "nvmlcount",
 	"nvmlmem", "nvmluuid", "nvmlshutdown", "sleep", "child", "endchild", "hold", "exit", "stdin",
-	"echo", "list", "waitfile", NULL};
+	"echo", "list", "waitfile", "module", "launch", "launchex", "coop", "capture", "graph",
+	"graphlaunch", "event", "burn", NULL};
 
 static bool is_command_word(const char *w)
 {
@@ -761,6 +865,16 @@ typedef int (*handler_fn)(struct stream *s, struct result *r);
 	{                                                                       \
 		ARG(var##_s, what);                                             \
 		if (!parse_int(var##_s, &var)) {                                \
+			usage_error(r->op, "CUDRIVE_USAGE", "bad %s: \"%s\"", what, var##_s); \
+			return -1;                                              \
+		}                                                               \
+	}
+
+#define U64_ARG(var, what)                                                      \
+	unsigned long long var;                                                 \
+	{                                                                       \
+		ARG(var##_s, what);                                             \
+		if (!parse_u64(var##_s, &var)) {                                \
 			usage_error(r->op, "CUDRIVE_USAGE", "bad %s: \"%s\"", what, var##_s); \
 			return -1;                                              \
 		}                                                               \
@@ -1767,6 +1881,636 @@ static int cmd_resolve(struct stream *s, struct result *r)
 	return 0;
 }
 
+/* ---- kernels, events, capture and graphs ---------------------------------------- */
+
+/* An empty kernel of the busy kernel's name and signature, for a real GPU:
+ * there it returns at once (the simulated GPU accepts any image). */
+static const char busy_ptx[] = ".version 7.0\n"
+			       ".target sm_70\n"
+			       ".address_size 64\n"
+			       ".visible .entry hami_sim_busy(.param .u64 p)\n"
+			       "{\n"
+			       "\tret;\n"
+			       "}\n";
+
+/* The busy kernel, and the context it was loaded in. */
+static struct {
+	bool loaded;
+	CUcontext ctx;
+	CUmodule mod;
+	CUfunction fn;
+} busy;
+
+/* cudrive's stream for capture (and graph launches), and the context it was
+ * made in. kernels: launches cudrive put into the capture under way. */
+static struct {
+	bool made, capturing;
+	CUcontext ctx;
+	CUstream s;
+	unsigned long long kernels;
+} cap;
+
+#define MAX_GRAPHS 64
+#define BURN_GRAPH_KERNELS 8
+
+/* Graphs captured by `capture end`, by name; exec once `graph` instantiated it. */
+static struct graph_entry {
+	char name[NAME_LEN];
+	CUgraph g;
+	CUgraphExec exec;
+	unsigned long long kernels;
+} graphs[MAX_GRAPHS];
+static int ngraphs;
+static unsigned long graph_counter;
+
+enum launch_kind { L_KERNEL, L_EX, L_COOP, L_GRAPH };
+
+static const struct {
+	const char *word;
+	enum launch_kind kind;
+	enum fn_id fn;
+} launch_kinds[] = {
+	{"launch", L_KERNEL, F_LAUNCH_KERNEL},
+	{"launchex", L_EX, F_LAUNCH_KERNEL_EX},
+	{"coop", L_COOP, F_LAUNCH_COOPERATIVE},
+	{"graph", L_GRAPH, F_GRAPH_LAUNCH},
+};
+
+/* A handle the driver no longer knows: its context was released and retained
+ * again, or destroyed (and a new one may have the same address). The command
+ * reports the error; the next one loads or makes a fresh one. */
+static bool stale(CUresult rc)
+{
+	return rc == CUDA_ERROR_INVALID_HANDLE || rc == 709 /* CUDA_ERROR_CONTEXT_IS_DESTROYED */;
+}
+
+static void forget_busy(CUresult rc)
+{
+	if (stale(rc))
+		busy.loaded = false;
+}
+
+static void forget_stream(CUresult rc)
+{
+	if (stale(rc)) {
+		cap.made = false;
+		cap.capturing = false;
+		cap.kernels = 0;
+	}
+}
+
+/* F resolved, or NULL with the reason in r's detail. */
+static void *need(struct result *r, enum fn_id id)
+{
+	void *p = resolve(id);
+	if (!p)
+		res_str(r, "detail", resolve_error);
+	return p;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static CUresult current_ctx(struct result *r, CUcontext *ctx)
+{
+	fn_ctx_get_current f = (fn_ctx_get_current)need(r, F_CTX_GET_CURRENT);
+	if (!f)
+		return CUDA_ERROR_NOT_FOUND;
+	*ctx = NULL;
+	CUresult rc = f(ctx);
+	if (rc == 0 && !*ctx)
+		rc = CUDA_ERROR_INVALID_CONTEXT; /* nothing to load into or launch in */
+	return rc;
+}
+
+/* Load the busy kernel unless it is loaded in the current context already
+ * (FORCE: load it again anyway, dropping the old module of this context). */
+static CUresult busy_load(struct result *r, bool force)
+{
+	CUcontext cur;
+	CUresult rc = current_ctx(r, &cur);
+	if (rc)
+		return rc;
+	if (!force && busy.loaded && busy.ctx == cur)
+		return CUDA_SUCCESS;
+	fn_module_load load = (fn_module_load)need(r, F_MODULE_LOAD_DATA);
+	fn_module_function getfn = (fn_module_function)need(r, F_MODULE_GET_FUNCTION);
+	if (!load || !getfn)
+		return CUDA_ERROR_NOT_FOUND;
+	if (busy.loaded && busy.ctx == cur) {
+		fn_module_unload unload = (fn_module_unload)resolve(F_MODULE_UNLOAD);
+		if (unload)
+			unload(busy.mod);
+	}
+	busy.loaded = false;
+	CUmodule mod = NULL;
+	CUfunction fn = NULL;
+	if ((rc = load(&mod, busy_ptx)) != 0) {
+		res_str(r, "detail", "cuModuleLoadData failed");
+		return rc;
+	}
+	if ((rc = getfn(&fn, mod, "hami_sim_busy")) != 0) {
+		res_str(r, "detail", "cuModuleGetFunction failed");
+		fn_module_unload unload = (fn_module_unload)resolve(F_MODULE_UNLOAD);
+		if (unload)
+			unload(mod);
+		return rc;
+	}
+	busy.loaded = true;
+	busy.ctx = cur;
+	busy.mod = mod;
+	busy.fn = fn;
+	return CUDA_SUCCESS;
+}
+
+/* cudrive's capture stream in the current context, made when needed. */
+static CUresult cap_stream(struct result *r)
+{
+	CUcontext cur;
+	CUresult rc = current_ctx(r, &cur);
+	if (rc)
+		return rc;
+	if (cap.made && cap.ctx == cur)
+		return CUDA_SUCCESS;
+	fn_stream_create create = (fn_stream_create)need(r, F_STREAM_CREATE);
+	if (!create)
+		return CUDA_ERROR_NOT_FOUND;
+	CUstream st = NULL;
+	/* Non-blocking: work on the legacy stream never waits for it, nor the
+	 * other way round, so a capture on it does not trip over either. */
+	if ((rc = create(&st, 1)) != 0)
+		return rc;
+	cap.made = true;
+	cap.capturing = false;
+	cap.kernels = 0;
+	cap.ctx = cur;
+	cap.s = st;
+	return CUDA_SUCCESS;
+}
+
+/* One launch of the busy kernel for *NS ns through FN (of KIND) on S. */
+static CUresult launch_busy(enum launch_kind kind, void *fn, unsigned long long *ns, CUstream s)
+{
+	void *params[1] = {ns};
+	switch (kind) {
+	case L_KERNEL:
+		return ((fn_launch)fn)(busy.fn, 1, 1, 1, 1, 1, 1, 0, s, params, NULL);
+	case L_EX: {
+		struct launch_config cfg = {1, 1, 1, 1, 1, 1, 0, s, NULL, 0};
+		return ((fn_launch_ex)fn)(&cfg, busy.fn, params, NULL);
+	}
+	case L_COOP:
+		return ((fn_launch_coop)fn)(busy.fn, 1, 1, 1, 1, 1, 1, 0, s, params);
+	case L_GRAPH:
+		break;
+	}
+	return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* An optional COUNT (default 1). */
+static int opt_count(struct stream *s, struct result *r, unsigned long long *count)
+{
+	const char *c = opt_arg(s);
+	*count = 1;
+	if (c && !parse_u64(c, count)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad COUNT: \"%s\"", c);
+		return -1;
+	}
+	return 0;
+}
+
+static int cmd_module(struct stream *s, struct result *r)
+{
+	r->rc = busy_load(r, true);
+	if (r->rc == 0) {
+		res_hex(r, "module", busy.mod);
+		res_hex(r, "function", busy.fn);
+	}
+	return 0;
+}
+
+/* COUNT launches; rc: the last failure's, or 0; count: the launches that worked. */
+static int launch_common(struct stream *s, struct result *r, enum launch_kind kind, enum fn_id id)
+{
+	U64_ARG(ns, "NS");
+	unsigned long long count, ok = 0, failed = 0;
+	if (opt_count(s, r, &count) < 0)
+		return -1;
+	res_u64(r, "ns", ns);
+	void *fn = need(r, id);
+	if (!fn) {
+		r->rc = CUDA_ERROR_NOT_FOUND;
+		return 0;
+	}
+	if ((r->rc = busy_load(r, false)) != 0)
+		return 0;
+	CUstream st = cap.capturing ? cap.s : NULL;
+	res_str(r, "stream", cap.capturing ? "capture" : "null");
+	for (unsigned long long i = 0; i < count; i++) {
+		CUresult rc = launch_busy(kind, fn, &ns, st);
+		if (rc) {
+			failed++;
+			r->rc = rc;
+		} else {
+			ok++;
+		}
+	}
+	if (cap.capturing)
+		cap.kernels += ok;
+	forget_busy(r->rc); /* the stream: the capture commands find out */
+	res_u64(r, "count", ok);
+	res_u64(r, "failed", failed);
+	return 0;
+}
+
+static int cmd_launch(struct stream *s, struct result *r)
+{
+	return launch_common(s, r, L_KERNEL, F_LAUNCH_KERNEL);
+}
+
+static int cmd_launchex(struct stream *s, struct result *r)
+{
+	return launch_common(s, r, L_EX, F_LAUNCH_KERNEL_EX);
+}
+
+static int cmd_coop(struct stream *s, struct result *r)
+{
+	return launch_common(s, r, L_COOP, F_LAUNCH_COOPERATIVE);
+}
+
+static struct graph_entry *graph_find(const char *name)
+{
+	for (int i = 0; i < ngraphs; i++)
+		if (strcmp(graphs[i].name, name) == 0)
+			return &graphs[i];
+	return NULL;
+}
+
+/* capture begin [MODE] | capture end [NAME] | capture status */
+static int cmd_capture(struct stream *s, struct result *r)
+{
+	ARG(what, "begin|end|status");
+	res_str(r, "what", what);
+	if (strcmp(what, "begin") == 0) {
+		static const char *const modes[] = {"global", "thread", "relaxed"};
+		int mode = 0;
+		const char *m = opt_arg(s);
+		if (m) {
+			for (mode = 0; mode < 3 && strcmp(modes[mode], m) != 0; mode++)
+				;
+			if (mode == 3) {
+				usage_error(r->op, "CUDRIVE_USAGE", "bad MODE \"%s\" (global, thread, relaxed)", m);
+				return -1;
+			}
+		}
+		res_str(r, "mode", modes[mode]);
+		fn_begin_capture begin = (fn_begin_capture)need(r, F_BEGIN_CAPTURE);
+		if (!begin) {
+			r->rc = CUDA_ERROR_NOT_FOUND;
+			return 0;
+		}
+		if ((r->rc = cap_stream(r)) != 0)
+			return 0;
+		r->rc = begin(cap.s, mode);
+		if (r->rc == 0) {
+			cap.capturing = true;
+			cap.kernels = 0;
+		}
+		forget_stream(r->rc);
+		return 0;
+	}
+	if (strcmp(what, "end") == 0) {
+		char name[NAME_LEN];
+		const char *given = opt_arg(s);
+		if (given) {
+			if (strlen(given) >= NAME_LEN || graph_find(given)) {
+				usage_error(r->op, graph_find(given) ? "CUDRIVE_NAME_IN_USE" : "CUDRIVE_USAGE",
+					    "bad or used graph name: \"%s\"", given);
+				return -1;
+			}
+			snprintf(name, sizeof(name), "%s", given);
+		} else {
+			do
+				snprintf(name, sizeof(name), "g%lu", graph_counter++);
+			while (graph_find(name));
+		}
+		fn_end_capture end = (fn_end_capture)need(r, F_END_CAPTURE);
+		if (!end) {
+			r->rc = CUDA_ERROR_NOT_FOUND;
+			return 0;
+		}
+		if ((r->rc = cap_stream(r)) != 0)
+			return 0;
+		CUgraph g = NULL;
+		r->rc = end(cap.s, &g);
+		unsigned long long kernels = cap.kernels;
+		res_u64(r, "kernels", kernels);
+		/* The driver ends the capture whatever it answers (but "not capturing"). */
+		cap.capturing = false;
+		cap.kernels = 0;
+		forget_stream(r->rc);
+		if (r->rc != 0)
+			return 0;
+		if (ngraphs == MAX_GRAPHS) {
+			fn_graph_destroy destroy = (fn_graph_destroy)resolve(F_GRAPH_DESTROY);
+			if (destroy)
+				destroy(g);
+			r->rc = RC_USAGE;
+			r->err = "CUDRIVE_TOO_MANY_GRAPHS";
+			return 0;
+		}
+		struct graph_entry *e = &graphs[ngraphs++];
+		memset(e, 0, sizeof(*e));
+		snprintf(e->name, sizeof(e->name), "%s", name);
+		e->g = g;
+		e->kernels = kernels;
+		res_str(r, "name", name);
+		return 0;
+	}
+	if (strcmp(what, "status") == 0) {
+		fn_is_capturing is = (fn_is_capturing)need(r, F_IS_CAPTURING);
+		if (!is) {
+			r->rc = CUDA_ERROR_NOT_FOUND;
+			return 0;
+		}
+		if ((r->rc = cap_stream(r)) != 0)
+			return 0;
+		int status = -1;
+		r->rc = is(cap.s, &status);
+		res_i64(r, "status", status);
+		forget_stream(r->rc);
+		return 0;
+	}
+	usage_error(r->op, "CUDRIVE_USAGE", "bad capture step \"%s\" (begin, end, status)", what);
+	return -1;
+}
+
+static struct graph_entry *graph_arg(struct result *r, const char *name)
+{
+	struct graph_entry *e = graph_find(name);
+	if (!e)
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no graph named \"%s\"", name);
+	return e;
+}
+
+/* Instantiate graph NAME (again: its previous executable is destroyed). */
+static int cmd_graph(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	struct graph_entry *e = graph_arg(r, name);
+	if (!e)
+		return -1;
+	res_str(r, "name", name);
+	res_u64(r, "kernels", e->kernels);
+	fn_graph_instantiate inst = (fn_graph_instantiate)need(r, F_GRAPH_INSTANTIATE);
+	if (!inst) {
+		r->rc = CUDA_ERROR_NOT_FOUND;
+		return 0;
+	}
+	if (e->exec) {
+		fn_graph_exec_destroy destroy = (fn_graph_exec_destroy)resolve(F_GRAPH_EXEC_DESTROY);
+		if (destroy)
+			destroy(e->exec);
+		e->exec = NULL;
+	}
+	CUgraphExec x = NULL;
+	r->rc = inst(&x, e->g, 0);
+	if (r->rc == 0)
+		e->exec = x;
+	return 0;
+}
+
+static int cmd_graphlaunch(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	unsigned long long count, ok = 0, failed = 0;
+	if (opt_count(s, r, &count) < 0)
+		return -1;
+	struct graph_entry *e = graph_arg(r, name);
+	if (!e)
+		return -1;
+	res_str(r, "name", name);
+	if (!e->exec) {
+		usage_error(r->op, "CUDRIVE_USAGE", "graph \"%s\" is not instantiated (run: graph %s)", name, name);
+		return -1;
+	}
+	fn_graph_launch launch = (fn_graph_launch)need(r, F_GRAPH_LAUNCH);
+	if (!launch) {
+		r->rc = CUDA_ERROR_NOT_FOUND;
+		return 0;
+	}
+	if ((r->rc = cap_stream(r)) != 0)
+		return 0;
+	for (unsigned long long i = 0; i < count; i++) {
+		CUresult rc = launch(e->exec, cap.s);
+		if (rc) {
+			failed++;
+			r->rc = rc;
+		} else {
+			ok++;
+		}
+	}
+	if (cap.capturing)
+		cap.kernels += ok * e->kernels;
+	forget_stream(r->rc);
+	res_u64(r, "count", ok);
+	res_u64(r, "failed", failed);
+	res_u64(r, "kernels", e->kernels);
+	return 0;
+}
+
+/*
+ * Timing events around one NS kernel on the NULL stream: start, end and a
+ * CU_EVENT_DISABLE_TIMING event. Reports cuEventQuery before and after
+ * cuEventSynchronize(end), how long that waited, cuEventElapsedTime(start,
+ * end) and its answer for the non-timing event (must be INVALID_HANDLE).
+ */
+static int cmd_event(struct stream *s, struct result *r)
+{
+	U64_ARG(ns, "NS");
+	res_u64(r, "ns", ns);
+	fn_event_create create = (fn_event_create)need(r, F_EVENT_CREATE);
+	fn_event_record record = (fn_event_record)need(r, F_EVENT_RECORD);
+	fn_event query = (fn_event)need(r, F_EVENT_QUERY);
+	fn_event sync = (fn_event)need(r, F_EVENT_SYNCHRONIZE);
+	fn_event_elapsed elapsed = (fn_event_elapsed)need(r, F_EVENT_ELAPSED);
+	fn_event destroy = (fn_event)need(r, F_EVENT_DESTROY);
+	void *launch = need(r, F_LAUNCH_KERNEL);
+	if (!create || !record || !query || !sync || !elapsed || !destroy || !launch) {
+		r->rc = CUDA_ERROR_NOT_FOUND;
+		return 0;
+	}
+	if ((r->rc = busy_load(r, false)) != 0)
+		return 0;
+	static const unsigned flags[3] = {0, 0, 2 /* CU_EVENT_DISABLE_TIMING */};
+	CUevent ev[3] = {NULL, NULL, NULL};
+	int made = 0;
+	for (; made < 3; made++)
+		if ((r->rc = create(&ev[made], flags[made])) != 0)
+			break;
+	CUresult lrc = CUDA_SUCCESS;
+	if (made == 3 && (r->rc = record(ev[0], NULL)) == 0 &&
+	    (r->rc = lrc = launch_busy(L_KERNEL, launch, &ns, NULL)) == 0 && (r->rc = record(ev[1], NULL)) == 0 &&
+	    (r->rc = record(ev[2], NULL)) == 0) {
+		res_i64(r, "query_before", query(ev[1]));
+		uint64_t t0 = now_ns();
+		r->rc = sync(ev[1]);
+		res_u64(r, "wait_ns", now_ns() - t0);
+		res_i64(r, "query_after", query(ev[1]));
+		float ms = 0, ms2 = 0;
+		CUresult erc = elapsed(&ms, ev[0], ev[1]);
+		res_i64(r, "elapsed_rc", erc);
+		if (erc == 0)
+			res_raw(r, ",\"elapsed_ms\":%.6f", (double)ms);
+		res_i64(r, "notiming_rc", elapsed(&ms2, ev[0], ev[2]));
+	}
+	forget_busy(lrc);
+	for (int i = 0; i < made; i++) {
+		CUresult drc = destroy(ev[i]);
+		if (drc && !r->rc)
+			r->rc = drc;
+	}
+	return 0;
+}
+
+/* A graph of BURN_GRAPH_KERNELS kernels of *NS, captured on cudrive's stream
+ * and instantiated; *G and *X are set only on success. */
+static CUresult burn_graph(struct result *r, unsigned long long *ns, CUgraph *g, CUgraphExec *x)
+{
+	fn_begin_capture begin = (fn_begin_capture)need(r, F_BEGIN_CAPTURE);
+	fn_end_capture end = (fn_end_capture)need(r, F_END_CAPTURE);
+	fn_graph_instantiate inst = (fn_graph_instantiate)need(r, F_GRAPH_INSTANTIATE);
+	fn_graph_destroy destroy = (fn_graph_destroy)need(r, F_GRAPH_DESTROY);
+	void *launch = need(r, F_LAUNCH_KERNEL);
+	if (!begin || !end || !inst || !destroy || !launch)
+		return CUDA_ERROR_NOT_FOUND;
+	CUresult rc = cap_stream(r);
+	if (rc)
+		return rc;
+	if ((rc = begin(cap.s, 0)) != 0) {
+		forget_stream(rc);
+		res_str(r, "detail", "cuStreamBeginCapture failed");
+		return rc;
+	}
+	CUresult lrc = CUDA_SUCCESS;
+	for (int i = 0; i < BURN_GRAPH_KERNELS && !lrc; i++)
+		lrc = launch_busy(L_KERNEL, launch, ns, cap.s);
+	CUgraph graph = NULL;
+	rc = end(cap.s, &graph); /* always: the capture must not outlive the burn */
+	forget_busy(lrc);
+	forget_stream(rc);
+	if (lrc || rc) {
+		if (!rc)
+			destroy(graph);
+		res_str(r, "detail", lrc ? "launch into the capture failed" : "cuStreamEndCapture failed");
+		return lrc ? lrc : rc;
+	}
+	if ((rc = inst(x, graph, 0)) != 0) {
+		destroy(graph);
+		res_str(r, "detail", "cuGraphInstantiateWithFlags failed");
+		return rc;
+	}
+	*g = graph;
+	return CUDA_SUCCESS;
+}
+
+/*
+ * burn KIND NS SECONDS [SYNC_EVERY]: keep the GPU as busy as this process is
+ * allowed to, the way a framework does: launch, and every SYNC_EVERY launches
+ * wait for the queue to drain (cuCtxSynchronize). The share is the GPU time
+ * launched over the wall time until the last kernel ended.
+ */
+static int cmd_burn(struct stream *s, struct result *r)
+{
+	ARG(kind_s, "launch|launchex|coop|graph");
+	U64_ARG(ns, "NS");
+	ARG(secs_s, "SECONDS");
+	char *end = NULL;
+	errno = 0;
+	double secs = strtod(secs_s, &end);
+	if (errno || end == secs_s || *end || !(secs >= 0 && secs <= 86400)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad SECONDS: \"%s\" (0 to 86400)", secs_s);
+		return -1;
+	}
+	unsigned long long sync_every = 64;
+	const char *se = opt_arg(s);
+	if (se && !parse_u64(se, &sync_every)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad SYNC_EVERY: \"%s\"", se);
+		return -1;
+	}
+	size_t k = 0;
+	while (k < sizeof(launch_kinds) / sizeof(launch_kinds[0]) && strcmp(launch_kinds[k].word, kind_s) != 0)
+		k++;
+	if (k == sizeof(launch_kinds) / sizeof(launch_kinds[0])) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad KIND \"%s\" (launch, launchex, coop, graph)", kind_s);
+		return -1;
+	}
+	if (cap.capturing) {
+		usage_error(r->op, "CUDRIVE_USAGE", "burn while a capture is under way (capture end first)");
+		return -1;
+	}
+	enum launch_kind kind = launch_kinds[k].kind;
+	unsigned long long per = kind == L_GRAPH ? BURN_GRAPH_KERNELS : 1;
+	res_str(r, "kind", kind_s);
+	res_u64(r, "ns", ns);
+	res_raw(r, ",\"seconds\":%.3f", secs);
+	res_u64(r, "sync_every", sync_every);
+	fn_void ctxsync = (fn_void)need(r, F_CTX_SYNCHRONIZE);
+	void *fn = need(r, launch_kinds[k].fn);
+	if (!ctxsync || !fn) {
+		r->rc = CUDA_ERROR_NOT_FOUND;
+		return 0;
+	}
+	if ((r->rc = busy_load(r, false)) != 0)
+		return 0;
+	CUgraph g = NULL;
+	CUgraphExec x = NULL;
+	if (kind == L_GRAPH && (r->rc = burn_graph(r, &ns, &g, &x)) != 0)
+		return 0;
+	unsigned long long launches = 0;
+	uint64_t t0 = now_ns(), limit = (uint64_t)(secs * 1e9);
+	CUresult rc = CUDA_SUCCESS;
+	while (now_ns() - t0 < limit) {
+		if (kind == L_GRAPH)
+			rc = ((fn_graph_launch)fn)(x, cap.s);
+		else
+			rc = launch_busy(kind, fn, &ns, NULL);
+		if (rc)
+			break;
+		launches++;
+		if (sync_every && launches % sync_every == 0 && (rc = ctxsync()) != 0)
+			break;
+	}
+	if (kind == L_GRAPH)
+		forget_stream(rc);
+	else
+		forget_busy(rc);
+	CUresult src = ctxsync(); /* the last kernel's end is the end of the burn */
+	if (!rc)
+		rc = src;
+	uint64_t elapsed = now_ns() - t0;
+	if (kind == L_GRAPH) {
+		fn_graph_exec_destroy xd = (fn_graph_exec_destroy)resolve(F_GRAPH_EXEC_DESTROY);
+		fn_graph_destroy gd = (fn_graph_destroy)resolve(F_GRAPH_DESTROY);
+		if (xd)
+			xd(x);
+		if (gd)
+			gd(g);
+	}
+	unsigned long long gpu_ns = launches * per * ns;
+	r->rc = rc;
+	res_u64(r, "launches", launches);
+	res_u64(r, "kernels", launches * per);
+	res_u64(r, "gpu_ns", gpu_ns);
+	res_u64(r, "elapsed_ns", elapsed);
+	res_raw(r, ",\"share\":%.4f", elapsed ? (double)gpu_ns / (double)elapsed : 0.0);
+	return 0;
+}
+
 /* ---- NVML commands ---------------------------------------------------------- */
 
 static int cmd_nvml(struct stream *s, struct result *r)
@@ -2109,6 +2853,15 @@ static const struct {
 	{"echo", cmd_echo},
 	{"list", cmd_list},
 	{"waitfile", cmd_waitfile},
+	{"module", cmd_module},
+	{"launch", cmd_launch},
+	{"launchex", cmd_launchex},
+	{"coop", cmd_coop},
+	{"capture", cmd_capture},
+	{"graph", cmd_graph},
+	{"graphlaunch", cmd_graphlaunch},
+	{"event", cmd_event},
+	{"burn", cmd_burn},
 };
 
 static void run_stream(struct stream *s)

@@ -33,7 +33,7 @@
 
 #define HAMI_SLICE_MAGIC "HAMISLCE" /* 8 bytes, no terminator */
 #define HAMI_SLICE_VERSION_MAJOR 1u
-#define HAMI_SLICE_VERSION_MINOR 0u
+#define HAMI_SLICE_VERSION_MINOR 1u
 
 #define HAMI_SLICE_MAX_DEVICES 16
 #define HAMI_SLICE_MAX_SLOTS 256
@@ -114,7 +114,15 @@ struct hami_slice_device {
 	uint64_t memory_peak;  /* highest memory_used seen */
 	uint32_t sm_util;      /* percent, whole slice, refreshed by its processes */
 	uint32_t decoders;     /* live NVDEC decoders, whole slice */
-	uint64_t reserved[5];
+	/* SM share control (1.1), see docs/sm-share.md */
+	uint64_t sm_sample_us;   /* newest NVML utilization sample the controller used */
+	uint32_t sm_open_ppm;    /* part of each launch period the slice may launch in, ppm */
+	uint32_t sm_tuned_for;   /* the share (percent) sm_open_ppm was tuned for */
+	uint32_t sm_others_util; /* percent of the GPU used by processes outside the slice */
+	uint32_t sm_waits;       /* launches held for the open window (wraps): demand seen */
+	uint32_t sm_waits_steered; /* sm_waits when the controller last steered */
+	uint32_t reserved0;
+	uint64_t reserved;
 };
 
 /* One process of the slice. */

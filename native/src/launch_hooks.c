@@ -1,0 +1,153 @@
+/*
+ * Every way to put work on the GPU passes the SM-share gate: kernels one by
+ * one, with extended attributes, cooperatively, and whole graphs, each also
+ * in its per-thread-default-stream (_ptsz) form. With no share set anywhere
+ * in this process the hook is one load of a process-local flag.
+ */
+#include "hami.h"
+#include "hook_api.h"
+
+typedef CUresult (*launch_fn)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+			      unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
+typedef CUresult (*launch_ex_fn)(const void *, CUfunction, void **, void **);
+typedef CUresult (*cooperative_fn)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
+				   unsigned int, unsigned int, unsigned int, CUstream, void **);
+typedef CUresult (*graph_fn)(CUgraphExec, CUstream);
+
+/* CUlaunchConfig begins with the grid, the block, shared memory, then the stream. */
+struct launch_config_head {
+	unsigned int grid[3];
+	unsigned int block[3];
+	unsigned int shared_mem;
+	CUstream stream;
+};
+
+static void *real(void **cache, const char *name)
+{
+	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+	if (!f) {
+		f = hami_cuda_sym(name);
+		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
+
+static inline int watching(void)
+{
+	return __atomic_load_n(&hami_sm_watch, __ATOMIC_RELAXED);
+}
+
+static CUresult launch(launch_fn fn, int per_thread, CUfunction f, unsigned int gx, unsigned int gy,
+		       unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
+		       CUstream stream, void **params, void **extra)
+{
+	if (!fn)
+		return CUDA_ERROR_NOT_FOUND;
+	if (!watching())
+		return fn(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);
+	hami_sm_before_launch(stream, per_thread);
+	CUresult rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);
+	hami_sm_after_launch(rc);
+	return rc;
+}
+
+HAMI_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+				    unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
+				    CUstream stream, void **params, void **extra)
+{
+	static void *cache;
+	return launch((launch_fn)real(&cache, "cuLaunchKernel"), 0, f, gx, gy, gz, bx, by, bz, shm, stream,
+		      params, extra);
+}
+
+HAMI_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+					 unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
+					 CUstream stream, void **params, void **extra)
+{
+	static void *cache;
+	return launch((launch_fn)real(&cache, "cuLaunchKernel_ptsz"), 1, f, gx, gy, gz, bx, by, bz, shm,
+		      stream, params, extra);
+}
+
+static CUresult launch_ex(launch_ex_fn fn, int per_thread, const void *config, CUfunction f, void **params,
+			  void **extra)
+{
+	if (!fn)
+		return CUDA_ERROR_NOT_FOUND;
+	if (!watching() || !config)
+		return fn(config, f, params, extra);
+	hami_sm_before_launch(((const struct launch_config_head *)config)->stream, per_thread);
+	CUresult rc = fn(config, f, params, extra);
+	hami_sm_after_launch(rc);
+	return rc;
+}
+
+HAMI_EXPORT CUresult cuLaunchKernelEx(const void *config, CUfunction f, void **params, void **extra)
+{
+	static void *cache;
+	return launch_ex((launch_ex_fn)real(&cache, "cuLaunchKernelEx"), 0, config, f, params, extra);
+}
+
+HAMI_EXPORT CUresult cuLaunchKernelEx_ptsz(const void *config, CUfunction f, void **params, void **extra)
+{
+	static void *cache;
+	return launch_ex((launch_ex_fn)real(&cache, "cuLaunchKernelEx_ptsz"), 1, config, f, params, extra);
+}
+
+static CUresult cooperative(cooperative_fn fn, int per_thread, CUfunction f, unsigned int gx,
+			    unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by,
+			    unsigned int bz, unsigned int shm, CUstream stream, void **params)
+{
+	if (!fn)
+		return CUDA_ERROR_NOT_FOUND;
+	if (!watching())
+		return fn(f, gx, gy, gz, bx, by, bz, shm, stream, params);
+	hami_sm_before_launch(stream, per_thread);
+	CUresult rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params);
+	hami_sm_after_launch(rc);
+	return rc;
+}
+
+HAMI_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+					       unsigned int gz, unsigned int bx, unsigned int by,
+					       unsigned int bz, unsigned int shm, CUstream stream,
+					       void **params)
+{
+	static void *cache;
+	return cooperative((cooperative_fn)real(&cache, "cuLaunchCooperativeKernel"), 0, f, gx, gy, gz, bx,
+			   by, bz, shm, stream, params);
+}
+
+HAMI_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+						    unsigned int gz, unsigned int bx, unsigned int by,
+						    unsigned int bz, unsigned int shm, CUstream stream,
+						    void **params)
+{
+	static void *cache;
+	return cooperative((cooperative_fn)real(&cache, "cuLaunchCooperativeKernel_ptsz"), 1, f, gx, gy, gz,
+			   bx, by, bz, shm, stream, params);
+}
+
+static CUresult graph(graph_fn fn, int per_thread, CUgraphExec exec, CUstream stream)
+{
+	if (!fn)
+		return CUDA_ERROR_NOT_FOUND;
+	if (!watching())
+		return fn(exec, stream);
+	hami_sm_before_launch(stream, per_thread);
+	CUresult rc = fn(exec, stream);
+	hami_sm_after_launch(rc);
+	return rc;
+}
+
+HAMI_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
+{
+	static void *cache;
+	return graph((graph_fn)real(&cache, "cuGraphLaunch"), 0, exec, stream);
+}
+
+HAMI_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
+{
+	static void *cache;
+	return graph((graph_fn)real(&cache, "cuGraphLaunch_ptsz"), 1, exec, stream);
+}

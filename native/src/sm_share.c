@@ -1,0 +1,371 @@
+/*
+ * The SM share: a slice may keep the GPU busy for share % of the time.
+ *
+ * Throttling is ahead of time and needs no knowledge of kernel durations:
+ * time is cut into 50 ms periods, and the slice may launch only during the
+ * first f of each (its "open window"; every process computes it from the same
+ * CLOCK_MONOTONIC, shifted by a per-slice phase so that slices do not all
+ * open together). While a share binds, each launching thread keeps at most
+ * two launches queued beyond the one running (events), so a closing window
+ * stops the slice's work within a kernel or two instead of a deep queue.
+ *
+ * f starts at the share and is corrected every 200 ms from what the GPU
+ * really did: NVML's per-process utilization (exclusive GPU time, whatever
+ * the kernels' sizes, and whether launched one by one, cooperatively or as a
+ * graph). One process of the slice (whoever claims the new sample first)
+ * updates f in the slice file: f += K * (target - measured). In elastic mode
+ * the target rises into GPU time nobody uses, and falls back to the share
+ * when the GPU is full.
+ *
+ * No share set: the launch hooks test one process-local flag and call the
+ * driver (no syscall, lock or shared-memory write). docs/sm-share.md.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hami.h"
+
+#define PERIOD_NS 50000000ull
+#define FULL_PPM 1000000u
+#define MIN_PPM 10000u       /* 1 %: a window never closes for good */
+#define GAIN_PPM_PER_PCT 4000 /* K = 0.4 */
+#define MAX_AHEAD 2
+#define ELASTIC_HEADROOM 2   /* percent left to others when taking idle time */
+#define MAX_SAMPLES 128
+
+typedef CUresult (*ctx_current_fn)(CUcontext *);
+typedef CUresult (*event_create_fn)(CUevent *, unsigned int);
+typedef CUresult (*event_record_fn)(CUevent, CUstream);
+typedef CUresult (*event_fn)(CUevent);
+typedef CUresult (*capturing_fn)(CUstream, int *);
+typedef nvmlReturn_t (*proc_util_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
+				     unsigned long long);
+typedef nvmlReturn_t (*dev_util_fn)(nvmlDevice_t, nvmlUtilization_t *);
+typedef nvmlReturn_t (*by_uuid_fn)(const char *, nvmlDevice_t *);
+typedef nvmlReturn_t (*nvml_init_fn)(void);
+
+int hami_sm_watch;             /* a share may apply in this process */
+static uint64_t launches;      /* throttled launches, for the PID-namespace fallback */
+
+/* The launching thread's queue bound: events after its last launches. */
+struct queue_bound {
+	CUcontext ctx;
+	CUevent ev[MAX_AHEAD + 1];
+	int head, count;
+	int gating; /* the launch under way is throttled: record after it */
+	int per_thread;
+	CUstream stream;
+};
+static __thread struct queue_bound queue;
+
+static void *sym(void **cache, const char *name)
+{
+	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+	if (!f) {
+		f = name[0] == 'c' ? hami_cuda_sym(name) : hami_nvml_sym(name);
+		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
+#define SYM(type, name) ({ static void *cache_; (type)sym(&cache_, name); })
+
+/* ---- the gate, in the launch path ------------------------------------------ */
+
+/* The slice device a launch goes to: the current context's GPU. */
+static int launch_device(void)
+{
+	if (hami_ordinal_count() == 1)
+		return hami_ordinal_device(0);
+	return hami_current_device(NULL);
+}
+
+static int capturing(CUstream stream, int per_thread)
+{
+	capturing_fn fn = per_thread ? SYM(capturing_fn, "cuStreamIsCapturing_ptsz")
+				     : SYM(capturing_fn, "cuStreamIsCapturing");
+	int status = 0;
+	if (!fn)
+		return 0;
+	/* An error here (e.g. the legacy stream during another capture) is read
+	 * as "capturing": then we neither wait nor record, which is always safe. */
+	return fn(stream, &status) != CUDA_SUCCESS || status != 0;
+}
+
+/* The open fraction in force; a new share restarts it from the share itself. */
+static uint32_t open_ppm(struct hami_slice_device *d, uint32_t share)
+{
+	uint32_t tuned = __atomic_load_n(&d->sm_tuned_for, __ATOMIC_ACQUIRE);
+	uint32_t ppm = __atomic_load_n(&d->sm_open_ppm, __ATOMIC_ACQUIRE);
+	if (tuned != share || ppm == 0) {
+		ppm = share * (FULL_PPM / 100);
+		if (__atomic_compare_exchange_n(&d->sm_tuned_for, &tuned, share, 0, __ATOMIC_ACQ_REL,
+						__ATOMIC_ACQUIRE))
+			__atomic_store_n(&d->sm_open_ppm, ppm, __ATOMIC_RELEASE);
+	}
+	return ppm;
+}
+
+static void sleep_ns(uint64_t ns)
+{
+	struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
+	nanosleep(&ts, NULL);
+}
+
+/* Keep at most MAX_AHEAD of this thread's launches queued on the GPU. */
+static void bound_queue(void)
+{
+	event_fn query = SYM(event_fn, "cuEventQuery");
+	event_fn wait = SYM(event_fn, "cuEventSynchronize");
+	while (queue.count > 0 && query && wait) {
+		CUevent e = queue.ev[queue.head];
+		if (query(e) == CUDA_ERROR_NOT_READY) {
+			if (queue.count < MAX_AHEAD)
+				return;
+			wait(e);
+		}
+		queue.head = (queue.head + 1) % (MAX_AHEAD + 1);
+		queue.count--;
+	}
+}
+
+/* Events belong to a context: start over when the thread changed context. */
+static int queue_ready(void)
+{
+	ctx_current_fn current = SYM(ctx_current_fn, "cuCtxGetCurrent");
+	event_create_fn create = SYM(event_create_fn, "cuEventCreate");
+	CUcontext ctx = NULL;
+	if (!current || !create || current(&ctx) != CUDA_SUCCESS || !ctx)
+		return 0;
+	if (ctx == queue.ctx)
+		return 1;
+	memset(&queue, 0, sizeof(queue));
+	for (int i = 0; i <= MAX_AHEAD; i++)
+		if (create(&queue.ev[i], 2 /* CU_EVENT_DISABLE_TIMING */) != CUDA_SUCCESS)
+			return 0;
+	queue.ctx = ctx;
+	return 1;
+}
+
+/* Sleep until the slice's window is open. 1 if it had to wait. */
+static int wait_for_window(struct hami_slice_file *f, struct hami_slice_device *d, uint32_t ppm)
+{
+	uint64_t shift = f->header.created_unix_ns % PERIOD_NS;
+	for (int rounds = 0;; rounds++) {
+		uint64_t phase = (hami_monotonic_ns() + shift) % PERIOD_NS;
+		uint64_t open = PERIOD_NS / FULL_PPM * ppm;
+		if (phase < open || rounds == 100)
+			return rounds > 0;
+		sleep_ns(PERIOD_NS - phase);
+		ppm = __atomic_load_n(&d->sm_open_ppm, __ATOMIC_ACQUIRE);
+		if (!ppm || ppm >= FULL_PPM)
+			return 1;
+	}
+}
+
+/* Before a launch on stream (per_thread: a _ptsz entry point). May block this thread. */
+void hami_sm_before_launch(CUstream stream, int per_thread)
+{
+	queue.gating = 0;
+	struct hami_slice_file *f = hami_slice();
+	int sdev = f ? launch_device() : -1;
+	struct hami_device_limit l;
+	if (sdev < 0 || hami_slice_limit(sdev, &l) < 0 || l.sm_share == 0 || l.sm_share >= 100)
+		return;
+	__atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
+	struct hami_slice_device *d = &f->device[sdev];
+	uint32_t ppm = open_ppm(d, l.sm_share);
+	if (ppm >= FULL_PPM || capturing(stream, per_thread))
+		return; /* not binding, or not real work yet (graph capture) */
+	int bounded = queue_ready();
+	if (bounded)
+		bound_queue();
+	if (wait_for_window(f, d, ppm))
+		__atomic_add_fetch(&d->sm_waits, 1, __ATOMIC_RELAXED);
+	queue.gating = bounded;
+	queue.per_thread = per_thread;
+	queue.stream = stream;
+}
+
+void hami_sm_after_launch(CUresult rc)
+{
+	if (!queue.gating)
+		return;
+	queue.gating = 0;
+	event_record_fn record = queue.per_thread ? SYM(event_record_fn, "cuEventRecord_ptsz")
+						  : SYM(event_record_fn, "cuEventRecord");
+	if (rc != CUDA_SUCCESS || !record || queue.count > MAX_AHEAD)
+		return;
+	int slot = (queue.head + queue.count) % (MAX_AHEAD + 1);
+	if (record(queue.ev[slot], queue.stream) == CUDA_SUCCESS)
+		queue.count++;
+}
+
+/* ---- the controller, in the housekeeping thread ----------------------------- */
+
+struct sample_view {
+	unsigned long long newest; /* microseconds */
+	uint32_t slice, others, mine;
+	int matched;
+};
+
+static nvmlDevice_t nvml_device(int sdev)
+{
+	static nvmlDevice_t handle[HAMI_SLICE_MAX_DEVICES];
+	static int ready;
+	struct hami_slice_file *f = hami_slice();
+	if (handle[sdev])
+		return handle[sdev];
+	nvml_init_fn init = SYM(nvml_init_fn, "nvmlInit_v2");
+	by_uuid_fn by_uuid = SYM(by_uuid_fn, "nvmlDeviceGetHandleByUUID");
+	if (!f || !init || !by_uuid || (!ready && init() != NVML_SUCCESS))
+		return NULL;
+	ready = 1;
+	if (by_uuid(f->device[sdev].uuid, &handle[sdev]) != NVML_SUCCESS)
+		handle[sdev] = NULL;
+	return handle[sdev];
+}
+
+static int slot_pid(struct hami_slice_file *f, unsigned int pid)
+{
+	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
+		if (__atomic_load_n(&f->slot[i].state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE &&
+		    (unsigned int)f->slot[i].pid == pid)
+			return 1;
+	return 0;
+}
+
+/* New NVML samples since `since`, split into this slice, the others, and us. 0: none. */
+static int read_samples(struct hami_slice_file *f, nvmlDevice_t dev, unsigned long long since,
+			struct sample_view *v)
+{
+	proc_util_fn fn = SYM(proc_util_fn, "nvmlDeviceGetProcessUtilization");
+	nvmlProcessUtilizationSample_t s[MAX_SAMPLES];
+	unsigned int n = MAX_SAMPLES;
+	if (!fn || fn(dev, s, &n, since) != NVML_SUCCESS || n == 0)
+		return 0;
+	memset(v, 0, sizeof(*v));
+	/* Several samples of one process may come back: use each process's newest. */
+	for (unsigned int i = 0; i < n; i++) {
+		int newest = 1;
+		for (unsigned int j = 0; j < n; j++)
+			if (j != i && s[j].pid == s[i].pid &&
+			    (s[j].timeStamp > s[i].timeStamp || (s[j].timeStamp == s[i].timeStamp && j < i)))
+				newest = 0;
+		if (!newest || s[i].timeStamp <= since)
+			continue;
+		if (s[i].timeStamp > v->newest)
+			v->newest = s[i].timeStamp;
+		if (slot_pid(f, s[i].pid)) {
+			v->slice += s[i].smUtil;
+			v->matched = 1;
+		} else {
+			v->others += s[i].smUtil;
+		}
+		if (s[i].pid == (unsigned int)getpid())
+			v->mine = s[i].smUtil;
+	}
+	if (v->slice > 100)
+		v->slice = 100;
+	if (v->others > 100)
+		v->others = 100;
+	return v->newest > since;
+}
+
+/*
+ * f += K (target - used), with one guard: f only opens further while the
+ * slice's launches are being held back (it wants more than it gets). A slice
+ * that runs below its share for lack of work keeps f, so a burst after a
+ * quiet spell is held to the share at once.
+ */
+static void steer(struct hami_slice_device *d, const struct hami_device_limit *l, uint32_t used,
+		  uint32_t others)
+{
+	if (l->sm_share == 0 || l->sm_share >= 100)
+		return;
+	int target = (int)l->sm_share;
+	if (l->mode == HAMI_MODE_ELASTIC) {
+		/* Grow into time nobody uses, give it back as soon as nobody leaves
+		 * any: then every slice drifts back to its share. */
+		int idle = 100 - (int)used - (int)others;
+		int fill = (int)used + (idle > 0 ? idle : 0) - ELASTIC_HEADROOM;
+		if (fill > target)
+			target = fill;
+	}
+	uint32_t ppm = open_ppm(d, l->sm_share);
+	uint32_t waits = __atomic_load_n(&d->sm_waits, __ATOMIC_RELAXED);
+	int held = waits != __atomic_exchange_n(&d->sm_waits_steered, waits, __ATOMIC_RELAXED);
+	if ((int)used < target && !held)
+		return;
+	long next = (long)ppm + (long)GAIN_PPM_PER_PCT * (target - (int)used);
+	if (next < (long)MIN_PPM)
+		next = MIN_PPM;
+	if (next > (long)FULL_PPM)
+		next = FULL_PPM;
+	__atomic_store_n(&d->sm_open_ppm, (uint32_t)next, __ATOMIC_RELEASE);
+}
+
+/* Every housekeeping tick: publish utilization, steer the open fraction. */
+void hami_sm_tick(void)
+{
+	static uint64_t launches_seen, ticks;
+	static unsigned long long seen_us[HAMI_SLICE_MAX_DEVICES];
+	struct hami_slice_file *f = hami_slice();
+	int slot = hami_slot();
+	if (!f || slot < 0)
+		return;
+	/* A share set or lifted while we run: the launch hooks know within a tick. */
+	hami_sm_refresh();
+	/* NVML makes a new sample every 200 ms; without a share to steer, one
+	 * look per sample is enough to publish utilization. */
+	if (!__atomic_load_n(&hami_sm_watch, __ATOMIC_RELAXED) && ticks++ % 4 != 0)
+		return;
+	uint64_t launched = __atomic_load_n(&launches, __ATOMIC_RELAXED);
+	for (int o = 0; o < hami_ordinal_count(); o++) {
+		int sdev = hami_ordinal_device(o);
+		struct hami_device_limit l;
+		if (sdev < 0 || hami_slice_limit(sdev, &l) < 0)
+			continue;
+		struct hami_slice_device *d = &f->device[sdev];
+		nvmlDevice_t dev = nvml_device(sdev);
+		struct sample_view v;
+		if (!dev || !read_samples(f, dev, seen_us[sdev], &v))
+			continue;
+		seen_us[sdev] = v.newest;
+		__atomic_store_n(&f->slot[slot].sm_util[sdev], v.mine, __ATOMIC_RELAXED);
+		if (!v.matched && launched != launches_seen) {
+			/* NVML shows other PIDs than ours (a container's PID namespace):
+			 * count the whole GPU as ours. Never lets the slice run unlimited. */
+			dev_util_fn util = SYM(dev_util_fn, "nvmlDeviceGetUtilizationRates");
+			nvmlUtilization_t u;
+			if (util && util(dev, &u) == NVML_SUCCESS) {
+				v.slice = u.gpu > 100 ? 100 : u.gpu;
+				v.others = 0;
+			}
+		}
+		/* One process of the slice steers per sample: whoever claims it first. */
+		unsigned long long claimed = __atomic_load_n(&d->sm_sample_us, __ATOMIC_ACQUIRE);
+		if (v.newest <= claimed ||
+		    !__atomic_compare_exchange_n(&d->sm_sample_us, &claimed, v.newest, 0, __ATOMIC_ACQ_REL,
+						 __ATOMIC_ACQUIRE))
+			continue;
+		__atomic_store_n(&d->sm_util, v.slice, __ATOMIC_RELAXED);
+		__atomic_store_n(&d->sm_others_util, v.others, __ATOMIC_RELAXED);
+		steer(d, &l, v.slice, v.others);
+	}
+	launches_seen = launched;
+}
+
+/* At set-up: does any share apply here? (Later the housekeeper keeps it true.) */
+void hami_sm_refresh(void)
+{
+	int watch = 0;
+	for (int o = 0; o < hami_ordinal_count(); o++) {
+		struct hami_device_limit l;
+		int sdev = hami_ordinal_device(o);
+		if (sdev >= 0 && hami_slice_limit(sdev, &l) == 0 && l.sm_share > 0 && l.sm_share < 100)
+			watch = 1;
+	}
+	__atomic_store_n(&hami_sm_watch, watch, __ATOMIC_RELAXED);
+}

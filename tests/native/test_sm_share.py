@@ -1,0 +1,176 @@
+"""The SM share on the simulated GPU: achieved share, modes, live changes, every launch path.
+
+The simulated GPU runs kernels one after another on a device timeline shared
+by all processes, and NVML reports per-process utilization in 200 ms samples
+like the real driver. `cudrive burn KIND NS SECONDS` launches NS-long kernels
+for SECONDS and reports the share of that wall time its kernels occupied the
+GPU, which is what a user of the slice gets.
+"""
+
+import concurrent.futures
+
+import pytest
+
+from native_helpers import CUDA_ERROR_INVALID_VALUE, slice_device, slot_of
+
+KERNEL_NS = 1_000_000  # 1 ms kernels
+TOLERANCE = 0.05       # +-5 points on the simulated GPU (a shared 2-core CI machine)
+
+
+def _burner(cudrive, env):
+    p = cudrive.start(env)
+    p.ok("init")
+    p.ok("ctx 0")
+    return p
+
+
+def _burn(p, seconds, kind="launch", ns=KERNEL_NS):
+    rec = p.ok(f"burn {kind} {ns} {seconds}", timeout=seconds + 30)
+    assert rec["launches"] > 0, rec
+    return rec["share"]
+
+
+def _sm_slice(make_slice, name, share, mode=None, **extra):
+    env = {"CUDA_DEVICE_SM_LIMIT": share}
+    if mode:
+        env["HAMI_SM_MODE"] = mode
+    return make_slice(name=name, limit=None, overhead="0", **env, **extra)
+
+
+def test_no_share_runs_free(cudrive, make_slice):
+    s = make_slice(limit=None, overhead="0")
+    assert _burn(_burner(cudrive, s.env), 2) > 0.95
+
+
+@pytest.mark.parametrize("share", [25, 50, 75])
+def test_one_process_gets_its_share(cudrive, make_slice, share):
+    s = _sm_slice(make_slice, "team", share)
+    p = _burner(cudrive, s.env)
+    _burn(p, 1)  # the controller settles (the first sample comes after 200 ms)
+    got = _burn(p, 4)
+    assert abs(got - share / 100) <= TOLERANCE, got
+
+
+@pytest.mark.parametrize("share", [25, 50, 75])
+def test_four_processes_share_one_budget(cudrive, make_slice, share):
+    s = _sm_slice(make_slice, "team", share)
+    procs = [_burner(cudrive, s.env) for _ in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda p: _burn(p, 1), procs))
+        shares = list(pool.map(lambda p: _burn(p, 4), procs))
+    assert abs(sum(shares) - share / 100) <= TOLERANCE, shares
+
+
+def _two_slices(cudrive, make_slice, a, b, mode):
+    sa = _sm_slice(make_slice, "a", a, mode)
+    sb = _sm_slice(make_slice, "b", b, mode)
+    pa, pb = _burner(cudrive, sa.env), _burner(cudrive, sb.env)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda p: _burn(p, 1), (pa, pb)))
+        return list(pool.map(lambda p: _burn(p, 4), (pa, pb)))
+
+
+def test_hard_slices_each_get_their_share(cudrive, make_slice):
+    got_a, got_b = _two_slices(cudrive, make_slice, 30, 70, "hard")
+    assert abs(got_a - 0.30) <= TOLERANCE and abs(got_b - 0.70) <= TOLERANCE, (got_a, got_b)
+
+
+def test_elastic_slices_under_contention_get_at_least_their_share(cudrive, make_slice):
+    got_a, got_b = _two_slices(cudrive, make_slice, 30, 70, "elastic")
+    assert got_a >= 0.30 - TOLERANCE and got_b >= 0.70 - TOLERANCE, (got_a, got_b)
+
+
+def test_elastic_slice_takes_idle_time_hard_does_not(cudrive, make_slice):
+    elastic = _burner(cudrive, _sm_slice(make_slice, "e", 30, "elastic").env)
+    _burn(elastic, 2)
+    assert _burn(elastic, 3) >= 0.90
+    elastic.close()
+    hard = _burner(cudrive, _sm_slice(make_slice, "h", 30, "hard").env)
+    _burn(hard, 1)
+    assert abs(_burn(hard, 3) - 0.30) <= TOLERANCE
+
+
+def test_share_changes_live_up_and_down(cudrive, make_slice, gpu):
+    from hami_jupyter.slice_limits import set_sm_share
+
+    s = _sm_slice(make_slice, "team", 25)
+    p = _burner(cudrive, s.env)
+    _burn(p, 1)
+    assert abs(_burn(p, 2) - 0.25) <= TOLERANCE
+    set_sm_share(s.path, gpu.uuid(0), 75)
+    _burn(p, 2)  # the issue's bound: settled within 2 s
+    assert abs(_burn(p, 2) - 0.75) <= TOLERANCE
+    set_sm_share(s.path, gpu.uuid(0), 25)
+    _burn(p, 2)
+    assert abs(_burn(p, 2) - 0.25) <= TOLERANCE
+    set_sm_share(s.path, gpu.uuid(0), 0)  # lifted
+    _burn(p, 1)
+    assert _burn(p, 2) > 0.95
+
+
+def test_share_set_on_a_slice_that_had_none(cudrive, make_slice, gpu):
+    from hami_jupyter.slice_limits import set_sm_share
+
+    s = make_slice(limit=None, overhead="0")
+    p = _burner(cudrive, s.env)
+    assert _burn(p, 1) > 0.95
+    set_sm_share(s.path, gpu.uuid(0), 40)
+    _burn(p, 2)
+    assert abs(_burn(p, 2) - 0.40) <= TOLERANCE
+
+
+@pytest.mark.parametrize("kind", ["launchex", "coop", "graph"])
+def test_every_launch_path_is_governed(cudrive, make_slice, kind):
+    s = _sm_slice(make_slice, "team", 50)
+    p = _burner(cudrive, s.env)
+    _burn(p, 1, kind)
+    assert abs(_burn(p, 3, kind) - 0.50) <= TOLERANCE
+
+
+def test_governed_through_cuGetProcAddress(cudrive, make_slice):
+    s = _sm_slice(make_slice, "team", 50)
+    p = _burner(cudrive, s.env)
+    p.ok("resolve procaddr 12000 0")
+    _burn(p, 1)
+    assert abs(_burn(p, 3) - 0.50) <= TOLERANCE
+
+
+def test_killed_process_leaves_nothing_held(cudrive, make_slice):
+    s = _sm_slice(make_slice, "team", 50)
+    victim, survivor = _burner(cudrive, s.env), _burner(cudrive, s.env)
+    victim.send(f"burn launch {KERNEL_NS} 60")  # busy until killed
+    _burn(survivor, 1)
+    victim.kill9()
+    # Within a second the survivor has the slice's whole share to itself.
+    _burn(survivor, 1)
+    assert abs(_burn(survivor, 3) - 0.50) <= TOLERANCE
+
+
+def test_utilization_is_published_per_slice_and_process(cudrive, make_slice, gpu):
+    s = _sm_slice(make_slice, "team", 50)
+    p = _burner(cudrive, s.env)
+    _burn(p, 2)
+    snap = s.snapshot()
+    dev = slice_device(snap, gpu.uuid(0))
+    assert abs(dev.sm_util - 50) <= 10, dev
+    assert abs(slot_of(snap, p.pid).sm_util[0] - 50) <= 10, snap
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("CUDA_DEVICE_SM_LIMIT", "150"),
+        ("CUDA_DEVICE_SM_LIMIT", "-5"),
+        ("CUDA_DEVICE_SM_LIMIT", "50%"),
+        ("CUDA_DEVICE_SM_LIMIT", "half"),
+        ("CUDA_DEVICE_SM_LIMIT", ""),
+        ("CUDA_DEVICE_SM_LIMIT_0", "1e2"),
+        ("HAMI_SM_MODE", "soft"),
+    ],
+)
+def test_malformed_share_settings_fail_closed(cudrive, make_slice, name, value):
+    s = make_slice(limit=None, overhead="0", **{name: value})
+    res = cudrive.run("init", s.env)
+    assert res.one("init")["rc"] == CUDA_ERROR_INVALID_VALUE, res.describe()
+    lines = res.hami_lines()
+    assert any(name in line and f'"{value}"' in line for line in lines), res.describe()
