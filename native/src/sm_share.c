@@ -33,6 +33,8 @@
 #define GAIN_PPM_PER_PCT 4000 /* K = 0.4 */
 #define MAX_AHEAD 2
 #define ELASTIC_HEADROOM 2   /* percent left to others when taking idle time */
+#define NOT_BINDING_MARGIN 10 /* percent below the share that counts as not binding */
+#define OVERLAP_SLACK 10     /* per-process figures adding up past the device's: not per process */
 #define MAX_SAMPLES 128
 
 typedef CUresult (*ctx_current_fn)(CUcontext *);
@@ -236,16 +238,27 @@ static int slot_pid(struct hami_slice_file *f, unsigned int pid)
 	return 0;
 }
 
-/* New NVML samples since `since`, split into this slice, the others, and us. 0: none. */
+/*
+ * New NVML samples since `since`, split into this slice, the others, and us.
+ * Some drivers (seen on an H200, driver 580, in a VM) give every process with
+ * work on the GPU the whole GPU's utilization instead of its own: the
+ * processes' figures then add up to more than the device's. In that case the
+ * per-process split means nothing, and the slice is charged the device's
+ * figure (the most its processes report), which over-counts when other slices
+ * run too (they are throttled harder than needed) but never under-counts.
+ * 0: no new sample.
+ */
 static int read_samples(struct hami_slice_file *f, nvmlDevice_t dev, unsigned long long since,
 			struct sample_view *v)
 {
 	proc_util_fn fn = SYM(proc_util_fn, "nvmlDeviceGetProcessUtilization");
+	dev_util_fn device = SYM(dev_util_fn, "nvmlDeviceGetUtilizationRates");
 	nvmlProcessUtilizationSample_t s[MAX_SAMPLES];
 	unsigned int n = MAX_SAMPLES;
 	if (!fn || fn(dev, s, &n, since) != NVML_SUCCESS || n == 0)
 		return 0;
 	memset(v, 0, sizeof(*v));
+	uint32_t total = 0, slice_max = 0, others_max = 0;
 	/* Several samples of one process may come back: use each process's newest. */
 	for (unsigned int i = 0; i < n; i++) {
 		int newest = 1;
@@ -257,27 +270,37 @@ static int read_samples(struct hami_slice_file *f, nvmlDevice_t dev, unsigned lo
 			continue;
 		if (s[i].timeStamp > v->newest)
 			v->newest = s[i].timeStamp;
+		uint32_t u = s[i].smUtil > 100 ? 100 : s[i].smUtil;
+		total += u;
 		if (slot_pid(f, s[i].pid)) {
-			v->slice += s[i].smUtil;
+			v->slice += u;
+			slice_max = u > slice_max ? u : slice_max;
 			v->matched = 1;
 		} else {
-			v->others += s[i].smUtil;
+			v->others += u;
+			others_max = u > others_max ? u : others_max;
 		}
 		if (s[i].pid == (unsigned int)getpid())
-			v->mine = s[i].smUtil;
+			v->mine = u;
+	}
+	nvmlUtilization_t whole;
+	if (device && device(dev, &whole) == NVML_SUCCESS && total > whole.gpu + OVERLAP_SLACK) {
+		v->slice = slice_max;
+		v->others = others_max > slice_max ? others_max - slice_max : 0;
 	}
 	if (v->slice > 100)
 		v->slice = 100;
-	if (v->others > 100)
-		v->others = 100;
+	if (v->others > 100 - v->slice)
+		v->others = 100 - v->slice;
 	return v->newest > since;
 }
 
 /*
- * f += K (target - used), with one guard: f only opens further while the
- * slice's launches are being held back (it wants more than it gets). A slice
- * that runs below its share for lack of work keeps f, so a burst after a
- * quiet spell is held to the share at once.
+ * f += K (target - used), with guards: f only opens further while the
+ * slice's launches are being held back (it wants more than it gets); a slice
+ * well below its share for lack of work is "not binding" (f = 100 %: the
+ * launch path skips the gate), and the first sample that shows it above its
+ * share again restarts f from the share, so a burst is held within 200 ms.
  */
 static void steer(struct hami_slice_device *d, const struct hami_device_limit *l, uint32_t used,
 		  uint32_t others)
@@ -289,13 +312,24 @@ static void steer(struct hami_slice_device *d, const struct hami_device_limit *l
 		/* Grow into time nobody uses, give it back as soon as nobody leaves
 		 * any: then every slice drifts back to its share. */
 		int idle = 100 - (int)used - (int)others;
-		int fill = (int)used + (idle > 0 ? idle : 0) - ELASTIC_HEADROOM;
-		if (fill > target)
-			target = fill;
+		int contended = idle < 2 * ELASTIC_HEADROOM && (int)others > ELASTIC_HEADROOM;
+		if (!contended && (int)used + idle - ELASTIC_HEADROOM > target)
+			target = (int)used + idle - ELASTIC_HEADROOM;
 	}
 	uint32_t ppm = open_ppm(d, l->sm_share);
 	uint32_t waits = __atomic_load_n(&d->sm_waits, __ATOMIC_RELAXED);
 	int held = waits != __atomic_exchange_n(&d->sm_waits_steered, waits, __ATOMIC_RELAXED);
+	if (ppm >= FULL_PPM && (int)used > target) {
+		/* Leaving the not-binding state: start again from the share. */
+		__atomic_store_n(&d->sm_open_ppm, l->sm_share * (FULL_PPM / 100), __ATOMIC_RELEASE);
+		return;
+	}
+	if ((int)used + NOT_BINDING_MARGIN < target && !held) {
+		/* Well below the share and never held back: the share does not
+		 * bind, and the launch path can skip the gate altogether. */
+		__atomic_store_n(&d->sm_open_ppm, FULL_PPM, __ATOMIC_RELEASE);
+		return;
+	}
 	if ((int)used < target && !held)
 		return;
 	long next = (long)ppm + (long)GAIN_PPM_PER_PCT * (target - (int)used);
