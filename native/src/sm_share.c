@@ -210,6 +210,8 @@ struct sample_view {
 	unsigned long long newest; /* microseconds */
 	uint32_t slice, others, mine;
 	int matched;
+	int blurred; /* per-process figures are the device's: no split between slices */
+	int strangers; /* processes outside the slice had work on the GPU */
 };
 
 static nvmlDevice_t nvml_device(int sdev)
@@ -279,12 +281,14 @@ static int read_samples(struct hami_slice_file *f, nvmlDevice_t dev, unsigned lo
 		} else {
 			v->others += u;
 			others_max = u > others_max ? u : others_max;
+			v->strangers |= u > 0;
 		}
 		if (s[i].pid == (unsigned int)getpid())
 			v->mine = u;
 	}
 	nvmlUtilization_t whole;
 	if (device && device(dev, &whole) == NVML_SUCCESS && total > whole.gpu + OVERLAP_SLACK) {
+		v->blurred = 1;
 		v->slice = slice_max;
 		v->others = others_max > slice_max ? others_max - slice_max : 0;
 	}
@@ -386,6 +390,13 @@ void hami_sm_tick(void)
 			continue;
 		__atomic_store_n(&d->sm_util, v.slice, __ATOMIC_RELAXED);
 		__atomic_store_n(&d->sm_others_util, v.others, __ATOMIC_RELAXED);
+		if (v.blurred && v.strangers) {
+			/* Other slices run, and NVML cannot tell their time from ours:
+			 * feedback would starve us. Hold the window at the share. */
+			if (l.sm_share > 0 && l.sm_share < 100)
+				__atomic_store_n(&d->sm_open_ppm, l.sm_share * (FULL_PPM / 100), __ATOMIC_RELEASE);
+			continue;
+		}
 		steer(d, &l, v.slice, v.others);
 	}
 	launches_seen = launched;
