@@ -97,6 +97,13 @@ void hami_sm_after_launch(CUresult rc);
 void hami_sm_tick(void);
 void hami_sm_refresh(void);
 
+/* gpu_schedule.c: the slices' windows side by side on each GPU */
+void hami_schedule_tick(int sdev, uint32_t open_ppm);
+void hami_schedule_leave(int sdev);
+uint64_t hami_schedule_offset_ppm(int sdev);
+int hami_schedule_neighbours(int sdev);
+void hami_schedule_after_fork(void);
+
 /* context_hooks.c */
 void hami_contexts_after_fork(void);
 

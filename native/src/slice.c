@@ -617,6 +617,7 @@ static void after_fork_child(void)
 	}
 	pthread_mutex_unlock(&slot_lock);
 	hami_contexts_after_fork();
+	hami_schedule_after_fork();
 }
 
 static void install_atfork(void)

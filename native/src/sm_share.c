@@ -35,6 +35,7 @@
 #define ELASTIC_HEADROOM 2   /* percent left to others when taking idle time */
 #define NOT_BINDING_MARGIN 10 /* percent below the share that counts as not binding */
 #define OVERLAP_SLACK 10     /* per-process figures adding up past the device's: not per process */
+#define BLUR_SLACK 15        /* percent above the window a slice's own work cannot reach */
 #define MAX_SAMPLES 128
 
 typedef CUresult (*ctx_current_fn)(CUcontext *);
@@ -151,11 +152,12 @@ static int queue_ready(void)
 }
 
 /* Sleep until the slice's window is open. 1 if it had to wait. */
-static int wait_for_window(struct hami_slice_file *f, struct hami_slice_device *d, uint32_t ppm)
+static int wait_for_window(int sdev, struct hami_slice_device *d, uint32_t ppm)
 {
-	uint64_t shift = f->header.created_unix_ns % PERIOD_NS;
+	/* Where the GPU schedule put our window, after the other slices' windows. */
+	uint64_t start = PERIOD_NS / FULL_PPM * hami_schedule_offset_ppm(sdev);
 	for (int rounds = 0;; rounds++) {
-		uint64_t phase = (hami_monotonic_ns() + shift) % PERIOD_NS;
+		uint64_t phase = (hami_monotonic_ns() + PERIOD_NS - start) % PERIOD_NS;
 		uint64_t open = PERIOD_NS / FULL_PPM * ppm;
 		if (phase < open || rounds == 100)
 			return rounds > 0;
@@ -183,7 +185,7 @@ void hami_sm_before_launch(CUstream stream, int per_thread)
 	int bounded = queue_ready();
 	if (bounded)
 		bound_queue();
-	if (wait_for_window(f, d, ppm))
+	if (wait_for_window(sdev, d, ppm))
 		__atomic_add_fetch(&d->sm_waits, 1, __ATOMIC_RELAXED);
 	queue.gating = bounded;
 	queue.per_thread = per_thread;
@@ -390,6 +392,14 @@ void hami_sm_tick(void)
 			continue;
 		__atomic_store_n(&d->sm_util, v.slice, __ATOMIC_RELAXED);
 		__atomic_store_n(&d->sm_others_util, v.others, __ATOMIC_RELAXED);
+		uint32_t window = open_ppm(d, l.sm_share) / (FULL_PPM / 100);
+		if (l.sm_share > 0 && l.sm_share < 100 && window < 100 && v.slice > window + BLUR_SLACK &&
+		    hami_schedule_neighbours(sdev) > 0) {
+			/* More than our windows let through while other slices run: the
+			 * figures are not ours alone (seen: a sandboxed NVML that shows
+			 * only our PID, with the whole GPU's figure). */
+			v.blurred = v.strangers = 1;
+		}
 		if (v.blurred && v.strangers) {
 			/* Other slices run, and NVML cannot tell their time from ours:
 			 * feedback would starve us. Hold the window at the share. */
@@ -398,6 +408,19 @@ void hami_sm_tick(void)
 			continue;
 		}
 		steer(d, &l, v.slice, v.others);
+	}
+	/* Our windows' place among the other slices' on each GPU. */
+	for (int o = 0; o < hami_ordinal_count(); o++) {
+		int sdev = hami_ordinal_device(o);
+		struct hami_device_limit l;
+		if (sdev < 0 || hami_slice_limit(sdev, &l) < 0)
+			continue;
+		if (l.sm_share > 0 && l.sm_share < 100) {
+			/* A slice that does not bind claims only its share of the period. */
+			uint32_t ppm = open_ppm(&f->device[sdev], l.sm_share);
+			hami_schedule_tick(sdev, ppm < FULL_PPM ? ppm : l.sm_share * (FULL_PPM / 100));
+		} else
+			hami_schedule_leave(sdev);
 	}
 	launches_seen = launched;
 }

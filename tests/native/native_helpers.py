@@ -226,6 +226,9 @@ def slice_env(gpu, path, limit="1g", overhead="64m", **extra):
     environment; a value of None removes the variable.
     """
     env = gpu.env(LD_PRELOAD=gpu.build.preload())
+    # The GPU schedule of SM-share windows is host-wide by default: give each
+    # simulated GPU its own, beside its state file.
+    env["HAMI_SCHEDULE_DIR"] = str(gpu.state.parent)
     if path is not None:
         env["HAMI_SLICE"] = str(path)
     if limit is not None:

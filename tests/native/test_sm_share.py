@@ -170,3 +170,41 @@ def test_malformed_share_settings_fail_closed(cudrive, make_slice, name, value):
     assert res.one("init")["rc"] == CUDA_ERROR_INVALID_VALUE, res.describe()
     lines = res.hami_lines()
     assert any(name in line and f'"{value}"' in line for line in lines), res.describe()
+
+
+def _schedule_entries(path):
+    """(index, key, open_ppm, locked) of the claimed entries of a GPU schedule file."""
+    import fcntl
+    import os
+    import struct
+
+    data = path.read_bytes()
+    assert data[:8] == b"HAMISCHD", data[:8]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        out = []
+        for i in range(32):
+            key, ppm, state = struct.unpack_from("=QII", data, 64 + 64 * i)
+            if state:
+                probe = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 64 + 64 * i, 1, 0)
+                held = struct.unpack("hhqqi", fcntl.fcntl(fd, 36, probe))[0] != fcntl.F_UNLCK
+                out.append((i, key, ppm, held))
+        return out
+    finally:
+        os.close(fd)
+
+
+def test_slices_take_turns_on_the_gpu_schedule(cudrive, make_slice, gpu):
+    sa, sb = _sm_slice(make_slice, "a", 30), _sm_slice(make_slice, "b", 70)
+    pa, pb = _burner(cudrive, sa.env), _burner(cudrive, sb.env)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda p: _burn(p, 1), (pa, pb)))
+    schedule = gpu.state.parent / f"hami-gpu-{gpu.uuid(0)}"
+    live = [e for e in _schedule_entries(schedule) if e[3]]
+    # One entry per slice, each held while its processes live and showing
+    # the length of that slice's window (the second slice's starts after it).
+    assert len({key for _, key, _, _ in live}) == 2, live
+    assert all(0 < ppm <= 1_000_000 for _, _, ppm, _ in live), live
+    pa.kill9()
+    pb.kill9()
+    assert not [e for e in _schedule_entries(schedule) if e[3]], "entries still held after the slices died"
