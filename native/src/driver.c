@@ -70,6 +70,17 @@ void *hami_nvml_sym(const char *name)
 	return nvml_handle ? hami_real_dlsym(nvml_handle, name) : NULL;
 }
 
+/* A real entry point looked up once into *cache (libcuda for cu*, else NVML); NULL if absent. */
+void *hami_cached_sym(void **cache, const char *name)
+{
+	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+	if (!f) {
+		f = name[0] == 'c' ? hami_cuda_sym(name) : hami_nvml_sym(name);
+		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
+
 /*
  * Hooks are resolved by what the real library would hand out: a symbol the
  * caller found in libcuda/libnvidia-ml is swapped for our hook of that name.

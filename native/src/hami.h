@@ -55,6 +55,7 @@ int hami_config_ordinal_of(const char *uuid, int nvml_index);
 void *hami_real_dlsym(void *handle, const char *name);
 void *hami_cuda_sym(const char *name);
 void *hami_nvml_sym(const char *name);
+void *hami_cached_sym(void **cache, const char *name);
 
 /* hooks.c: name <-> hook tables for dlsym and cuGetProcAddress */
 void *hami_hook_by_name(const char *name);

@@ -22,15 +22,6 @@ struct launch_config_head {
 	CUstream stream;
 };
 
-static void *real(void **cache, const char *name)
-{
-	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
-	if (!f) {
-		f = hami_cuda_sym(name);
-		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
-	}
-	return f;
-}
 
 static inline int watching(void)
 {
@@ -56,7 +47,7 @@ HAMI_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int 
 				    CUstream stream, void **params, void **extra)
 {
 	static void *cache;
-	return launch((launch_fn)real(&cache, "cuLaunchKernel"), 0, f, gx, gy, gz, bx, by, bz, shm, stream,
+	return launch((launch_fn)hami_cached_sym(&cache, "cuLaunchKernel"), 0, f, gx, gy, gz, bx, by, bz, shm, stream,
 		      params, extra);
 }
 
@@ -65,7 +56,7 @@ HAMI_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned
 					 CUstream stream, void **params, void **extra)
 {
 	static void *cache;
-	return launch((launch_fn)real(&cache, "cuLaunchKernel_ptsz"), 1, f, gx, gy, gz, bx, by, bz, shm,
+	return launch((launch_fn)hami_cached_sym(&cache, "cuLaunchKernel_ptsz"), 1, f, gx, gy, gz, bx, by, bz, shm,
 		      stream, params, extra);
 }
 
@@ -85,13 +76,13 @@ static CUresult launch_ex(launch_ex_fn fn, int per_thread, const void *config, C
 HAMI_EXPORT CUresult cuLaunchKernelEx(const void *config, CUfunction f, void **params, void **extra)
 {
 	static void *cache;
-	return launch_ex((launch_ex_fn)real(&cache, "cuLaunchKernelEx"), 0, config, f, params, extra);
+	return launch_ex((launch_ex_fn)hami_cached_sym(&cache, "cuLaunchKernelEx"), 0, config, f, params, extra);
 }
 
 HAMI_EXPORT CUresult cuLaunchKernelEx_ptsz(const void *config, CUfunction f, void **params, void **extra)
 {
 	static void *cache;
-	return launch_ex((launch_ex_fn)real(&cache, "cuLaunchKernelEx_ptsz"), 1, config, f, params, extra);
+	return launch_ex((launch_ex_fn)hami_cached_sym(&cache, "cuLaunchKernelEx_ptsz"), 1, config, f, params, extra);
 }
 
 static CUresult cooperative(cooperative_fn fn, int per_thread, CUfunction f, unsigned int gx,
@@ -114,7 +105,7 @@ HAMI_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, un
 					       void **params)
 {
 	static void *cache;
-	return cooperative((cooperative_fn)real(&cache, "cuLaunchCooperativeKernel"), 0, f, gx, gy, gz, bx,
+	return cooperative((cooperative_fn)hami_cached_sym(&cache, "cuLaunchCooperativeKernel"), 0, f, gx, gy, gz, bx,
 			   by, bz, shm, stream, params);
 }
 
@@ -124,7 +115,7 @@ HAMI_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int g
 						    void **params)
 {
 	static void *cache;
-	return cooperative((cooperative_fn)real(&cache, "cuLaunchCooperativeKernel_ptsz"), 1, f, gx, gy, gz,
+	return cooperative((cooperative_fn)hami_cached_sym(&cache, "cuLaunchCooperativeKernel_ptsz"), 1, f, gx, gy, gz,
 			   bx, by, bz, shm, stream, params);
 }
 
@@ -143,11 +134,11 @@ static CUresult graph(graph_fn fn, int per_thread, CUgraphExec exec, CUstream st
 HAMI_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
 	static void *cache;
-	return graph((graph_fn)real(&cache, "cuGraphLaunch"), 0, exec, stream);
+	return graph((graph_fn)hami_cached_sym(&cache, "cuGraphLaunch"), 0, exec, stream);
 }
 
 HAMI_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 {
 	static void *cache;
-	return graph((graph_fn)real(&cache, "cuGraphLaunch_ptsz"), 1, exec, stream);
+	return graph((graph_fn)hami_cached_sym(&cache, "cuGraphLaunch_ptsz"), 1, exec, stream);
 }

@@ -32,17 +32,8 @@ typedef CUresult (*array_destroy_fn)(CUarray);
 typedef CUresult (*mipmap_fn)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
 typedef CUresult (*mipmap_destroy_fn)(CUmipmappedArray);
 
-/* Look a real entry point up once; callers handle NULL (no such symbol). */
-static void *real(void **cache, const char *name)
-{
-	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
-	if (!f) {
-		f = hami_cuda_sym(name);
-		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
-	}
-	return f;
-}
-#define REAL(type, name) ({ static void *cache_; (type)real(&cache_, name); })
+/* A real entry point, looked up once; callers handle NULL (no such symbol). */
+#define REAL(type, name) ({ static void *cache_; (type)hami_cached_sym(&cache_, name); })
 
 /*
  * The slice device a new allocation on the current context lands on.

@@ -63,16 +63,7 @@ struct queue_bound {
 };
 static __thread struct queue_bound queue;
 
-static void *sym(void **cache, const char *name)
-{
-	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
-	if (!f) {
-		f = name[0] == 'c' ? hami_cuda_sym(name) : hami_nvml_sym(name);
-		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
-	}
-	return f;
-}
-#define SYM(type, name) ({ static void *cache_; (type)sym(&cache_, name); })
+#define SYM(type, name) ({ static void *cache_; (type)hami_cached_sym(&cache_, name); })
 
 /* ---- the gate, in the launch path ------------------------------------------ */
 
