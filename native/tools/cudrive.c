@@ -30,7 +30,7 @@
  *   array3d W H D FMT CH [NAME] | mipmap W H D FMT CH LEVELS [NAME]
  *   free NAME | freeraw PTR | freeall | list
  *   meminfo | totalmem DEV | uuid DEV | sync
- *   fill SIZE | race ITERATIONS MAXSIZE SEED | null WHAT
+ *   fill SIZE | race ITERATIONS MAXSIZE SEED | threads N ITERATIONS MAXSIZE SEED | null WHAT
  *   getproc BASENAME VERSION FLAGS | getproc1 BASENAME VERSION FLAGS
  *   dlsym NAME | nvmldlsym NAME | resolve dlsym|procaddr|procaddr1 [VERSION [FLAGS]]
  *   nvml | nvmlcount | nvmlmem IDX | nvmluuid IDX | nvmlshutdown
@@ -63,6 +63,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -713,7 +714,7 @@ static const char *const command_words[] = {
 	"race", "null", "getproc", "getproc1", "dlsym", "nvmldlsym", "resolve", "nvml", "nvmlcount",
 	"nvmlmem", "nvmluuid", "nvmlshutdown", "sleep", "child", "endchild", "hold", "exit", "stdin",
 	"echo", "list", "waitfile", "module", "launch", "launchex", "coop", "capture", "graph",
-	"graphlaunch", "event", "burn", NULL};
+	"graphlaunch", "event", "burn", "threads", NULL};
 
 static bool is_command_word(const char *w)
 {
@@ -1573,20 +1574,96 @@ static int cmd_fill(struct stream *s, struct result *r)
 	return 0;
 }
 
-static uint64_t rng_state;
+#define RACE_LIVE 32
 
-static uint64_t rng_next(void)
+/* One random alloc/free mix, with its own random stream: race and threads. */
+struct race {
+	fn_mem_alloc alloc;
+	fn_mem_free release;
+	fn_ctx_set set_current; /* threads: adopt the caller's context first */
+	CUcontext ctx;
+	unsigned long long iterations, maxsize;
+	uint64_t rng;
+	unsigned long long ok, oom, freed, other, free_failed;
+	int first_other;
+};
+
+static uint64_t race_next(struct race *t)
 {
 	/* xorshift64* */
-	uint64_t x = rng_state;
+	uint64_t x = t->rng;
 	x ^= x >> 12;
 	x ^= x << 25;
 	x ^= x >> 27;
-	rng_state = x;
+	t->rng = x;
 	return x * 0x2545F4914F6CDD1Dull;
 }
 
-#define RACE_LIVE 32
+static void *race_run(void *arg)
+{
+	struct race *t = arg;
+	CUdeviceptr live[RACE_LIVE];
+	int nlive = 0;
+	if (t->set_current && t->set_current(t->ctx) != 0) {
+		t->other++;
+		return NULL;
+	}
+	for (unsigned long long i = 0; i < t->iterations; i++) {
+		uint64_t x = race_next(t);
+		bool do_alloc = nlive == 0 || (nlive < RACE_LIVE && (x & 1));
+		if (do_alloc) {
+			size_t size = (size_t)(1 + (x >> 1) % t->maxsize);
+			CUdeviceptr p = 0;
+			CUresult rc = t->alloc(&p, size);
+			if (rc == 0) {
+				live[nlive++] = p;
+				t->ok++;
+			} else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+				t->oom++;
+			} else {
+				t->other++;
+				if (!t->first_other)
+					t->first_other = rc;
+			}
+		} else {
+			int k = (int)((x >> 1) % (uint64_t)nlive);
+			if (t->release(live[k]) == 0)
+				t->freed++;
+			else
+				t->free_failed++;
+			live[k] = live[--nlive];
+		}
+	}
+	while (nlive > 0) {
+		if (t->release(live[--nlive]) == 0)
+			t->freed++;
+		else
+			t->free_failed++;
+	}
+	return NULL;
+}
+
+static void race_report(struct result *r, const struct race *t, int n)
+{
+	struct race sum = { .iterations = 0 };
+	for (int i = 0; i < n; i++) {
+		sum.iterations += t[i].iterations;
+		sum.ok += t[i].ok;
+		sum.oom += t[i].oom;
+		sum.freed += t[i].freed;
+		sum.other += t[i].other;
+		sum.free_failed += t[i].free_failed;
+		if (!sum.first_other)
+			sum.first_other = t[i].first_other;
+	}
+	res_u64(r, "iterations", sum.iterations);
+	res_u64(r, "ok", sum.ok);
+	res_u64(r, "oom", sum.oom);
+	res_u64(r, "freed", sum.freed);
+	res_u64(r, "other", sum.other);
+	res_i64(r, "first_other_rc", sum.first_other);
+	res_u64(r, "free_failed", sum.free_failed);
+}
 
 static int cmd_race(struct stream *s, struct result *r)
 {
@@ -1599,52 +1676,48 @@ static int cmd_race(struct stream *s, struct result *r)
 	}
 	NEED(alloc, fn_mem_alloc, F_MEM_ALLOC);
 	NEED(release, fn_mem_free, F_MEM_FREE);
-	CUdeviceptr live[RACE_LIVE];
-	int nlive = 0;
-	unsigned long long ok = 0, oom = 0, freed = 0, other = 0, free_failed = 0;
-	int first_other = 0;
-	rng_state = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull;
-	if (!rng_state)
-		rng_state = 1;
-	for (unsigned long long i = 0; i < iterations; i++) {
-		uint64_t x = rng_next();
-		bool do_alloc = nlive == 0 || (nlive < RACE_LIVE && (x & 1));
-		if (do_alloc) {
-			size_t size = (size_t)(1 + (x >> 1) % maxsize);
-			CUdeviceptr p = 0;
-			CUresult rc = alloc(&p, size);
-			if (rc == 0) {
-				live[nlive++] = p;
-				ok++;
-			} else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
-				oom++;
-			} else {
-				other++;
-				if (!first_other)
-					first_other = rc;
-			}
-		} else {
-			int k = (int)((x >> 1) % (uint64_t)nlive);
-			if (release(live[k]) == 0)
-				freed++;
-			else
-				free_failed++;
-			live[k] = live[--nlive];
+	struct race t = { .alloc = alloc, .release = release, .iterations = iterations, .maxsize = maxsize,
+			  .rng = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull };
+	if (!t.rng)
+		t.rng = 1;
+	race_run(&t);
+	race_report(r, &t, 1);
+	return 0;
+}
+
+/* threads N ITERATIONS MAXSIZE SEED: N threads of this process run the race mix at once. */
+static int cmd_threads(struct stream *s, struct result *r)
+{
+	SIZE_ARG(n, "N");
+	SIZE_ARG(iterations, "ITERATIONS");
+	SIZE_ARG(maxsize, "MAXSIZE");
+	SIZE_ARG(seed, "SEED");
+	if (maxsize == 0 || n == 0 || n > 64) {
+		usage_error(r->op, "CUDRIVE_USAGE", "N must be 1..64 and MAXSIZE > 0");
+		return -1;
+	}
+	NEED(alloc, fn_mem_alloc, F_MEM_ALLOC);
+	NEED(release, fn_mem_free, F_MEM_FREE);
+	NEED(set_current, fn_ctx_set, F_CTX_SET_CURRENT);
+	NEED(get_current, fn_ctx_get_current, F_CTX_GET_CURRENT);
+	CUcontext ctx = NULL;
+	get_current(&ctx);
+	struct race t[64];
+	pthread_t tid[64];
+	for (unsigned long long i = 0; i < n; i++) {
+		t[i] = (struct race){ .alloc = alloc, .release = release, .set_current = set_current, .ctx = ctx,
+				      .iterations = iterations, .maxsize = maxsize,
+				      .rng = (seed + i + 1) * 0x9E3779B97F4A7C15ull };
+		if (pthread_create(&tid[i], NULL, race_run, &t[i]) != 0) {
+			n = i;
+			r->rc = -1;
+			res_str(r, "err", "CUDRIVE_THREAD");
+			break;
 		}
 	}
-	while (nlive > 0) {
-		if (release(live[--nlive]) == 0)
-			freed++;
-		else
-			free_failed++;
-	}
-	res_u64(r, "iterations", iterations);
-	res_u64(r, "ok", ok);
-	res_u64(r, "oom", oom);
-	res_u64(r, "freed", freed);
-	res_u64(r, "other", other);
-	res_i64(r, "first_other_rc", first_other);
-	res_u64(r, "free_failed", free_failed);
+	for (unsigned long long i = 0; i < n; i++)
+		pthread_join(tid[i], NULL);
+	race_report(r, t, (int)n);
 	return 0;
 }
 
@@ -2833,6 +2906,7 @@ static const struct {
 	{"sync", cmd_sync},
 	{"fill", cmd_fill},
 	{"race", cmd_race},
+	{"threads", cmd_threads},
 	{"null", cmd_null},
 	{"getproc", cmd_getproc},
 	{"getproc1", cmd_getproc1},

@@ -140,3 +140,20 @@ def test_private_slice_without_a_slice_file(cudrive, make_slice):
     # Another process without a slice file has a slice of its own.
     res = cudrive.run("init ctx 0 alloc 1g alloc 1", s.env)
     assert res.rcs("alloc") == [0, CUDA_ERROR_OUT_OF_MEMORY], res.describe()
+
+
+def test_threads_of_one_process_never_pass_the_cap(cudrive, make_slice, gpu):
+    # The hooks are called from many threads at once (PyTorch, data loaders):
+    # the per-process tables and the slot must hold up, and the cap too.
+    s = make_slice(limit="1g", overhead="64m")
+    p = cudrive.start(s.env)
+    p.ok("init")
+    p.ok("ctx 0")
+    rec = p.ok("threads 8 40000 64m 7", timeout=120)
+    assert rec["other"] == 0 and rec["free_failed"] == 0, rec
+    assert rec["freed"] == rec["ok"] > 0, rec
+    assert rec["oom"] > 0, "the threads never reached the cap: it tested nothing"
+    assert gpu.peak(0) <= GiB, gpu.peak(0)
+    # Every thread freed all it took: only the context is left charged.
+    assert s.used(0) == SIM_CONTEXT
+    assert s.slot_used(p.pid, 0) == SIM_CONTEXT
