@@ -33,6 +33,8 @@
 #define GAIN_PPM_PER_PCT 4000 /* K = 0.4 */
 #define MAX_AHEAD 2
 #define ELASTIC_HEADROOM 2   /* percent left to others when taking idle time */
+#define ELASTIC_CONTENDED 10 /* idle below this while others run: they want their time */
+#define ELASTIC_BACKOFF 10   /* how fast a contended elastic slice steps back to its share */
 #define NOT_BINDING_MARGIN 10 /* percent below the share that counts as not binding */
 #define OVERLAP_SLACK 10     /* per-process figures adding up past the device's: not per process */
 #define BLUR_SLACK 15        /* percent above the window a slice's own work cannot reach */
@@ -309,9 +311,10 @@ static void steer(struct hami_slice_device *d, const struct hami_device_limit *l
 		/* Grow into time nobody uses, give it back as soon as nobody leaves
 		 * any: then every slice drifts back to its share. */
 		int idle = 100 - (int)used - (int)others;
-		int contended = idle < 2 * ELASTIC_HEADROOM && (int)others > ELASTIC_HEADROOM;
-		if (!contended && (int)used + idle - ELASTIC_HEADROOM > target)
-			target = (int)used + idle - ELASTIC_HEADROOM;
+		int contended = idle < ELASTIC_CONTENDED && (int)others > ELASTIC_HEADROOM;
+		int fill = contended ? (int)used - ELASTIC_BACKOFF : (int)used + idle - ELASTIC_HEADROOM;
+		if (fill > target)
+			target = fill;
 	}
 	uint32_t ppm = open_ppm(d, l->sm_share);
 	uint32_t waits = __atomic_load_n(&d->sm_waits, __ATOMIC_RELAXED);

@@ -208,3 +208,10 @@ def test_slices_take_turns_on_the_gpu_schedule(cudrive, make_slice, gpu):
     pa.kill9()
     pb.kill9()
     assert not [e for e in _schedule_entries(schedule) if e[3]], "entries still held after the slices died"
+
+
+def test_elastic_slices_under_contention_get_at_least_their_share(cudrive, make_slice):
+    # Elastic slices first grow into the idle time, then hand it back: give
+    # them 3 s to meet before measuring.
+    got_a, got_b = _two_slices(cudrive, make_slice, 30, 70, "elastic", settle=3)
+    assert got_a >= 0.30 - TOLERANCE and got_b >= 0.70 - TOLERANCE, (got_a, got_b)
