@@ -3,9 +3,9 @@
  * per-device counter, checked against the limit in force at that instant, so
  * concurrent processes can never pass the cap together. The process's slot
  * records its share afterwards; a credit undoes both in the opposite order.
- * The slot's txn counter is odd between the two steps: a process killed
- * there leaves an over-count (never an under-count) that the next sweep
- * finds and removes (hami_slice_recount).
+ * The slot's txn counter is nonzero while any thread of the process is
+ * between the two steps: a process killed there leaves an over-count (never
+ * an under-count) that the next sweep finds and removes (recount in slice.c).
  */
 #include <stdio.h>
 
@@ -64,9 +64,15 @@ static struct hami_slot *own_slot(struct hami_slice_file *f)
 	return i < 0 ? NULL : &f->slot[i];
 }
 
-static void txn_step(struct hami_slot *s)
+/* txn counts this process's threads between the two steps of a charge or credit. */
+static void txn_begin(struct hami_slot *s)
 {
 	__atomic_add_fetch(&s->txn, 1, __ATOMIC_SEQ_CST);
+}
+
+static void txn_end(struct hami_slot *s)
+{
+	__atomic_sub_fetch(&s->txn, 1, __ATOMIC_SEQ_CST);
 }
 
 static void sub_saturating(uint64_t *v, uint64_t bytes)
@@ -81,12 +87,12 @@ static void sub_saturating(uint64_t *v, uint64_t bytes)
 static int reserve(struct hami_slot *s, struct hami_slice_device *d, int sdev, uint64_t bytes,
 		   uint64_t limit, uint64_t *seen)
 {
-	txn_step(s);
+	txn_begin(s);
 	uint64_t used = __atomic_load_n(&d->memory_used, __ATOMIC_SEQ_CST);
 	for (;;) {
 		if (limit && (used > limit || bytes > limit - used)) {
 			*seen = used;
-			txn_step(s);
+			txn_end(s);
 			return -1;
 		}
 		if (__atomic_compare_exchange_n(&d->memory_used, &used, used + bytes, 1, __ATOMIC_SEQ_CST,
@@ -94,7 +100,7 @@ static int reserve(struct hami_slot *s, struct hami_slice_device *d, int sdev, u
 			break;
 	}
 	__atomic_add_fetch(&s->memory_used[sdev], bytes, __ATOMIC_SEQ_CST);
-	txn_step(s);
+	txn_end(s);
 	raise_peak(d, used + bytes);
 	return 0;
 }
@@ -145,8 +151,8 @@ void hami_credit(int sdev, uint64_t bytes)
 	struct hami_slot *s = f && sdev >= 0 && bytes ? own_slot(f) : NULL;
 	if (!s)
 		return;
-	txn_step(s);
+	txn_begin(s);
 	sub_saturating(&s->memory_used[sdev], bytes);
 	sub_saturating(&f->device[sdev].memory_used, bytes);
-	txn_step(s);
+	txn_end(s);
 }

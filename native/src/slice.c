@@ -382,7 +382,7 @@ int hami_slice_limit(int sdev, struct hami_device_limit *out)
 static void reclaim_slot(struct hami_slice_file *f, int i)
 {
 	struct hami_slot *s = &f->slot[i];
-	/* Odd while we work: a concurrent recount must not act on half of it. */
+	/* Nonzero while we work: a concurrent recount must not act on half of it. */
 	__atomic_store_n(&s->txn, 1, __ATOMIC_SEQ_CST);
 	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++) {
 		uint64_t v = __atomic_exchange_n(&s->memory_used[d], 0, __ATOMIC_ACQ_REL);
@@ -403,29 +403,28 @@ static uint64_t pid_namespace(void)
 }
 
 /*
- * When no live slot is half-way through a charge, a device's counter must be
- * the sum of the slots' shares. A process killed half-way leaves it higher;
- * this puts it back. The compare-and-swap only lands if nothing moved the
- * counter meanwhile, and a charge that begins after our second look at the
- * txn counters has not touched the counter yet, so its bytes still add on top.
+ * When no slot is half-way through a charge (every txn is 0), a device's
+ * counter must be the sum of the slots' shares. A process killed half-way
+ * leaves it higher; this puts it back. The compare-and-swap only lands if
+ * nothing moved the counter since we read it; a charge or credit that began
+ * before our second look at the txn counters is seen there, and one that
+ * begins after it has not touched the counter yet, so its bytes still add on
+ * top (or come off) after ours.
  */
 static void recount(struct hami_slice_file *f)
 {
-	uint32_t txn[HAMI_SLICE_MAX_SLOTS];
 	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++) {
 		if (__atomic_load_n(&f->device[d].state, __ATOMIC_ACQUIRE) != HAMI_DEVICE_READY)
 			continue;
 		uint64_t total = __atomic_load_n(&f->device[d].memory_used, __ATOMIC_SEQ_CST), sum = 0;
-		for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++) {
-			txn[i] = __atomic_load_n(&f->slot[i].txn, __ATOMIC_SEQ_CST);
-			if (txn[i] & 1)
+		for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
+			if (__atomic_load_n(&f->slot[i].txn, __ATOMIC_SEQ_CST) != 0)
 				return;
-		}
 		for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
 			if (__atomic_load_n(&f->slot[i].state, __ATOMIC_SEQ_CST) == HAMI_SLOT_LIVE)
 				sum += __atomic_load_n(&f->slot[i].memory_used[d], __ATOMIC_SEQ_CST);
 		for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
-			if (__atomic_load_n(&f->slot[i].txn, __ATOMIC_SEQ_CST) != txn[i])
+			if (__atomic_load_n(&f->slot[i].txn, __ATOMIC_SEQ_CST) != 0)
 				return;
 		if (total > sum &&
 		    __atomic_compare_exchange_n(&f->device[d].memory_used, &total, sum, 0, __ATOMIC_SEQ_CST,

@@ -16,10 +16,10 @@
  *  - The slice's memory charge per device (hami_slice_device.memory_used) is
  *    reserved with compare-and-swap against the limit before the driver call,
  *    and rolled back if the call fails: concurrent processes never pass it.
- *    A slot's txn counter is odd while its owner is between updating that
- *    counter and its own memory_used; when no live slot is odd, the device
- *    counter must equal the sum of the slots', and a sweeping process
- *    restores that equality after a process died half-way.
+ *    A slot's txn counts its owner's threads between updating that counter
+ *    and the slot's memory_used; when every txn is 0, the device counter
+ *    must equal the sum of the slots', and a sweeping process restores that
+ *    equality after a process died half-way.
  *  - Limits are double-buffered: writers (serialized by an OFD lock on the
  *    limits block) fill the copy not in use, then bump the generation. Readers
  *    never wait; a writer that dies half-way never published its copy.
@@ -131,7 +131,7 @@ struct hami_slot {
 	int32_t pid;    /* in the owner's PID namespace */
 	uint64_t pid_ns;          /* inode of the owner's /proc/self/ns/pid */
 	uint32_t uid;
-	uint32_t txn;   /* odd while the owner is between the steps of a charge */
+	uint32_t txn;   /* owner's threads now between the two steps of a charge */
 	uint64_t started_unix_ns;
 	uint64_t active_unix_ns;  /* last charge, credit or heartbeat */
 	char kernel_id[HAMI_SLICE_KERNEL_ID_LEN]; /* Jupyter kernel id, if any */
