@@ -70,8 +70,10 @@ static int open_schedule(struct schedule *s, const char *uuid)
 			init.version = HAMI_SCHEDULE_VERSION;
 			init.entries = HAMI_SCHEDULE_ENTRIES;
 			fchmod(t, 0666); /* slices of every user share it, whatever the umask */
-			if (write(t, &init, sizeof(init)) == (ssize_t)sizeof(init))
-				link(tmp, path);
+			/* EEXIST: another process was first, and its file is as good. */
+			if (write(t, &init, sizeof(init)) == (ssize_t)sizeof(init) && link(tmp, path) < 0 &&
+			    errno != EEXIST)
+				hami_log(HAMI_LOG_DEBUG, "cannot publish GPU schedule %s: %s", path, strerror(errno));
 			close(t);
 			unlink(tmp);
 		}
