@@ -19,8 +19,6 @@ typedef CUresult (*create2_fn)(CUcontext *, unsigned int, CUdevice);
 typedef CUresult (*create3_fn)(CUcontext *, void *, int, unsigned int, CUdevice);
 typedef CUresult (*create4_fn)(CUcontext *, void *, unsigned int, CUdevice);
 typedef CUresult (*destroy_fn)(CUcontext);
-typedef nvmlReturn_t (*nvml_init_fn)(void);
-typedef nvmlReturn_t (*nvml_by_uuid_fn)(const char *, nvmlDevice_t *);
 typedef nvmlReturn_t (*nvml_procs_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 typedef nvmlReturn_t (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
 
@@ -36,25 +34,10 @@ void hami_contexts_after_fork(void)
 	memset(primary_charge, 0, sizeof(primary_charge));
 }
 
-static nvmlDevice_t nvml_device(int sdev)
-{
-	static int nvml_ready;
-	nvml_init_fn init = (nvml_init_fn)hami_nvml_sym("nvmlInit_v2");
-	nvml_by_uuid_fn by_uuid = (nvml_by_uuid_fn)hami_nvml_sym("nvmlDeviceGetHandleByUUID");
-	struct hami_slice_file *f = hami_slice();
-	if (!init || !by_uuid || !f)
-		return NULL;
-	if (!nvml_ready && init() != NVML_SUCCESS)
-		return NULL;
-	nvml_ready = 1; /* kept initialised: NVML counts its users */
-	nvmlDevice_t dev;
-	return by_uuid(f->device[sdev].uuid, &dev) == NVML_SUCCESS ? dev : NULL;
-}
-
 static int nvml_device_used(int sdev, uint64_t *used)
 {
 	nvml_mem_fn mem = (nvml_mem_fn)hami_nvml_sym("nvmlDeviceGetMemoryInfo");
-	nvmlDevice_t dev = nvml_device(sdev);
+	nvmlDevice_t dev = hami_nvml_device(sdev);
 	nvmlMemory_t m;
 	if (!mem || !dev || mem(dev, &m) != NVML_SUCCESS)
 		return -1;
@@ -66,7 +49,7 @@ static int nvml_device_used(int sdev, uint64_t *used)
 static int nvml_process_used(int sdev, uint64_t *used)
 {
 	nvml_procs_fn procs = (nvml_procs_fn)hami_nvml_sym("nvmlDeviceGetComputeRunningProcesses_v3");
-	nvmlDevice_t dev = nvml_device(sdev);
+	nvmlDevice_t dev = hami_nvml_device(sdev);
 	nvmlProcessInfo_t info[64];
 	unsigned int n = 64;
 	if (!procs || !dev || procs(dev, &n, info) != NVML_SUCCESS)

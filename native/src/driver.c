@@ -81,6 +81,35 @@ void *hami_cached_sym(void **cache, const char *name)
 	return f;
 }
 
+typedef nvmlReturn_t (*nvml_init_fn)(void);
+typedef nvmlReturn_t (*nvml_by_uuid_fn)(const char *, nvmlDevice_t *);
+
+/*
+ * The real NVML's handle of a slice GPU, looked up by UUID once. NVML stays
+ * initialised for the life of the process (it counts its users).
+ */
+nvmlDevice_t hami_nvml_device(int sdev)
+{
+	static nvmlDevice_t handle[HAMI_SLICE_MAX_DEVICES];
+	static int ready;
+	static void *init_cache, *uuid_cache;
+	struct hami_slice_file *f = hami_slice();
+	if (!f || sdev < 0 || sdev >= HAMI_SLICE_MAX_DEVICES)
+		return NULL;
+	if (handle[sdev])
+		return handle[sdev];
+	nvml_init_fn init = (nvml_init_fn)hami_cached_sym(&init_cache, "nvmlInit_v2");
+	nvml_by_uuid_fn by_uuid = (nvml_by_uuid_fn)hami_cached_sym(&uuid_cache, "nvmlDeviceGetHandleByUUID");
+	if (!init || !by_uuid || (!ready && init() != NVML_SUCCESS))
+		return NULL;
+	ready = 1;
+	nvmlDevice_t dev;
+	if (by_uuid(f->device[sdev].uuid, &dev) != NVML_SUCCESS)
+		return NULL;
+	handle[sdev] = dev;
+	return dev;
+}
+
 /*
  * Hooks are resolved by what the real library would hand out: a symbol the
  * caller found in libcuda/libnvidia-ml is swapped for our hook of that name.

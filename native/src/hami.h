@@ -56,6 +56,7 @@ void *hami_real_dlsym(void *handle, const char *name);
 void *hami_cuda_sym(const char *name);
 void *hami_nvml_sym(const char *name);
 void *hami_cached_sym(void **cache, const char *name);
+nvmlDevice_t hami_nvml_device(int sdev);
 
 /* hooks.c: name <-> hook tables for dlsym and cuGetProcAddress */
 void *hami_hook_by_name(const char *name);

@@ -48,8 +48,6 @@ typedef CUresult (*capturing_fn)(CUstream, int *);
 typedef nvmlReturn_t (*proc_util_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
 				     unsigned long long);
 typedef nvmlReturn_t (*dev_util_fn)(nvmlDevice_t, nvmlUtilization_t *);
-typedef nvmlReturn_t (*by_uuid_fn)(const char *, nvmlDevice_t *);
-typedef nvmlReturn_t (*nvml_init_fn)(void);
 
 int hami_sm_watch;             /* a share may apply in this process */
 static uint64_t launches;      /* throttled launches, for the PID-namespace fallback */
@@ -209,23 +207,6 @@ struct sample_view {
 	int strangers; /* processes outside the slice had work on the GPU */
 };
 
-static nvmlDevice_t nvml_device(int sdev)
-{
-	static nvmlDevice_t handle[HAMI_SLICE_MAX_DEVICES];
-	static int ready;
-	struct hami_slice_file *f = hami_slice();
-	if (handle[sdev])
-		return handle[sdev];
-	nvml_init_fn init = SYM(nvml_init_fn, "nvmlInit_v2");
-	by_uuid_fn by_uuid = SYM(by_uuid_fn, "nvmlDeviceGetHandleByUUID");
-	if (!f || !init || !by_uuid || (!ready && init() != NVML_SUCCESS))
-		return NULL;
-	ready = 1;
-	if (by_uuid(f->device[sdev].uuid, &handle[sdev]) != NVML_SUCCESS)
-		handle[sdev] = NULL;
-	return handle[sdev];
-}
-
 static int slot_pid(struct hami_slice_file *f, unsigned int pid)
 {
 	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
@@ -362,7 +343,7 @@ void hami_sm_tick(void)
 		if (sdev < 0 || hami_slice_limit(sdev, &l) < 0)
 			continue;
 		struct hami_slice_device *d = &f->device[sdev];
-		nvmlDevice_t dev = nvml_device(sdev);
+		nvmlDevice_t dev = hami_nvml_device(sdev);
 		struct sample_view v;
 		if (!dev || !read_samples(f, dev, seen_us[sdev], &v))
 			continue;
