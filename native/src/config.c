@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "hami.h"
@@ -84,13 +85,19 @@ static void copy_bounded(char *dst, size_t cap, const char *src)
 	dst[n] = '\0';
 }
 
-/* A slice given by name lives under the slice root; a value with '/' is a path. */
+#define HUB_SLICE_ROOT "/run/hami-jupyter"
+
+/* A slice given by name lives under the slice root; a value with '/' is a path.
+ * The root's order is hami_jupyter/slice_paths.py's: keep the two in step. */
 static const char *resolve_slice_path(const char *value)
 {
 	if (strchr(value, '/'))
 		return value;
 	const char *root = getenv("HAMI_SLICE_ROOT");
 	char fallback[128];
+	struct stat st;
+	if ((!root || !*root) && stat(HUB_SLICE_ROOT, &st) == 0 && S_ISDIR(st.st_mode))
+		root = HUB_SLICE_ROOT; /* the hub manages slices on this host */
 	if (!root || !*root) {
 		const char *xdg = getenv("XDG_RUNTIME_DIR");
 		if (xdg && *xdg) {

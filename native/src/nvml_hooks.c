@@ -29,6 +29,12 @@ static int slice_view(nvmlDevice_t device, uint64_t *limit, uint64_t *used)
 			*used = hami_slice_live_used(sdev);
 			return *limit != 0;
 		}
+		/* A GPU no process of the slice has met yet: the slice's fallback limit. */
+		struct hami_device_limit fallback;
+		if (hami_slice_limit(-1, &fallback) == 0 && (fallback.flags & HAMI_LIMIT_SET)) {
+			*limit = fallback.memory_limit;
+			return *limit != 0;
+		}
 	}
 	/* No slice file entry for this GPU yet: the environment's limit applies. */
 	index_fn get_index = (index_fn)hami_nvml_sym("nvmlDeviceGetIndex");

@@ -348,17 +348,18 @@ int hami_slice_device(const char *uuid, const struct hami_device_info *info)
 
 /* ---- limits -------------------------------------------------------------- */
 
-/* The limit in force for a slice device: the copy the generation points at. */
+/* The limit in force for a slice device (-1: the fallback entry, for a GPU no
+ * process has claimed yet): the copy the generation points at. */
 int hami_slice_limit(int sdev, struct hami_device_limit *out)
 {
 	struct hami_slice_file *f = hami_slice();
-	if (!f || sdev < 0 || sdev >= HAMI_SLICE_MAX_DEVICES)
+	if (!f || sdev < -1 || sdev >= HAMI_SLICE_MAX_DEVICES)
 		return -1;
 	struct hami_slice_limits *l = &f->limits;
 	for (int tries = 0; tries < 16; tries++) {
 		uint64_t g = __atomic_load_n(&l->generation, __ATOMIC_ACQUIRE);
 		const struct hami_limit_set *set = &l->copy[g & 1];
-		struct hami_device_limit d = set->device[sdev];
+		struct hami_device_limit d = sdev >= 0 ? set->device[sdev] : set->fallback;
 		if (!(d.flags & HAMI_LIMIT_SET))
 			d = set->fallback;
 		__atomic_thread_fence(__ATOMIC_ACQUIRE);
@@ -370,7 +371,7 @@ int hami_slice_limit(int sdev, struct hami_device_limit *out)
 	/* Writers keep racing us: the copy we read last is still a whole one most
 	 * of the time; better a momentarily stale limit than a reader that hangs. */
 	uint64_t g = __atomic_load_n(&l->generation, __ATOMIC_ACQUIRE);
-	*out = l->copy[g & 1].device[sdev];
+	*out = sdev >= 0 ? l->copy[g & 1].device[sdev] : l->copy[g & 1].fallback;
 	if (!(out->flags & HAMI_LIMIT_SET))
 		*out = l->copy[g & 1].fallback;
 	return 0;

@@ -1,0 +1,154 @@
+"""Creating a slice file, and giving an idle slice the limits it is configured with.
+
+The preload library creates a slice file itself when a process first needs
+one; this module does the same from Python so that a slice exists, with its
+limits, before its first kernel starts: ``%hami status``, the CLI and the
+admin panel can show and resize it at once. Both write the same layout
+(``native/src/slice.c`` ``fill_new_slice``) and publish the finished file with
+``link(2)``, so nobody ever sees half of one and two creators racing leave
+exactly one.
+
+GPUs are not listed at creation: each process claims its GPUs' entries by
+UUID on first sight, and the *fallback* limit (every GPU without limits of
+its own) carries what was configured.
+"""
+
+import ctypes
+import os
+import time
+from pathlib import Path
+
+from .limits import SliceLimits
+from .slice_file import (
+    FILE_SIZE,
+    HAMI_LIMIT_SET,
+    HAMI_MODE_ELASTIC,
+    HAMI_MODE_HARD,
+    HAMI_SLICE_MAGIC,
+    HAMI_SLICE_MAX_DEVICES,
+    HAMI_SLICE_MAX_SLOTS,
+    HAMI_SLICE_NAME_LEN,
+    HAMI_SLICE_VERSION_MAJOR,
+    HAMI_SLICE_VERSION_MINOR,
+    HamiDeviceLimit,
+    HamiSliceDevice,
+    HamiSliceFile,
+    HamiSliceHeader,
+    HamiSlot,
+    SliceFile,
+)
+from .slice_limits import update_limits
+
+_MODE = {"hard": HAMI_MODE_HARD, "elastic": HAMI_MODE_ELASTIC}
+
+
+def _fallback_entry(limits):
+    entry = HamiDeviceLimit()
+    entry.memory_limit = limits.memory or 0
+    entry.sm_share = limits.sm_share or 0
+    entry.mode = _MODE[limits.mode]
+    entry.flags = HAMI_LIMIT_SET
+    return entry
+
+
+def _new_file(name, limits):
+    f = HamiSliceFile()
+    h = f.header
+    h.magic = HAMI_SLICE_MAGIC
+    h.version_major = HAMI_SLICE_VERSION_MAJOR
+    h.version_minor = HAMI_SLICE_VERSION_MINOR
+    h.file_size = FILE_SIZE
+    h.header_size = ctypes.sizeof(HamiSliceHeader)
+    h.max_devices = HAMI_SLICE_MAX_DEVICES
+    h.max_slots = HAMI_SLICE_MAX_SLOTS
+    h.device_size = ctypes.sizeof(HamiSliceDevice)
+    h.slot_size = ctypes.sizeof(HamiSlot)
+    h.limits_offset = HamiSliceFile.limits.offset
+    h.devices_offset = HamiSliceFile.device.offset
+    h.slots_offset = HamiSliceFile.slot.offset
+    h.created_unix_ns = time.time_ns()
+    h.name = name.encode()[: HAMI_SLICE_NAME_LEN - 1]
+    for copy in f.limits.copy:
+        copy.fallback = _fallback_entry(limits)
+    f.limits.changed_unix_ns = h.created_unix_ns
+    return f
+
+
+def create_slice(path, name, limits, mode=0o644):
+    """Create the slice file at *path* with *limits* as its fallback limit.
+
+    Returns True if this call created it, False if it already existed (the
+    existing file is left exactly as it is). The parent folder is created
+    private to the user (0700) when missing.
+    """
+    path = Path(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        try:
+            os.write(fd, bytes(_new_file(name, limits)))
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        os.unlink(tmp)
+
+
+def _same_fallback(current, limits):
+    want = _fallback_entry(limits)
+    return (current.memory_limit, current.sm_share, current.mode) == (
+        want.memory_limit, want.sm_share, want.mode)
+
+
+def apply_if_idle(path, limits):
+    """Give an existing slice *limits* as its fallback, but only while no
+    process of the slice is alive.
+
+    A live slice keeps what it has: an admin may have resized it while its
+    kernels run, and a kernel start must not undo that. Returns True when the
+    limits were written.
+    """
+    with SliceFile(path) as sf:
+        snap = sf.snapshot()
+    if snap.slots:
+        return False
+    if _same_fallback(snap.fallback_limit, limits) and not any(
+        not d.limit_is_fallback for d in snap.devices
+    ):
+        return False
+
+    def change(limit_set):
+        limit_set.fallback = _fallback_entry(limits)
+        for d in limit_set.device:
+            d.flags &= ~HAMI_LIMIT_SET
+
+    update_limits(path, change)
+    return True
+
+
+def ensure_slice(path, name, limits: SliceLimits):
+    """Make the slice at *path* exist and, when idle and writable to us,
+    carry *limits*. Returns "created", "updated" or "kept".
+
+    Per-GPU limits (HAMi's ``_<n>`` variables) name CUDA ordinals, which only
+    a process that has initialised CUDA can map to GPUs: when they are set
+    and the file does not exist, the first kernel creates it from its
+    environment instead, and this returns "deferred".
+    """
+    path = Path(path)
+    if not path.exists():
+        if limits.memory_per_gpu or limits.sm_per_gpu:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return "deferred"
+        if create_slice(path, name, limits):
+            return "created"
+    if not os.access(path, os.W_OK):
+        return "kept"  # owned by the hub or an admin: their limits stand
+    if limits.memory_per_gpu or limits.sm_per_gpu:
+        return "kept"
+    return "updated" if apply_if_idle(path, limits) else "kept"

@@ -1,0 +1,190 @@
+"""What a slice looks like right now, as plain data, and as text.
+
+One function, :func:`slice_status`, reads a slice file and its kernel
+registry and returns a dict that is the same for every viewer: ``%hami
+status`` (text, HTML, ``--json``), ``hami-jupyter status``, and later the
+server extension. Only plain types are in it, so ``json.dumps`` takes it as is.
+
+Memory a dead process still holds in the file (its slot not yet reclaimed by
+a process of the slice) is left out of ``memory_used``: it is no longer in
+use, and the slice's next allocation at the cap returns it to the counter.
+"""
+
+import os
+import time
+
+from . import kernel_registry
+from .size import format_size
+from .slice_file import HAMI_MODE_ELASTIC, read_snapshot
+
+WARN_FRACTION = 0.80  # of the memory cap: a warning
+CRITICAL_FRACTION = 0.95  # of the memory cap: nearly out
+
+_MODE_NAMES = {HAMI_MODE_ELASTIC: "elastic"}
+
+
+def _mode(limit):
+    return _MODE_NAMES.get(limit.mode, "hard")
+
+
+def memory_level(used, limit):
+    """"ok", "warning" (80 %) or "critical" (95 %) for *used* of *limit* (0 = none)."""
+    if not limit:
+        return "ok"
+    if used >= CRITICAL_FRACTION * limit:
+        return "critical"
+    if used >= WARN_FRACTION * limit:
+        return "warning"
+    return "ok"
+
+
+def _limit_dict(limit):
+    return {
+        "memory_limit": limit.memory_limit,
+        "sm_share": limit.sm_share,
+        "mode": _mode(limit),
+    }
+
+
+def slice_status(path):
+    """The slice at *path* now, as a dict (see the module docstring).
+
+    Raises the slice-file errors of :mod:`hami_jupyter.slice_file` (missing,
+    corrupt, unsupported version) unchanged: callers turn them into advice.
+    """
+    snap = read_snapshot(path)
+    stale_by_device = {}
+    for s in snap.stale_slots:
+        for d, used in s.memory_used.items():
+            stale_by_device[d] = stale_by_device.get(d, 0) + used
+
+    gpus = []
+    for d in snap.devices:
+        used = max(0, d.memory_used - stale_by_device.get(d.index, 0))
+        limit = d.limit.memory_limit
+        cap = min(limit, d.memory_total) if limit and d.memory_total else (limit or d.memory_total)
+        gpus.append({
+            "index": d.index,
+            "uuid": d.uuid,
+            "memory_total": d.memory_total,
+            "memory_used": used,
+            "memory_peak": d.memory_peak,
+            "memory_limit": limit,
+            "memory_level": memory_level(used, cap if limit else 0),
+            "sm_count": d.sm_count,
+            "sm_share": d.limit.sm_share,
+            "sm_util": d.sm_util,
+            "mode": _mode(d.limit),
+            "limit_is_fallback": d.limit_is_fallback,
+        })
+
+    registered = {k.kernel_id: k for k in kernel_registry.kernels(snap.path)}
+    uuid_of = {d.index: d.uuid for d in snap.devices}
+    kernels, others = {}, []
+    for s in snap.slots:
+        proc = {
+            "pid": s.pid,
+            "comm": s.comm,
+            "uid": s.uid,
+            "memory_used": {uuid_of[d]: v for d, v in s.memory_used.items()},
+            "sm_util": {uuid_of[d]: v for d, v in s.sm_util.items()},
+            "active_unix": s.active_unix_ns / 1e9,
+        }
+        if not s.kernel_id:
+            others.append(proc)
+            continue
+        k = kernels.get(s.kernel_id)
+        if k is None:
+            entry = registered.get(s.kernel_id)
+            k = kernels[s.kernel_id] = {
+                "kernel_id": s.kernel_id,
+                "user": entry.user if entry else None,
+                "kernelspec": entry.kernelspec if entry else None,
+                "pid": entry.pid if entry else None,
+                "processes": [],
+            }
+        k["processes"].append(proc)
+    for kernel_id, entry in registered.items():
+        # A kernel that has not touched the GPU yet has no slot: still show it.
+        if kernel_id not in kernels:
+            kernels[kernel_id] = {"kernel_id": kernel_id, "user": entry.user,
+                                  "kernelspec": entry.kernelspec, "pid": entry.pid,
+                                  "processes": []}
+    for k in kernels.values():
+        k["memory_used"] = sum(sum(p["memory_used"].values()) for p in k["processes"])
+        k["sm_util"] = sum(sum(p["sm_util"].values()) for p in k["processes"])
+
+    return {
+        "slice": snap.name,
+        "path": os.path.abspath(snap.path),
+        "read_unix": time.time(),
+        "limits_generation": snap.limits_generation,
+        "limits_changed_unix": snap.limits_changed_unix_ns / 1e9,
+        "default_limit": _limit_dict(snap.fallback_limit),
+        "gpus": gpus,
+        "kernels": list(kernels.values()),
+        "other_processes": others,
+        "dead_processes": len(snap.stale_slots),
+    }
+
+
+def _bar(fraction, width=20):
+    fraction = min(max(fraction, 0.0), 1.0)
+    full = round(fraction * width)
+    return "[" + "#" * full + "." * (width - full) + "]"
+
+
+def _memory_line(used, limit, total):
+    if limit:
+        pct = 100.0 * used / limit
+        return f"{_bar(used / limit)} {format_size(used)} / {format_size(limit)} ({pct:.0f} %)"
+    if total:
+        return f"{format_size(used)} used, no cap ({format_size(total)} on the GPU)"
+    return f"{format_size(used)} used, no cap"
+
+
+def _sm_line(gpu):
+    share = f"share {gpu['sm_share']} % ({gpu['mode']})" if gpu["sm_share"] else "no SM limit"
+    return f"SM {gpu['sm_util']} % now, {share}"
+
+
+_LEVEL_WORDS = {
+    "warning": "WARNING: over 80 % of the memory cap is in use",
+    "critical": "CRITICAL: over 95 % of the memory cap is in use; allocations will fail soon "
+                "(`%hami release` returns framework caches)",
+}
+
+
+def format_text(status):
+    """Plain-text rendering for terminals and logs."""
+    lines = [f"hami slice {status['slice']!r}  ({status['path']})"]
+    if not status["gpus"]:
+        d = status["default_limit"]
+        cap = format_size(d["memory_limit"]) if d["memory_limit"] else "no memory cap"
+        sm = f"SM share {d['sm_share']} % ({d['mode']})" if d["sm_share"] else "no SM limit"
+        lines.append(f"  no GPU used in this slice yet; each GPU gets: {cap}, {sm}")
+    for g in status["gpus"]:
+        lines.append(f"  GPU {g['index']} {g['uuid']}")
+        lines.append(f"    memory {_memory_line(g['memory_used'], g['memory_limit'], g['memory_total'])}")
+        lines.append(f"    {_sm_line(g)}")
+        if g["memory_level"] != "ok":
+            lines.append(f"    {_LEVEL_WORDS[g['memory_level']]}")
+    if status["kernels"]:
+        lines.append("  kernels:")
+    for k in status["kernels"]:
+        who = ", ".join(x for x in (k["user"], k["kernelspec"]) if x)
+        lines.append(f"    {k['kernel_id']}{'  (' + who + ')' if who else ''}: "
+                     f"{format_size(k['memory_used'])}, SM {k['sm_util']} %")
+        for p in k["processes"]:
+            lines.append(f"      pid {p['pid']} {p['comm']}: "
+                         f"{format_size(sum(p['memory_used'].values()))}, "
+                         f"SM {sum(p['sm_util'].values())} %")
+    if status["other_processes"]:
+        lines.append("  other processes (not started by a kernel):")
+    for p in status["other_processes"]:
+        lines.append(f"    pid {p['pid']} {p['comm']}: {format_size(sum(p['memory_used'].values()))}, "
+                     f"SM {sum(p['sm_util'].values())} %")
+    if status["dead_processes"]:
+        lines.append(f"  {status['dead_processes']} dead process(es) not reclaimed yet "
+                     "(their memory is not counted above)")
+    return "\n".join(lines)
