@@ -1,0 +1,212 @@
+"""``hami-jupyter``: the command line.
+
+``status`` shows the slices on this host, ``doctor`` checks the set-up,
+``kernelspec install|list`` manages kernelspecs of set slice sizes, and
+``demo`` shows a slice at work. This module only parses arguments and prints;
+the work is done by the modules it calls.
+
+Exit status: 0 when all went well, 1 when something failed (a slice that
+cannot be read, a failed check), 2 for a usage error (a bad argument), as
+argparse does. An expected failure prints one line that says what to do,
+never a traceback.
+"""
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from . import __version__, doctor, kernelspec
+from .slice_file import SliceFileError
+from .slice_paths import SliceNameError, default_root, list_slice_paths, slice_path
+from .slice_status import format_text, slice_status
+
+PROG = "hami-jupyter"
+
+
+class UsageError(Exception):
+    """A bad argument (exit status 2)."""
+
+
+class Failure(Exception):
+    """The command could not do its job (exit status 1)."""
+
+
+# ---- status -------------------------------------------------------------------
+
+
+def _status(args):
+    root = Path(args.root) if args.root else default_root()
+    if args.slices:
+        try:
+            paths = [slice_path(ref, root=root) for ref in args.slices]
+        except SliceNameError as e:
+            raise UsageError(str(e)) from None
+    else:
+        paths = list_slice_paths(root)
+        if not paths and not args.json:
+            print(f"no slices under {root}: a slice is created when its first kernel starts "
+                  "(HAMI_SLICE_ROOT or --root looks elsewhere)")
+    shown, failed = [], 0
+    for path in paths:
+        try:
+            shown.append(slice_status(path))
+        except (SliceFileError, OSError) as e:
+            detail, advice = doctor.explain_slice_error(path, e)
+            print(f"{args.cli_prog}: error: {detail}; {advice}", file=sys.stderr)
+            failed += 1
+    if args.json:
+        print(json.dumps(shown, indent=2))
+    elif shown:
+        print("\n\n".join(format_text(s) for s in shown))
+    return 1 if failed else 0
+
+
+# ---- doctor -------------------------------------------------------------------
+
+
+def _doctor(args):
+    path = None
+    if args.slice:
+        try:
+            path = slice_path(args.slice)
+        except SliceNameError as e:
+            raise UsageError(str(e)) from None
+    checks = doctor.run_checks(path)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(c) for c in checks], indent=2))
+    else:
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            print(f"{c.status}  {c.name:<{width}}  {c.detail}")
+            if c.advice and c.status != doctor.PASS:
+                print(f"      {'':<{width}}  -> {c.advice}")
+        counts = {s: sum(c.status == s for c in checks) for s in (doctor.WARN, doctor.FAIL)}
+        print(f"\n{counts[doctor.FAIL]} failed, {counts[doctor.WARN]} warning(s), "
+              f"{len(checks) - sum(counts.values())} passed")
+    return 1 if any(c.status == doctor.FAIL for c in checks) else 0
+
+
+# ---- kernelspec ---------------------------------------------------------------
+
+
+def _kernelspec_install(args):
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    try:
+        dest = kernelspec.install(args.name, args.display_name, memory=args.memory, sm=args.sm,
+                                  mode=args.mode, slice=args.slice, user=not prefix,
+                                  prefix=prefix)
+    except kernelspec.KernelspecError as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise Failure(f"cannot install into {e.filename or 'the kernelspec folder'}: "
+                      f"{e.strerror or e}; use --user, --sys-prefix or --prefix DIR") from None
+    spec = json.loads((dest / "kernel.json").read_text())
+    config = spec["metadata"]["kernel_provisioner"]["config"]
+    print(f"installed kernelspec {dest.name!r} ({spec['display_name']}) in {dest}")
+    print(f"  {kernelspec.describe_config(config)}")
+    if not kernelspec.searched(dest):
+        print(f"  note: Jupyter does not look in {dest.parent}; add {dest.parent.parent} "
+              "to JUPYTER_PATH so that it finds this kernelspec")
+    return 0
+
+
+def _kernelspec_list(args):
+    found = kernelspec.hami_kernelspecs()
+    if not found:
+        print("no HAMi kernelspecs found; `hami-jupyter kernelspec install --name gpu-small "
+              "--memory 4g --sm 25` writes one")
+        return 0
+    for k in found:
+        print(f"{k['name']}  {k['display_name']}  ({k['resource_dir']})")
+        print(f"  {k['limits']}" if "limits" in k else f"  INVALID: {k['error']}")
+    return 1 if any("error" in k for k in found) else 0
+
+
+# ---- demo ---------------------------------------------------------------------
+
+
+def _demo(args):
+    from . import demo
+
+    return demo.run(args)
+
+
+# ---- the parser ---------------------------------------------------------------
+
+
+def build_parser(with_demo_options=False):
+    """The argument parser. The demo's options are only registered when
+    *with_demo_options*: importing the demo is only worth it when it runs."""
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="GPU sharing for Jupyter: slices of NVIDIA GPUs for kernels.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("status", help="show the slices on this host",
+                       description="Show every slice under the slice root, or the named ones.")
+    p.add_argument("slices", nargs="*", metavar="SLICE", help="slice name or path (default: all)")
+    p.add_argument("--root", metavar="DIR",
+                   help="slice root (default: HAMI_SLICE_ROOT, /run/hami-jupyter, "
+                        "$XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>)")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per slice")
+    p.set_defaults(func=_status, cli_prog=p.prog)
+
+    p = sub.add_parser("doctor", help="check that this host can run kernels in slices",
+                       description="Check the driver, the preload library, the provisioner, "
+                                   "the kernelspecs, the limit variables and the slices.")
+    p.add_argument("--slice", metavar="SLICE", help="check only this slice (name or path)")
+    p.add_argument("--json", action="store_true", help="print the checks as a JSON list")
+    p.set_defaults(func=_doctor, cli_prog=p.prog)
+
+    p = sub.add_parser("kernelspec", help="install or list HAMi kernelspecs")
+    ks = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    i = ks.add_parser("install", help="install a kernelspec for one slice size",
+                      description="Write a kernelspec whose kernels run in a slice of the "
+                                  "given size; unset limits come from the server.")
+    i.add_argument("--name", required=True, help="kernelspec name, e.g. gpu-small")
+    i.add_argument("--display-name", metavar="TEXT",
+                   help='name shown in Jupyter (default e.g. "Python 3 (HAMi vGPU, 4.0 GiB, SM 25 %%)")')
+    i.add_argument("--memory", metavar="SIZE", help="GPU memory cap per GPU, e.g. 4g, 4096m")
+    i.add_argument("--sm", metavar="PERCENT", help="compute share per GPU in percent, 1-99 (0 or 100: none)")
+    i.add_argument("--mode", metavar="MODE", help="how the SM share is held: hard or elastic")
+    i.add_argument("--slice", metavar="SLICE",
+                   help='slice name or absolute path (default: "<user>-<name>" when limits are set)')
+    where = i.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true",
+                       help="install for the current user (the default)")
+    where.add_argument("--sys-prefix", action="store_true",
+                       help=f"install into this Python environment ({sys.prefix})")
+    where.add_argument("--prefix", metavar="DIR", help="install into DIR/share/jupyter/kernels")
+    i.set_defaults(func=_kernelspec_install, cli_prog=i.prog)
+    li = ks.add_parser("list", help="list the HAMi kernelspecs Jupyter finds, with their limits")
+    li.set_defaults(func=_kernelspec_list, cli_prog=li.prog)
+
+    p = sub.add_parser("demo", help="show a slice at work (on the simulated GPU without a driver)")
+    if with_demo_options:
+        from . import demo
+
+        demo.add_arguments(p)
+    p.set_defaults(func=_demo, cli_prog=p.prog)
+    return parser
+
+
+def main(argv=None):
+    """Run the command line; return the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(with_demo_options=argv[:1] == ["demo"])
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version or a usage error, already printed
+        return e.code if isinstance(e.code, int) else 2
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"{args.cli_prog}: error: {e}", file=sys.stderr)
+        return 2
+    except Failure as e:
+        print(f"{args.cli_prog}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,205 @@
+"""Kernelspecs that start their kernels in a slice of a set size.
+
+The package ships one kernelspec, ``hami-python3``, whose kernels take their
+limits from the server. ``hami-jupyter kernelspec install`` writes more, one
+per slice size (``gpu-small``: 4 GiB, SM 25 %), so that a user picks a size by
+picking a kernel. The limits go into the provisioner's ``config`` in
+``kernel.json`` (see :mod:`hami_jupyter.provisioner`).
+
+Every value is checked here, with the rules of :mod:`hami_jupyter.limits`,
+before anything is written: a bad value in a kernelspec would otherwise only
+show when a kernel fails to start, far from the mistake. Errors name the
+values by the ``hami-jupyter kernelspec install`` options that carry them.
+"""
+
+import json
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from jupyter_client.kernelspec import KernelSpecManager
+
+from .limits import LimitError, parse_memory_limit, parse_mode, parse_sm_share, resolve_limits
+from .size import format_size
+from .slice_paths import SliceNameError, check_name
+
+PROVISIONER = "hami-provisioner"
+SHIPPED = "hami-python3"
+
+# jupyter_client's rule for kernel names, less names such as "." and "..",
+# which it accepts and which would replace the wrong folder.
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]*", re.IGNORECASE)
+
+# We say where a kernelspec went ourselves; keep jupyter_client's own
+# "not in the search path" warning off the terminal.
+_log = logging.getLogger(__name__)
+_log.addHandler(logging.NullHandler())
+_log.propagate = False
+
+
+class KernelspecError(ValueError):
+    """A kernelspec setting that cannot be used; the message says which and why."""
+
+
+def check_kernel_name(name):
+    """The kernelspec name as Jupyter stores it (lower case); KernelspecError if unusable."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise KernelspecError(
+            f"--name: {name!r} is not a kernelspec name; use letters, digits and . _ - "
+            "starting with a letter or digit, e.g. gpu-small"
+        )
+    return name.lower()
+
+
+def _check_slice(ref):
+    if "/" in ref:
+        if not os.path.isabs(ref):
+            raise KernelspecError(f"--slice: {ref!r} is a relative path; give an absolute "
+                                  "path or a slice name (kernels start in varying folders)")
+        return ref
+    try:
+        return check_name(ref)
+    except SliceNameError as e:
+        raise KernelspecError(f"--slice: {e}") from None
+
+
+def provisioner_config(memory=None, sm=None, mode=None, slice=None):
+    """The provisioner ``config`` for these settings (None = not set), all checked.
+
+    Values are kept as written ("4g" stays "4g") so the kernel.json reads as
+    the command that wrote it.
+    """
+    config = {}
+    try:
+        if memory is not None:
+            parse_memory_limit(memory, "--memory")
+            config["memory_limit"] = str(memory).strip()
+        if sm is not None:
+            parse_sm_share(sm, "--sm")
+            config["sm_limit"] = int(str(sm).strip())
+        if mode is not None:
+            parse_mode(mode, "--mode")
+            config["sm_mode"] = mode
+    except LimitError as e:
+        raise KernelspecError(str(e)) from None
+    if slice is not None:
+        config["slice"] = _check_slice(slice)
+    return config
+
+
+def _config_limits(config):
+    """The limits a provisioner config sets; LimitError if one is invalid."""
+    return resolve_limits(
+        {k: config.get(k) for k in ("memory_limit", "sm_limit", "sm_mode")}, env={})
+
+
+def default_display_name(config):
+    """``Python 3 (HAMi vGPU, 4.0 GiB, SM 25 %)``: what the launcher shows."""
+    limits = _config_limits(config)
+    parts = []
+    if limits.memory:
+        parts.append(format_size(limits.memory))
+    if limits.sm_share:
+        parts.append(f"SM {limits.sm_share} %" + (" elastic" if limits.mode == "elastic" else ""))
+    return "Python 3 (HAMi vGPU" + "".join(f", {p}" for p in parts) + ")"
+
+
+def describe_config(config):
+    """One line for what a kernelspec's config sets; LimitError if a value is invalid.
+
+    An unset field is not "unlimited": the kernel then takes the server's
+    setting (HamiProvisioner config, then HAMI_* variables).
+    """
+    limits = _config_limits(config)
+    memory = (f"memory {format_size(limits.memory)}" if "memory" in limits.sources
+              else "memory: server's setting")
+    if "sm_share" not in limits.sources:
+        sm = "SM: server's setting"
+    elif limits.sm_share:
+        sm = f"SM {limits.sm_share} % ({limits.mode})"
+    else:
+        sm = "SM unlimited"
+    parts = [memory, sm]
+    if config.get("slice"):
+        parts.append(f"slice {config['slice']}")
+    return ", ".join(parts)
+
+
+def kernel_json(display_name, config):
+    """The kernel.json content: the shipped hami-python3's shape with *config*."""
+    return {
+        "argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                 "--ext=hami_jupyter.magic"],
+        "display_name": display_name,
+        "language": "python",
+        "interrupt_mode": "signal",
+        "metadata": {
+            "kernel_provisioner": {"provisioner_name": PROVISIONER, "config": config},
+            "debugger": True,
+        },
+    }
+
+
+def write_kernelspec(dest_dir, name, display_name=None, memory=None, sm=None, mode=None,
+                     slice=None):
+    """Check every setting, then write ``kernel.json`` into the folder *dest_dir*.
+
+    *name* is checked too, so that a caller that installs the folder under
+    that name has nothing left to fail on. Returns the file's path.
+    """
+    check_kernel_name(name)
+    config = provisioner_config(memory=memory, sm=sm, mode=mode, slice=slice)
+    if display_name is not None and not display_name.strip():
+        raise KernelspecError("--display-name: empty; leave it out for the default")
+    spec = kernel_json(display_name or default_display_name(config), config)
+    path = Path(dest_dir) / "kernel.json"
+    path.write_text(json.dumps(spec, indent=2) + "\n")
+    return path
+
+
+def install(name, display_name=None, memory=None, sm=None, mode=None, slice=None,
+            user=False, prefix=None):
+    """Write and install a kernelspec; return the folder it was installed in.
+
+    Where, as jupyter_client decides: *user* for the user's Jupyter data
+    folder, *prefix* for ``<prefix>/share/jupyter/kernels``, neither for the
+    system-wide folder. An existing kernelspec of that name there is replaced.
+    Raises KernelspecError for a bad setting (nothing is written), OSError
+    when the folder cannot be written.
+    """
+    name = check_kernel_name(name)
+    with tempfile.TemporaryDirectory(prefix="hami-kernelspec-") as tmp:
+        write_kernelspec(tmp, name, display_name, memory=memory, sm=sm, mode=mode, slice=slice)
+        manager = KernelSpecManager(log=_log)
+        return Path(manager.install_kernel_spec(tmp, kernel_name=name, user=user, prefix=prefix))
+
+
+def searched(kernel_dir):
+    """True when Jupyter looks for kernelspecs in the folder holding *kernel_dir*."""
+    parent = os.path.realpath(Path(kernel_dir).parent)
+    return any(os.path.realpath(d) == parent for d in KernelSpecManager().kernel_dirs)
+
+
+def hami_kernelspecs():
+    """Every kernelspec Jupyter finds that starts its kernels through HAMi.
+
+    A list of dicts: name, resource_dir, display_name, config, and either
+    ``limits`` (describe_config's line) or ``error`` (why its config is invalid).
+    """
+    found = []
+    for name, info in sorted(KernelSpecManager(log=_log).get_all_specs().items()):
+        spec = info.get("spec") or {}
+        provisioner = (spec.get("metadata") or {}).get("kernel_provisioner") or {}
+        if provisioner.get("provisioner_name") != PROVISIONER:
+            continue
+        config = provisioner.get("config") or {}
+        entry = {"name": name, "resource_dir": info.get("resource_dir"),
+                 "display_name": spec.get("display_name"), "config": config}
+        try:
+            entry["limits"] = describe_config(config)
+        except LimitError as e:
+            entry["error"] = str(e)
+        found.append(entry)
+    return found

@@ -1,0 +1,259 @@
+"""``hami-jupyter``: status, doctor and kernelspec install, on the simulated GPU.
+
+Most tests call ``main([...])`` in-process and read what it printed; one
+runs the installed command as a child process, as a user would.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hami_jupyter.cli import main
+from hami_jupyter.doctor import DRIVER_VERSION_FILE
+from hami_jupyter.limits import resolve_limits
+from hami_jupyter.slice_paths import list_slice_paths
+from hami_jupyter.slice_setup import ensure_slice
+from hami_jupyter.slice_status import slice_status
+
+GiB = 1 << 30
+
+
+def run(capsys, *argv):
+    """``(exit status, stdout, stderr)`` of one in-process run."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def make_slice(root, name, **configured):
+    path = root / f"{name}.slice"
+    ensure_slice(path, name, resolve_limits(configured, {}))
+    return path
+
+
+def checks_by_name(out):
+    return {c["name"]: c for c in json.loads(out)}
+
+
+# ---- status -------------------------------------------------------------------
+
+
+def test_status_without_slices_says_where_it_looked(hami_env, capsys):
+    code, out, err = run(capsys, "status")
+    assert code == 0
+    assert f"no slices under {hami_env.root}" in out
+    assert err == ""
+
+    code, out, _ = run(capsys, "status", "--json")
+    assert code == 0 and json.loads(out) == []
+
+
+def test_status_shows_a_slice_as_text_and_json(hami_env, capsys):
+    path = make_slice(hami_env.root, "alice", memory_limit="1g", sm_limit="30")
+
+    code, out, err = run(capsys, "status")
+    assert code == 0 and err == ""
+    assert f"hami slice 'alice'  ({path})" in out
+    assert "each GPU gets: 1.0 GiB, SM share 30 % (hard)" in out
+
+    code, out, _ = run(capsys, "status", "--json", "alice")
+    assert code == 0
+    [status] = json.loads(out)
+    assert status["slice"] == "alice"
+    assert status["path"] == str(path)
+    assert status["default_limit"] == {"memory_limit": GiB, "sm_share": 30, "mode": "hard"}
+    assert status["gpus"] == [] and status["kernels"] == []
+
+
+def test_status_reports_a_corrupt_slice_and_shows_the_others(hami_env, capsys):
+    make_slice(hami_env.root, "alice", memory_limit="1g")
+    make_slice(hami_env.root, "carol", memory_limit="2g")
+    bad = hami_env.root / "bob.slice"
+    bad.write_bytes(b"\xde\xad junk " * 1000)
+
+    code, out, err = run(capsys, "status")
+    assert code == 1
+    assert "hami slice 'alice'" in out and "hami slice 'carol'" in out
+    assert "bob" not in out
+    assert f"hami-jupyter status: error: {bad}: not a slice file" in err
+    assert "remove the file" in err  # the advice
+
+    code, out, err = run(capsys, "status", "--json")
+    assert code == 1
+    assert [s["slice"] for s in json.loads(out)] == ["alice", "carol"]
+    assert str(bad) in err
+
+
+def test_status_of_a_missing_or_misnamed_slice(hami_env, capsys):
+    code, out, err = run(capsys, "status", "nobody")
+    assert code == 1
+    assert f"slice 'nobody' does not exist ({hami_env.root / 'nobody.slice'})" in err
+
+    code, out, err = run(capsys, "status", "no such name")
+    assert code == 2
+    assert "invalid slice name 'no such name'" in err
+
+
+# ---- doctor -------------------------------------------------------------------
+
+
+def test_doctor_on_this_machine(hami_env, capsys):
+    make_slice(hami_env.root, "alice", memory_limit="1g")
+    code, out, err = run(capsys, "doctor", "--json")
+    checks = checks_by_name(out)
+    driver = checks["NVIDIA driver"]
+    if DRIVER_VERSION_FILE.exists():
+        assert driver["status"] == "PASS"
+    else:
+        assert driver["status"] == "WARN"
+        assert "simulated GPU" in driver["advice"]
+        assert "the simulated GPU shows 1.0 GiB" in checks["preload library"]["detail"]
+    assert checks["preload library"]["status"] == "PASS"
+    assert checks["provisioner"]["status"] == "PASS"
+    assert checks["kernelspecs"]["status"] == "PASS"
+    assert "hami-python3" in checks["kernelspecs"]["detail"]
+    assert checks["limit variables"]["status"] == "PASS"
+    assert checks["slice root"]["status"] == "PASS"
+    assert checks["slice alice"]["status"] == "PASS"
+    assert "1.0 GiB" in checks["slice alice"]["detail"]
+    assert not [c for c in checks.values() if c["status"] == "FAIL"]
+    assert code == 0
+
+    code, out, _ = run(capsys, "doctor")
+    assert code == 0
+    assert "PASS  preload library" in out
+    assert "0 failed" in out
+
+
+def test_doctor_fails_on_a_bad_limit_variable(hami_env, capsys, monkeypatch):
+    monkeypatch.setenv("HAMI_MEMORY_LIMIT", "4x")
+    code, out, _ = run(capsys, "doctor")
+    assert code == 1
+    line = next(x for x in out.splitlines() if "limit variables" in x)
+    assert line.startswith("FAIL")
+    assert "HAMI_MEMORY_LIMIT: memory limit '4x' is not a size" in line
+    assert "-> fix or unset it" in out
+
+
+def test_doctor_fails_on_a_corrupt_or_missing_slice(hami_env, capsys):
+    (hami_env.root).mkdir()
+    (hami_env.root / "bob.slice").write_bytes(b"junk")
+    code, out, _ = run(capsys, "doctor", "--json", "--slice", "bob")
+    assert code == 1
+    bob = checks_by_name(out)["slice bob"]
+    assert bob["status"] == "FAIL" and "truncated slice file" in bob["detail"]
+
+    code, out, _ = run(capsys, "doctor", "--json", "--slice", "nobody")
+    assert code == 1
+    assert "does not exist" in checks_by_name(out)["slice nobody"]["detail"]
+
+
+# ---- kernelspec ---------------------------------------------------------------
+
+
+def test_kernelspec_install_writes_limits_and_starts_a_kernel_in_them(
+        hami_env, capsys, monkeypatch, start_kernel, cell):
+    prefix = hami_env.tmp / "prefix"
+    code, out, err = run(capsys, "kernelspec", "install", "--name", "gpu-small",
+                         "--memory", "1g", "--sm", "25", "--prefix", str(prefix))
+    assert code == 0, err
+    spec_dir = prefix / "share" / "jupyter" / "kernels" / "gpu-small"
+    assert f"installed kernelspec 'gpu-small' (Python 3 (HAMi vGPU, 1.0 GiB, SM 25 %)) in {spec_dir}" in out
+    # --prefix is not where Jupyter looks by default: the command says so.
+    assert f"add {prefix / 'share' / 'jupyter'} to JUPYTER_PATH" in out
+    spec = json.loads((spec_dir / "kernel.json").read_text())
+    assert spec["argv"][-1] == "--ext=hami_jupyter.magic"
+    assert spec["metadata"]["kernel_provisioner"] == {
+        "provisioner_name": "hami-provisioner",
+        "config": {"memory_limit": "1g", "sm_limit": 25},
+    }
+
+    monkeypatch.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
+    code, out, _ = run(capsys, "kernelspec", "list")
+    assert code == 0
+    assert "gpu-small  Python 3 (HAMi vGPU, 1.0 GiB, SM 25 %)" in out
+    assert "memory 1.0 GiB, SM 25 % (hard)" in out
+
+    _, kc = start_kernel("gpu-small")
+    [path] = list_slice_paths(hami_env.root)
+    assert path.name.endswith("-gpu-small.slice")  # a kernelspec with limits: a slice of its own
+    assert slice_status(path)["default_limit"] == {"memory_limit": GiB, "sm_share": 25, "mode": "hard"}
+    result = cell(kc, "from hami_jupyter import driver_memory as d\n"
+                      "d.init()\n"
+                      "print(d.mem_get_info()[1])")
+    assert result.error is None, result.error
+    assert int(result.stdout) == GiB
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--memory", "4x"], "--memory: memory limit '4x' is not a size"),
+    (["--memory", "0"], "--memory: a memory limit of 0 would refuse every allocation"),
+    (["--sm", "150"], "--sm: SM share '150' is not a whole percent 0..100"),
+    (["--sm", "half"], "--sm: SM share 'half' is not a whole percent"),
+    (["--mode", "soft"], "--mode: SM mode 'soft' is not one of hard, elastic"),
+    (["--slice", "a b"], "--slice: invalid slice name 'a b'"),
+    (["--name", "../up"], "--name: '../up' is not a kernelspec name"),
+    (["--name", "with space"], "--name: 'with space' is not a kernelspec name"),
+])
+def test_kernelspec_install_refuses_bad_values_and_writes_nothing(hami_env, capsys, args, message):
+    prefix = hami_env.tmp / "prefix"
+    argv = ["kernelspec", "install", "--prefix", str(prefix)] + args
+    if "--name" not in args:
+        argv += ["--name", "gpu-small"]
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert f"hami-jupyter kernelspec install: error: {message}" in err
+    assert "Traceback" not in err and out == ""
+    assert not prefix.exists()
+
+
+def test_kernelspec_install_default_display_name_and_mode(hami_env, capsys):
+    prefix = hami_env.tmp / "prefix"
+    code, _, err = run(capsys, "kernelspec", "install", "--name", "GPU-Half", "--memory", "8g",
+                       "--sm", "50", "--mode", "elastic", "--slice", "team", "--prefix", str(prefix))
+    assert code == 0, err
+    spec = json.loads((prefix / "share/jupyter/kernels/gpu-half/kernel.json").read_text())
+    assert spec["display_name"] == "Python 3 (HAMi vGPU, 8.0 GiB, SM 50 % elastic)"
+    assert spec["metadata"]["kernel_provisioner"]["config"] == {
+        "memory_limit": "8g", "sm_limit": 50, "sm_mode": "elastic", "slice": "team"}
+
+
+# ---- usage and the installed command -------------------------------------------
+
+
+def test_usage_errors_exit_2(hami_env, capsys):
+    assert run(capsys)[0] == 2
+    assert run(capsys, "kernelspec")[0] == 2
+    code, _, err = run(capsys, "kernelspec", "install", "--name", "x", "--user", "--prefix", "/tmp")
+    assert code == 2 and "not allowed with argument --user" in err
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    assert all(c in out for c in ("status", "doctor", "kernelspec", "demo"))
+
+
+def _commands():
+    script = Path(sys.executable).parent / "hami-jupyter"
+    commands = [[sys.executable, "-m", "hami_jupyter"]]
+    if script.exists():
+        commands.append([str(script)])
+    return commands
+
+
+@pytest.mark.parametrize("command", _commands(), ids=lambda c: Path(c[-1]).name)
+def test_installed_command(hami_env, command):
+    make_slice(hami_env.root, "alice", memory_limit="1g")
+    proc = subprocess.run(command + ["status", "--json"], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    [status] = json.loads(proc.stdout)
+    assert status["slice"] == "alice" and status["default_limit"]["memory_limit"] == GiB
+
+    proc = subprocess.run(command + ["kernelspec", "install", "--name", "x", "--memory", "4x",
+                                     "--prefix", str(hami_env.tmp / "prefix")],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert "--memory: memory limit '4x' is not a size" in proc.stderr
+    assert "Traceback" not in proc.stderr
