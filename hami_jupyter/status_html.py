@@ -1,0 +1,154 @@
+"""HTML rendering of :func:`hami_jupyter.slice_status.slice_status`, for notebooks.
+
+The HTML travels in a notebook's outputs and is rendered by whatever opens it
+later (JupyterLab, nbviewer, a static HTML export), so it is self-contained:
+inline CSS only, no scripts, and every string that came from a file or a
+process (slice name, path, uuid, user, kernelspec, command name, kernel id)
+goes through :func:`html.escape`. Colours are JupyterLab's theme variables
+with light-theme fallbacks, so the view stays readable in a dark theme.
+"""
+
+from html import escape
+
+from .size import format_size
+from .slice_status import CRITICAL_FRACTION, WARN_FRACTION
+
+LEVEL_COLOUR = {
+    "ok": "var(--jp-success-color1, #388e3c)",
+    "warning": "var(--jp-warn-color1, #f57c00)",
+    "critical": "var(--jp-error-color1, #d32f2f)",
+}
+_UNCAPPED_COLOUR = "var(--jp-brand-color1, #1976d2)"
+_MUTED = "color: var(--jp-ui-font-color2, #757575)"
+_CELL = "padding: 1px 12px 1px 0; text-align: left; vertical-align: top"
+_TABLE = "border-collapse: collapse; margin: 2px 0 8px 0"
+
+_LEVEL_WORDS = {
+    "warning": f"Warning: over {WARN_FRACTION * 100:.0f} % of the memory cap is in use.",
+    "critical": f"Critical: over {CRITICAL_FRACTION * 100:.0f} % of the memory cap is in use; "
+                "allocations will fail soon (<code>%hami release</code> returns framework caches).",
+}
+
+
+def _td(content, style=""):
+    return f'<td style="{_CELL}{style}">{content}</td>'
+
+
+def _muted(text):
+    return f'<span style="{_MUTED}">{text}</span>'
+
+
+def _bar(fraction, colour):
+    pct = min(max(fraction, 0.0), 1.0) * 100
+    return (
+        '<span style="display: inline-block; vertical-align: middle; width: 160px; '
+        'height: 10px; margin-right: 8px; border-radius: 2px; overflow: hidden; '
+        'background: var(--jp-layout-color3, #e0e0e0)">'
+        f'<span style="display: block; width: {pct:.1f}%; height: 100%; '
+        f'background: {colour}"></span></span>'
+    )
+
+
+def _memory_cell(gpu):
+    used, limit, total = gpu["memory_used"], gpu["memory_limit"], gpu["memory_total"]
+    if limit:
+        return (_bar(used / limit, LEVEL_COLOUR[gpu["memory_level"]])
+                + f"{format_size(used)} / {format_size(limit)} ({100 * used / limit:.0f} %)")
+    # No cap: the bar shows the whole GPU, in a colour that is not a level.
+    if total:
+        return (_bar(used / total, _UNCAPPED_COLOUR)
+                + f"{format_size(used)} of {format_size(total)} " + _muted("(no cap)"))
+    return f"{format_size(used)} " + _muted("(no cap)")
+
+
+def _sm_cell(gpu):
+    if gpu["sm_share"]:
+        share = f"share {gpu['sm_share']} % ({escape(gpu['mode'])})"
+    else:
+        share = "no SM limit"
+    return f"{gpu['sm_util']} % now, {share}"
+
+
+def _gpu_table(gpu):
+    sms = f", {gpu['sm_count']} SMs" if gpu["sm_count"] else ""
+    title = f"GPU {gpu['index']} " + _muted(escape(gpu["uuid"]) + sms)
+    rows = [
+        f'<tr><th colspan="2" style="{_CELL}">{title}</th></tr>',
+        f"<tr>{_td('memory')}{_td(_memory_cell(gpu))}</tr>",
+        f"<tr>{_td('SM')}{_td(_sm_cell(gpu))}</tr>",
+    ]
+    level = gpu["memory_level"]
+    if level != "ok":
+        rows.append(
+            f'<tr><td colspan="2" class="hami-{level}" style="{_CELL}; font-weight: 600; '
+            f'color: {LEVEL_COLOUR[level]}">{_LEVEL_WORDS[level]}</td></tr>'
+        )
+    return f'<table class="hami-gpu" style="{_TABLE}">{"".join(rows)}</table>'
+
+
+def _usage(values, gpu_index):
+    """Total of a per-GPU mapping, with the per-GPU split when the slice has several GPUs."""
+    total = sum(values.values())
+    if len(gpu_index) < 2 or not values:
+        return total, ""
+    split = ", ".join(f"GPU {gpu_index.get(u, '?')} {format_size(v)}" for u, v in values.items())
+    return total, " " + _muted(f"({escape(split)})")
+
+
+def _process_row(p, gpu_index, indent):
+    memory, memory_split = _usage(p["memory_used"], gpu_index)
+    sm = sum(p["sm_util"].values())
+    name = f"pid {p['pid']} {escape(p['comm'])}"
+    return (f"<tr>{_td(name, f'; padding-left: {indent}em')}{_td('')}{_td('')}"
+            f"{_td(format_size(memory) + memory_split)}{_td(f'{sm} %')}</tr>")
+
+
+def _processes_table(status, current_kernel):
+    gpu_index = {g["uuid"]: g["index"] for g in status["gpus"]}
+    head = "".join(f'<th style="{_CELL}">{h}</th>'
+                   for h in ("kernel / process", "user", "kernelspec", "memory", "SM"))
+    rows = [f"<tr>{head}</tr>"]
+    for k in status["kernels"]:
+        label = f"<code>{escape(k['kernel_id'])}</code>"
+        if current_kernel and k["kernel_id"] == current_kernel:
+            label += " " + _muted("(this kernel)")
+        rows.append(
+            f"<tr>{_td(label)}{_td(escape(k['user'] or ''))}{_td(escape(k['kernelspec'] or ''))}"
+            f"{_td(format_size(k['memory_used']))}{_td(str(k['sm_util']) + ' %')}</tr>"
+        )
+        rows.extend(_process_row(p, gpu_index, 1.5) for p in k["processes"])
+    if status["other_processes"]:
+        rows.append(f'<tr><td colspan="5" style="{_CELL}">'
+                    + _muted("other processes (not started by a kernel)") + "</td></tr>")
+        rows.extend(_process_row(p, gpu_index, 1.5) for p in status["other_processes"])
+    return f'<table class="hami-processes" style="{_TABLE}">{"".join(rows)}</table>'
+
+
+def _no_gpu_line(status):
+    d = status["default_limit"]
+    cap = format_size(d["memory_limit"]) if d["memory_limit"] else "no memory cap"
+    sm = f"SM share {d['sm_share']} % ({escape(d['mode'])})" if d["sm_share"] else "no SM limit"
+    return f"<div>No GPU used in this slice yet; each GPU gets: {cap}, {sm}.</div>"
+
+
+def format_html(status, current_kernel=None):
+    """A compact HTML view of *status*: one table per GPU, then kernels and processes.
+
+    *current_kernel* (a kernel id) marks that kernel's row "(this kernel)".
+    """
+    parts = [
+        '<div class="hami-status" style="font-size: var(--jp-content-font-size1, 13px); '
+        'line-height: 1.4">',
+        f"<div><b>hami slice {escape(status['slice'])}</b> {_muted(escape(status['path']))}</div>",
+    ]
+    if not status["gpus"]:
+        parts.append(_no_gpu_line(status))
+    parts.extend(_gpu_table(g) for g in status["gpus"])
+    if status["kernels"] or status["other_processes"]:
+        parts.append(_processes_table(status, current_kernel))
+    if status["dead_processes"]:
+        parts.append("<div>" + _muted(
+            f"{status['dead_processes']} dead process(es) not reclaimed yet "
+            "(their memory is not counted above)") + "</div>")
+    parts.append("</div>")
+    return "".join(parts)
