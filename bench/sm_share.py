@@ -69,8 +69,10 @@ def say(*parts):
 # ---- plan -------------------------------------------------------------------
 
 
-def worker(name, workload, share=None, mode="hard", change=None):
-    return {"name": name, "workload": workload, "share": share, "mode": mode, "change": change}
+def worker(name, workload, share=None, mode="hard", change=None, slice_name=None):
+    """One process of a scenario; workers with the same *slice_name* share a slice."""
+    return {"name": name, "workload": workload, "share": share, "mode": mode, "change": change,
+            "slice": slice_name or name}
 
 
 def build_plan(a):
@@ -92,6 +94,9 @@ def build_plan(a):
     for wl in ("small", "graph"):
         add(f"{wl}_50", f"{wl} at 50 % (hard)", "single", [worker("A", wl, 50)],
             workload=wl, share=50, tol=0.05, tol_1s=None)
+    add("quad_50", "four processes in one slice at 50 % (hard), matmul each, measured together",
+        "quad", [worker(n, "matmul", 50, slice_name="S") for n in "ABCD"], workload="matmul",
+        share=50, tol=0.03)
     add("pair_hard_30_70", "two slices, matmul each, 30 % and 70 % (hard), measured together", "pair",
         [worker("A", "matmul", 30), worker("B", "matmul", 70)], workload="matmul", tol=0.03)
     add("elastic_alone_30", "slice A 30 % elastic alone (slice B idle: no process)", "elastic_alone",
@@ -153,7 +158,7 @@ def limit_env(slice_path, share=None, mode=None):
 
 def worker_command(scn, w, sdir, a):
     """(argv, environment additions) of one worker of a scenario."""
-    slice_path = f"{sdir}/{w['name']}.slice"
+    slice_path = f"{sdir}/{w['slice']}.slice"
     cmd = [a.python, str(WORKER), "--workload", w["workload"], "--seconds", f"{scn['seconds']:g}",
            "--window", f"{a.window:g}", "--warmup", f"{a.warmup:g}",
            "--ready-file", f"{sdir}/{w['name']}.ready", "--start-file", f"{sdir}/start",
@@ -404,6 +409,14 @@ def analyze(scn, data, baselines):
             out.append(row(f"{name} {w['name']} ({w['share']} % {w['mode']})", target, pct(st["fraction"]),
                            span(st["min_1s"], st["max_1s"]), ok, note, **st))
         return out
+
+    if c == "quad":
+        stats = {wn: fraction_stats(data[wn], base) for wn in data}
+        total = sum(st["fraction"] for st in stats.values())
+        share = scn["share"] / 100
+        each = ", ".join(f"{wn} {pct(st['fraction'])}" for wn, st in sorted(stats.items()))
+        return [row(name, f"{scn['share']} % +-{round(scn['tol'] * 100)} (slice total)", pct(total), "",
+                    abs(total - share) <= scn["tol"] + 1e-9, f"per process: {each}", fraction=total)]
 
     if c == "live":
         return analyze_live(scn, data["A"], base)

@@ -1,22 +1,14 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite, from any state of the checkout:
-#   - a virtual environment in .venv (created on first use),
-#   - hami-jupyter installed into it editable, with the test extras,
-#   - native/ built twice: release (native/build) and ASan+UBSan (native/build-asan),
+#   - dev/setup.sh: .venv, hami-jupyter installed editable with the test
+#     extras, native/ built (release, native/build),
+#   - native/ built again with ASan+UBSan (native/build-asan),
 #   - pytest -ra over tests/ (arguments are passed on to pytest), then, for a
 #     full run, tests/native again against the sanitizer build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-python=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$python" -m venv .venv
-fi
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
-
-jobs=$(nproc 2>/dev/null || echo 2)
-make -C native -j"$jobs" all sim tools
-make -C native -j"$jobs" BUILD=asan all sim tools
+source dev/setup.sh
+make -C native -j"$(nproc 2>/dev/null || echo 2)" BUILD=asan all sim tools
 
 # pytest exit 5 means it collected nothing: a failure here, never a pass.
 run_pytest() {

@@ -35,6 +35,7 @@ from traitlets import Int, Unicode, Union
 
 from . import kernel_registry, native
 from .limits import LimitError, resolve_limits
+from .slice_file import SliceFileError
 from .slice_paths import SliceNameError, check_name, slice_name, slice_path, user_slice_name
 from .slice_setup import ensure_slice
 
@@ -128,7 +129,7 @@ class HamiProvisioner(LocalProvisioner):
             raise SliceSetupError(f"hami-jupyter: cannot start the kernel in a slice: {e}") from None
         try:
             outcome = ensure_slice(path, slice_name(path), limits)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, SliceFileError) as e:
             raise SliceSetupError(
                 f"hami-jupyter: cannot prepare slice file {path}: {e}. "
                 "Check that the slice root is writable, or remove a corrupt file."

@@ -4,7 +4,8 @@
   simulated GPU (one device of 16 GiB, 64 MiB per context) on
   ``LD_LIBRARY_PATH``, a private slice root (``hami_env.root``), and none of
   the limit variables of the machine running the tests.
-* ``start_kernel(kernel_name="hami-python3", env=None, **config)``: a real
+* ``start_kernel(kernel_name="hami-python3", env=None, server_config=None,
+  **config)``: a real
   ``KernelManager`` through the real provisioner; returns ``(km, kc)`` and
   shuts every kernel down at teardown.
 * ``run_cell(kc, code)``: executes *code* and returns a ``CellResult`` with
@@ -78,8 +79,15 @@ def start_kernel(hami_env):
 
     started = []
 
-    def start(kernel_name="hami-python3", env=None, **config):
-        km = KernelManager(kernel_name=kernel_name)
+    def start(kernel_name="hami-python3", env=None, server_config=None, **config):
+        """*server_config*: ``{"memory_limit": "2g"}`` as ``c.HamiProvisioner.*`` would
+        set it; *config*: what the kernelspec's provisioner config carries."""
+        from traitlets.config import Config
+
+        cfg = Config()
+        for k, v in (server_config or {}).items():
+            setattr(cfg.HamiProvisioner, k, v)
+        km = KernelManager(kernel_name=kernel_name, config=cfg)
         started.append(km)
         if config:
             # What a kernelspec's provisioner "config" would carry.

@@ -1,0 +1,36 @@
+"""`hami-jupyter demo`, the README's main job, end to end on this machine.
+
+CI has no NVIDIA driver, so this is the simulated-GPU path: a real nbclient
+run of examples/quickstart.ipynb in a hami-python3 kernel inside a 2 GiB slice.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from hami_jupyter.demo import nvidia_driver_present
+
+
+@pytest.mark.skipif(nvidia_driver_present(), reason="this machine has a real GPU: see tests/gpu")
+def test_demo_runs_the_quickstart_in_a_slice_on_the_simulated_gpu(hami_env, tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HAMI_SLICE_ROOT", "HAMI_SIM_STATE", "LD_LIBRARY_PATH")}
+    out_nb = tmp_path / "executed.ipynb"
+    proc = subprocess.run([sys.executable, "-m", "hami_jupyter", "demo", "--output", str(out_nb)],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "no NVIDIA driver found: using the bundled simulated GPU" in out
+    # The cap, not the 16 GiB GPU, stopped the loop: 7 x 256 MiB + a 64 MiB context fit in 2 GiB.
+    assert "the driver reports 2.00 GiB in total" in out
+    assert re.search(r"refused after 7 buffers \(1\.75 GiB\): CUDA_ERROR_OUT_OF_MEMORY", out)
+    statuses = re.findall(r"hami slice 'demo'.*?(?=\n--- In:|\nhami-jupyter demo: done)", out, re.S)
+    assert len(statuses) == 3, out
+    before, full, after = statuses
+    assert "no GPU used in this slice yet" in before
+    assert "1.8 GiB / 2.0 GiB (91 %)" in full and "WARNING" in full
+    assert "64.0 MiB / 2.0 GiB" in after  # only the context is left after the buffers are freed
+    assert out_nb.is_file()

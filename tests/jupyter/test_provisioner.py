@@ -1,0 +1,242 @@
+"""HamiProvisioner: real kernels, started by real KernelManagers, in their slices.
+
+Every kernel here is an ipykernel process under the preload library on the
+simulated GPU (16 GiB, 64 MiB charged per CUDA context); allocations go
+through ``hami_jupyter.driver_memory`` as PyTorch's would go through the driver.
+"""
+
+import getpass
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from hami_jupyter import kernel_registry, native
+from hami_jupyter.provisioner import SliceSetupError
+from hami_jupyter.slice_file import read_snapshot
+from hami_jupyter.slice_limits import set_memory_limit
+from hami_jupyter.slice_status import slice_status
+
+GiB = 1 << 30
+MiB = 1 << 20
+USER = getpass.getuser()
+
+ALLOC = """
+from hami_jupyter import driver_memory as cuda
+cuda.init()
+held = []
+def grab(mib):
+    try:
+        held.append(cuda.DeviceBuffer(mib << 20))
+        print("ok", mib)
+    except cuda.CudaError as e:
+        print("refused", mib, e.name)
+"""
+
+
+def kernel_env(kc, cell, *names):
+    r = cell(kc, f"import os, json; print(json.dumps({{n: os.environ.get(n) for n in {list(names)!r}}}))")
+    assert r.error is None, r.error
+    return json.loads(r.stdout)
+
+
+def total_seen(kc, cell):
+    r = cell(kc, "from hami_jupyter import driver_memory as cuda; cuda.init(); print(cuda.mem_get_info()[1])")
+    assert r.error is None, r.error
+    return int(r.stdout)
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+# ---- the launch -------------------------------------------------------------
+
+
+def test_kernel_starts_under_the_preload_in_the_users_slice(hami_env, start_kernel, cell):
+    km, kc = start_kernel(env={"HAMI_MEMORY_LIMIT": "1g"})
+    env = kernel_env(kc, cell, "LD_PRELOAD", "HAMI_SLICE", "HAMI_KERNEL_ID")
+    assert env["LD_PRELOAD"].split(":")[-1] == str(native.library_path())
+    assert env["HAMI_SLICE"] == str(hami_env.root / f"{USER}.slice")
+    assert env["HAMI_KERNEL_ID"] == km.kernel_id
+    assert total_seen(kc, cell) == GiB
+
+    r = cell(kc, ALLOC + "grab(512); grab(512)")
+    assert r.stdout.split("\n")[:2] == ["ok 512", "refused 512 CUDA_ERROR_OUT_OF_MEMORY"]
+    status = slice_status(env["HAMI_SLICE"])
+    (kernel,) = status["kernels"]
+    assert kernel["kernel_id"] == km.kernel_id
+    assert (kernel["user"], kernel["kernelspec"]) == (USER, "hami-python3")
+    assert kernel["memory_used"] == 512 * MiB + 64 * MiB  # the buffer and the context
+
+
+def test_existing_ld_preload_is_kept_and_ours_appended(hami_env, start_kernel, cell):
+    other = "/lib/x86_64-linux-gnu/libm.so.6"
+    if not os.path.exists(other):
+        pytest.skip("no libm at the Debian path on this machine")
+    km, kc = start_kernel(env={"LD_PRELOAD": other})
+    preload = kernel_env(kc, cell, "LD_PRELOAD")["LD_PRELOAD"]
+    assert preload == f"{other}:{native.library_path()}"
+
+
+# ---- where limits come from --------------------------------------------------
+
+LAYERS = {
+    "kernelspec": {"config": {"memory_limit": "1g"}},
+    "server": {"server_config": {"memory_limit": "2g"}},
+    "hub": {"env": {"HAMI_MEMORY_LIMIT": "3g"}},
+    "hami": {"env": {"CUDA_DEVICE_MEMORY_LIMIT": "4g"}},
+}
+
+
+@pytest.mark.parametrize("top,expected", [
+    ("kernelspec", 1 * GiB), ("server", 2 * GiB), ("hub", 3 * GiB), ("hami", 4 * GiB)])
+def test_most_specific_limit_wins(hami_env, start_kernel, cell, top, expected):
+    names = list(LAYERS)
+    env, server, config = {}, {}, {}
+    for layer in names[names.index(top):]:  # the top layer and every less specific one
+        spec = LAYERS[layer]
+        env.update(spec.get("env", {}))
+        server.update(spec.get("server_config", {}))
+        config.update(spec.get("config", {}))
+    km, kc = start_kernel(env=env, server_config=server, **config)
+    assert total_seen(kc, cell) == expected
+    slice_file = kernel_env(kc, cell, "HAMI_SLICE")["HAMI_SLICE"]
+    # A kernelspec with limits of its own gets a slice of its own.
+    want = f"{USER}-hami-python3.slice" if top == "kernelspec" else f"{USER}.slice"
+    assert os.path.basename(slice_file) == want
+    assert read_snapshot(slice_file).fallback_limit.memory_limit == expected
+
+
+def test_hami_device_plugin_variables(hami_env, start_kernel, cell, tmp_path):
+    shared = tmp_path / "vgpu" / "cache.slice"
+    km, kc = start_kernel(env={"CUDA_DEVICE_MEMORY_LIMIT": "3000m", "CUDA_DEVICE_SM_LIMIT": "30",
+                               "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(shared)})
+    assert kernel_env(kc, cell, "HAMI_SLICE")["HAMI_SLICE"] == str(shared)
+    assert total_seen(kc, cell) == 3000 * MiB
+    limit = read_snapshot(shared).devices[0].limit
+    assert (limit.memory_limit, limit.sm_share) == (3000 * MiB, 30)
+
+
+def test_sm_share_and_mode_reach_the_slice(hami_env, start_kernel, cell):
+    km, kc = start_kernel(sm_limit=25, sm_mode="elastic")
+    path = kernel_env(kc, cell, "HAMI_SLICE")["HAMI_SLICE"]
+    fallback = read_snapshot(path).fallback_limit
+    assert (fallback.sm_share, fallback.mode, fallback.memory_limit) == (25, 1, 0)
+
+
+# ---- bad limits never start a kernel ----------------------------------------
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    ({"config": {"memory_limit": "4x"}}, ["memory limit '4x' is not a size", "kernelspec"]),
+    ({"config": {"memory_limit": "0"}}, ["would refuse every allocation"]),
+    ({"config": {"sm_limit": 150}}, ["SM share 150", "0..100"]),
+    ({"config": {"sm_mode": "soft"}}, ["SM mode 'soft'", "hard, elastic"]),
+    ({"env": {"HAMI_MEMORY_LIMIT": "lots"}}, ["HAMI_MEMORY_LIMIT", "not a size"]),
+    ({"env": {"CUDA_DEVICE_SM_LIMIT_1": "-5"}}, ["CUDA_DEVICE_SM_LIMIT_1"]),
+    ({"env": {"HAMI_SLICE": "two words"}}, ["invalid slice name 'two words'"]),
+])
+def test_bad_limits_stop_the_kernel_with_a_clear_message(hami_env, start_kernel, kwargs, words):
+    with pytest.raises(SliceSetupError) as info:
+        start_kernel(env=kwargs.get("env"), **kwargs.get("config", {}))
+    for w in words:
+        assert w in str(info.value)
+    # Nothing started, nothing registered.
+    assert not list(hami_env.root.glob("*.kernels/*.json")) if hami_env.root.exists() else True
+
+
+def test_corrupt_slice_file_stops_the_kernel(hami_env, start_kernel):
+    hami_env.root.mkdir(parents=True)
+    (hami_env.root / f"{USER}.slice").write_bytes(b"not a slice" * 100)
+    with pytest.raises(SliceSetupError, match="cannot prepare slice file .*not a slice file"):
+        start_kernel(env={"HAMI_MEMORY_LIMIT": "1g"})
+
+
+# ---- one slice, many kernels; restart, shutdown, death ------------------------
+
+
+def test_two_kernels_of_one_user_share_the_slice(hami_env, start_kernel, cell):
+    env = {"HAMI_MEMORY_LIMIT": "1g"}
+    km_a, kc_a = start_kernel(env=env)
+    km_b, kc_b = start_kernel(env=env)
+    assert cell(kc_a, ALLOC + "grab(600)").stdout.strip() == "ok 600"
+    r = cell(kc_b, ALLOC + "grab(600); grab(200)")
+    # 600 + 64 (A's context) + 64 (B's) leaves 296 MiB of the 1 GiB.
+    assert r.stdout.split("\n")[:2] == ["refused 600 CUDA_ERROR_OUT_OF_MEMORY", "ok 200"]
+    status = slice_status(hami_env.root / f"{USER}.slice")
+    by_id = {k["kernel_id"]: k["memory_used"] for k in status["kernels"]}
+    assert by_id == {km_a.kernel_id: 664 * MiB, km_b.kernel_id: 264 * MiB}
+    assert status["gpus"][0]["memory_used"] == 928 * MiB
+
+
+def test_restart_keeps_the_slice_and_frees_the_old_process(hami_env, start_kernel, cell):
+    km, kc = start_kernel(env={"HAMI_MEMORY_LIMIT": "1g"})
+    path = hami_env.root / f"{USER}.slice"
+    assert cell(kc, ALLOC + "grab(900)").stdout.strip() == "ok 900"
+    km.restart_kernel(now=True)
+    kc.wait_for_ready(timeout=60)
+    assert kernel_env(kc, cell, "HAMI_SLICE")["HAMI_SLICE"] == str(path)
+    assert [k.kernel_id for k in kernel_registry.kernels(path)] == [km.kernel_id]
+    # The restarted kernel has the whole cap again: the old process's 964 MiB are gone.
+    assert cell(kc, ALLOC + "grab(900)").stdout.strip() == "ok 900"
+
+
+def test_shutdown_unregisters_the_kernel_and_frees_its_slot(hami_env, start_kernel, cell):
+    km, kc = start_kernel(env={"HAMI_MEMORY_LIMIT": "1g"})
+    path = hami_env.root / f"{USER}.slice"
+    cell(kc, ALLOC + "grab(100)")
+    assert len(read_snapshot(path).slots) == 1
+    kc.stop_channels()
+    km.shutdown_kernel()
+    assert kernel_registry.kernels(path, include_dead=True) == []
+    snap = read_snapshot(path)
+    assert (snap.slots, snap.stale_slots) == ((), ())
+    assert snap.devices[0].memory_used == 0
+
+
+def test_killed_kernel_is_reclaimed(hami_env, start_kernel, cell):
+    env = {"HAMI_MEMORY_LIMIT": "1g"}
+    km, kc = start_kernel(env=env)
+    path = hami_env.root / f"{USER}.slice"
+    cell(kc, ALLOC + "grab(800)")
+    os.kill(km.provisioner.pid, signal.SIGKILL)
+    assert wait_until(lambda: not km.is_alive())
+    status = slice_status(path)
+    # The dead process's memory no longer shows as used, and its kernel is gone.
+    assert (status["gpus"][0]["memory_used"], status["kernels"], status["dead_processes"]) == (0, [], 1)
+    # A new kernel gets the whole cap: its first charge at the cap reclaims the dead slot.
+    km2, kc2 = start_kernel(env=env)
+    assert cell(kc2, ALLOC + "grab(900)").stdout.strip() == "ok 900"
+    assert wait_until(lambda: read_snapshot(path).stale_slots == ())
+
+
+def test_live_slice_keeps_limits_changed_while_it_runs(hami_env, start_kernel, cell):
+    env = {"HAMI_MEMORY_LIMIT": "1g"}
+    path = hami_env.root / f"{USER}.slice"
+    km_a, kc_a = start_kernel(env=env)
+    cell(kc_a, ALLOC + "grab(10)")
+    set_memory_limit(path, None, 2 * GiB)  # an admin resizes the running slice
+    km_b, kc_b = start_kernel(env=env)
+    assert total_seen(kc_b, cell) == 2 * GiB  # not put back to 1 GiB by the new kernel
+    for km, kc in ((km_a, kc_a), (km_b, kc_b)):
+        kc.stop_channels()
+        km.shutdown_kernel()
+    # Idle again: the next kernel brings the configured limit back.
+    km_c, kc_c = start_kernel(env=env)
+    assert total_seen(kc_c, cell) == GiB
+
+
+def test_provisioner_info_round_trips_the_slice(hami_env, start_kernel):
+    import asyncio
+
+    km, kc = start_kernel(env={"HAMI_MEMORY_LIMIT": "1g"})
+    info = asyncio.run(km.provisioner.get_provisioner_info())
+    assert info["hami_slice"] == str(hami_env.root / f"{USER}.slice")
