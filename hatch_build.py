@@ -4,7 +4,8 @@ The preload library, the simulated GPU and the driver-API runner are plain C
 built by ``make`` with the system compiler (no CUDA toolkit). A wheel carries
 them under ``hami_jupyter/_native/`` in the same layout as ``native/build/``,
 which is where :mod:`hami_jupyter.native` looks for them. Because the wheel
-then holds machine code it is tagged for this platform, not ``py3-none-any``.
+then holds machine code it is tagged ``py3-none-<platform>``, not
+``py3-none-any``.
 
 Editable installs (``pip install -e .``) build nothing: the code finds the
 files in ``native/build/`` of the checkout, built by ``make -C native`` or
@@ -13,6 +14,7 @@ files in ``native/build/`` of the checkout, built by ``make -C native`` or
 
 import os
 import subprocess
+import sysconfig
 from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
@@ -49,4 +51,6 @@ class NativeBuildHook(BuildHookInterface):
                 raise RuntimeError(f"make succeeded but {built} is missing")
             build_data["force_include"][str(built)] = f"hami_jupyter/_native/{rel}"
         build_data["pure_python"] = False
-        build_data["infer_tag"] = True
+        # Machine code, but no Python extension module: any Python 3 on this platform.
+        platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+        build_data["tag"] = f"py3-none-{platform}"
