@@ -23,6 +23,8 @@ process that died: it is reported as *stale* until a process of the slice
 reclaims it.
 """
 
+from __future__ import annotations
+
 import ctypes
 import fcntl
 import mmap
@@ -35,7 +37,11 @@ from dataclasses import dataclass
 
 HAMI_SLICE_MAGIC = b"HAMISLCE"  # 8 bytes, no terminator
 HAMI_SLICE_VERSION_MAJOR = 1
-HAMI_SLICE_VERSION_MINOR = 1
+HAMI_SLICE_VERSION_MINOR = 2
+
+HAMI_LIMITS_MAGIC = b"HAMILIMT"  # the companion limits file, 8 bytes
+HAMI_LIMITS_VERSION_MAJOR = 1
+HAMI_LIMITS_VERSION_MINOR = 0
 
 HAMI_SLICE_MAX_DEVICES = 16
 HAMI_SLICE_MAX_SLOTS = 256
@@ -164,6 +170,18 @@ class HamiSliceFile(ctypes.Structure):
     ]
 
 
+class HamiLimitsFile(ctypes.Structure):
+    _c_name_ = "hami_limits_file"
+    _fields_ = [
+        ("magic", ctypes.c_char * 8),
+        ("version_major", ctypes.c_uint32),
+        ("version_minor", ctypes.c_uint32),
+        ("file_size", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint8 * 40),
+        ("limits", HamiSliceLimits),
+    ]
+
+
 STRUCTS = (
     HamiSliceHeader,
     HamiDeviceLimit,
@@ -172,14 +190,23 @@ STRUCTS = (
     HamiSliceDevice,
     HamiSlot,
     HamiSliceFile,
+    HamiLimitsFile,
 )
 
 LIMITS_OFFSET = HamiSliceFile.limits.offset
 DEVICES_OFFSET = HamiSliceFile.device.offset
 SLOTS_OFFSET = HamiSliceFile.slot.offset
 FILE_SIZE = ctypes.sizeof(HamiSliceFile)
-_GENERATION_OFFSET = LIMITS_OFFSET + HamiSliceLimits.generation.offset
-_COPY_OFFSET = LIMITS_OFFSET + HamiSliceLimits.copy.offset
+
+
+LIMITS_FILE_SIZE = ctypes.sizeof(HamiLimitsFile)
+LIMITS_FILE_BLOCK_OFFSET = HamiLimitsFile.limits.offset
+
+
+def limits_file_path(slice_path):
+    """The companion limits file of a slice: ``x/alice.slice`` -> ``x/alice.limits``."""
+    p = os.fspath(slice_path)
+    return (p[: -len(".slice")] if p.endswith(".slice") and len(p) > 6 else p) + ".limits"
 
 
 def slot_offset(index):
@@ -271,6 +298,7 @@ class SliceSnapshot:
     devices: tuple[Device, ...]
     slots: tuple[Slot, ...]
     stale_slots: tuple[Slot, ...]
+    limits_file: str | None = None  # the hub-owned limits file in force, if any
 
 
 # ---- locks --------------------------------------------------------------------
@@ -340,6 +368,40 @@ class SliceFile:
             raise
         self._fd = fd
         self.header = header
+        self.limits_path = None
+        self._limits_map, self._limits_base = self._map, LIMITS_OFFSET
+        try:
+            self._open_limits_file()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_limits_file(self):
+        """Map the hub-owned companion limits file, when the slice has one."""
+        path = limits_file_path(self.path)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return
+        try:
+            st = os.fstat(fd)
+            head = HamiLimitsFile.from_buffer_copy(
+                os.pread(fd, LIMITS_FILE_SIZE, 0).ljust(LIMITS_FILE_SIZE, b"\0"))
+            if not stat.S_ISREG(st.st_mode) or head.magic != HAMI_LIMITS_MAGIC:
+                raise SliceFileError(f"{path}: not a hami limits file; ask whoever manages "
+                                     "the slices to recreate it")
+            if head.version_major != HAMI_LIMITS_VERSION_MAJOR:
+                raise UnsupportedVersion(
+                    f"{path}: limits file layout version {head.version_major}.{head.version_minor} "
+                    f"is not supported; this hami-jupyter reads version {HAMI_LIMITS_VERSION_MAJOR}.x")
+            if st.st_size < LIMITS_FILE_SIZE or head.file_size < LIMITS_FILE_SIZE:
+                raise TruncatedSliceFile(f"{path}: truncated limits file: {st.st_size} bytes, "
+                                         f"needs {LIMITS_FILE_SIZE}")
+            self._limits_map = mmap.mmap(fd, LIMITS_FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(fd)  # the mapping keeps the file
+        self._limits_base = LIMITS_FILE_BLOCK_OFFSET
+        self.limits_path = path
 
     # -- validation --
 
@@ -392,6 +454,9 @@ class SliceFile:
     def _u64(self, offset):
         return struct.unpack_from("=Q", self._map, offset)[0]
 
+    def _limits_u64(self, field_offset):
+        return struct.unpack_from("=Q", self._limits_map, self._limits_base + field_offset)[0]
+
     def read_limits(self):
         """``(generation, changed_unix_ns, HamiLimitSet)`` of the copy in force.
 
@@ -401,12 +466,13 @@ class SliceFile:
         Bounded: raises :class:`LimitsBusy` instead of spinning forever.
         """
         set_size = ctypes.sizeof(HamiLimitSet)
-        changed_offset = LIMITS_OFFSET + HamiSliceLimits.changed_unix_ns.offset
+        gen_at = HamiSliceLimits.generation.offset
+        copy_at = self._limits_base + HamiSliceLimits.copy.offset
         for _ in range(_LIMIT_READ_ATTEMPTS):
-            generation = self._u64(_GENERATION_OFFSET)
-            copy = HamiLimitSet.from_buffer_copy(self._map, _COPY_OFFSET + (generation & 1) * set_size)
-            changed = self._u64(changed_offset)
-            if self._u64(_GENERATION_OFFSET) == generation:
+            generation = self._limits_u64(gen_at)
+            copy = HamiLimitSet.from_buffer_copy(self._limits_map, copy_at + (generation & 1) * set_size)
+            changed = self._limits_u64(HamiSliceLimits.changed_unix_ns.offset)
+            if self._limits_u64(gen_at) == generation:
                 return generation, changed, copy
         raise LimitsBusy(
             f"{self.path}: limits changed on each of {_LIMIT_READ_ATTEMPTS} reads; try again"
@@ -470,12 +536,15 @@ class SliceFile:
             devices=tuple(devices),
             slots=tuple(live),
             stale_slots=tuple(stale),
+            limits_file=self.limits_path,
         )
 
     # -- lifetime --
 
     def close(self):
         if self._fd is not None:
+            if self._limits_map is not self._map:
+                self._limits_map.close()
             self._map.close()
             os.close(self._fd)
             self._fd = None

@@ -6,6 +6,12 @@ and the kernel drops the lock if one dies), fills the copy *not* in force,
 then bumps the generation. Processes read the generation on every charge, so
 a new limit applies to the very next allocation; a writer that dies half-way
 never published anything. The admin panel and CLI build on this module.
+
+A slice whose limits a hub owns keeps them in a companion file,
+``<name>.limits`` (:func:`~hami_jupyter.slice_file.limits_file_path`), with the
+same block and the same lock on its first byte; this module writes there when
+that file exists, and only those allowed to write it (the hub, administrators)
+can change the limits.
 """
 
 import ctypes
@@ -16,6 +22,8 @@ import time
 
 from .slice_file import (
     FILE_SIZE,
+    LIMITS_FILE_BLOCK_OFFSET,
+    LIMITS_FILE_SIZE,
     HAMI_LIMIT_SET,
     HAMI_MODE_ELASTIC,
     HAMI_MODE_HARD,
@@ -26,13 +34,11 @@ from .slice_file import (
     SliceFile,
     SliceFileError,
     flock_bytes,
+    limits_file_path,
 )
 
 F_OFD_SETLK = 37
 _LOCK_WAIT_S = 2.0
-_COPY = LIMITS_OFFSET + HamiSliceLimits.copy.offset
-_GENERATION = LIMITS_OFFSET + HamiSliceLimits.generation.offset
-_CHANGED = LIMITS_OFFSET + HamiSliceLimits.changed_unix_ns.offset
 
 
 def _device_index(path, device):
@@ -48,11 +54,11 @@ def _device_index(path, device):
     raise SliceFileError(f"{path}: slice has no GPU {device!r} (it has: {known})")
 
 
-def _lock(fd, path):
+def _lock(fd, path, at):
     deadline = time.monotonic() + _LOCK_WAIT_S
     while True:
         try:
-            fcntl.fcntl(fd, F_OFD_SETLK, flock_bytes(fcntl.F_WRLCK, LIMITS_OFFSET))
+            fcntl.fcntl(fd, F_OFD_SETLK, flock_bytes(fcntl.F_WRLCK, at))
             return
         except OSError:
             if time.monotonic() > deadline:
@@ -60,29 +66,49 @@ def _lock(fd, path):
             time.sleep(0.005)
 
 
+def limits_target(path):
+    """``(file, size, block offset)`` of where the slice's limits live: the
+    hub-owned limits file when there is one, else the slice file itself."""
+    companion = limits_file_path(path)
+    if os.path.exists(companion):
+        return companion, LIMITS_FILE_SIZE, LIMITS_FILE_BLOCK_OFFSET
+    return os.fspath(path), FILE_SIZE, LIMITS_OFFSET
+
+
 def update_limits(path, change):
     """Apply ``change(limit_set)`` (a :class:`HamiLimitSet`, edited in place) and publish it.
 
-    Returns the new generation.
+    Returns the new generation. PermissionError when this process may not
+    change the limits (see :func:`limits_writable`).
     """
     path = os.fspath(path)
-    SliceFile(path).close()  # validates magic, version and size before we write
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    SliceFile(path).close()  # validates both files before we write
+    target, size, base = limits_target(path)
+    fd = os.open(target, os.O_RDWR | os.O_CLOEXEC)
     try:
-        _lock(fd, path)
-        with mmap.mmap(fd, FILE_SIZE, mmap.MAP_SHARED) as m:
-            generation = ctypes.c_uint64.from_buffer(m, _GENERATION)
-            size = ctypes.sizeof(HamiLimitSet)
-            current = HamiLimitSet.from_buffer_copy(m, _COPY + (generation.value & 1) * size)
+        _lock(fd, target, base)
+        with mmap.mmap(fd, size, mmap.MAP_SHARED) as m:
+            copy_at = base + HamiSliceLimits.copy.offset
+            generation = ctypes.c_uint64.from_buffer(m, base + HamiSliceLimits.generation.offset)
+            set_size = ctypes.sizeof(HamiLimitSet)
+            current = HamiLimitSet.from_buffer_copy(m, copy_at + (generation.value & 1) * set_size)
             change(current)
             nxt = generation.value + 1
-            m[_COPY + (nxt & 1) * size:_COPY + (nxt & 1) * size + size] = bytes(current)
-            ctypes.c_uint64.from_buffer(m, _CHANGED).value = time.time_ns()
+            at = copy_at + (nxt & 1) * set_size
+            m[at:at + set_size] = bytes(current)
+            ctypes.c_uint64.from_buffer(m, base + HamiSliceLimits.changed_unix_ns.offset).value = time.time_ns()
             generation.value = nxt  # one aligned 8-byte store: the publication
             del generation
         return nxt
     finally:
         os.close(fd)  # drops the lock
+
+
+def limits_writable(path):
+    """True when this process may change the slice's limits (the hub or an
+    administrator, or the owner of a slice no hub manages); False for a
+    read-only viewer."""
+    return os.access(limits_target(path)[0], os.W_OK)
 
 
 def _set_fields(path, device, **fields):
@@ -126,4 +152,5 @@ def set_sm_share(path, device, percent, mode=None):
     return _set_fields(path, device, **fields)
 
 
-__all__ = ["set_memory_limit", "set_sm_share", "update_limits", "MODES", "HAMI_SLICE_MAX_DEVICES"]
+__all__ = ["set_memory_limit", "set_sm_share", "update_limits", "limits_writable", "MODES",
+           "HAMI_SLICE_MAX_DEVICES"]

@@ -30,12 +30,18 @@ from .slice_file import (
     HAMI_SLICE_NAME_LEN,
     HAMI_SLICE_VERSION_MAJOR,
     HAMI_SLICE_VERSION_MINOR,
+    HAMI_LIMITS_MAGIC,
+    HAMI_LIMITS_VERSION_MAJOR,
+    HAMI_LIMITS_VERSION_MINOR,
+    LIMITS_FILE_SIZE,
     HamiDeviceLimit,
+    HamiLimitsFile,
     HamiSliceDevice,
     HamiSliceFile,
     HamiSliceHeader,
     HamiSlot,
     SliceFile,
+    limits_file_path,
 )
 from .slice_limits import update_limits
 
@@ -74,20 +80,16 @@ def _new_file(name, limits):
     return f
 
 
-def create_slice(path, name, limits, mode=0o644):
-    """Create the slice file at *path* with *limits* as its fallback limit.
-
-    Returns True if this call created it, False if it already existed (the
-    existing file is left exactly as it is). The parent folder is created
-    private to the user (0700) when missing.
-    """
+def _publish(path, data, mode):
+    """Write *data* under a temporary name, then link(2) it to *path*.
+    True if this call created *path*; False if it existed (left untouched)."""
     path = Path(path)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.new")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         try:
-            os.write(fd, bytes(_new_file(name, limits)))
+            os.fchmod(fd, mode)  # whatever the umask says
+            os.write(fd, data)
         finally:
             os.close(fd)
         try:
@@ -97,6 +99,34 @@ def create_slice(path, name, limits, mode=0o644):
         return True
     finally:
         os.unlink(tmp)
+
+
+def create_limits_file(slice_path, limits, mode=0o644):
+    """Create the companion limits file of the slice at *slice_path* (see
+    docs/slice-file.md, "Permissions"), carrying *limits* as the fallback.
+    Returns its path and whether this call created it."""
+    f = HamiLimitsFile()
+    f.magic = HAMI_LIMITS_MAGIC
+    f.version_major = HAMI_LIMITS_VERSION_MAJOR
+    f.version_minor = HAMI_LIMITS_VERSION_MINOR
+    f.file_size = LIMITS_FILE_SIZE
+    for copy in f.limits.copy:
+        copy.fallback = _fallback_entry(limits)
+    f.limits.changed_unix_ns = time.time_ns()
+    path = limits_file_path(slice_path)
+    return Path(path), _publish(path, bytes(f), mode)
+
+
+def create_slice(path, name, limits, mode=0o644):
+    """Create the slice file at *path* with *limits* as its fallback limit.
+
+    Returns True if this call created it, False if it already existed (the
+    existing file is left exactly as it is). The parent folder is created
+    private to the user (0700) when missing.
+    """
+    path = Path(path)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return _publish(path, bytes(_new_file(name, limits)), mode)
 
 
 def _same_fallback(current, limits):
@@ -147,8 +177,8 @@ def ensure_slice(path, name, limits: SliceLimits):
             return "deferred"
         if create_slice(path, name, limits):
             return "created"
-    if not os.access(path, os.W_OK):
-        return "kept"  # owned by the hub or an admin: their limits stand
+    if os.path.exists(limits_file_path(path)) or not os.access(path, os.W_OK):
+        return "kept"  # the hub or an admin owns these limits: theirs stand
     if limits.memory_per_gpu or limits.sm_per_gpu:
         return "kept"
     return "updated" if apply_if_idle(path, limits) else "kept"

@@ -158,7 +158,7 @@ def test_limit_reads_are_bounded(slice_path, monkeypatch):
     """A generation that moves on every read ends in an error, not an endless loop."""
     ticks = iter(range(10**6))
     with sf.SliceFile(slice_path) as reader:
-        monkeypatch.setattr(reader, "_u64", lambda offset: next(ticks))
+        monkeypatch.setattr(reader, "_limits_u64", lambda offset: next(ticks))
         with pytest.raises(sf.LimitsBusy, match="limits changed"):
             reader.snapshot()
 

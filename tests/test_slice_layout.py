@@ -59,6 +59,7 @@ C_FIELDS = {
         "reserved[]",
     ],
     "hami_slice_file": ["header", "limits", "device[]", "slot[]"],
+    "hami_limits_file": ["magic[]", "version_major", "version_minor", "file_size", "reserved[]", "limits"],
 }
 
 PY_STRUCTS = {cls._c_name_: cls for cls in slice_file.STRUCTS}

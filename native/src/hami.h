@@ -84,6 +84,10 @@ int hami_slot(void);
 void hami_slice_sweep(void);
 uint64_t hami_slice_live_used(int sdev);
 
+/* limits_file.c: the hub-owned companion limits file, when there is one */
+int hami_limits_file_map(const char *slice_path);
+const struct hami_slice_limits *hami_limits_block(const struct hami_slice_file *f);
+
 /* charge.c: reserve-then-allocate against the slice */
 int hami_charge(int sdev, uint64_t bytes, const char *what);
 void hami_charge_force(int sdev, uint64_t bytes);

@@ -224,6 +224,12 @@ static int map_slice_file(const char *path, int writable)
 		close(fd);
 		return -1;
 	}
+	/* Limits owned by the hub, if any: unusable ones fail closed, never "no limit". */
+	if (hami_limits_file_map(path) < 0) {
+		munmap(m, sizeof(struct hami_slice_file));
+		close(fd);
+		return -1;
+	}
 	/* A read-only mapping made earlier for NVML answers stays valid for
 	 * readers that still hold it; it is simply no longer used. */
 	return adopt(fd, m, writable);
@@ -355,7 +361,7 @@ int hami_slice_limit(int sdev, struct hami_device_limit *out)
 	struct hami_slice_file *f = hami_slice();
 	if (!f || sdev < -1 || sdev >= HAMI_SLICE_MAX_DEVICES)
 		return -1;
-	struct hami_slice_limits *l = &f->limits;
+	const struct hami_slice_limits *l = hami_limits_block(f);
 	for (int tries = 0; tries < 16; tries++) {
 		uint64_t g = __atomic_load_n(&l->generation, __ATOMIC_ACQUIRE);
 		const struct hami_limit_set *set = &l->copy[g & 1];

@@ -33,7 +33,11 @@
 
 #define HAMI_SLICE_MAGIC "HAMISLCE" /* 8 bytes, no terminator */
 #define HAMI_SLICE_VERSION_MAJOR 1u
-#define HAMI_SLICE_VERSION_MINOR 1u
+#define HAMI_SLICE_VERSION_MINOR 2u
+
+#define HAMI_LIMITS_MAGIC "HAMILIMT" /* the companion limits file, 8 bytes */
+#define HAMI_LIMITS_VERSION_MAJOR 1u
+#define HAMI_LIMITS_VERSION_MINOR 0u
 
 #define HAMI_SLICE_MAX_DEVICES 16
 #define HAMI_SLICE_MAX_SLOTS 256
@@ -149,7 +153,24 @@ struct hami_slice_file {
 	struct hami_slot slot[HAMI_SLICE_MAX_SLOTS];
 };
 
+/*
+ * Limits held apart from usage (1.2): "<name>.limits" beside "<name>.slice".
+ * A hub or administrator owns it and the slice's processes may only read it,
+ * while they must write the slice file itself. When it exists it is the
+ * authority and the slice file's own limits block is not used. Same
+ * double-buffer and writer lock (on the first byte of .limits) as in-file.
+ */
+struct hami_limits_file {
+	char magic[8];          /* HAMI_LIMITS_MAGIC */
+	uint32_t version_major; /* HAMI_LIMITS_VERSION_MAJOR: a reader refuses any other */
+	uint32_t version_minor;
+	uint64_t file_size;     /* sizeof(struct hami_limits_file) */
+	uint8_t reserved[40];
+	struct hami_slice_limits limits;
+};
+
 _Static_assert(sizeof(struct hami_slice_header) == 256, "header size");
+_Static_assert(sizeof(struct hami_limits_file) == 1168, "limits file size");
 _Static_assert(sizeof(struct hami_device_limit) == 32, "device limit size");
 _Static_assert(sizeof(struct hami_limit_set) == 544, "limit set size");
 _Static_assert(sizeof(struct hami_slice_limits) == 1104, "limits size");

@@ -1,0 +1,92 @@
+/*
+ * The companion limits file ("<name>.limits" beside "<name>.slice"): limits a
+ * hub or administrator owns, which the slice's processes may read but not
+ * write. When it exists it is the authority; otherwise the slice file's own
+ * limits block is. docs/slice-file.md has the rules.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hami.h"
+
+static const struct hami_limits_file *mapped;
+
+/* "<dir>/<name>.slice" -> "<dir>/<name>.limits"; any other path gets ".limits" added. */
+static int limits_path(const char *slice_path, char *out, size_t cap)
+{
+	size_t n = strlen(slice_path);
+	const size_t suffix = sizeof(".slice") - 1;
+	if (n > suffix && strcmp(slice_path + n - suffix, ".slice") == 0)
+		n -= suffix;
+	int w = snprintf(out, cap, "%.*s.limits", (int)n, slice_path);
+	return w > 0 && (size_t)w < cap ? 0 : -1;
+}
+
+static int check(const struct hami_limits_file *h, off_t size, const char *path)
+{
+	if ((size_t)size < sizeof(*h) || memcmp(h->magic, HAMI_LIMITS_MAGIC, 8) != 0) {
+		hami_log(HAMI_LOG_ERROR, "%s is not a hami limits file (bad magic or %lld bytes); "
+			 "ask whoever manages the slices to recreate it", path, (long long)size);
+		return -1;
+	}
+	if (h->version_major != HAMI_LIMITS_VERSION_MAJOR) {
+		hami_log(HAMI_LOG_ERROR, "limits file %s has layout version %u.%u; this library reads "
+			 "version %u: upgrade hami-jupyter in this environment",
+			 path, h->version_major, h->version_minor, HAMI_LIMITS_VERSION_MAJOR);
+		return -1;
+	}
+	if (h->file_size < sizeof(*h) || (uint64_t)size < h->file_size) {
+		hami_log(HAMI_LOG_ERROR, "limits file %s is truncated", path);
+		return -1;
+	}
+	return 0;
+}
+
+/* 0: no limits file (the slice file's block applies); 1: mapped; -1: present but unusable. */
+int hami_limits_file_map(const char *slice_path)
+{
+	char path[PATH_MAX];
+	if (__atomic_load_n(&mapped, __ATOMIC_ACQUIRE))
+		return 1; /* a read-only (NVML) attach came first; the file stays the same */
+	if (!slice_path || limits_path(slice_path, path, sizeof(path)) < 0)
+		return 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return 0;
+		hami_log(HAMI_LOG_ERROR, "cannot open limits file %s: %s", path, strerror(errno));
+		return -1;
+	}
+	struct stat st;
+	struct hami_limits_file h;
+	memset(&h, 0, sizeof(h));
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || pread(fd, &h, sizeof(h), 0) < 0 ||
+	    check(&h, st.st_size, path) < 0) {
+		if (!S_ISREG(st.st_mode))
+			hami_log(HAMI_LOG_ERROR, "limits file %s is not a regular file", path);
+		close(fd);
+		return -1;
+	}
+	void *m = mmap(NULL, sizeof(struct hami_limits_file), PROT_READ, MAP_SHARED, fd, 0);
+	close(fd); /* the mapping keeps the file */
+	if (m == MAP_FAILED) {
+		hami_log(HAMI_LOG_ERROR, "cannot map limits file %s: %s", path, strerror(errno));
+		return -1;
+	}
+	__atomic_store_n(&mapped, (const struct hami_limits_file *)m, __ATOMIC_RELEASE);
+	hami_log(HAMI_LOG_INFO, "limits of slice \"%s\" come from %s", hami_slice_name(), path);
+	return 1;
+}
+
+const struct hami_slice_limits *hami_limits_block(const struct hami_slice_file *f)
+{
+	const struct hami_limits_file *l = __atomic_load_n(&mapped, __ATOMIC_ACQUIRE);
+	return l ? &l->limits : &f->limits;
+}
