@@ -108,7 +108,7 @@ def limits_writable(path):
     """True when this process may change the slice's limits (the hub or an
     administrator, or the owner of a slice no hub manages); False for a
     read-only viewer."""
-    return os.access(limits_target(path)[0], os.W_OK)
+    return os.access(limits_target(path)[0], os.W_OK, effective_ids=os.access in os.supports_effective_ids)
 
 
 def _set_fields(path, device, **fields):

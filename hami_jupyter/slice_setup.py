@@ -21,6 +21,7 @@ from pathlib import Path
 from .limits import SliceLimits
 from .slice_file import (
     FILE_SIZE,
+    HAMI_DEVICE_READY,
     HAMI_LIMIT_SET,
     HAMI_MODE_ELASTIC,
     HAMI_MODE_HARD,
@@ -57,7 +58,10 @@ def _fallback_entry(limits):
     return entry
 
 
-def _new_file(name, limits):
+def _new_file(name, limits, devices=()):
+    """The bytes of a new slice file; *devices* are ``(uuid, memory_total)`` of
+    GPUs entered up front (slice device indices 0, 1, ... in that order), so
+    that limits can name them before any process has met them."""
     f = HamiSliceFile()
     h = f.header
     h.magic = HAMI_SLICE_MAGIC
@@ -77,6 +81,11 @@ def _new_file(name, limits):
     for copy in f.limits.copy:
         copy.fallback = _fallback_entry(limits)
     f.limits.changed_unix_ns = h.created_unix_ns
+    for i, (uuid, memory_total) in enumerate(devices):
+        d = f.device[i]
+        d.uuid = uuid.encode()
+        d.memory_total = memory_total
+        d.state = HAMI_DEVICE_READY
     return f
 
 
@@ -101,24 +110,36 @@ def _publish(path, data, mode):
         os.unlink(tmp)
 
 
-def create_limits_file(slice_path, limits, mode=0o644):
+def fill_limit_set(limit_set, limits, device_limits=None):
+    """Write *limits* as the fallback of a :class:`HamiLimitSet` and
+    *device_limits* (slice device index -> SliceLimits) as entries of their
+    own; every other device entry is cleared (it follows the fallback)."""
+    limit_set.fallback = _fallback_entry(limits)
+    for i in range(HAMI_SLICE_MAX_DEVICES):
+        own = (device_limits or {}).get(i)
+        limit_set.device[i] = _fallback_entry(own) if own is not None else HamiDeviceLimit()
+
+
+def create_limits_file(slice_path, limits, mode=0o644, device_limits=None):
     """Create the companion limits file of the slice at *slice_path* (see
-    docs/slice-file.md, "Permissions"), carrying *limits* as the fallback.
-    Returns its path and whether this call created it."""
+    docs/slice-file.md, "Permissions"), carrying *limits* as the fallback and
+    *device_limits* per slice device index. Returns its path and whether this
+    call created it (an existing file is left as it is)."""
     f = HamiLimitsFile()
     f.magic = HAMI_LIMITS_MAGIC
     f.version_major = HAMI_LIMITS_VERSION_MAJOR
     f.version_minor = HAMI_LIMITS_VERSION_MINOR
     f.file_size = LIMITS_FILE_SIZE
     for copy in f.limits.copy:
-        copy.fallback = _fallback_entry(limits)
+        fill_limit_set(copy, limits, device_limits)
     f.limits.changed_unix_ns = time.time_ns()
     path = limits_file_path(slice_path)
     return Path(path), _publish(path, bytes(f), mode)
 
 
-def create_slice(path, name, limits, mode=0o644):
-    """Create the slice file at *path* with *limits* as its fallback limit.
+def create_slice(path, name, limits, mode=0o644, devices=()):
+    """Create the slice file at *path* with *limits* as its fallback limit
+    (and *devices* entered up front, see :func:`_new_file`).
 
     Returns True if this call created it, False if it already existed (the
     existing file is left exactly as it is). The parent folder is created
@@ -126,7 +147,7 @@ def create_slice(path, name, limits, mode=0o644):
     """
     path = Path(path)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return _publish(path, bytes(_new_file(name, limits)), mode)
+    return _publish(path, bytes(_new_file(name, limits, devices)), mode)
 
 
 def _same_fallback(current, limits):

@@ -1,0 +1,12 @@
+"""JupyterHub integration: the hub decides each user's slice.
+
+- :mod:`.policy`: ``SlicePolicy``, users and groups to slice sizes;
+- :mod:`.slice_files`: the hub makes each user's slice files (single host);
+- :mod:`.spawner`: ``pre_spawn_hook`` and the size-picking options form;
+- :mod:`.kubernetes`: KubeSpawner profiles with HAMi's resources.
+"""
+
+from .kubernetes import kubespawner_profiles
+from .policy import PolicyError, SlicePolicy, SliceSize
+
+__all__ = ["SlicePolicy", "SliceSize", "PolicyError", "kubespawner_profiles"]

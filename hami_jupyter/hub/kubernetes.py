@@ -1,0 +1,52 @@
+"""KubeSpawner profiles from the policy (Kubernetes with HAMi's device plugin).
+
+Each offered size becomes one ``profile_list`` entry whose
+``kubespawner_override`` sets the server's environment (the provisioner's
+``HAMI_*`` source) and, with *hami_resources*, HAMi's extended resources, so
+that HAMi's scheduler places the pod on a GPU with room and its device plugin
+enforces the same limits at the container level:
+
+- ``nvidia.com/gpu``: GPUs (the size's ``gpus`` count, else 1);
+- ``nvidia.com/gpumem``: MiB per GPU (the size's memory);
+- ``nvidia.com/gpucores``: percent of each GPU (the size's SM share).
+
+Set ``c.KubeSpawner.profile_list = kubespawner_profiles(policy)``: a callable,
+so each user sees the sizes offered to them.
+"""
+
+from .policy import SliceSize
+
+MiB = 1 << 20
+
+
+def profile(size: SliceSize, hami_resources=True, default=False):
+    """One KubeSpawner profile for *size*."""
+    override = {"environment": size.environment()}
+    override["environment"].pop("CUDA_VISIBLE_DEVICES", None)  # the device plugin decides
+    if hami_resources:
+        limits = {"nvidia.com/gpu": str(len(size.gpus) if size.gpus else 1)}
+        if size.memory:
+            limits["nvidia.com/gpumem"] = str(size.memory // MiB)
+        if size.sm:
+            limits["nvidia.com/gpucores"] = str(size.sm)
+        override["extra_resource_limits"] = limits
+    entry = {
+        "display_name": size.display_name or f"GPU slice {size.name}",
+        "slug": size.name,
+        "description": size.description or size.describe(),
+        "kubespawner_override": override,
+    }
+    if default:
+        entry["default"] = True
+    return entry
+
+
+def kubespawner_profiles(policy, hami_resources=True):
+    """A ``KubeSpawner.profile_list`` callable: the sizes offered to the user."""
+
+    def profiles(spawner):
+        groups = [g.name for g in getattr(spawner.user, "groups", [])]
+        sizes = policy.offered(spawner.user.name, groups)
+        return [profile(s, hami_resources, default=(i == 0)) for i, s in enumerate(sizes)]
+
+    return profiles

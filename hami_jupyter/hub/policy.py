@@ -1,0 +1,226 @@
+"""Who gets which slice: the policy an admin writes in ``jupyterhub_config.py``.
+
+::
+
+    from hami_jupyter.hub import SlicePolicy
+
+    c.SlicePolicy.sizes = {
+        "small": {"memory": "4g", "sm": 25},
+        "large": {"memory": "16g", "sm": 50, "mode": "elastic", "gpus": [0, 1]},
+    }
+    c.SlicePolicy.default = "small"
+    c.SlicePolicy.groups = {"researchers": "large"}
+    c.SlicePolicy.users = {"alice": {"memory": "8g", "sm": 30}}
+    c.SlicePolicy.offer = {"researchers": ["small", "large"]}
+
+    policy = SlicePolicy(config=c)
+    policy.configure_spawner(c)   # pre_spawn_hook, options form (single host)
+
+A user's slice is, most specific first: their entry in ``users``, the entry
+of the first group in ``groups`` (in the order written) they belong to, then
+``default``. An entry is a size name or a size written out. A spawner form
+or profile list may let the user pick another size among those ``offer``
+allows them (their own size is always allowed).
+
+Every size is checked when the policy is built, so a typo stops the hub at
+start-up with a message naming the size, never at a user's spawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from traitlets import Dict, Unicode, Union
+from traitlets.config import LoggingConfigurable
+
+from ..limits import LimitError, MAX_ORDINALS, parse_memory_limit, parse_mode, parse_sm_share
+from ..size import format_size
+
+_SPEC_KEYS = {"memory", "sm", "mode", "gpus", "per_gpu", "display_name", "description"}
+
+
+class PolicyError(ValueError):
+    """The policy in jupyterhub_config.py cannot be applied; the message says where."""
+
+
+@dataclass(frozen=True)
+class GpuLimit:
+    memory: int | None = None
+    sm: int | None = None
+
+
+@dataclass(frozen=True)
+class SliceSize:
+    """One slice size: limits per GPU, and which GPUs.
+
+    *gpus* are host GPU indices (NVML order) or UUIDs; None means every GPU.
+    *per_gpu* overrides *memory*/*sm* for single GPUs (same keys as *gpus*).
+    """
+
+    name: str
+    memory: int | None = None
+    sm: int | None = None
+    mode: str = "hard"
+    gpus: tuple | None = None
+    per_gpu: dict = field(default_factory=dict)
+    display_name: str = ""
+    description: str = ""
+
+    def describe(self):
+        parts = [format_size(self.memory) if self.memory else "no memory cap",
+                 f"SM {self.sm} %{' elastic' if self.mode == 'elastic' else ''}" if self.sm
+                 else "no SM limit"]
+        if self.gpus is not None:
+            parts.append("GPU " + ", ".join(str(g) for g in self.gpus))
+        return ", ".join(parts)
+
+    def limit_for(self, gpu_index, gpu_uuid=None):
+        """The :class:`GpuLimit` of one host GPU (its own entry, else the size's)."""
+        own = self.per_gpu.get(gpu_index) or (self.per_gpu.get(gpu_uuid) if gpu_uuid else None)
+        if own is None:
+            return GpuLimit(self.memory, self.sm)
+        return GpuLimit(own.memory if own.memory is not None else self.memory,
+                        own.sm if own.sm is not None else self.sm)
+
+    def environment(self):
+        """What the single-user server's environment says of this size (the
+        provisioner's third source; a hub-made limits file overrides it)."""
+        env = {"HAMI_SM_MODE": self.mode, "HAMI_SLICE_SIZE": self.name}
+        if self.memory:
+            env["HAMI_MEMORY_LIMIT"] = str(self.memory)
+        if self.sm:
+            env["HAMI_SM_LIMIT"] = str(self.sm)
+        if self.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        return env
+
+
+def _gpu_key(value, where):
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise PolicyError(f"{where}: GPU {value!r} is neither an index nor a UUID")
+    if isinstance(value, int) and not 0 <= value < MAX_ORDINALS:
+        raise PolicyError(f"{where}: GPU index {value} is out of range 0..{MAX_ORDINALS - 1}")
+    if isinstance(value, str) and not value.startswith(("GPU-", "MIG-")):
+        raise PolicyError(f"{where}: GPU {value!r} is not a UUID (GPU-...); use an index or a UUID")
+    return value
+
+
+def parse_size_spec(name, spec):
+    """A :class:`SliceSize` from its dict form; PolicyError naming the problem."""
+    where = f"slice size {name!r}"
+    if not isinstance(spec, dict):
+        raise PolicyError(f"{where}: expected a dict such as {{'memory': '4g', 'sm': 25}}, "
+                          f"not {spec!r}")
+    unknown = set(spec) - _SPEC_KEYS
+    if unknown:
+        raise PolicyError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+                          f"known: {', '.join(sorted(_SPEC_KEYS))}")
+    try:
+        memory = parse_memory_limit(spec.get("memory"), f"{where} memory")
+        sm = parse_sm_share(spec.get("sm"), f"{where} sm")
+        mode = parse_mode(spec.get("mode"), f"{where} mode") or "hard"
+        per_gpu = {}
+        for key, own in (spec.get("per_gpu") or {}).items():
+            gwhere = f"{where} per_gpu[{key!r}]"
+            if not isinstance(own, dict) or set(own) - {"memory", "sm"}:
+                raise PolicyError(f"{gwhere}: expected {{'memory': ..., 'sm': ...}}, not {own!r}")
+            per_gpu[_gpu_key(key, gwhere)] = GpuLimit(
+                parse_memory_limit(own.get("memory"), f"{gwhere} memory"),
+                parse_sm_share(own.get("sm"), f"{gwhere} sm"))
+    except LimitError as e:
+        raise PolicyError(str(e)) from None
+    gpus = spec.get("gpus")
+    if gpus is not None:
+        if not isinstance(gpus, (list, tuple)) or not gpus:
+            raise PolicyError(f"{where}: gpus must be a non-empty list of GPU indices or UUIDs")
+        gpus = tuple(_gpu_key(g, f"{where} gpus") for g in gpus)
+    return SliceSize(name=name, memory=memory, sm=sm, mode=mode, gpus=gpus, per_gpu=per_gpu,
+                     display_name=str(spec.get("display_name") or ""),
+                     description=str(spec.get("description") or ""))
+
+
+class SlicePolicy(LoggingConfigurable):
+    """Maps users and groups to slice sizes (see the module docstring)."""
+
+    sizes = Dict(config=True, help="Named slice sizes: name -> {memory, sm, mode, gpus, per_gpu, "
+                                    "display_name, description}.")
+    default = Union([Unicode(), Dict()], default_value=None, allow_none=True, config=True,
+                    help="Size (a name, or written out) of users no other entry names. "
+                         "None: such users get no slice limits.")
+    users = Dict(config=True, help="User name -> size name or size written out.")
+    groups = Dict(config=True, help="Group name -> size name or size written out; the first "
+                                    "group in this order that a user belongs to counts.")
+    offer = Dict(config=True, help="User or group name -> size names the spawner lets them pick. "
+                                   "'*' is everyone. Unset: only their own size.")
+    slice_root = Unicode("/run/hami-jupyter", config=True,
+                         help="Folder the hub keeps slice files in (created if missing).")
+    admin_group = Unicode(None, allow_none=True, config=True,
+                          help="Unix group whose members may change limits (panel, CLI).")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._sizes = {name: parse_size_spec(name, spec) for name, spec in self.sizes.items()}
+        self._default = self._entry(self.default, "default") if self.default is not None else None
+        self._users = {u: self._entry(v, f"users[{u!r}]") for u, v in self.users.items()}
+        self._groups = {g: self._entry(v, f"groups[{g!r}]") for g, v in self.groups.items()}
+        for who, names in self.offer.items():
+            for n in names:
+                if n not in self._sizes:
+                    raise PolicyError(f"offer[{who!r}]: no slice size named {n!r}; "
+                                      f"sizes: {', '.join(self._sizes) or 'none'}")
+
+    def _entry(self, value, where):
+        if isinstance(value, str):
+            if value not in self._sizes:
+                raise PolicyError(f"{where}: no slice size named {value!r}; "
+                                  f"sizes: {', '.join(self._sizes) or 'none'}")
+            return self._sizes[value]
+        return parse_size_spec(f"{where}", value)
+
+    # ---- resolution ---------------------------------------------------------
+
+    def size_of(self, user, groups=()):
+        """The user's own size: user entry, then first matching group, then default."""
+        if user in self._users:
+            return self._users[user]
+        member = set(groups)
+        for group, size in self._groups.items():
+            if group in member:
+                return size
+        return self._default
+
+    def offered(self, user, groups=()):
+        """Sizes the user may pick, their own first (names unique, order kept)."""
+        own = self.size_of(user, groups)
+        names = []
+        for who in ("*", *groups, user):
+            names += self.offer.get(who, [])
+        picks = [own] if own is not None else []
+        for n in names:
+            if all(p.name != n for p in picks):
+                picks.append(self._sizes[n])
+        return picks
+
+    def choose(self, user, groups=(), picked=None):
+        """The size a spawn uses: *picked* (a size name from a form or profile)
+        if the user may have it, else their own. PolicyError if not allowed."""
+        if not picked:
+            return self.size_of(user, groups)
+        for size in self.offered(user, groups):
+            if size.name == picked:
+                return size
+        raise PolicyError(f"slice size {picked!r} is not offered to {user!r}; "
+                          f"offered: {', '.join(s.name for s in self.offered(user, groups)) or 'none'}")
+
+    @property
+    def size_names(self):
+        return list(self._sizes)
+
+    def configure_spawner(self, c):
+        """Wire this policy into a single-host hub's config: the slice files and
+        server environment before each spawn, and the size-picking form."""
+        from .spawner import options_form, options_from_form, pre_spawn_hook
+
+        c.Spawner.pre_spawn_hook = pre_spawn_hook(self)
+        c.Spawner.options_form = options_form(self)
+        c.Spawner.options_from_form = options_from_form(self)

@@ -1,0 +1,129 @@
+"""The hub makes each user's slice before the user's server starts.
+
+Under the slice root (``/run/hami-jupyter``, owned by the hub, 0755), a user's
+slice is:
+
+- ``<user>.limits``: the limits, owned by the hub (group: the admin group
+  when one is configured, then mode 0664, else 0644). The user's processes
+  can read it but not change it.
+- ``<user>.slice``: usage, owned by the user, mode 0600: written by the
+  user's kernels. GPUs with limits of their own are entered up front, so that
+  the limits file can name them before any kernel has met them.
+- ``<user>.slice.kernels/``: the kernel registry, owned by the user.
+
+Preparing an existing slice rewrites its limits (a user who picked another
+size in the spawn form gets it) and leaves its usage alone. See
+docs/slice-file.md, "Permissions".
+"""
+
+import grp
+import os
+import pwd
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..kernel_registry import registry_dir
+from ..limits import SliceLimits
+from ..slice_file import read_snapshot
+from ..slice_limits import update_limits
+from ..slice_paths import slice_path
+from ..slice_setup import create_limits_file, create_slice, fill_limit_set
+from .policy import PolicyError, SliceSize
+
+
+@dataclass(frozen=True)
+class HostGpu:
+    index: int
+    uuid: str
+    memory_total: int
+
+
+def host_gpus():
+    """The host's GPUs from NVML, in NVML order; [] when NVML is unavailable."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            out.append(HostGpu(i, uuid.decode() if isinstance(uuid, bytes) else uuid,
+                               pynvml.nvmlDeviceGetMemoryInfo(h).total))
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def owner_of(user_name):
+    """``(uid, gid)`` of the Unix user the server runs as: the hub user's own
+    when no such Unix user exists (SimpleLocalProcessSpawner, containers)."""
+    try:
+        pw = pwd.getpwnam(user_name)
+        return pw.pw_uid, pw.pw_gid
+    except KeyError:
+        return os.getuid(), os.getgid()
+
+
+def _device_limits(size, gpus):
+    """Slice device index -> SliceLimits for GPUs with limits of their own, and
+    the ``(uuid, memory_total)`` list to enter them up front, in that order."""
+    if not size.per_gpu:
+        return {}, []
+    by_key = {}
+    for g in gpus:
+        by_key[g.index] = by_key[g.uuid] = g
+    entered, limits = [], {}
+    for key in size.per_gpu:
+        g = by_key.get(key)
+        if g is None:
+            raise PolicyError(f"slice size {size.name!r}: per_gpu names GPU {key!r}, which this "
+                              f"host does not have (GPUs: {', '.join(str(x.index) for x in gpus) or 'none'})")
+        own = size.limit_for(g.index, g.uuid)
+        limits[len(entered)] = SliceLimits(memory=own.memory, sm_share=own.sm, mode=size.mode)
+        entered.append((g.uuid, g.memory_total))
+    return limits, entered
+
+
+def prepare_user_slice(name, size: SliceSize, uid, gid, root, admin_group=None, gpus=None):
+    """Create or update the slice *name* for a user (see the module docstring).
+    Returns the slice file's path. Needs the right to chown (the hub runs as
+    root) unless *uid*/*gid* are the hub's own."""
+    root = Path(root)
+    root.mkdir(mode=0o755, parents=True, exist_ok=True)
+    path = slice_path(name, root=root)
+    limits = SliceLimits(memory=size.memory, sm_share=size.sm, mode=size.mode)
+    device_limits, entered = _device_limits(size, host_gpus() if gpus is None else gpus)
+    admin_gid = grp.getgrnam(admin_group).gr_gid if admin_group else -1
+
+    # The limits file first: the library looks for it when it maps the slice file.
+    lpath, created = create_limits_file(path, limits, mode=0o664 if admin_group else 0o644,
+                                        device_limits=device_limits)
+    if not created:
+        update_limits(path, lambda s: fill_limit_set(s, limits, _reindexed(path, device_limits, entered)))
+    os.chown(lpath, -1, admin_gid)
+
+    create_slice(path, name, limits, mode=0o600, devices=entered)
+    _chown_if_needed(path, uid, gid)
+    reg = registry_dir(path)
+    reg.mkdir(mode=0o700, exist_ok=True)
+    _chown_if_needed(reg, uid, gid)
+    return path
+
+
+def _reindexed(path, device_limits, entered):
+    """Per-GPU limits of an existing slice, at the indices its file gave the GPUs.
+    A GPU the file does not list yet follows the fallback until the slice is
+    made anew (a warning is the caller's business: limits still hold)."""
+    if not device_limits:
+        return {}
+    index_of = {d.uuid: d.index for d in read_snapshot(path).devices}
+    return {index_of[uuid]: device_limits[i] for i, (uuid, _) in enumerate(entered) if uuid in index_of}
+
+
+def _chown_if_needed(path, uid, gid):
+    st = os.stat(path)
+    if (st.st_uid, st.st_gid) != (uid, gid):
+        os.chown(path, uid, gid)

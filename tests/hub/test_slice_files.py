@@ -1,0 +1,168 @@
+"""The hub makes each user's slice: who owns what, and what the user can do with it.
+
+Needs root (CI runs as root): files are handed to user ``nobody`` and the
+user's side is played by processes (and this process's effective ids)
+switched to ``nobody``.
+"""
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hami_jupyter import native
+from hami_jupyter.hub.policy import parse_size_spec
+from hami_jupyter.hub.slice_files import HostGpu, prepare_user_slice
+from hami_jupyter.hub.spawner import pre_spawn_hook
+from hami_jupyter.slice_file import read_snapshot
+from hami_jupyter.slice_limits import limits_writable, set_memory_limit
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to another user")
+
+GiB, MiB = 1 << 30, 1 << 20
+NOBODY = 65534
+OOM = 2
+SIM_UUIDS = ["GPU-5a1f0000-0000-4000-8000-000000000000", "GPU-5a1f0000-0000-4000-8000-000000000001"]
+GPUS = [HostGpu(i, u, 16 * GiB) for i, u in enumerate(SIM_UUIDS)]
+
+
+@pytest.fixture
+def world(tmp_path_factory):
+    """A folder every user can reach, with copies of the native files in it
+    (the checkout may sit where user nobody cannot look)."""
+    base = Path(tempfile.mkdtemp(prefix="hami-hub-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    bin_dir = base / "bin"
+    (bin_dir / "sim").mkdir(parents=True)
+    shutil.copy(native.library_path(), bin_dir / "libvgpu.so")
+    for lib in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        shutil.copy(native.sim_library_dir() / lib, bin_dir / "sim" / lib)
+    shutil.copy(native.cudrive_path(), bin_dir / "cudrive")
+    run_dir = base / "run"
+    run_dir.mkdir(mode=0o777)
+    os.chmod(run_dir, 0o777)  # the simulated GPU's state and schedule, shared by all
+    yield SimpleNamespace(base=base, bin=bin_dir, run=run_dir, root=base / "slices")
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def cudrive(world, slice_file, *ops, as_nobody=False):
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LD_PRELOAD": str(world.bin / "libvgpu.so"),
+        "LD_LIBRARY_PATH": str(world.bin / "sim"),
+        "HAMI_SIM_STATE": str(world.run / "sim-state"),
+        "HAMI_SIM_DEVICES": "2",
+        "HAMI_SCHEDULE_DIR": str(world.run),
+        "HAMI_CONTEXT_OVERHEAD": "0",
+        "HAMI_SLICE": str(slice_file),
+    }
+    ids = {"user": NOBODY, "group": NOBODY} if as_nobody else {}
+    proc = subprocess.run([str(world.bin / "cudrive"), *ops], env=env, capture_output=True,
+                          text=True, timeout=60, **ids)
+    return [json.loads(line) for line in proc.stdout.splitlines()], proc.stderr
+
+
+class effective:
+    """Run a block with this process's effective uid/gid switched (root only)."""
+
+    def __init__(self, uid, gid):
+        self.ids = (uid, gid)
+
+    def __enter__(self):
+        os.setegid(self.ids[1])
+        os.seteuid(self.ids[0])
+
+    def __exit__(self, *exc):
+        os.seteuid(0)
+        os.setegid(0)
+
+
+def mode_owner(path):
+    st = os.stat(path)
+    return stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
+
+
+SMALL = parse_size_spec("small", {"memory": "1g", "sm": 25})
+
+
+def test_files_and_owners(world):
+    path = prepare_user_slice("alice", SMALL, NOBODY, NOBODY, world.root, gpus=GPUS)
+    assert path == world.root / "alice.slice"
+    assert mode_owner(world.root) == (0o755, 0, 0)
+    assert mode_owner(world.root / "alice.limits") == (0o644, 0, 0)
+    assert mode_owner(path) == (0o600, NOBODY, NOBODY)
+    assert mode_owner(world.root / "alice.slice.kernels") == (0o700, NOBODY, NOBODY)
+
+
+def test_the_users_processes_are_held_to_the_hubs_limits(world):
+    path = prepare_user_slice("alice", SMALL, NOBODY, NOBODY, world.root, gpus=GPUS)
+    out, err = cudrive(world, path, "init", "ctx", "0", "meminfo", "alloc", "1g", "alloc", "1",
+                       as_nobody=True)
+    ops = {o["op"]: o for o in out}
+    assert ops["meminfo"]["total"] == GiB, (out, err)
+    assert [o["rc"] for o in out if o["op"] == "alloc"] == [0, OOM], (out, err)
+    assert read_snapshot(path).limits_file == str(world.root / "alice.limits")
+
+
+def test_the_user_cannot_raise_their_limits(world):
+    path = prepare_user_slice("alice", SMALL, NOBODY, NOBODY, world.root, gpus=GPUS)
+    with effective(NOBODY, NOBODY):
+        assert not limits_writable(path)
+        with pytest.raises(PermissionError):
+            set_memory_limit(path, None, 64 * GiB)
+        assert read_snapshot(path).fallback_limit.memory_limit == GiB  # readable, unchanged
+
+
+def test_the_admin_group_can_change_limits(world):
+    staff = 50
+    path = prepare_user_slice("alice", SMALL, NOBODY, NOBODY, world.root, admin_group="staff", gpus=GPUS)
+    assert mode_owner(world.root / "alice.limits") == (0o664, 0, staff)
+    with effective(NOBODY, staff):
+        assert limits_writable(path)
+        set_memory_limit(path, None, 2 * GiB)
+    assert read_snapshot(path).fallback_limit.memory_limit == 2 * GiB
+
+
+def test_per_gpu_limits_name_gpus_before_any_process_met_them(world):
+    size = parse_size_spec("mixed", {"memory": "1g", "per_gpu": {1: {"memory": "512m"}}})
+    path = prepare_user_slice("bob", size, 0, 0, world.root, gpus=GPUS)
+    snap = read_snapshot(path)
+    assert [(d.uuid, d.limit.memory_limit) for d in snap.devices] == [(SIM_UUIDS[1], 512 * MiB)]
+    out, err = cudrive(world, path, "init", "ctx", "1", "meminfo", "ctx", "0", "meminfo")
+    assert [o["total"] for o in out if o["op"] == "meminfo"] == [512 * MiB, GiB], (out, err)
+
+
+def test_preparing_again_changes_limits_and_keeps_usage(world):
+    path = prepare_user_slice("alice", SMALL, 0, 0, world.root, gpus=GPUS)
+    cudrive(world, path, "init", "ctx", "0", "alloc", "256m", "hold")  # exits: slot freed
+    larger = parse_size_spec("large", {"memory": "2g", "sm": 50, "mode": "elastic"})
+    assert prepare_user_slice("alice", larger, 0, 0, world.root, gpus=GPUS) == path
+    snap = read_snapshot(path)
+    fallback = snap.fallback_limit
+    assert (fallback.memory_limit, fallback.sm_share, fallback.mode) == (2 * GiB, 50, 1)
+    assert snap.devices[0].memory_peak == 256 * MiB  # the same usage file
+
+
+def test_pre_spawn_hook_sets_the_servers_environment(world):
+    from traitlets.config import Config
+
+    from hami_jupyter.hub import SlicePolicy
+
+    c = Config()
+    c.SlicePolicy.sizes = {"small": {"memory": "1g", "sm": 25}}
+    c.SlicePolicy.default = "small"
+    c.SlicePolicy.slice_root = str(world.root)
+    spawner = SimpleNamespace(user=SimpleNamespace(name="no-such-unix-user", groups=[]),
+                              user_options={}, environment={}, log=SimpleNamespace(info=lambda *a: None))
+    pre_spawn_hook(SlicePolicy(config=c))(spawner)
+    env = spawner.environment
+    assert env["HAMI_SLICE"] == str(world.root / "no-such-unix-user.slice")
+    assert (env["HAMI_MEMORY_LIMIT"], env["HAMI_SM_LIMIT"], env["HAMI_SM_MODE"]) == (str(GiB), "25", "hard")
+    # No Unix user of that name: the server runs as the hub's user, who owns the usage file.
+    assert mode_owner(env["HAMI_SLICE"])[1] == os.getuid()
