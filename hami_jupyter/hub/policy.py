@@ -163,6 +163,13 @@ class SlicePolicy(LoggingConfigurable):
         self._default = self._entry(self.default, "default") if self.default is not None else None
         self._users = {u: self._entry(v, f"users[{u!r}]") for u, v in self.users.items()}
         self._groups = {g: self._entry(v, f"groups[{g!r}]") for g, v in self.groups.items()}
+        if self.admin_group:
+            import grp
+            try:
+                grp.getgrnam(self.admin_group)
+            except KeyError:
+                raise PolicyError(f"admin_group: no Unix group {self.admin_group!r} on this host; "
+                                  f"create it (groupadd {self.admin_group}) or leave it unset") from None
         for who, names in self.offer.items():
             for n in names:
                 if n not in self._sizes:

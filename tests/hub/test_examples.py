@@ -1,0 +1,45 @@
+"""The example configurations in examples/ load, and say what the README says."""
+
+import grp
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from traitlets.config import Config
+
+from hami_jupyter.hub import SlicePolicy, kubespawner_profiles
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def run_config(path, monkeypatch):
+    """Execute a jupyterhub_config.py as JupyterHub would; return its Config."""
+    real = grp.getgrnam
+    monkeypatch.setattr(grp, "getgrnam", lambda name: SimpleNamespace(gr_gid=4242)
+                        if name == "hami-admin" else real(name))
+    c = Config()
+    exec(compile(path.read_text(), str(path), "exec"), {"get_config": lambda: c, "c": c})
+    return c
+
+
+def user(name, *groups):
+    return SimpleNamespace(user=SimpleNamespace(name=name, groups=[SimpleNamespace(name=g) for g in groups]))
+
+
+def test_single_host_example(monkeypatch):
+    c = run_config(EXAMPLES / "jupyterhub_config.py", monkeypatch)
+    policy = SlicePolicy(config=c)
+    assert policy.size_of("alice").memory == 40 << 30
+    assert policy.size_of("bob", ["ml-course"]).gpus == (1,)
+    assert policy.size_of("carol").name == "small"
+    assert callable(c.Spawner.pre_spawn_hook) and callable(c.Spawner.options_form)
+    assert "Large: 24 GiB" in c.Spawner.options_form(user("dave", "research"))
+
+
+def test_z2jh_values_profiles_are_what_the_policy_produces(monkeypatch):
+    yaml = pytest.importorskip("yaml")
+    values = yaml.safe_load((EXAMPLES / "z2jh-values.yaml").read_text())
+    c = Config()
+    exec(values["hub"]["extraConfig"]["hami-slices"], {"c": c})
+    produced = c.KubeSpawner.profile_list(user("dave", "research"))
+    assert values["singleuser"]["profileList"] == produced
