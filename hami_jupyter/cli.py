@@ -1,8 +1,9 @@
 """``hami-jupyter``: the command line.
 
 ``status`` shows the slices on this host, ``doctor`` checks the set-up,
-``kernelspec install|list`` manages kernelspecs of set slice sizes, and
-``demo`` shows a slice at work. This module only parses arguments and prints;
+``kernelspec install|list`` manages kernelspecs of set slice sizes,
+``slice list|set`` shows and resizes slices (administrators), and ``demo``
+shows a slice at work. This module only parses arguments and prints;
 the work is done by the modules it calls.
 
 Exit status: 0 when all went well, 1 when something failed (a slice that
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 
 from . import __version__, doctor, kernelspec
+from .admin.cli import add_slice_commands
 from .slice_file import SliceFileError
 from .slice_paths import SliceNameError, default_root, list_slice_paths, slice_path
 from .slice_status import format_text, slice_status
@@ -189,6 +191,7 @@ def build_parser(with_demo_options=False):
 
         demo.add_arguments(p)
     p.set_defaults(func=_demo, cli_prog=p.prog)
+    add_slice_commands(sub)
     return parser
 
 

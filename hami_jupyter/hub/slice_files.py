@@ -6,10 +6,11 @@ slice is:
 - ``<user>.limits``: the limits, owned by the hub (group: the admin group
   when one is configured, then mode 0664, else 0644). The user's processes
   can read it but not change it.
-- ``<user>.slice``: usage, owned by the user, mode 0600: written by the
-  user's kernels. GPUs with limits of their own are entered up front, so that
+- ``<user>.slice``: usage, owned by the user, mode 0600 (0640 with the admin
+  group, so that administrators can see it): written by the user's kernels. GPUs with limits of their own are entered up front, so that
   the limits file can name them before any kernel has met them.
 - ``<user>.slice.kernels/``: the kernel registry, owned by the user.
+- ``audit.log``: every change administrators make, appendable by the admin group.
 
 Preparing an existing slice rewrites its limits (a user who picked another
 size in the spawn form gets it) and leaves its usage alone. See
@@ -105,12 +106,28 @@ def prepare_user_slice(name, size: SliceSize, uid, gid, root, admin_group=None, 
         update_limits(path, lambda s: fill_limit_set(s, limits, _reindexed(path, device_limits, entered)))
     os.chown(lpath, -1, admin_gid)
 
-    create_slice(path, name, limits, mode=0o600, devices=entered)
-    _chown_if_needed(path, uid, gid)
+    # Usage: the user's to write; the admin group's to read (the panel shows it).
+    group = admin_gid if admin_group else gid
+    create_slice(path, name, limits, mode=0o640 if admin_group else 0o600, devices=entered)
+    _chown_if_needed(path, uid, group)
     reg = registry_dir(path)
-    reg.mkdir(mode=0o700, exist_ok=True)
-    _chown_if_needed(reg, uid, gid)
+    reg.mkdir(mode=0o750 if admin_group else 0o700, exist_ok=True)
+    _chown_if_needed(reg, uid, group)
+    _prepare_audit_log(root, admin_gid if admin_group else -1)
     return path
+
+
+def _prepare_audit_log(root, admin_gid):
+    """The admins' audit log lives in the hub's folder, where they cannot create
+    files: make it for them, appendable by the admin group."""
+    log = root / "audit.log"
+    mode = 0o660 if admin_gid >= 0 else 0o600
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, mode)
+    try:
+        os.fchown(fd, -1, admin_gid)
+        os.fchmod(fd, mode)  # whatever the umask says
+    finally:
+        os.close(fd)
 
 
 def _reindexed(path, device_limits, entered):

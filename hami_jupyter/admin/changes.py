@@ -1,0 +1,416 @@
+"""Limit changes as an administrator asks for them: read, checked, applied, logged.
+
+The admin panel and ``hami-jupyter slice`` both go through this module, so
+they show the same slices and accept and refuse the same changes in the same
+words.
+
+A change names a slice, one *entry* of its limits, and new values for any of
+memory, SM share and mode (None keeps a field as it is):
+
+* the entry is a GPU the slice has used (slice device index or UUID), or
+  None for the slice's *default* entry: the limits of every GPU without
+  limits of its own, including GPUs the slice has not used yet;
+* memory is a size (``4g``, ``4096m``, bytes) or ``none`` for no cap;
+* SM share is a whole percent 1..100, or 0, 100 or ``none`` for no share;
+* mode is ``hard`` or ``elastic``.
+
+The checks, in the order an admin meets them:
+
+1. Values are parsed by :mod:`hami_jupyter.limits`; a negative or malformed
+   value is refused, never read as "no limit".
+2. Hard slices must fit their GPU. A GPU's *promised* memory is the sum of
+   the memory caps in force on it of every slice in the same folder whose
+   mode there is hard. For a slice that has used the GPU the entry in force
+   is the GPU's own entry, else the slice's default; for a slice that has not
+   used it, its default: any slice may start on any GPU of the host, so its
+   default counts against every GPU it has not used. Elastic slices and
+   slices without a memory cap promise nothing and are not counted. A change
+   that would raise a GPU's promised memory above the GPU's memory is
+   refused, unless overcommit is allowed (then it is a warning). A change
+   that lowers or keeps it is never refused, even on a GPU that is already
+   overcommitted, so an admin can always back out.
+3. A cap below what the slice uses now is applied, with a warning: its
+   processes keep what they hold, and new allocations fail until usage falls
+   below the cap.
+
+The GPUs are those NVML reports (:mod:`.gpus`) plus any GPU a slice file
+records; sizes come from NVML where it answers, else from the slice file.
+
+Applying (:func:`apply`) happens with the audit log's lock held (see
+:mod:`.audit`): the checks are repeated there against the files as they are
+then, the limits are written through :mod:`hami_jupyter.slice_limits` (every
+running process sees them at its next allocation; no restart), and one
+record with the limits before and after is appended.
+"""
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .. import slice_limits
+from ..doctor import explain_slice_error
+from ..limits import LimitError, parse_memory_limit, parse_mode, parse_sm_share
+from ..size import format_size, parse_size
+from ..slice_file import HAMI_MODE_ELASTIC, SliceFileError, read_snapshot
+from ..slice_paths import list_slice_paths, slice_name
+from ..slice_status import slice_status
+from . import audit
+
+DEFAULT_ENTRY = "default (every GPU without limits of its own)"
+READ_ONLY = "read-only: you cannot change limits"
+
+
+class ChangeError(Exception):
+    """A change that was not applied; *change* holds what was checked, when it got that far."""
+
+    def __init__(self, message, change=None):
+        super().__init__(message)
+        self.change = change
+
+
+class ReadOnlyError(ChangeError):
+    """This user may look at the slice but not change its limits."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """One entry's limits; 0 means "none" for memory and SM share."""
+
+    memory_limit: int = 0
+    sm_share: int = 0
+    mode: str = "hard"
+
+    @classmethod
+    def of(cls, limit):
+        """From a :class:`hami_jupyter.slice_file.Limit`."""
+        mode = "elastic" if limit.mode == HAMI_MODE_ELASTIC else "hard"
+        return cls(limit.memory_limit, limit.sm_share, mode)
+
+    def as_dict(self):
+        return asdict(self)
+
+    def describe(self):
+        memory = format_size(self.memory_limit) if self.memory_limit else "no memory cap"
+        sm = f"SM {self.sm_share} %" if self.sm_share else "no SM share"
+        return f"{memory}, {sm} ({self.mode})"
+
+
+@dataclass
+class Change:
+    """A checked change. *old*/*new* are None when the entry could not be found."""
+
+    path: Path
+    slice: str
+    device: int | None = None  # slice device index; None: the default entry
+    uuid: str | None = None
+    old: Limits | None = None
+    new: Limits | None = None
+    fields: tuple = ()  # the fields asked for: memory_limit, sm_share, mode
+    errors: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    applied: bool = False
+
+    @property
+    def ok(self):
+        return not self.errors
+
+    @property
+    def entry(self):
+        return DEFAULT_ENTRY if self.device is None else f"GPU {self.device} ({self.uuid})"
+
+    def summary(self):
+        head = f"slice {self.slice!r}, {self.entry}"
+        if self.old is None or self.new is None:
+            return head
+        return f"{head}: {self.old.describe()} -> {self.new.describe()}"
+
+
+# ---- reading the host ------------------------------------------------------------
+
+
+@dataclass
+class SliceView:
+    """One slice as the panel and ``slice list`` show it (*error* when unreadable)."""
+
+    path: Path
+    name: str
+    writable: bool
+    snapshot: object = None  # a SliceSnapshot
+    status: dict | None = None  # slice_status(): usage, limits, kernels and their users
+    error: str | None = None
+
+
+def _explain(path, error):
+    detail, advice = explain_slice_error(path, error)
+    return f"{detail}; {advice}"
+
+
+def read_slice(path):
+    path = Path(path)
+    view = SliceView(path, slice_name(path), slice_limits.limits_writable(path))
+    try:
+        view.snapshot = read_snapshot(path)
+        view.status = slice_status(path)
+    except (SliceFileError, OSError) as e:
+        view.error = _explain(path, e)
+    return view
+
+
+def read_slices(root):
+    """Every slice under *root*, sorted by name."""
+    return [read_slice(p) for p in list_slice_paths(root)]
+
+
+@dataclass(frozen=True)
+class HostGpu:
+    uuid: str
+    name: str
+    memory_total: int
+
+    @property
+    def label(self):
+        return f"{self.name} {self.uuid}" if self.name else self.uuid
+
+
+def host_gpus(snapshots, gpus):
+    """Every GPU known: NVML's (*gpus*, dicts of :func:`.gpus.read_gpus`), then
+    those the slice files record, with the size the slice file recorded."""
+    known = {g["uuid"]: HostGpu(g["uuid"], g.get("name") or "", g.get("memory_total") or 0)
+             for g in gpus}
+    for snap in snapshots:
+        for d in snap.devices:
+            known.setdefault(d.uuid, HostGpu(d.uuid, "", d.memory_total))
+    return list(known.values())
+
+
+def in_force(snap, uuid):
+    """The limits slice *snap* is held to on GPU *uuid* (its default if it never used it)."""
+    for d in snap.devices:
+        if d.uuid == uuid:
+            return Limits.of(d.limit)
+    return Limits.of(snap.fallback_limit)
+
+
+def _promised(holders):
+    """``[(slice, bytes)]`` of the holders whose limits promise memory (hard, capped)."""
+    return [(name, lim.memory_limit) for name, lim in holders
+            if lim.mode == "hard" and lim.memory_limit]
+
+
+def commitments(views, gpus):
+    """Per known GPU, the memory its hard slices are promised (rule 2 of the module docstring).
+
+    Returns dicts: uuid, name, memory_total, promised (bytes), holders ({slice: bytes}).
+    """
+    snaps = [(v.name, v.snapshot) for v in views if v.snapshot is not None]
+    out = []
+    for g in host_gpus([s for _, s in snaps], gpus):
+        holders = _promised([(name, in_force(s, g.uuid)) for name, s in snaps])
+        out.append({"uuid": g.uuid, "name": g.name, "memory_total": g.memory_total,
+                    "promised": sum(b for _, b in holders), "holders": dict(holders)})
+    return out
+
+
+# ---- checking a change ------------------------------------------------------------
+
+
+def _is_zero(text):
+    try:
+        return parse_size(text) == 0
+    except ValueError:
+        return False
+
+
+def parse_memory(value):
+    """Bytes for *value* (0: no cap); LimitError for a negative, zero or malformed size."""
+    text = str(value).strip()
+    if text.lower() == "none":
+        return 0
+    if text.startswith("-"):
+        raise LimitError(f"memory: {text!r} is negative; give a size such as 4g, or none for no cap")
+    if _is_zero(text):
+        raise LimitError("memory: a cap of 0 would refuse every allocation; write none for no cap")
+    return parse_memory_limit(text, "memory")
+
+
+def parse_sm(value):
+    """Percent for *value* (0: no share); LimitError unless a whole percent 0..100 or none."""
+    text = str(value).strip()
+    if text.lower() == "none":
+        return 0
+    if text.startswith("-"):
+        raise LimitError(f"SM share: {text!r} is negative; give a whole percent 1..100, or none")
+    return parse_sm_share(text, "SM share") or 0
+
+
+def _new_limits(old, memory, sm, mode, errors):
+    values = old.as_dict()
+    for name, raw, parse in (("memory_limit", memory, parse_memory), ("sm_share", sm, parse_sm),
+                             ("mode", mode, lambda v: parse_mode(str(v).strip(), "mode"))):
+        if raw is None:
+            continue
+        try:
+            values[name] = parse(raw)
+        except LimitError as e:
+            errors.append(str(e))
+    return Limits(**values)
+
+
+def _find_device(snap, name, device):
+    """The slice's Device for an index or UUID; LimitError naming the GPUs it has."""
+    if isinstance(device, str) and device.isdigit():
+        device = int(device)
+    for d in snap.devices:
+        if device in (d.index, d.uuid):
+            return d
+    known = ", ".join(f"{d.index} ({d.uuid})" for d in snap.devices) or "none yet"
+    raise LimitError(f"slice {name!r} has no GPU {device!r} (it has: {known}); a slice lists a GPU "
+                     "once one of its processes used it; until then change its default entry")
+
+
+def _neighbours(path):
+    """Snapshots of the other slices in *path*'s folder, and warnings for those unreadable."""
+    snaps, warnings = [], []
+    here = Path(path).resolve()
+    for p in list_slice_paths(Path(path).parent):
+        if p.resolve() == here:
+            continue
+        try:
+            snaps.append((slice_name(p), read_snapshot(p)))
+        except (SliceFileError, OSError) as e:
+            warnings.append(f"slice {slice_name(p)!r} could not be read, so its caps are not "
+                            f"counted: {_explain(p, e)}")
+    return snaps, warnings
+
+
+def _check_fit(change, snap, device, gpus, overcommit):
+    """Rule 2 of the module docstring, for the GPUs this change touches."""
+    others, unreadable = _neighbours(change.path)
+    change.warnings.extend(unreadable)
+    known = host_gpus([snap] + [s for _, s in others], gpus)
+    if device is not None:
+        touched = [g for g in known if g.uuid == device.uuid]
+    else:
+        own = {d.uuid for d in snap.devices if not d.limit_is_fallback}
+        touched = [g for g in known if g.uuid not in own]
+        promise_changes = _promised([("", change.old)]) != _promised([("", change.new)])
+        if not known and promise_changes:
+            change.warnings.append("no GPU is known (NVML is unavailable and no slice has used a "
+                                   "GPU yet), so the memory total was not checked")
+    for g in touched:
+        rest = [(name, in_force(s, g.uuid)) for name, s in others]
+        before = _promised(rest + [(change.slice, in_force(snap, g.uuid))])
+        after = _promised(rest + [(change.slice, change.new)])
+        total_before, total_after = sum(b for _, b in before), sum(b for _, b in after)
+        if not g.memory_total or total_after <= g.memory_total or total_after <= total_before:
+            continue
+        shares = ", ".join(f"{name} {format_size(b)}" for name, b in after)
+        text = (f"GPU {g.label}: hard slices would be promised {format_size(total_after)} of its "
+                f"{format_size(g.memory_total)} ({shares})")
+        if overcommit:
+            change.warnings.append(f"{text}; allowed because overcommit is on")
+        else:
+            change.errors.append(f"{text}; lower a cap, make a slice elastic, or allow overcommit")
+
+
+def _check_usage(change, snap, device):
+    """Rule 3: a cap below current usage is a warning."""
+    cap = change.new.memory_limit
+    devices = [device] if device is not None else [d for d in snap.devices if d.limit_is_fallback]
+    for d in devices:
+        if cap and d.memory_used > cap:
+            change.warnings.append(
+                f"GPU {d.index}: slice {change.slice!r} uses {format_size(d.memory_used)}, more "
+                f"than the new cap {format_size(cap)}; its processes keep what they hold, but new "
+                "allocations are refused until usage falls below the cap")
+
+
+def propose(path, device=None, memory=None, sm=None, mode=None, *, overcommit=False, gpus=()):
+    """Check a change without applying it; returns a :class:`Change` whose
+    *errors* say why it would be refused and *warnings* what to know."""
+    path = Path(path)
+    change = Change(path, slice_name(path))
+    change.fields = tuple(n for n, v in (("memory_limit", memory), ("sm_share", sm), ("mode", mode))
+                          if v is not None)
+    if not change.fields:
+        change.errors.append("nothing to change: give a memory cap, an SM share or a mode")
+    try:
+        snap = read_snapshot(path)
+    except (SliceFileError, OSError) as e:
+        change.errors.append(_explain(path, e))
+        return change
+    if not slice_limits.limits_writable(path):
+        change.errors.append(f"{READ_ONLY} of slice {change.slice!r}")
+    found = None
+    if device is not None:
+        try:
+            found = _find_device(snap, change.slice, device)
+        except LimitError as e:
+            change.errors.append(str(e))
+            return change
+        change.device, change.uuid = found.index, found.uuid
+    change.old = Limits.of(found.limit if found else snap.fallback_limit)
+    change.new = _new_limits(change.old, memory, sm, mode, change.errors)
+    if found is not None and found.limit_is_fallback:
+        change.warnings.append(f"GPU {found.index} gets limits of its own: later changes of the "
+                               "slice's default no longer apply to it")
+    _check_fit(change, snap, found, gpus, overcommit)
+    _check_usage(change, snap, found)
+    return change
+
+
+# ---- applying it -------------------------------------------------------------------
+
+
+def _write(change):
+    """Publish the new limits: processes of the slice apply them at their next allocation.
+
+    Memory and SM share are two publications when both change; a process may
+    meet the first alone for an instant, which is harmless. *old* came from a
+    snapshot taken with the administrators' lock held, so no admin's change
+    can slip in between and be missing from the audit log.
+    """
+    if "memory_limit" in change.fields:
+        slice_limits.set_memory_limit(change.path, change.device, change.new.memory_limit)
+    if "sm_share" in change.fields or "mode" in change.fields:
+        slice_limits.set_sm_share(change.path, change.device, change.new.sm_share, change.new.mode)
+
+
+def apply(path, device=None, memory=None, sm=None, mode=None, *, overcommit=False, gpus=(),
+          audit_path=None, who=None):
+    """Check and apply a change (arguments as :func:`propose`) and log it.
+
+    Returns the applied :class:`Change`. Raises :class:`ReadOnlyError` when
+    this user may not change the slice, and :class:`ChangeError` when the
+    change is refused or the audit log cannot be opened (nothing changed), or,
+    should the disk fill between the two, when it was applied but could not
+    be logged (the message says which). *audit_path* defaults to
+    ``audit.log`` beside the slice file.
+    """
+    path = Path(path)
+    if path.exists() and not slice_limits.limits_writable(path):
+        raise ReadOnlyError(f"{READ_ONLY} of slice {slice_name(path)!r} "
+                            "(its limits are not writable for you)")
+    request = dict(device=device, memory=memory, sm=sm, mode=mode, overcommit=overcommit, gpus=gpus)
+    first = propose(path, **request)
+    if not first.ok:  # refused before the audit log is even opened
+        raise ChangeError("; ".join(first.errors), first)
+    change = None
+    try:
+        with audit.AuditLog(audit_path or audit.default_path(path.parent)) as log:
+            # Checked again under the lock: another admin may have changed a slice since.
+            change = propose(path, **request)
+            if not change.ok:
+                raise ChangeError("; ".join(change.errors), change)
+            try:
+                _write(change)
+            except (SliceFileError, OSError, ValueError) as e:
+                raise ChangeError(f"could not apply {change.summary()}: {e}", change) from None
+            change.applied = True
+            log.append(audit.make_record(change.slice, path, change.device, change.uuid,
+                                         change.old.as_dict(), change.new.as_dict(), who))
+    except audit.AuditLogError as e:
+        if change is not None and change.applied:
+            raise ChangeError(f"applied {change.summary()}, but it could not be logged: {e}",
+                              change) from None
+        raise ChangeError(f"{e}; nothing was changed", change) from None
+    return change

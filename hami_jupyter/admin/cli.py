@@ -1,0 +1,152 @@
+"""``hami-jupyter slice list|set``: the admin panel's operations from a shell.
+
+``hami_jupyter.cli`` registers them with :func:`add_slice_commands`;
+:func:`main` runs them alone (tests, or ``python -m hami_jupyter.admin.cli``).
+They share every check and message with the panel through :mod:`.changes`.
+
+Each handler returns the exit status and prints its own messages, one line
+each, never a traceback: 0 when all went well; 1 when the slice could not be
+read or the change was refused (a malformed or negative value, hard slices
+that would not fit a GPU, a slice this user may only read); 2 for a usage
+error (a bad slice name, nothing to change), as argparse does.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..size import format_size
+from ..slice_paths import SliceNameError, default_root, slice_path
+from ..slice_status import format_text
+from . import changes
+from .gpus import read_gpus
+
+_ROOT_HELP = ("slice root (default: HAMI_SLICE_ROOT, /run/hami-jupyter, "
+              "$XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>)")
+
+
+def _error(args, message, status):
+    print(f"{args.cli_prog}: error: {message}", file=sys.stderr)
+    return status
+
+
+# ---- slice list ---------------------------------------------------------------------
+
+
+def _gpu_line(g):
+    name = f" {g['name']}" if g["name"] else ""
+    total = g["memory_total"]
+    of = f" of {format_size(total)}" if total else ""
+    shares = ", ".join(f"{s} {format_size(b)}" for s, b in g["holders"].items())
+    return (f"  GPU {g['uuid']}{name}: {format_size(g['promised'])}{of} promised to hard "
+            f"slices{' (' + shares + ')' if shares else ''}")
+
+
+def list_command(args):
+    """Show every slice with its usage, kernels, limits and whether this user may change them."""
+    root = Path(args.root) if args.root else default_root()
+    views = changes.read_slices(root)
+    gpus, message = read_gpus()
+    for v in views:
+        if v.error:
+            _error(args, v.error, 1)
+    shown = [v for v in views if not v.error]
+    promised = changes.commitments(views, gpus)
+    if args.json:
+        print(json.dumps({"gpus": promised,
+                          "slices": [dict(v.status, writable=v.writable) for v in shown]}, indent=2))
+    elif not views:
+        print(f"no slices under {root}: a slice is created when its first kernel starts "
+              "(HAMI_SLICE_ROOT or --root looks elsewhere)")
+    else:
+        blocks = [format_text(v.status) + "\n  " + ("limits: you may change them" if v.writable
+                                                    else changes.READ_ONLY) for v in shown]
+        gpu_lines = ["GPUs:" if promised else "GPUs: none known"] + [_gpu_line(g) for g in promised]
+        if message:
+            gpu_lines.append(f"  ({message}; sizes come from the slice files)")
+        print("\n\n".join(blocks + ["\n".join(gpu_lines)]))
+    return 1 if len(shown) < len(views) else 0
+
+
+# ---- slice set ----------------------------------------------------------------------
+
+
+def set_command(args):
+    """Check and apply one change; print what changed, or why not."""
+    if args.memory is None and args.sm is None and args.mode is None:
+        return _error(args, "nothing to change: give --memory, --sm or --mode", 2)
+    try:
+        path = slice_path(args.slice, root=args.root)
+    except SliceNameError as e:
+        return _error(args, str(e), 2)
+    try:
+        change = changes.apply(path, args.device, args.memory, args.sm, args.mode,
+                               overcommit=args.overcommit, gpus=read_gpus()[0],
+                               audit_path=args.audit_log)
+    except changes.ChangeError as e:
+        checked = e.change
+        for line in checked.errors if checked is not None and checked.errors else [str(e)]:
+            _error(args, line, 1)
+        for line in checked.warnings if checked is not None else []:
+            print(f"{args.cli_prog}: warning: {line}", file=sys.stderr)
+        return 1
+    print(f"applied: {change.summary()}")
+    for line in change.warnings:
+        print(f"warning: {line}")
+    return 0
+
+
+# ---- registration -------------------------------------------------------------------
+
+
+def add_slice_commands(subparsers):
+    """Register ``slice list`` and ``slice set`` on *subparsers* (of the ``hami-jupyter`` parser)."""
+    p = subparsers.add_parser(
+        "slice", help="list slices and change their limits live (administrators)",
+        description="List the slices of this host, or change a slice's limits while its "
+                    "kernels run. Every change is checked first and logged.")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    lp = actions.add_parser("list", help="show every slice, its usage, kernels and limits",
+                            description="Show every slice under the slice root with its usage, "
+                                        "kernels, users and limits, and the memory each GPU has "
+                                        "promised to hard slices.")
+    lp.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
+    lp.add_argument("--json", action="store_true",
+                    help='print {"gpus": [...], "slices": [...]} as JSON')
+    lp.set_defaults(func=list_command, cli_prog=lp.prog)
+
+    sp = actions.add_parser(
+        "set", help="change a slice's memory cap, SM share or mode, live",
+        description="Change one entry of a slice's limits; running kernels follow at their next "
+                    "allocation. Without --device the slice's default entry changes: the limits "
+                    "of every GPU without limits of its own.")
+    sp.add_argument("slice", metavar="SLICE", help="slice name or path")
+    sp.add_argument("--device", metavar="N|UUID",
+                    help="one GPU the slice has used: its index in `slice list`, or its UUID")
+    sp.add_argument("--memory", metavar="SIZE", help="memory cap, e.g. 4g or 4096m; none for no cap")
+    sp.add_argument("--sm", metavar="PERCENT", help="SM share, a whole percent 1-100; none for no share")
+    sp.add_argument("--mode", metavar="MODE", help="how the SM share is held: hard or elastic")
+    sp.add_argument("--overcommit", action="store_true",
+                    help="allow hard slices to be promised more memory than a GPU has")
+    sp.add_argument("--audit-log", metavar="FILE",
+                    help="audit log to append to (default: audit.log beside the slice file)")
+    sp.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
+    sp.set_defaults(func=set_command, cli_prog=sp.prog)
+    return p
+
+
+def main(argv=None):
+    """Run ``slice ...`` alone: ``main(["slice", "list"])``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="hami-jupyter")
+    add_slice_commands(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    except SystemExit as e:  # --help or a usage error, already printed
+        return e.code if isinstance(e.code, int) else 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

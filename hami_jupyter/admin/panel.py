@@ -1,0 +1,371 @@
+"""The admin panel: every GPU and slice of the host, and forms that change limits live.
+
+``AdminPanel()`` in a notebook shows the host's GPUs (NVML: name, memory,
+utilization, and how much memory hard slices are promised on each), then one
+section per slice: its usage, kernels and their users (the same view as
+``%hami status``), and a form. The form edits one *entry* of the slice's
+limits, chosen in its first selector: the default entry (every GPU without
+limits of its own) or one GPU the slice has used. Apply checks the change
+(:mod:`.changes`), writes it so that running kernels follow at their next
+allocation, and logs it (:mod:`.audit`); the outcome, errors and warnings
+appear under the form. Editing a field shows the check's verdict before
+Apply.
+
+Two rules keep concurrent admins from undoing each other's work. A refresh
+reloads a form's inputs only while they still show what was loaded, so it
+never overwrites what an admin is typing. Apply sends only the fields the
+admin edited, so changing a memory cap never writes back an SM share that
+another admin changed meanwhile.
+
+Refreshing (about once a second) runs in a daemon thread, for the reason
+:mod:`hami_jupyter.status_watch` gives: the kernel's event loop is busy while
+a cell runs. A lock keeps a refresh and an Apply from interleaving.
+
+A user who may not change a slice's limits (see
+:func:`hami_jupyter.slice_limits.limits_writable`) sees that slice with a
+"read-only: you cannot change limits" banner and disabled inputs; Apply then
+refuses without touching anything. When no slice is writable, the panel says
+so at the top.
+
+State is inspectable without a browser: :attr:`AdminPanel.forms` (by slice
+name) with their input widgets, :attr:`SliceForm.errors`,
+:attr:`SliceForm.warnings`, :attr:`SliceForm.last_change`,
+:attr:`AdminPanel.refresh_count` and :attr:`AdminPanel.running`.
+"""
+
+import threading
+import time
+from html import escape
+from pathlib import Path
+
+import ipywidgets as widgets
+
+from ..size import format_size
+from ..slice_paths import default_root
+from ..status_html import LEVEL_COLOUR, format_html
+from . import audit, changes
+from .changes import READ_ONLY
+from .gpus import read_gpus
+
+DEFAULT = -1  # the entry selector's value for the slice's default entry
+
+_MUTED_COLOUR = "var(--jp-ui-font-color2, #757575)"
+_MUTED = f"color: {_MUTED_COLOUR}"
+_CELL = "padding: 1px 12px 1px 0; text-align: left"
+_FIELDS = ("memory_limit", "sm_share", "mode")
+
+
+def _memory_text(n):
+    """A cap as an admin would type it: ``4g``, ``1536m``, bytes, or ``none``."""
+    if not n:
+        return "none"
+    for shift, unit in ((30, "g"), (20, "m")):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def _texts(limits):
+    """The three input values for a limits dict (as slice_status gives them)."""
+    return {"memory_limit": _memory_text(limits["memory_limit"]),
+            "sm_share": str(limits["sm_share"]) if limits["sm_share"] else "none",
+            "mode": limits["mode"]}
+
+
+def _lines(items, colour):
+    return "".join(f'<div style="color: {colour}">{escape(t)}</div>' for t in items)
+
+
+def _gpu_table(gpus, message, promised):
+    """The host's GPUs; *promised* is :func:`.changes.commitments`."""
+    by_uuid = {g["uuid"]: g for g in gpus}
+    head = "".join(f'<th style="{_CELL}">{h}</th>' for h in
+                   ("GPU", "name", "memory used", "utilization", "promised to hard slices"))
+    rows = [f"<tr>{head}</tr>"]
+    for p in promised:
+        g = by_uuid.get(p["uuid"], {})
+        used = g.get("memory_used")
+        memory = f"{format_size(used)} / " if used is not None else ""
+        memory += format_size(p["memory_total"]) if p["memory_total"] else "?"
+        util = g.get("utilization")
+        over = p["memory_total"] and p["promised"] > p["memory_total"]
+        style = f"; color: {LEVEL_COLOUR['critical']}" if over else ""
+        shares = ", ".join(f"{name} {format_size(b)}" for name, b in p["holders"].items())
+        cells = [f'{g["index"]} <span style="{_MUTED}">{escape(p["uuid"])}</span>'
+                 if g else escape(p["uuid"]),
+                 escape(p["name"] or "(from the slice files)"), memory,
+                 f"{util} %" if util is not None else "?",
+                 f'<span style="{style}">{format_size(p["promised"])}</span> '
+                 f'<span style="{_MUTED}">{escape(shares)}</span>']
+        rows.append("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in cells) + "</tr>")
+    table = f'<table class="hami-gpus">{"".join(rows)}</table>' if promised else "<div>No GPU known.</div>"
+    note = (f'<div style="{_MUTED}">{escape(message)}; sizes come from the slice files</div>'
+            if message else "")
+    return table + note
+
+
+class SliceForm:
+    """One slice in the panel: its status, and a form for one entry of its limits."""
+
+    def __init__(self, panel, view):
+        self.panel, self.path, self.name = panel, view.path, view.name
+        self.view, self.read_only = view, not view.writable
+        self.errors, self.warnings = [], []
+        self.last_change = None  # the Change of the last Apply that got as far as a check
+        self._loaded = {}  # what load() put in the inputs: the "pristine" values
+        self._loading = False
+        self.status = widgets.HTML()
+        self.banner = widgets.HTML()
+        self.device = widgets.Dropdown(description="entry", options=[("default", DEFAULT)])
+        self.memory = widgets.Text(description="memory", placeholder="4g, 4096m or none",
+                                   continuous_update=False)
+        self.sm = widgets.Text(description="SM %", placeholder="1-100 or none",
+                               continuous_update=False)
+        self.mode = widgets.Dropdown(description="mode", options=["hard", "elastic"])
+        self.apply_button = widgets.Button(description="Apply", icon="check", button_style="primary",
+                                           tooltip="check and apply the edited fields now")
+        self.message = widgets.HTML()
+        self.device.observe(self._on_device, names="value")
+        for w in (self.memory, self.sm, self.mode):
+            w.observe(self._on_edit, names="value")
+        self.apply_button.on_click(lambda _button: self.apply())
+        self.inputs = (self.device, self.memory, self.sm, self.mode, self.apply_button)
+        self.box = widgets.VBox([self.status, self.banner, widgets.HBox(list(self.inputs)),
+                                 self.message])
+        self.update(view)  # loads the inputs too
+
+    # -- showing the slice --
+
+    def update(self, view):
+        """Show *view* (a fresh read of the slice); reload the inputs unless being edited."""
+        self.view, self.read_only = view, not view.writable
+        if view.error:
+            self.status.value = (f"<div><b>slice {escape(self.name)}</b></div>"
+                                 f'<div style="color: {LEVEL_COLOUR["critical"]}">{escape(view.error)}</div>')
+        else:
+            self.status.value = format_html(view.status)
+        self.banner.value = (f'<div class="hami-read-only" style="font-weight: 600; color: '
+                             f'{LEVEL_COLOUR["warning"]}">{READ_ONLY}</div>') if self.read_only else ""
+        for w in self.inputs:
+            w.disabled = self.read_only or view.error is not None
+        self._set_entries()
+        if not self.pending():
+            self.load()
+
+    def _set_entries(self):
+        gpus = self.view.status["gpus"] if self.view.status else []
+        options = [(changes.DEFAULT_ENTRY, DEFAULT)] + [
+            (f"GPU {g['index']} {g['uuid']}" + (" (follows the default)" if g["limit_is_fallback"] else ""),
+             g["index"]) for g in gpus]
+        if list(self.device.options) == options:
+            return
+        chosen = self.device.value
+        self._loading = True  # new options reset the selection: put it back quietly
+        try:
+            self.device.options = options
+            self.device.value = chosen if chosen in [v for _, v in options] else DEFAULT
+        finally:
+            self._loading = False
+
+    def entry_limits(self):
+        """The selected entry's limits now, as input texts (None when unreadable)."""
+        status = self.view.status
+        if status is None:
+            return None
+        if self.device.value == DEFAULT:
+            return _texts(status["default_limit"])
+        return next(_texts(g) for g in status["gpus"] if g["index"] == self.device.value)
+
+    def load(self):
+        """Put the selected entry's limits in the inputs (discarding edits)."""
+        texts = self.entry_limits()
+        if texts is None:
+            return
+        self._loading = True
+        try:
+            self.memory.value, self.sm.value, self.mode.value = (texts[f] for f in _FIELDS)
+        finally:
+            self._loading = False
+        self._loaded = texts
+
+    def pending(self):
+        """The edited fields as keyword arguments of :func:`.changes.apply`."""
+        now = dict(zip(_FIELDS, (self.memory.value, self.sm.value, self.mode.value)))
+        keys = {"memory_limit": "memory", "sm_share": "sm", "mode": "mode"}
+        return {keys[f]: now[f] for f in _FIELDS if self._loaded and now[f] != self._loaded[f]}
+
+    def _device_ref(self):
+        return None if self.device.value == DEFAULT else self.device.value
+
+    # -- messages --
+
+    def _show(self, headline, colour, errors=(), warnings=()):
+        self.errors, self.warnings = list(errors), list(warnings)
+        self.message.value = (f'<div style="color: {colour}">{escape(headline)}</div>'
+                              + _lines(errors, LEVEL_COLOUR["critical"])
+                              + _lines(warnings, LEVEL_COLOUR["warning"]))
+
+    def _on_device(self, _change):
+        if not self._loading:
+            self.load()
+            self._show("", "inherit")
+
+    def _on_edit(self, _change):
+        if self._loading or not self.pending():
+            return
+        with self.panel._lock:
+            change = changes.propose(self.path, self._device_ref(), **self.pending(),
+                                     overcommit=self.panel.overcommit.value, gpus=self.panel.gpus)
+        if change.ok:
+            self._show(f"on Apply: {change.summary()}", _MUTED_COLOUR, (), change.warnings)
+        else:
+            self._show("cannot apply:", LEVEL_COLOUR["critical"], change.errors, change.warnings)
+
+    # -- applying --
+
+    def apply(self):
+        """Check and apply the edited fields; returns the applied Change, or None.
+
+        The outcome is in :attr:`errors`, :attr:`warnings` and the message widget.
+        """
+        if self.read_only:
+            self._show("not applied:", LEVEL_COLOUR["critical"], [READ_ONLY])
+            return None
+        fields = self.pending()
+        if not fields:
+            self._show("not applied:", LEVEL_COLOUR["critical"],
+                       ["nothing to change: edit the memory cap, the SM share or the mode first"])
+            return None
+        with self.panel._lock:
+            try:
+                change = changes.apply(self.path, self._device_ref(), **fields,
+                                       overcommit=self.panel.overcommit.value, gpus=self.panel.gpus,
+                                       audit_path=self.panel.audit_path)
+            except changes.ChangeError as e:
+                self.last_change = e.change
+                errors = e.change.errors if e.change is not None and e.change.errors else [str(e)]
+                warnings = e.change.warnings if e.change is not None else []
+                self._show("not applied:", LEVEL_COLOUR["critical"], errors, warnings)
+                self.update(changes.read_slice(self.path))  # e.g. now read-only
+                return None
+            self.last_change = change
+            self._loaded = {}  # applied: the inputs follow the file again
+            self.update(changes.read_slice(self.path))
+        self._show(f"applied: {change.summary()}", LEVEL_COLOUR["ok"], (), change.warnings)
+        return change
+
+    def close(self):
+        self.box.close()
+
+
+class AdminPanel:
+    """Every GPU and slice under *root* (default: the slice root), editable by an admin.
+
+    *gpu_source* returns ``(gpus, message)`` like :func:`.gpus.read_gpus` (the
+    default); *audit_path* defaults to ``<root>/audit.log``; *overcommit*
+    is the initial state of the "allow memory overcommit" box. With
+    ``start=False`` nothing refreshes by itself (call :meth:`refresh`).
+    """
+
+    def __init__(self, root=None, *, audit_path=None, gpu_source=None, interval=1.0,
+                 overcommit=False, start=True):
+        self.root = Path(root) if root else default_root()
+        self.audit_path = Path(audit_path) if audit_path else audit.default_path(self.root)
+        self.gpu_source, self.interval = gpu_source or read_gpus, interval
+        self.gpus, self.gpu_message = [], None
+        self.forms = {}  # slice name -> SliceForm, sorted by name
+        self.refresh_count = 0
+        self.error = None  # why the last refresh failed, if it did
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hami-admin", daemon=True)
+        self.title = widgets.HTML(f"<b>HAMi slices</b> <span style='{_MUTED}'>"
+                                  f"{escape(str(self.root))}</span>")
+        self.banner = widgets.HTML()
+        self.overcommit = widgets.Checkbox(value=overcommit, indent=False,
+                                           description="allow memory overcommit (hard slices "
+                                                       "promised more than a GPU has)")
+        self.gpu_table = widgets.HTML()
+        self.slices = widgets.VBox()
+        self.footer = widgets.HTML()
+        self.widget = widgets.VBox([self.title, self.banner, self.gpu_table, self.overcommit,
+                                    self.slices, self.footer])
+        self.refresh()
+        if start:
+            self.start()
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    @property
+    def read_only(self):
+        """True when this user can change no slice shown."""
+        return all(f.read_only for f in self.forms.values())
+
+    @property
+    def running(self):
+        return self._thread.is_alive() and not self._stopping.is_set()
+
+    def refresh(self):
+        """Read the GPUs and every slice once, and show them."""
+        with self._lock:
+            try:
+                gpus, message = self.gpu_source()
+            except Exception as e:  # a broken source must not stop the slices from showing
+                gpus, message = [], f"GPU facts unavailable: {e}"
+            views = changes.read_slices(self.root)
+            self.gpus, self.gpu_message = gpus, message
+            self.gpu_table.value = _gpu_table(gpus, message, changes.commitments(views, gpus))
+            self._update_forms(views)
+            if not views:
+                self.banner.value = (f"<div>No slices under {escape(str(self.root))} yet: a slice "
+                                     "appears when its first kernel starts.</div>")
+            elif self.read_only:
+                self.banner.value = (f'<div class="hami-read-only" style="font-weight: 600; '
+                                     f'color: {LEVEL_COLOUR["warning"]}">{READ_ONLY}</div>')
+            else:
+                self.banner.value = ""
+            self.overcommit.disabled = self.read_only
+            self.refresh_count += 1
+            self.footer.value = (f"<small style='{_MUTED}'>updated {time.strftime('%H:%M:%S')}"
+                                 f"{f', every {self.interval:g} s' if self.running else ''}</small>")
+
+    def _update_forms(self, views):
+        for view in views:
+            form = self.forms.get(view.name)
+            if form is None:
+                self.forms[view.name] = SliceForm(self, view)
+            else:
+                form.update(view)
+        names = [v.name for v in views]
+        for gone in set(self.forms) - set(names):
+            self.forms.pop(gone).close()
+        self.forms = {n: self.forms[n] for n in names}
+        boxes = [self.forms[n].box for n in names]
+        if list(self.slices.children) != boxes:
+            self.slices.children = boxes
+
+    # -- the refresh thread --
+
+    def start(self):
+        """Refresh every *interval* seconds from a daemon thread until :meth:`stop`."""
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stopping.wait(self.interval):
+            if self.widget.comm is None:  # closed: nobody sees it any more
+                break
+            try:
+                self.refresh()
+                self.error = None
+            except Exception as e:  # keep trying: the next second may read fine
+                self.error = f"refresh failed: {e!r}"
+                self.footer.value = (f'<small style="color: {LEVEL_COLOUR["critical"]}">'
+                                     f"{escape(self.error)}</small>")
+
+    def stop(self):
+        """Stop refreshing; returns once the thread has ended."""
+        self._stopping.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
