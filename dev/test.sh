@@ -2,12 +2,17 @@
 # Set up and run the whole test suite, from any state of the checkout:
 #   - dev/setup.sh: .venv, hami-jupyter installed editable with the test
 #     extras, native/ built (release, native/build),
+#   - dev/hub-deps.sh: configurable-http-proxy from npm, for tests/hub,
 #   - native/ built again with ASan+UBSan (native/build-asan),
 #   - pytest -ra over tests/ (arguments are passed on to pytest), then, for a
 #     full run, tests/native again against the sanitizer build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source dev/setup.sh
+# configurable-http-proxy (npm) for the JupyterHub end-to-end test in tests/hub,
+# which must run here, never skip.
+bash dev/hub-deps.sh
+export HAMI_REQUIRE_HUB_E2E=1
 make -C native -j"$(nproc 2>/dev/null || echo 2)" BUILD=asan all sim tools
 
 # pytest exit 5 means it collected nothing: a failure here, never a pass.

@@ -14,7 +14,7 @@
     c.SlicePolicy.offer = {"researchers": ["small", "large"]}
 
     policy = SlicePolicy(config=c)
-    policy.configure_spawner(c)   # pre_spawn_hook, options form (single host)
+    policy.configure_spawner(c)   # pre_spawn_hook, options form, user_options check
 
 A user's slice is, most specific first: their entry in ``users``, the entry
 of the first group in ``groups`` (in the order written) they belong to, then
@@ -213,6 +213,8 @@ class SlicePolicy(LoggingConfigurable):
         if the user may have it, else their own. PolicyError if not allowed."""
         if not picked:
             return self.size_of(user, groups)
+        if picked not in self._sizes:
+            raise PolicyError(f"no slice size named {picked!r}; sizes: {', '.join(self._sizes) or 'none'}")
         for size in self.offered(user, groups):
             if size.name == picked:
                 return size
@@ -226,8 +228,9 @@ class SlicePolicy(LoggingConfigurable):
     def configure_spawner(self, c):
         """Wire this policy into a single-host hub's config: the slice files and
         server environment before each spawn, and the size-picking form."""
-        from .spawner import options_form, options_from_form, pre_spawn_hook
+        from .spawner import apply_user_options, options_form, options_from_form, pre_spawn_hook
 
         c.Spawner.pre_spawn_hook = pre_spawn_hook(self)
+        c.Spawner.apply_user_options = apply_user_options(self)
         c.Spawner.options_form = options_form(self)
         c.Spawner.options_from_form = options_from_form(self)

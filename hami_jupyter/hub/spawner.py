@@ -3,8 +3,8 @@
 ``pre_spawn_hook(policy)`` makes the user's slice files (as root) and puts the
 slice into the server's environment; ``options_form`` / ``options_from_form``
 let a user pick among the sizes offered to them (LocalProcessSpawner,
-SystemdSpawner, The Littlest JupyterHub). ``SlicePolicy.configure_spawner(c)``
-sets all three.
+SystemdSpawner, The Littlest JupyterHub), and ``apply_user_options`` refuses a
+size the user may not have. ``SlicePolicy.configure_spawner(c)`` sets them all.
 """
 
 import html
@@ -39,6 +39,24 @@ def pre_spawn_hook(policy):
                          size.describe(), size.name)
 
     return hook
+
+
+def apply_user_options(policy):
+    """A ``Spawner.apply_user_options`` callable (JupyterHub 5.3+): a size the
+    user may not have is refused before anything starts, as a 400 with the
+    reason, rather than an error inside the spawn."""
+
+    def apply(spawner, user_options):
+        picked = (user_options or {}).get(FORM_FIELD)
+        try:
+            policy.choose(spawner.user.name, _groups(spawner), picked)
+        except PolicyError as e:
+            from tornado.web import HTTPError
+            raise HTTPError(400, str(e)) from None
+        if picked:
+            spawner.user_options = {**(spawner.user_options or {}), FORM_FIELD: picked}
+
+    return apply
 
 
 def options_form(policy):

@@ -1,0 +1,455 @@
+"""A real JupyterHub on loopback for the end-to-end test.
+
+* ``hub`` (one per module): a running ``python -m jupyterhub`` (dummy authenticator,
+  ``SimpleLocalProcessSpawner``, configurable-http-proxy) whose spawner is
+  wired to a :class:`hami_jupyter.hub.SlicePolicy` with two sizes, "small"
+  (1 GiB, SM 25 %, hard; the default) and "large" (2 GiB, SM 50 %, elastic;
+  offered to everyone). Single-user servers see the simulated GPU. The test
+  talks to it as a service holding an API token (``hub.api``), and to the
+  single-user servers through the proxy (``hub.server_api``,
+  ``hub.execute``); everything it and its servers log goes to
+  ``hub.log_path``, whose tail failures quote. Teardown stops the servers,
+  then the hub, then anything of this hub still alive (found by a tag in
+  every process's environment), each step bounded; a process that outlived
+  the hub fails the test.
+
+Without JupyterHub and Jupyter Server installed the test is skipped, unless
+``HAMI_REQUIRE_HUB_E2E`` is set (dev/test.sh sets it): then it fails, so CI
+can never skip it silently. configurable-http-proxy comes from PATH, else
+from ``node_modules/`` of this checkout (dev/hub-deps.sh installs it there).
+"""
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from hami_jupyter import native
+
+REPO = Path(__file__).resolve().parents[2]
+REQUIRE_ENV = "HAMI_REQUIRE_HUB_E2E"
+# Marks every process of one hub: the hub itself, the proxy (it inherits the
+# hub's environment), the single-user servers (Spawner.environment) and their
+# kernels (they inherit the server's). Teardown finds leftovers by it.
+TAG_ENV = "HAMI_HUB_E2E_TAG"
+SERVICE = "hami-e2e"
+
+HUB_START_TIMEOUT = 30
+SERVER_START_TIMEOUT = 60
+REQUEST_TIMEOUT = 30
+CELL_TIMEOUT = 30
+STOP_TIMEOUT = 15
+
+SIZES = {
+    "small": {"memory": "1g", "sm": 25},
+    "large": {"memory": "2g", "sm": 50, "mode": "elastic"},
+}
+
+# No proxy from the environment for loopback requests.
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _require_jupyterhub():
+    missing = []
+    for module in ("jupyterhub", "jupyter_server"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if not missing:
+        return
+    why = (f"the JupyterHub end-to-end test needs {' and '.join(missing)} "
+           f"(`pip install -e '.[test]'`)")
+    if os.environ.get(REQUIRE_ENV):
+        pytest.fail(f"{why}, and {REQUIRE_ENV} is set", pytrace=False)
+    pytest.skip(why)
+
+
+def find_chp():
+    """configurable-http-proxy: PATH first, then this checkout's node_modules/."""
+    found = shutil.which("configurable-http-proxy")
+    if found:
+        return found
+    local = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    pytest.fail("configurable-http-proxy not found on PATH nor in node_modules/; "
+                "run dev/hub-deps.sh (it needs npm)", pytrace=False)
+
+
+def free_ports(count):
+    """*count* distinct loopback ports that were free a moment ago."""
+    socks, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def tagged_processes(tag):
+    """PIDs of live processes whose environment carries ``TAG_ENV=tag``."""
+    needle = f"{TAG_ENV}={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def _cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+@dataclass
+class CellResult:
+    stdout: str = ""
+    stderr: str = ""
+    outputs: list = field(default_factory=list)  # display_data / execute_result content
+    error: dict | None = None
+    status: str | None = None
+
+    def text(self, mime="text/plain"):
+        """The *mime* parts of the rich outputs, in order."""
+        return [o["data"][mime] for o in self.outputs if mime in o.get("data", {})]
+
+
+class Hub:
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.slice_root = tmp / "slices"
+        self.log_path = tmp / "jupyterhub.log"
+        self.tag = uuid.uuid4().hex
+        self.token = secrets.token_hex(24)
+        self.port, self.hub_port, self.api_port = free_ports(3)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+        self.users = []
+
+    # ---- start -------------------------------------------------------------
+
+    def write_config(self, chp):
+        sim = native.sim_env(self.tmp / "sim-state", base={},
+                             HAMI_SIM_DEVICES="1", HAMI_SIM_MEMORY="16g",
+                             HAMI_SIM_CONTEXT_BYTES="64m")
+        environment = {
+            **sim,
+            TAG_ENV: self.tag,
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        }
+        cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+        args = ["--allow-root"] if os.geteuid() == 0 else []
+        config = textwrap.dedent(f"""\
+            # Written by tests/hub/conftest.py for one test run.
+            from hami_jupyter.hub import SlicePolicy
+
+            c = get_config()  # noqa: F821
+            c.JupyterHub.ip = "127.0.0.1"
+            c.JupyterHub.port = {self.port}
+            c.JupyterHub.hub_ip = "127.0.0.1"
+            c.JupyterHub.hub_port = {self.hub_port}
+            c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
+            c.ConfigurableHTTPProxy.command = [{chp!r}]
+            c.ConfigurableHTTPProxy.pid_file = {str(self.tmp / "proxy.pid")!r}
+            c.JupyterHub.db_url = {"sqlite:///" + str(self.tmp / "jupyterhub.sqlite")!r}
+            c.JupyterHub.cookie_secret_file = {str(self.tmp / "cookie_secret")!r}
+            c.JupyterHub.pid_file = {str(self.tmp / "jupyterhub.pid")!r}
+            c.JupyterHub.authenticator_class = "dummy"
+            c.JupyterHub.spawner_class = "simple"
+            c.SimpleLocalProcessSpawner.home_dir_template = {str(self.tmp / "home" / "{username}")!r}
+            c.Spawner.cmd = {cmd!r}
+            c.Spawner.args = {args!r}
+            c.Spawner.environment = {environment!r}
+            c.Spawner.start_timeout = {SERVER_START_TIMEOUT}
+            c.Spawner.http_timeout = {SERVER_START_TIMEOUT}
+            # Answer spawn and stop requests at once (202): both users' servers
+            # start side by side, and the test polls.
+            c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0, "slow_stop_timeout": 0}}
+            c.JupyterHub.services = [{{"name": {SERVICE!r}, "api_token": {self.token!r}}}]
+            c.JupyterHub.load_roles = [{{
+                "name": {SERVICE!r},
+                "scopes": ["admin:users", "admin:servers", "access:servers", "read:users"],
+                "services": [{SERVICE!r}],
+            }}]
+
+            c.SlicePolicy.sizes = {SIZES!r}
+            c.SlicePolicy.default = "small"
+            c.SlicePolicy.offer = {{"*": ["small", "large"]}}
+            c.SlicePolicy.slice_root = {str(self.slice_root)!r}
+            SlicePolicy(config=c).configure_spawner(c)
+            """)
+        path = self.tmp / "jupyterhub_config.py"
+        path.write_text(config)
+        return path
+
+    def start(self):
+        config = self.write_config(find_chp())
+        # None of the limits or hub settings of the shell running the tests.
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("HAMI_", "CUDA_", "JUPYTERHUB_")) and k != "LD_PRELOAD"}
+        env.update({TAG_ENV: self.tag, "PYTHONUNBUFFERED": "1"})
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+                cwd=self.tmp, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        deadline = time.monotonic() + HUB_START_TIMEOUT
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"jupyterhub exited with {self.proc.returncode} at start-up\n"
+                            f"{self.log_tail()}", pytrace=False)
+            try:
+                status, _ = self.request("GET", f"{self.url}/hub/api/", timeout=2)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"jupyterhub did not answer on {self.url} within "
+                            f"{HUB_START_TIMEOUT} s\n{self.log_tail()}", pytrace=False)
+            time.sleep(0.2)
+
+    # ---- talking to it ---------------------------------------------------------
+
+    def log_tail(self, chars=8000):
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no hub log)"
+        return f"--- last {min(chars, len(text))} characters of {self.log_path} ---\n" + text[-chars:]
+
+    def request(self, method, url, body=None, timeout=REQUEST_TIMEOUT):
+        """``(status, parsed JSON or text)``; HTTP errors are returned, not raised."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, method=method)
+        req.add_header("Authorization", f"token {self.token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with _opener.open(req, timeout=timeout) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
+        text = raw.decode(errors="replace")
+        try:
+            return status, json.loads(text) if text else None
+        except ValueError:
+            return status, text
+
+    def api(self, method, path, body=None, expect=None):
+        """The hub's REST API at ``/hub/api/<path>``; *expect*: allowed statuses."""
+        status, reply = self.request(method, f"{self.url}/hub/api/{path}", body)
+        if expect is not None and status not in expect:
+            pytest.fail(f"{method} /hub/api/{path} answered {status}: {reply}\n{self.log_tail()}",
+                        pytrace=False)
+        return reply
+
+    def server_api(self, user, method, path, body=None, expect=None):
+        """A single-user server's REST API, through the proxy."""
+        status, reply = self.request(method, f"{self.url}/user/{user}/api/{path}", body)
+        if expect is not None and status not in expect:
+            pytest.fail(f"{method} /user/{user}/api/{path} answered {status}: {reply}\n"
+                        f"{self.log_tail()}", pytrace=False)
+        return reply
+
+    # ---- users and servers -------------------------------------------------------
+
+    def spawn(self, user, options=None, expect=(201, 202)):
+        """Create *user* and ask for their server (not waiting for it); the
+        spawn request's ``(status, reply)``."""
+        self.api("POST", f"users/{user}", expect={201})
+        self.users.append(user)
+        status, reply = self.request("POST", f"{self.url}/hub/api/users/{user}/server",
+                                     options or {})
+        if status not in expect:
+            pytest.fail(f"starting {user}'s server answered {status}: {reply}\n{self.log_tail()}",
+                        pytrace=False)
+        return status, reply
+
+    def wait_spawn(self, user, timeout=SERVER_START_TIMEOUT):
+        """Wait for *user*'s spawn to end: their server's model once it is
+        ready, None when the spawn failed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            model = self.api("GET", f"users/{user}", expect={200})
+            server = (model.get("servers") or {}).get("")
+            if server and server.get("ready"):
+                return server
+            if not server and not model.get("pending"):
+                return None
+            if time.monotonic() > deadline:
+                pytest.fail(f"{user}'s spawn did not end within {timeout} s: {model}\n"
+                            f"{self.log_tail()}", pytrace=False)
+            time.sleep(0.25)
+
+    def wait_ready(self, user, timeout=SERVER_START_TIMEOUT):
+        server = self.wait_spawn(user, timeout)
+        if server is None:
+            pytest.fail(f"{user}'s server failed to start\n{self.log_tail()}", pytrace=False)
+        return server
+
+    def start_kernel(self, user, name="hami-python3"):
+        return self.server_api(user, "POST", "kernels", {"name": name}, expect={201})["id"]
+
+    def execute(self, user, kernel_id, code, timeout=CELL_TIMEOUT):
+        """Run *code* in the kernel over its websocket, through the proxy."""
+        try:
+            return asyncio.run(asyncio.wait_for(self._execute(user, kernel_id, code), timeout))
+        except asyncio.TimeoutError:
+            pytest.fail(f"{user}'s kernel {kernel_id} did not finish {code!r} within {timeout} s\n"
+                        f"{self.log_tail()}", pytrace=False)
+
+    async def _execute(self, user, kernel_id, code):
+        from tornado.httpclient import HTTPRequest
+        from tornado.websocket import websocket_connect
+
+        ws_url = f"ws://127.0.0.1:{self.port}/user/{user}/api/kernels/{kernel_id}/channels"
+        conn = await websocket_connect(HTTPRequest(
+            ws_url, headers={"Authorization": f"token {self.token}"}))
+        try:
+            msg_id = uuid.uuid4().hex
+            conn.write_message(json.dumps({
+                "channel": "shell",
+                "header": {
+                    "msg_id": msg_id,
+                    "msg_type": "execute_request",
+                    "username": SERVICE,
+                    "session": uuid.uuid4().hex,
+                    "date": datetime.now(timezone.utc).isoformat(),
+                    "version": "5.3",
+                },
+                "parent_header": {},
+                "metadata": {},
+                "content": {"code": code, "silent": False, "store_history": False,
+                            "user_expressions": {}, "allow_stdin": False,
+                            "stop_on_error": True},
+                "buffers": [],
+            }))
+            result, replied, idle = CellResult(), False, False
+            while not (replied and idle):
+                raw = await conn.read_message()
+                if raw is None:
+                    raise AssertionError(f"the websocket of kernel {kernel_id} closed mid-cell\n"
+                                         f"{self.log_tail()}")
+                if not isinstance(raw, str):
+                    continue  # binary frames: buffers, which no reply here has
+                msg = json.loads(raw)
+                if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "execute_reply":
+                    replied = True
+                    result.status = content["status"]
+                    if content["status"] == "error" and result.error is None:
+                        result.error = content
+                elif kind == "status":
+                    idle = content["execution_state"] == "idle"
+                elif kind == "stream":
+                    if content["name"] == "stdout":
+                        result.stdout += content["text"]
+                    else:
+                        result.stderr += content["text"]
+                elif kind in ("display_data", "execute_result", "update_display_data"):
+                    result.outputs.append(content)
+                elif kind == "error":
+                    result.error = content
+            return result
+        finally:
+            conn.close()
+
+    # ---- teardown -----------------------------------------------------------------
+
+    def stop(self):
+        """Stop the servers, then the hub, then whatever of this hub is still
+        alive. Returns ``[(pid, cmdline)]`` of processes that had to be killed
+        after the hub had exited."""
+        if self.proc is None:
+            return []
+        if self.proc.poll() is None:
+            for user in self.users:
+                try:
+                    self.request("DELETE", f"{self.url}/hub/api/users/{user}/server", timeout=5)
+                except OSError:
+                    pass
+            deadline = time.monotonic() + STOP_TIMEOUT
+            for user in self.users:
+                while time.monotonic() < deadline:
+                    try:
+                        _, model = self.request("GET", f"{self.url}/hub/api/users/{user}", timeout=2)
+                    except OSError:
+                        break
+                    if not isinstance(model, dict) or not model.get("servers"):
+                        break
+                    time.sleep(0.2)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        # The hub stops its proxy and servers on its way out; give stragglers a
+        # moment, then end them.
+        deadline = time.monotonic() + 5
+        while tagged_processes(self.tag) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [(pid, _cmdline(pid)) for pid in tagged_processes(self.tag)]
+        for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 3)):
+            pids = tagged_processes(self.tag)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait
+            while tagged_processes(self.tag) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return left
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    _require_jupyterhub()
+    h = Hub(tmp_path_factory.mktemp("hub"))
+    try:
+        h.start()
+        yield h
+    finally:
+        left = h.stop()
+    if left:
+        pytest.fail("processes of the hub outlived it and were killed: "
+                    + "; ".join(f"{pid}: {cmd}" for pid, cmd in left), pytrace=False)
