@@ -4,10 +4,10 @@ Limits reach a kernel from several places; the most specific wins, field by
 field (memory, SM share, mode independently):
 
 1. the kernelspec's provisioner ``config`` (``memory_limit``, ``sm_limit``,
-   ``sm_mode``);
+   ``sm_mode``, ``max_decoders``);
 2. ``c.HamiProvisioner.*`` in the Jupyter server's configuration;
 3. the single-user server's environment as JupyterHub sets it:
-   ``HAMI_MEMORY_LIMIT``, ``HAMI_SM_LIMIT``, ``HAMI_SM_MODE``;
+   ``HAMI_MEMORY_LIMIT``, ``HAMI_SM_LIMIT``, ``HAMI_SM_MODE``, ``HAMI_MAX_DECODERS``;
 4. HAMi's device-plugin variables, when the server already runs under HAMi
    on Kubernetes: ``CUDA_DEVICE_MEMORY_LIMIT[_<n>]``, ``CUDA_DEVICE_SM_LIMIT[_<n>]``.
 
@@ -51,6 +51,7 @@ class SliceLimits:
     memory_per_gpu: dict = field(default_factory=dict)
     sm_per_gpu: dict = field(default_factory=dict)
     sources: dict = field(default_factory=dict)
+    max_decoders: int | None = None  # concurrent NVDEC decoders per GPU
 
     @property
     def unlimited(self):
@@ -76,6 +77,8 @@ class SliceLimits:
             env[f"CUDA_DEVICE_MEMORY_LIMIT_{n}"] = str(v)
         for n, v in self.sm_per_gpu.items():
             env[f"CUDA_DEVICE_SM_LIMIT_{n}"] = str(v)
+        if self.max_decoders:
+            env["HAMI_MAX_DECODERS"] = str(self.max_decoders)
         return env
 
 
@@ -110,6 +113,16 @@ def parse_sm_share(value, source):
                          "(0 or 100 = no limit), e.g. 25")
     n = int(text)
     return None if n in (0, 100) else n
+
+
+def parse_decoders(value, source):
+    """Concurrent NVDEC decoders per GPU, 1..255 (0: no cap), or None."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) > 255:
+        raise LimitError(f"{source}: decoder count {value!r} is not a whole number 0..255 (0 = no cap)")
+    return int(text) or None
 
 
 def parse_mode(value, source):
@@ -168,7 +181,12 @@ def resolve_limits(configured=None, env=None):
         ("sm_mode (kernelspec or HamiProvisioner config)", configured.get("sm_mode")),
         ("HAMI_SM_MODE", env.get("HAMI_SM_MODE")),
     ], parse_mode) or "hard"
+    max_decoders = first("max_decoders", [
+        ("max_decoders (kernelspec or HamiProvisioner config)", configured.get("max_decoders")),
+        ("HAMI_MAX_DECODERS", env.get("HAMI_MAX_DECODERS")),
+    ], parse_decoders)
     return SliceLimits(
+        max_decoders=max_decoders,
         memory=memory,
         sm_share=sm_share,
         mode=mode,

@@ -40,7 +40,7 @@ from .slice_paths import SliceNameError, check_name, slice_name, slice_path, use
 from .slice_setup import ensure_slice
 
 # Limit traits that, set by a kernelspec, give that kernelspec a slice of its own.
-_LIMIT_TRAITS = ("memory_limit", "sm_limit", "sm_mode")
+_LIMIT_TRAITS = ("memory_limit", "sm_limit", "sm_mode", "max_decoders")
 
 
 class SliceSetupError(RuntimeError):
@@ -66,6 +66,11 @@ class HamiProvisioner(LocalProvisioner):
         help="""How the SM share is held: "hard" (never above it) or "elastic"
         (idle GPU time may be used; under contention each slice gets its share).
         Unset: HAMI_SM_MODE, else hard.""",
+    )
+    max_decoders = Union(
+        [Int(), Unicode()], default_value=None, allow_none=True, config=True,
+        help="""Video decoders (NVDEC) the slice may run at once on each GPU
+        (0: no cap). Unset: HAMI_MAX_DECODERS.""",
     )
     slice = Unicode(
         None, allow_none=True, config=True,
@@ -109,7 +114,7 @@ class HamiProvisioner(LocalProvisioner):
         try:
             return resolve_limits(
                 {"memory_limit": self.memory_limit, "sm_limit": self.sm_limit,
-                 "sm_mode": self.sm_mode},
+                 "sm_mode": self.sm_mode, "max_decoders": self.max_decoders},
                 env,
             )
         except LimitError as e:
@@ -170,6 +175,11 @@ class HamiProvisioner(LocalProvisioner):
         path = getattr(self, "_slice_path", None)
         if path is not None and not restart:
             kernel_registry.unregister(path, str(self.kernel_id))
+
+    @property
+    def slice_path(self):
+        """The slice file this kernel runs in (None before its first launch)."""
+        return getattr(self, "_slice_path", None)
 
     async def get_provisioner_info(self):
         info = await super().get_provisioner_info()

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 HAMI_SLICE_MAGIC = b"HAMISLCE"  # 8 bytes, no terminator
 HAMI_SLICE_VERSION_MAJOR = 1
-HAMI_SLICE_VERSION_MINOR = 2
+HAMI_SLICE_VERSION_MINOR = 3
 
 HAMI_LIMITS_MAGIC = b"HAMILIMT"  # the companion limits file, 8 bytes
 HAMI_LIMITS_VERSION_MAJOR = 1
@@ -156,7 +156,11 @@ class HamiSlot(ctypes.Structure):
         ("comm", ctypes.c_char * HAMI_SLICE_COMM_LEN),
         ("memory_used", ctypes.c_uint64 * HAMI_SLICE_MAX_DEVICES),
         ("sm_util", ctypes.c_uint32 * HAMI_SLICE_MAX_DEVICES),
-        ("reserved", ctypes.c_uint8 * 728),
+        ("decoders", ctypes.c_uint8 * HAMI_SLICE_MAX_DEVICES),
+        ("frames_decoded", ctypes.c_uint64),
+        ("frames_mapped", ctypes.c_uint64),
+        ("decode_ns", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint8 * 688),
     ]
 
 
@@ -276,6 +280,10 @@ class Slot:
     sm_util: dict[int, int]
     started_unix_ns: int
     active_unix_ns: int
+    decoders: dict[int, int] = None  # live NVDEC decoders by slice device index
+    frames_decoded: int = 0
+    frames_mapped: int = 0
+    decode_ns: int = 0
 
 
 @dataclass
@@ -521,6 +529,10 @@ class SliceFile:
                 sm_util={d: sm_util[d] for d in indexes},
                 started_unix_ns=s.started_unix_ns,
                 active_unix_ns=s.active_unix_ns,
+                decoders={d: s.decoders[d] for d in indexes},
+                frames_decoded=s.frames_decoded,
+                frames_mapped=s.frames_mapped,
+                decode_ns=s.decode_ns,
             )
             (live if _write_locked(self._fd, offset) else stale).append(slot)
         h = self.header

@@ -54,6 +54,7 @@ def _fallback_entry(limits):
     entry.memory_limit = limits.memory or 0
     entry.sm_share = limits.sm_share or 0
     entry.mode = _MODE[limits.mode]
+    entry.max_decoders = limits.max_decoders or 0
     entry.flags = HAMI_LIMIT_SET
     return entry
 
@@ -152,8 +153,8 @@ def create_slice(path, name, limits, mode=0o644, devices=()):
 
 def _same_fallback(current, limits):
     want = _fallback_entry(limits)
-    return (current.memory_limit, current.sm_share, current.mode) == (
-        want.memory_limit, want.sm_share, want.mode)
+    return (current.memory_limit, current.sm_share, current.mode, current.max_decoders) == (
+        want.memory_limit, want.sm_share, want.mode, want.max_decoders)
 
 
 def apply_if_idle(path, limits):

@@ -76,6 +76,8 @@ def slice_status(path):
             "sm_util": d.sm_util,
             "mode": _mode(d.limit),
             "limit_is_fallback": d.limit_is_fallback,
+            "decoders": d.decoders,
+            "max_decoders": d.limit.max_decoders,
         })
 
     registered = {k.kernel_id: k for k in kernel_registry.kernels(snap.path)}
@@ -89,6 +91,10 @@ def slice_status(path):
             "memory_used": {uuid_of[d]: v for d, v in s.memory_used.items()},
             "sm_util": {uuid_of[d]: v for d, v in s.sm_util.items()},
             "active_unix": s.active_unix_ns / 1e9,
+            "decoders": {uuid_of[d]: v for d, v in (s.decoders or {}).items() if v},
+            "frames_decoded": s.frames_decoded,
+            "frames_mapped": s.frames_mapped,
+            "decode_ms": round(s.decode_ns / 1e6, 3),
         }
         if not s.kernel_id:
             others.append(proc)
@@ -113,6 +119,8 @@ def slice_status(path):
     for k in kernels.values():
         k["memory_used"] = sum(sum(p["memory_used"].values()) for p in k["processes"])
         k["sm_util"] = sum(sum(p["sm_util"].values()) for p in k["processes"])
+        k["decoders"] = sum(sum(p["decoders"].values()) for p in k["processes"])
+        k["frames_decoded"] = sum(p["frames_decoded"] for p in k["processes"])
 
     return {
         "slice": snap.name,
@@ -155,6 +163,15 @@ _LEVEL_WORDS = {
 }
 
 
+def _video(p):
+    """", NVDEC 2 decoders, 120 frames (118 mapped, 35.2 ms)" or "" without video work."""
+    n = sum(p["decoders"].values())
+    if not n and not p["frames_decoded"]:
+        return ""
+    return (f", NVDEC {n} decoder(s), {p['frames_decoded']} frames "
+            f"({p['frames_mapped']} mapped, {p['decode_ms']:.1f} ms)")
+
+
 def format_text(status):
     """Plain-text rendering for terminals and logs."""
     lines = [f"hami slice {status['slice']!r}  ({status['path']})"]
@@ -167,6 +184,9 @@ def format_text(status):
         lines.append(f"  GPU {g['index']} {g['uuid']}")
         lines.append(f"    memory {_memory_line(g['memory_used'], g['memory_limit'], g['memory_total'])}")
         lines.append(f"    {_sm_line(g)}")
+        if g["decoders"] or g["max_decoders"]:
+            cap = f" of {g['max_decoders']}" if g["max_decoders"] else ""
+            lines.append(f"    NVDEC {g['decoders']}{cap} video decoder(s) in use")
         if g["memory_level"] != "ok":
             lines.append(f"    {_LEVEL_WORDS[g['memory_level']]}")
     if status["kernels"]:
@@ -178,7 +198,7 @@ def format_text(status):
         for p in k["processes"]:
             lines.append(f"      pid {p['pid']} {p['comm']}: "
                          f"{format_size(sum(p['memory_used'].values()))}, "
-                         f"SM {sum(p['sm_util'].values())} %")
+                         f"SM {sum(p['sm_util'].values())} %{_video(p)}")
     if status["other_processes"]:
         lines.append("  other processes (not started by a kernel):")
     for p in status["other_processes"]:

@@ -56,7 +56,7 @@ C_FIELDS = {
     "hami_slot": [
         "state", "pid", "pid_ns", "uid", "txn", "started_unix_ns",
         "active_unix_ns", "kernel_id[]", "comm[]", "memory_used[]", "sm_util[]",
-        "reserved[]",
+        "decoders[]", "frames_decoded", "frames_mapped", "decode_ns", "reserved[]",
     ],
     "hami_slice_file": ["header", "limits", "device[]", "slot[]"],
     "hami_limits_file": ["magic[]", "version_major", "version_minor", "file_size", "reserved[]", "limits"],

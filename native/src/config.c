@@ -66,6 +66,22 @@ static void read_percent(const char *name, int *has, uint32_t *value)
 	*has = 1;
 }
 
+/* A count of decoders, 0..255 (what a slot can hold per GPU); 0 is no cap, as for the SM share. */
+static void read_count(const char *name, int *has, uint32_t *value)
+{
+	const char *v = getenv(name);
+	if (!v)
+		return;
+	char *end;
+	long n = strtol(v, &end, 10);
+	if (!*v || *end || n < 0 || n > 255 || *v == '+' || *v == '-' || *v == ' ') {
+		bad_setting(name, v, "not a decoder count (a whole number 0..255; 0 = no cap)");
+		return;
+	}
+	*value = (uint32_t)n;
+	*has = 1;
+}
+
 static void read_mode(void)
 {
 	const char *v = getenv("HAMI_SM_MODE");
@@ -139,6 +155,14 @@ static void read_config(void)
 		read_percent(name, &has, &config.sm_ordinal[i]);
 		config.has_sm_ordinal[i] = (uint8_t)has;
 	}
+	read_count("HAMI_MAX_DECODERS", &config.has_decoders_default, &config.decoders_default);
+	for (int i = 0; i < HAMI_SLICE_MAX_DEVICES; i++) {
+		char name[64];
+		int has = 0;
+		snprintf(name, sizeof(name), "HAMI_MAX_DECODERS_%d", i);
+		read_count(name, &has, &config.decoders_ordinal[i]);
+		config.has_decoders_ordinal[i] = (uint8_t)has;
+	}
 	read_mode();
 	read_size("HAMI_CONTEXT_OVERHEAD", &config.has_context_overhead, &config.context_overhead);
 
@@ -208,8 +232,10 @@ int hami_config_limit(int ordinal, struct hami_device_limit *out)
 	uint32_t pct;
 	memset(out, 0, sizeof(*out));
 	int own = ordinal >= 0 && ordinal < HAMI_SLICE_MAX_DEVICES &&
-		  (c->has_memory_ordinal[ordinal] || c->has_sm_ordinal[ordinal]);
-	int any = c->has_memory_default || c->has_sm_default || c->sm_mode != HAMI_MODE_HARD;
+		  (c->has_memory_ordinal[ordinal] || c->has_sm_ordinal[ordinal] ||
+		   c->has_decoders_ordinal[ordinal]);
+	int any = c->has_memory_default || c->has_sm_default || c->sm_mode != HAMI_MODE_HARD ||
+		  c->has_decoders_default;
 	if (ordinal >= 0 && !own)
 		return 0;
 	if (hami_config_memory_limit(ordinal, &bytes))
@@ -217,6 +243,9 @@ int hami_config_limit(int ordinal, struct hami_device_limit *out)
 	if (hami_config_sm_share(ordinal, &pct))
 		out->sm_share = pct;
 	out->mode = c->sm_mode;
+	out->max_decoders = ordinal >= 0 && ordinal < HAMI_SLICE_MAX_DEVICES && c->has_decoders_ordinal[ordinal]
+				    ? c->decoders_ordinal[ordinal]
+				    : c->decoders_default;
 	if (own || any)
 		out->flags = HAMI_LIMIT_SET;
 	return (out->flags & HAMI_LIMIT_SET) != 0;

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "hami.h"
 
@@ -14,8 +15,10 @@ typedef void *(*dlsym_fn)(void *, const char *);
 static dlsym_fn real_dlsym_fn;
 static void *cuda_handle;
 static void *nvml_handle;
+static void *cuvid_handle;
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+static pthread_once_t cuvid_once = PTHREAD_ONCE_INIT;
 
 /*
  * dlsym and the path to glibc's are not instrumented by the sanitizers: the
@@ -58,6 +61,20 @@ static void open_nvml(void)
 		hami_log(HAMI_LOG_DEBUG, "cannot load libnvidia-ml.so.1 (%s)", dlerror());
 }
 
+static void open_cuvid(void)
+{
+	cuvid_handle = dlopen("libnvcuvid.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!cuvid_handle)
+		hami_log(HAMI_LOG_DEBUG, "cannot load libnvcuvid.so.1 (%s)", dlerror());
+}
+
+/* NVDEC's entry points (libnvcuvid.so.1), for the cuvid hooks. */
+void *hami_cuvid_sym(const char *name)
+{
+	pthread_once(&cuvid_once, open_cuvid);
+	return cuvid_handle ? hami_real_dlsym(cuvid_handle, name) : NULL;
+}
+
 void *hami_cuda_sym(const char *name)
 {
 	pthread_once(&cuda_once, open_cuda);
@@ -70,12 +87,15 @@ void *hami_nvml_sym(const char *name)
 	return nvml_handle ? hami_real_dlsym(nvml_handle, name) : NULL;
 }
 
-/* A real entry point looked up once into *cache (libcuda for cu*, else NVML); NULL if absent. */
+/* A real entry point looked up once into *cache (libnvcuvid for cuvid*, libcuda
+ * for cu*, else NVML); NULL if absent. */
 void *hami_cached_sym(void **cache, const char *name)
 {
 	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
 	if (!f) {
-		f = name[0] == 'c' ? hami_cuda_sym(name) : hami_nvml_sym(name);
+		f = strncmp(name, "cuvid", 5) == 0 ? hami_cuvid_sym(name)
+	    : name[0] == 'c'               ? hami_cuda_sym(name)
+					   : hami_nvml_sym(name);
 		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
 	}
 	return f;
@@ -120,12 +140,13 @@ HAMI_EXPORT UNINSTRUMENTED __attribute__((optimize("optimize-sibling-calls")))
 void *dlsym(void *handle, const char *name)
 {
 	int cuda = name[0] == 'c' && name[1] == 'u';
+	int cuvid = cuda && name[2] == 'v' && name[3] == 'i' && name[4] == 'd';
 	int nvml = name[0] == 'n' && name[1] == 'v' && name[2] == 'm' && name[3] == 'l';
 	if (handle != RTLD_NEXT && (cuda || nvml)) {
 		void *hook = hami_hook_by_name(name);
 		if (hook) {
 			void *found = hami_real_dlsym(handle, name);
-			void *real = cuda ? hami_cuda_sym(name) : hami_nvml_sym(name);
+			void *real = cuvid ? hami_cuvid_sym(name) : cuda ? hami_cuda_sym(name) : hami_nvml_sym(name);
 			if (found && found == real)
 				return hook;
 		}

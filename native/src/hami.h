@@ -39,6 +39,10 @@ struct hami_config {
 	uint8_t has_sm_ordinal[HAMI_SLICE_MAX_DEVICES];
 	uint32_t sm_ordinal[HAMI_SLICE_MAX_DEVICES]; /* CUDA_DEVICE_SM_LIMIT_<n> */
 	uint32_t sm_mode;          /* HAMI_SM_MODE: HAMI_MODE_HARD or HAMI_MODE_ELASTIC */
+	int has_decoders_default;
+	uint32_t decoders_default; /* HAMI_MAX_DECODERS: concurrent NVDEC decoders per GPU */
+	uint8_t has_decoders_ordinal[HAMI_SLICE_MAX_DEVICES];
+	uint32_t decoders_ordinal[HAMI_SLICE_MAX_DEVICES]; /* HAMI_MAX_DECODERS_<n> */
 	int has_context_overhead;
 	uint64_t context_overhead; /* HAMI_CONTEXT_OVERHEAD */
 	const char *slice_path;    /* HAMI_SLICE or CUDA_DEVICE_MEMORY_SHARED_CACHE; NULL: private */
@@ -55,6 +59,7 @@ int hami_config_ordinal_of(const char *uuid, int nvml_index);
 void *hami_real_dlsym(void *handle, const char *name);
 void *hami_cuda_sym(const char *name);
 void *hami_nvml_sym(const char *name);
+void *hami_cuvid_sym(const char *name);
 void *hami_cached_sym(void **cache, const char *name);
 nvmlDevice_t hami_nvml_device(int sdev);
 
@@ -100,6 +105,7 @@ uint64_t hami_device_limit_bytes(int sdev);
 extern int hami_sm_watch;
 void hami_sm_before_launch(CUstream stream, int per_thread);
 void hami_sm_after_launch(CUresult rc);
+void hami_sm_gate_decode(void);
 void hami_sm_tick(void);
 void hami_sm_refresh(void);
 
@@ -121,7 +127,8 @@ enum hami_kind {
 	HAMI_KIND_MIPMAP,
 	HAMI_KIND_HANDLE,     /* cuMemCreate */
 	HAMI_KIND_CONTEXT,    /* cuCtxCreate */
-	HAMI_KIND_POOL        /* a memory pool: bytes = reserved bytes charged */
+	HAMI_KIND_POOL,       /* a memory pool: bytes = reserved bytes charged */
+	HAMI_KIND_DECODER     /* an NVDEC decoder: pool = its shape (cuvid_hooks.c) */
 };
 struct hami_record {
 	uint64_t key;

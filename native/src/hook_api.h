@@ -3,6 +3,7 @@
 #define HAMI_HOOK_API_H
 
 #include "hami/cuda_types.h"
+#include "hami/cuvid_types.h"
 
 CUresult cuInit(unsigned int flags);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
@@ -63,5 +64,20 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);
+
+/* NVDEC (libnvcuvid.so.1) */
+CUresult cuvidCreateDecoder(CUvideodecoder *decoder, CUVIDDECODECREATEINFO *ci);
+CUresult cuvidDestroyDecoder(CUvideodecoder decoder);
+CUresult cuvidReconfigureDecoder(CUvideodecoder decoder, CUVIDRECONFIGUREDECODERINFO *info);
+CUresult cuvidDecodePicture(CUvideodecoder decoder, CUVIDPICPARAMS *params);
+CUresult cuvidMapVideoFrame(CUvideodecoder decoder, int pic, unsigned int *ptr, unsigned int *pitch,
+			    CUVIDPROCPARAMS *params);
+CUresult cuvidMapVideoFrame64(CUvideodecoder decoder, int pic, unsigned long long *ptr, unsigned int *pitch,
+			      CUVIDPROCPARAMS *params);
+CUresult cuvidUnmapVideoFrame(CUvideodecoder decoder, unsigned int ptr);
+CUresult cuvidUnmapVideoFrame64(CUvideodecoder decoder, unsigned long long ptr);
+CUresult cuvidGetDecoderCaps(CUVIDDECODECAPS *caps);
+CUresult cuvidCreateVideoParser(CUvideoparser *parser, CUVIDPARSERPARAMS *params);
+CUresult cuvidDestroyVideoParser(CUvideoparser parser);
 
 #endif

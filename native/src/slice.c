@@ -395,6 +395,11 @@ static void reclaim_slot(struct hami_slice_file *f, int i)
 		uint64_t v = __atomic_exchange_n(&s->memory_used[d], 0, __ATOMIC_ACQ_REL);
 		if (v)
 			hami_credit_device(d, v);
+		uint32_t n = __atomic_exchange_n(&s->decoders[d], 0, __ATOMIC_ACQ_REL);
+		uint32_t have = __atomic_load_n(&f->device[d].decoders, __ATOMIC_ACQUIRE);
+		while (n && !__atomic_compare_exchange_n(&f->device[d].decoders, &have, have > n ? have - n : 0,
+							 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			;
 	}
 	if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE)
 		hami_log(HAMI_LOG_INFO, "slice \"%s\": reclaimed slot %d of dead process %d",
@@ -520,7 +525,9 @@ static int claim_slot(struct hami_slice_file *f)
 		for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++) {
 			s->memory_used[d] = 0;
 			s->sm_util[d] = 0;
+			s->decoders[d] = 0;
 		}
+		s->frames_decoded = s->frames_mapped = s->decode_ns = 0;
 		__atomic_store_n(&s->state, HAMI_SLOT_LIVE, __ATOMIC_RELEASE);
 		return i;
 	}

@@ -183,6 +183,24 @@ void hami_sm_before_launch(CUstream stream, int per_thread)
 	queue.stream = stream;
 }
 
+/*
+ * NVDEC work passes the slice's gate too: a decode submission waits for the
+ * slice's window like a launch (docs/nvdec.md). It is not on a CUDA stream,
+ * so it joins no launch queue.
+ */
+void hami_sm_gate_decode(void)
+{
+	struct hami_slice_file *f = hami_slice();
+	int sdev = f ? launch_device() : -1;
+	struct hami_device_limit l;
+	if (sdev < 0 || hami_slice_limit(sdev, &l) < 0 || l.sm_share == 0 || l.sm_share >= 100)
+		return;
+	struct hami_slice_device *d = &f->device[sdev];
+	uint32_t ppm = open_ppm(d, l.sm_share);
+	if (ppm < FULL_PPM && wait_for_window(sdev, d, ppm))
+		__atomic_add_fetch(&d->sm_waits, 1, __ATOMIC_RELAXED);
+}
+
 void hami_sm_after_launch(CUresult rc)
 {
 	if (!queue.gating)

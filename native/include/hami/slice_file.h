@@ -33,7 +33,7 @@
 
 #define HAMI_SLICE_MAGIC "HAMISLCE" /* 8 bytes, no terminator */
 #define HAMI_SLICE_VERSION_MAJOR 1u
-#define HAMI_SLICE_VERSION_MINOR 2u
+#define HAMI_SLICE_VERSION_MINOR 3u
 
 #define HAMI_LIMITS_MAGIC "HAMILIMT" /* the companion limits file, 8 bytes */
 #define HAMI_LIMITS_VERSION_MAJOR 1u
@@ -142,7 +142,12 @@ struct hami_slot {
 	char comm[HAMI_SLICE_COMM_LEN];           /* process name */
 	uint64_t memory_used[HAMI_SLICE_MAX_DEVICES]; /* by slice device index */
 	uint32_t sm_util[HAMI_SLICE_MAX_DEVICES];     /* percent */
-	uint8_t reserved[728];
+	/* NVDEC (1.3), see docs/nvdec.md */
+	uint8_t decoders[HAMI_SLICE_MAX_DEVICES];      /* live decoders, by slice device index */
+	uint64_t frames_decoded; /* cuvidDecodePicture calls that succeeded */
+	uint64_t frames_mapped;  /* cuvidMapVideoFrame(64) calls that succeeded */
+	uint64_t decode_ns;      /* time spent in cuvidDecodePicture */
+	uint8_t reserved[688];
 };
 
 /* The whole file, in order. */
