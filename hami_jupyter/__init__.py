@@ -6,3 +6,8 @@ process and coordinated through one slice file per slice.
 """
 
 __version__ = "0.1.0.dev0"
+
+
+def _jupyter_server_extension_points():
+    """Jupyter Server finds the extension (:mod:`hami_jupyter.server`) here."""
+    return [{"module": "hami_jupyter.server"}]

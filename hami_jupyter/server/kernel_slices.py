@@ -1,0 +1,139 @@
+"""The slices of a Jupyter server's kernels, as the JSON its REST API answers.
+
+Plain functions of the server's kernel manager, so they can be tested without
+a server. A kernel is in a slice when the HAMi provisioner started it; the
+slice's state comes from :func:`hami_jupyter.slice_status.slice_status`, the
+same reading ``%hami status`` shows, summed up for a status bar. A slice file
+that cannot be read is one line of advice (the ``%hami`` magic's), never an
+error of the whole answer: the other slices and kernels still show.
+"""
+
+import os
+
+from ..magic import advice
+from ..provisioner import HamiProvisioner
+from ..slice_file import SliceFileError
+from ..slice_paths import SliceNameError, slice_name, slice_path
+from ..slice_status import CRITICAL_FRACTION, WARN_FRACTION, slice_status
+
+NOT_HAMI = ("the kernel was not started by the HAMi provisioner (its kernelspec does not "
+            "use hami-provisioner), so no GPU slice limits it")
+NOT_LAUNCHED = "the kernel has not been launched in its slice yet"
+
+_LEVELS = ("ok", "warning", "critical")
+
+
+class UnknownKernel(KeyError):
+    """No kernel of this server has the id."""
+
+
+def _provisioner(kernel_manager, kernel_id):
+    """The provisioner of kernel *kernel_id*; :class:`UnknownKernel` if there is none."""
+    # Asked first: jupyter_server's get_kernel answers an unknown id with its own 404.
+    if kernel_id not in kernel_manager:
+        raise UnknownKernel(kernel_id)
+    return getattr(kernel_manager.get_kernel(kernel_id), "provisioner", None)
+
+
+def kernel_slice_path(kernel_manager, kernel_id):
+    """The slice file of kernel *kernel_id*; None when it is not in a slice."""
+    provisioner = _provisioner(kernel_manager, kernel_id)
+    return provisioner.slice_path if isinstance(provisioner, HamiProvisioner) else None
+
+
+def server_slice_path():
+    """The server's own slice ($HAMI_SLICE, a name or a path) if set and present."""
+    ref = os.environ.get("HAMI_SLICE")
+    if not ref:
+        return None
+    try:
+        path = slice_path(ref)
+    except SliceNameError:
+        return None
+    return path if path.is_file() else None
+
+
+def server_slices(kernel_manager):
+    """``({kernel_id: slice path or None}, [every slice path once, in order])``.
+
+    The slices are those of the server's running kernels, then the server's own.
+    """
+    by_kernel = {k: kernel_slice_path(kernel_manager, k) for k in kernel_manager.list_kernel_ids()}
+    paths = [p for p in by_kernel.values() if p is not None]
+    own = server_slice_path()
+    if own is not None:
+        paths.append(own)
+    unique = {}
+    for p in paths:
+        unique.setdefault(os.path.abspath(p), p)
+    return by_kernel, list(unique.values())
+
+
+def read_slice(path, server_kernels):
+    """``slice_status`` of *path* with each kernel flagged ``this_server``, or the
+    ``{"slice", "path", "error"}`` advice when the file cannot be read."""
+    try:
+        status = slice_status(path)
+    except (OSError, SliceFileError) as e:
+        return {"slice": slice_name(path), "path": os.path.abspath(path),
+                "error": advice(e, path)}
+    for k in status["kernels"]:
+        k["this_server"] = k["kernel_id"] in server_kernels
+    return status
+
+
+def slices_body(kernel_manager):
+    """The body of ``GET hami/v1/slices``."""
+    by_kernel, paths = server_slices(kernel_manager)
+    return {
+        "slices": [read_slice(p, set(by_kernel)) for p in paths],
+        "kernels": {k: (slice_name(p) if p is not None else None) for k, p in by_kernel.items()},
+    }
+
+
+def _memory_limit(status):
+    """The slice's cap summed over its GPUs; the default cap before any GPU; 0: none."""
+    limits = [g["memory_limit"] for g in status["gpus"]]
+    if not limits:
+        return status["default_limit"]["memory_limit"]
+    return 0 if 0 in limits else sum(limits)
+
+
+def summary(status, kernel_id):
+    """The status bar's view of one kernel in its slice (the fields after ``path``)."""
+    gpus = status["gpus"]
+    mine = next((k for k in status["kernels"] if k["kernel_id"] == kernel_id), None)
+    return {
+        "memory_used": sum(g["memory_used"] for g in gpus),
+        "memory_limit": _memory_limit(status),
+        "memory_level": max((g["memory_level"] for g in gpus), key=_LEVELS.index, default="ok"),
+        "sm_share": (max(g["sm_share"] for g in gpus) if gpus
+                     else status["default_limit"]["sm_share"]),
+        "sm_util": max((g["sm_util"] for g in gpus), default=0),
+        "kernel": {
+            "memory_used": mine["memory_used"] if mine else 0,
+            "sm_util": mine["sm_util"] if mine else 0,
+            "processes": mine["processes"] if mine else [],
+        },
+        "gpus": gpus,
+        "kernels": status["kernels"],
+        "warning_fraction": WARN_FRACTION,
+        "critical_fraction": CRITICAL_FRACTION,
+    }
+
+
+def kernel_body(kernel_manager, kernel_id):
+    """The body of ``GET hami/v1/kernels/<kernel_id>``; raises :class:`UnknownKernel`."""
+    provisioner = _provisioner(kernel_manager, kernel_id)
+    path = provisioner.slice_path if isinstance(provisioner, HamiProvisioner) else None
+    if path is None:
+        reason = NOT_LAUNCHED if isinstance(provisioner, HamiProvisioner) else NOT_HAMI
+        return {"kernel_id": kernel_id, "in_slice": False, "reason": reason}
+    status = read_slice(path, set(kernel_manager.list_kernel_ids()))
+    body = {"kernel_id": kernel_id, "in_slice": True,
+            "slice": status["slice"], "path": status["path"]}
+    if "error" in status:
+        body["error"] = status["error"]
+    else:
+        body.update(summary(status, kernel_id))
+    return body

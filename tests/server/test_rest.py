@@ -1,0 +1,162 @@
+"""``{base_url}hami/v1/``: the answers the status bar reads, under a JupyterHub
+user's base URL, compared with what ``slice_status`` reads from the file."""
+
+import json
+import os
+import uuid
+
+import pytest
+from jupyter_server.utils import url_path_join
+
+from hami_jupyter import kernel_registry
+from hami_jupyter.slice_status import slice_status
+
+MiB = 1 << 20
+CONTEXT = 64 * MiB  # the simulated GPU's context
+USER = "alice"
+
+SUMMARY_KEYS = {"kernel_id", "in_slice", "slice", "path", "memory_used", "memory_limit",
+                "memory_level", "sm_share", "sm_util", "kernel", "gpus", "kernels",
+                "warning_fraction", "critical_fraction"}
+
+
+@pytest.fixture
+def jp_base_url():
+    return f"/user/{USER}/"
+
+
+@pytest.fixture(autouse=True)
+def hub_user(slice_env, monkeypatch):
+    monkeypatch.setenv("JUPYTERHUB_USER", USER)
+
+
+def allocate(mib):
+    return ("from hami_jupyter import driver_memory as c\n"
+            "c.init()\n"
+            "bufs = globals().setdefault('bufs', [])\n"
+            f"bufs.append(c.DeviceBuffer({mib} << 20))")
+
+
+def check_against_file(body):
+    """*body*'s numbers are those slice_status() reads from the slice file now."""
+    status = slice_status(body["path"])
+    assert body["gpus"] == status["gpus"]
+    assert body["memory_used"] == sum(g["memory_used"] for g in status["gpus"])
+    mine = next(k for k in status["kernels"] if k["kernel_id"] == body["kernel_id"])
+    assert body["kernel"] == {"memory_used": mine["memory_used"], "sm_util": mine["sm_util"],
+                              "processes": mine["processes"]}
+    assert body["sm_util"] == max(g["sm_util"] for g in status["gpus"])
+
+
+async def test_kernel_usage_follows_the_slice_file(start_kernel, get_json, slice_env):
+    k = await start_kernel()
+    body = await get_json("hami", "v1", "kernels", k.id)
+    assert set(body) == SUMMARY_KEYS
+    path = slice_env.root / f"{USER}.slice"
+    assert (body["kernel_id"], body["in_slice"], body["slice"], body["path"]) == \
+        (k.id, True, USER, str(path))
+    # No GPU used yet: the default limits, nothing used.
+    assert (body["memory_used"], body["memory_limit"], body["memory_level"]) == \
+        (0, slice_env.memory_limit, "ok")
+    assert (body["sm_share"], body["sm_util"], body["gpus"]) == (slice_env.sm_share, 0, [])
+    assert body["kernel"] == {"memory_used": 0, "sm_util": 0, "processes": []}
+    assert [(e["kernel_id"], e["user"], e["this_server"]) for e in body["kernels"]] == \
+        [(k.id, USER, True)]
+    assert (body["warning_fraction"], body["critical_fraction"]) == (0.8, 0.95)
+
+    # 1 GiB cap, the context included: 364 MiB is fine, 864 MiB over 80 %, 984 MiB over 95 %.
+    used = CONTEXT
+    for mib, level in ((300, "ok"), (500, "warning"), (120, "critical")):
+        await k.run(allocate(mib))
+        used += mib * MiB
+        body = await get_json("hami", "v1", "kernels", k.id)
+        assert set(body) == SUMMARY_KEYS
+        assert (body["memory_used"], body["memory_limit"]) == (used, slice_env.memory_limit)
+        assert body["memory_level"] == level
+        assert body["sm_share"] == slice_env.sm_share
+        (gpu,) = body["gpus"]
+        assert (gpu["memory_used"], gpu["memory_limit"], gpu["memory_level"]) == \
+            (used, slice_env.memory_limit, level)
+        assert body["kernel"]["memory_used"] == used
+        (proc,) = body["kernel"]["processes"]
+        assert proc["memory_used"] == {gpu["uuid"]: used}
+        check_against_file(body)
+
+
+async def test_kernel_outside_a_slice(start_kernel, get_json):
+    k = await start_kernel("python3")
+    body = await get_json("hami", "v1", "kernels", k.id)
+    assert set(body) == {"kernel_id", "in_slice", "reason"}
+    assert (body["kernel_id"], body["in_slice"]) == (k.id, False)
+    assert "HAMi provisioner" in body["reason"]
+    assert await get_json("hami", "v1", "slices") == {"slices": [], "kernels": {k.id: None}}
+
+
+async def test_unknown_kernel_is_a_json_404(jp_fetch):
+    kernel_id = str(uuid.uuid4())
+    response = await jp_fetch("hami", "v1", "kernels", kernel_id, raise_error=False)
+    assert response.code == 404
+    assert json.loads(response.body)["message"] == f"no kernel with id {kernel_id}"
+
+
+async def test_requests_need_the_token_and_the_base_url(http_server_client, jp_auth_header,
+                                                        jp_base_url):
+    for parts in (("slices",), ("kernels", str(uuid.uuid4()))):
+        url = url_path_join(jp_base_url, "hami", "v1", *parts)
+        response = await http_server_client.fetch(url, raise_error=False)
+        assert response.code in (401, 403), url
+        # With the token, but outside the base URL: not there.
+        response = await http_server_client.fetch(
+            url[len(jp_base_url) - 1:], raise_error=False,
+            headers=jp_auth_header)
+        assert response.code == 404, url
+
+
+async def test_slices_lists_the_kernels_slices(start_kernel, get_json, jp_fetch, slice_env,
+                                               monkeypatch):
+    a, b = await start_kernel(), await start_kernel()
+    plain = await start_kernel("python3")
+    await a.run(allocate(100))
+    path = slice_env.root / f"{USER}.slice"
+    # A kernel of another server in the same slice (this test process stands in for it).
+    other = str(uuid.uuid4())
+    kernel_registry.register(path, kernel_registry.new_entry(
+        path, other, "bob", "hami-python3", os.getpid()))
+
+    body = await get_json("hami", "v1", "slices")
+    assert body["kernels"] == {a.id: USER, b.id: USER, plain.id: None}
+    (s,) = body["slices"]
+    status = slice_status(path)
+    assert (s["slice"], s["path"], s["gpus"]) == (USER, str(path), status["gpus"])
+    assert s["gpus"][0]["memory_used"] == 100 * MiB + CONTEXT
+    flags = {k["kernel_id"]: (k["user"], k["this_server"]) for k in s["kernels"]}
+    assert flags == {a.id: (USER, True), b.id: (USER, True), other: ("bob", False)}
+    this_kernel = await get_json("hami", "v1", "kernels", b.id)
+    assert {k["kernel_id"]: k["this_server"] for k in this_kernel["kernels"]} == \
+        {a.id: True, b.id: True, other: False}
+    assert this_kernel["kernel"] == {"memory_used": 0, "sm_util": 0, "processes": []}
+
+    # Without kernels: only the server's own slice, when $HAMI_SLICE names one.
+    for kernel in (a, b, plain):
+        await jp_fetch("api", "kernels", kernel.id, method="DELETE")
+    kernel_registry.unregister(path, other)
+    assert await get_json("hami", "v1", "slices") == {"slices": [], "kernels": {}}
+    monkeypatch.setenv("HAMI_SLICE", USER)
+    (s,) = (await get_json("hami", "v1", "slices"))["slices"]
+    assert (s["slice"], s["path"], s["kernels"]) == (USER, str(path), [])
+    monkeypatch.setenv("HAMI_SLICE", "nobody")
+    assert (await get_json("hami", "v1", "slices"))["slices"] == []
+
+
+async def test_damaged_slice_file_is_advice(start_kernel, get_json, jp_fetch, slice_env):
+    k = await start_kernel()  # no GPU work: nothing maps the file
+    path = slice_env.root / f"{USER}.slice"
+    path.write_bytes(b"junk" * 2048)
+    body = await get_json("hami", "v1", "kernels", k.id)
+    assert set(body) == {"kernel_id", "in_slice", "slice", "path", "error"}
+    assert (body["in_slice"], body["slice"], body["path"]) == (True, USER, str(path))
+    assert body["error"].startswith("hami: ") and "damaged" in body["error"]
+    assert "\n" not in body["error"]
+    slices = await get_json("hami", "v1", "slices")
+    assert slices["slices"] == [{"slice": USER, "path": str(path), "error": body["error"]}]
+    assert slices["kernels"] == {k.id: USER}
