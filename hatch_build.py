@@ -24,6 +24,7 @@ NATIVE_FILES = (
     "libvgpu.so",
     "sim/libcuda.so.1",
     "sim/libnvidia-ml.so.1",
+    "sim/libnvcuvid.so.1",
     "sim/hami-simctl",
     "tools/cudrive",
 )

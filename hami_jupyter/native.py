@@ -6,6 +6,7 @@ hard-codes a path. Every location holds the same layout as ``native/build/``::
     libvgpu.so                 the preload library
     sim/libcuda.so.1           simulated CUDA driver
     sim/libnvidia-ml.so.1      simulated NVML
+    sim/libnvcuvid.so.1        simulated NVDEC (video decoders)
     sim/hami-simctl            inspects and drives the simulated GPU
     tools/cudrive              runs driver-API calls (tests, benchmarks)
 

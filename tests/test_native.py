@@ -4,7 +4,8 @@ import pytest
 
 from hami_jupyter import native
 
-LAYOUT = ("libvgpu.so", "sim/libcuda.so.1", "sim/libnvidia-ml.so.1", "sim/hami-simctl", "tools/cudrive")
+LAYOUT = ("libvgpu.so", "sim/libcuda.so.1", "sim/libnvidia-ml.so.1", "sim/libnvcuvid.so.1", "sim/hami-simctl",
+          "tools/cudrive")
 
 
 def _fake_build(root):

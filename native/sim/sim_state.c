@@ -556,6 +556,14 @@ static void dev_sub(unsigned d, uint64_t bytes)
 	while (!atomic_compare_exchange_weak(u, &old, nu));
 }
 
+static void sub32_clamped(_Atomic uint32_t *v, uint32_t n)
+{
+	uint32_t old = atomic_load(v), nu;
+	do
+		nu = old > n ? old - n : 0;
+	while (!atomic_compare_exchange_weak(v, &old, nu));
+}
+
 /* Give a dead entry's memory back. Only called holding the entry's lock,
  * and atomic_exchange makes each byte come back once even if we die here. */
 static void reclaim(struct sim_proc *p)
@@ -564,6 +572,9 @@ static void reclaim(struct sim_proc *p)
 		uint64_t v = atomic_exchange(&p->used[d], 0);
 		if (v)
 			dev_sub(d, v);
+		uint32_t n = atomic_exchange(&p->decoders[d], 0);
+		if (n)
+			sub32_clamped(&g.st->dev[d].decoders, n);
 		atomic_store(&p->contexts[d], 0);
 	}
 	atomic_store(&p->pid, 0);
@@ -736,6 +747,23 @@ void sim_ctx_count(unsigned d, int delta)
 		do
 			nu = old > (uint32_t)-delta ? old + (uint32_t)delta : 0;
 		while (!atomic_compare_exchange_weak(c, &old, nu));
+	}
+}
+
+/* Device first, then our entry, when one is added; entry first, then the
+ * device, when one goes (as with memory: never fewer on the device than in
+ * the entries). */
+void sim_decoder_count(unsigned d, int delta)
+{
+	int self = sim_self();
+	if (self < 0 || !g.st || d >= SIM_MAX_DEVICES)
+		return;
+	if (delta > 0) {
+		atomic_fetch_add(&g.st->dev[d].decoders, (uint32_t)delta);
+		atomic_fetch_add(&g.st->proc[self].decoders[d], (uint32_t)delta);
+	} else if (delta < 0) {
+		sub32_clamped(&g.st->proc[self].decoders[d], (uint32_t)-delta);
+		sub32_clamped(&g.st->dev[d].decoders, (uint32_t)-delta);
 	}
 }
 

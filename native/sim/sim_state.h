@@ -17,9 +17,10 @@
  *    half-initialised one. Its device configuration is decided by the first
  *    creator; later processes' HAMI_SIM_DEVICES etc. do not change it.
  *
- * libcuda.so.1, libnvidia-ml.so.1 and hami-simctl each compile their own copy
- * of sim_state.c; the two libraries of one process share its entry (the
- * second finds the first's by pid, start time and pid namespace).
+ * libcuda.so.1, libnvidia-ml.so.1, libnvcuvid.so.1 and hami-simctl each
+ * compile their own copy of sim_state.c; the libraries of one process share
+ * its entry (the later ones find the first's by pid, start time and pid
+ * namespace).
  */
 #ifndef HAMI_SIM_STATE_H
 #define HAMI_SIM_STATE_H
@@ -29,7 +30,7 @@
 #include <stdint.h>
 
 #define SIM_MAGIC "HAMISIM1" /* 8 bytes, no terminator */
-#define SIM_VERSION 1u
+#define SIM_VERSION 2u /* 2: NVDEC decoder counts and frame counters */
 #define SIM_MAX_DEVICES 16
 #define SIM_MAX_PROCS 128
 #define SIM_UUID_LEN 48 /* "GPU-" + 36 + NUL fits */
@@ -77,11 +78,13 @@ struct sim_device {
 	char name[SIM_NAME_LEN];
 	uint64_t total;
 	uint32_t sm_count;
-	uint32_t pad;
+	_Atomic uint32_t decoders;      /* live simulated NVDEC decoders, all processes */
 	_Atomic uint64_t used;          /* bytes taken by all live processes */
 	_Atomic uint64_t peak_used;     /* maximum used ever reached */
 	_Atomic uint64_t busy_until_ns; /* CLOCK_MONOTONIC end of queued work */
 	_Atomic uint64_t busy_total_ns;
+	_Atomic uint64_t frames_decoded; /* successful cuvidDecodePicture calls, ever */
+	_Atomic uint64_t frames_mapped;  /* successful cuvidMapVideoFrame(64) calls, ever */
 	_Atomic uint64_t util[SIM_UTIL_SLOTS];
 };
 
@@ -92,6 +95,7 @@ struct sim_proc {
 	_Atomic uint64_t pidns;       /* inode of /proc/self/ns/pid */
 	_Atomic uint64_t used[SIM_MAX_DEVICES];
 	_Atomic uint32_t contexts[SIM_MAX_DEVICES];
+	_Atomic uint32_t decoders[SIM_MAX_DEVICES]; /* its live decoders (returned with its memory) */
 	_Atomic uint64_t busy_ns[SIM_MAX_DEVICES];
 	_Atomic uint64_t util[SIM_MAX_DEVICES][SIM_UTIL_SLOTS];
 };
@@ -147,6 +151,9 @@ SIM_HIDDEN int sim_self(void);
 SIM_HIDDEN int sim_charge(unsigned dev, uint64_t bytes); /* SIM_OK or SIM_ENOMEM/... */
 SIM_HIDDEN void sim_uncharge(unsigned dev, uint64_t bytes);
 SIM_HIDDEN void sim_ctx_count(unsigned dev, int delta);
+/* One more (DELTA 1) or one fewer (-1) live decoder of this process on DEV:
+ * the device's count and our entry's, which a dead process's reclaim returns. */
+SIM_HIDDEN void sim_decoder_count(unsigned dev, int delta);
 /* Queue DUR ns of work on DEV's timeline; returns its end (CLOCK_MONOTONIC). */
 SIM_HIDDEN uint64_t sim_launch(unsigned dev, uint64_t dur);
 /* Return dead processes' memory. */

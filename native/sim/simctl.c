@@ -1,7 +1,8 @@
 /*
  * hami-simctl: look at and manage a simulated GPU's state file.
  *
- *   hami-simctl [--state PATH] status       JSON: devices, live processes
+ *   hami-simctl [--state PATH] status       JSON: devices, live processes (memory,
+ *                                           contexts, NVDEC decoders and frames)
  *   hami-simctl [--state PATH] reset-peak   peak_used := used, every device
  *   hami-simctl [--state PATH] reset        new state file (none may use it)
  *
@@ -70,12 +71,15 @@ static int status(void)
 		printf(", \"name\": ");
 		json_str(d->name);
 		printf(", \"total\": %llu, \"used\": %llu, \"peak_used\": %llu, \"sm_count\": %u, "
-		       "\"busy_until_ns\": %llu, \"busy_total_ns\": %llu, \"utilization\": %u, \"util\": %u}",
+		       "\"busy_until_ns\": %llu, \"busy_total_ns\": %llu, \"utilization\": %u, \"util\": %u, "
+		       "\"decoders\": %u, \"frames_decoded\": %llu, \"frames_mapped\": %llu}",
 		       (unsigned long long)d->total, (unsigned long long)atomic_load(&d->used),
 		       (unsigned long long)atomic_load(&d->peak_used), d->sm_count,
 		       (unsigned long long)atomic_load(&d->busy_until_ns),
 		       (unsigned long long)atomic_load(&d->busy_total_ns), sim_util_pct(d->util),
-		       sim_sample_pct(d->util, end));
+		       sim_sample_pct(d->util, end), (unsigned)atomic_load(&d->decoders),
+		       (unsigned long long)atomic_load(&d->frames_decoded),
+		       (unsigned long long)atomic_load(&d->frames_mapped));
 	}
 	printf("],\n \"processes\": [");
 	int first = 1;
@@ -94,6 +98,9 @@ static int status(void)
 		printf("], \"contexts\": [");
 		for (unsigned d = 0; d < ndev; d++)
 			printf("%s%u", d ? ", " : "", (unsigned)atomic_load(&p->contexts[d]));
+		printf("], \"decoders\": [");
+		for (unsigned d = 0; d < ndev; d++)
+			printf("%s%u", d ? ", " : "", (unsigned)atomic_load(&p->decoders[d]));
 		printf("]}");
 		first = 0;
 	}

@@ -135,18 +135,28 @@ static struct hami_slot *my_slot(void)
 
 /* ---- the decoder cap ------------------------------------------------------- */
 
+static int take_one(struct hami_slice_device *d, uint32_t cap)
+{
+	uint32_t n = __atomic_load_n(&d->decoders, __ATOMIC_ACQUIRE);
+	do {
+		if (cap && n >= cap)
+			return -1;
+	} while (!__atomic_compare_exchange_n(&d->decoders, &n, n + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+	return 0;
+}
+
 /* Take one of the slice's decoders on a GPU; 0, or -1 when the cap is reached. */
 static int take_decoder(int sdev, uint32_t *cap)
 {
 	struct hami_slice_file *f = hami_slice();
 	struct hami_device_limit l;
 	*cap = hami_slice_limit(sdev, &l) == 0 ? l.max_decoders : 0;
-	uint32_t n = __atomic_load_n(&f->device[sdev].decoders, __ATOMIC_ACQUIRE);
-	do {
-		if (*cap && n >= *cap)
+	if (take_one(&f->device[sdev], *cap) < 0) {
+		/* Decoders held by a process that just died come back before we say no. */
+		hami_slice_sweep();
+		if (take_one(&f->device[sdev], *cap) < 0)
 			return -1;
-	} while (!__atomic_compare_exchange_n(&f->device[sdev].decoders, &n, n + 1, 0, __ATOMIC_ACQ_REL,
-					      __ATOMIC_ACQUIRE));
+	}
 	struct hami_slot *s = my_slot();
 	if (s)
 		__atomic_add_fetch(&s->decoders[sdev], 1, __ATOMIC_ACQ_REL);

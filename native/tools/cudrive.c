@@ -52,6 +52,43 @@
  *                               cuCtxSynchronize every SYNC_EVERY launches (default 64, 0 never)
  *                               and once at the end; reports the GPU share achieved
  *
+ * Video decoding (NVDEC; libnvcuvid.so.1 is dlopen()ed and its entry points
+ * dlsym()ed when one of these is first used, as FFmpeg and PyNvVideoCodec do;
+ * decoders, caps and ctxlock need a current context, "ctx DEV" first):
+ *   cuvidcaps CODEC CHROMA BITDEPTH
+ *                               cuvidGetDecoderCaps: supported, nvdecs, max/min width/height,
+ *                               output_mask, max_mb_count
+ *   decoder NAME WIDTH HEIGHT SURFACES [OUTSURF [MAXW MAXH]] [KEY=VALUE...]
+ *                               cuvidCreateDecoder; OUTSURF (ulNumOutputSurfaces) defaults to 2,
+ *                               MAXW/MAXH (ulMaxWidth/Height) to the size. Keys: out=N maxw=W
+ *                               maxh=H codec=h264|hevc|av1|mpeg2|vp9|...|N chroma=420|422|444|mono
+ *                               bitdepth=8|10|12 target=WxH (ulTargetWidth/Height, default the size)
+ *                               format=nv12|p016|yuv444|yuv444_16|nv16|p216|N (default: nv12,
+ *                               p016 above 8 bits, the 4:2:2/4:4:4 forms for those chromas)
+ *   undecoder NAME              cuvidDestroyDecoder
+ *   decode NAME [COUNT]         cuvidDecodePicture COUNT times (default 1) with zeroed parameters;
+ *                               stops at the first failure
+ *   mapframe NAME PICIDX | mapframe32 NAME PICIDX
+ *                               cuvidMapVideoFrame64 / cuvidMapVideoFrame; the pointer is remembered
+ *   unmapframe NAME [PTR] | unmapframe32 NAME [PTR]
+ *                               cuvidUnmapVideoFrame64 / cuvidUnmapVideoFrame of PTR, else of the
+ *                               oldest remembered mapping of that width
+ *   reconfigure NAME WIDTH HEIGHT SURFACES [TW TH]
+ *                               cuvidReconfigureDecoder (target size TWxTH, default the size)
+ *   decodestatus NAME PICIDX    cuvidGetDecodeStatus: status (decodeStatus, 2 = success)
+ *   parser NAME [codec=C] | unparser NAME
+ *                               cuvidCreateVideoParser (no callbacks) / cuvidDestroyVideoParser
+ *   ctxlock                     cuvidCtxLockCreate on the current context, cuvidCtxLock,
+ *                               cuCtxGetCurrent, cuvidCtxUnlock, cuvidCtxLockDestroy
+ *   cuviddlsym NAME             dlsym in libnvcuvid.so.1 (where the pointer lives)
+ *   null cuvidcaps | null decoder
+ *                               cuvidGetDecoderCaps(NULL) / cuvidCreateDecoder with a NULL handle
+ *                               pointer (rc) and with NULL create info (rc_null_info)
+ * A decoder or parser NAME may also be a raw handle 0x... (when no object has
+ * that name), to show how a library answers a stale or made-up handle; the
+ * real library may crash on one. `free NAME` destroys decoders and parsers
+ * too; `freeall` leaves them.
+ *
  * The busy kernel is a module the kernel commands load lazily, and the capture
  * stream one they make lazily, in the current context; again when the current
  * context changed, or after the driver called them unknown (INVALID_HANDLE:
@@ -81,6 +118,7 @@
 #include <unistd.h>
 
 #include "hami/cuda_types.h"
+#include "hami/cuvid_types.h"
 
 /* ---- driver types cuda_types.h does not declare -------------------------- */
 
@@ -168,6 +206,22 @@ typedef CUresult (*fn_event_create)(CUevent *, unsigned int);
 typedef CUresult (*fn_event)(CUevent); /* destroy, query, synchronize */
 typedef CUresult (*fn_event_record)(CUevent, CUstream);
 typedef CUresult (*fn_event_elapsed)(float *, CUevent, CUevent);
+
+typedef CUresult (*fn_cuvid_caps)(CUVIDDECODECAPS *);
+typedef CUresult (*fn_cuvid_create)(CUvideodecoder *, CUVIDDECODECREATEINFO *);
+typedef CUresult (*fn_cuvid_destroy)(CUvideodecoder);
+typedef CUresult (*fn_cuvid_decode)(CUvideodecoder, CUVIDPICPARAMS *);
+typedef CUresult (*fn_cuvid_status)(CUvideodecoder, int, void *);
+typedef CUresult (*fn_cuvid_map64)(CUvideodecoder, int, unsigned long long *, unsigned int *, CUVIDPROCPARAMS *);
+typedef CUresult (*fn_cuvid_map32)(CUvideodecoder, int, unsigned int *, unsigned int *, CUVIDPROCPARAMS *);
+typedef CUresult (*fn_cuvid_unmap64)(CUvideodecoder, unsigned long long);
+typedef CUresult (*fn_cuvid_unmap32)(CUvideodecoder, unsigned int);
+typedef CUresult (*fn_cuvid_reconfigure)(CUvideodecoder, CUVIDRECONFIGUREDECODERINFO *);
+typedef CUresult (*fn_cuvid_parser_create)(CUvideoparser *, CUVIDPARSERPARAMS *);
+typedef CUresult (*fn_cuvid_parser_destroy)(CUvideoparser);
+typedef CUresult (*fn_cuvid_lock_create)(CUvideoctxlock *, CUcontext);
+typedef CUresult (*fn_cuvid_lock_destroy)(CUvideoctxlock);
+typedef CUresult (*fn_cuvid_lock)(CUvideoctxlock, unsigned int);
 
 typedef nvmlReturn_t (*fn_nvml_void)(void);
 typedef nvmlReturn_t (*fn_nvml_count)(unsigned int *);
@@ -391,6 +445,7 @@ enum resolve_mode { RESOLVE_DLSYM, RESOLVE_PROCADDR, RESOLVE_PROCADDR1 };
 
 static void *libcuda;
 static void *libnvml;
+static void *libcuvid;
 static enum resolve_mode mode = RESOLVE_DLSYM;
 static int proc_version = 12000;
 static unsigned long long proc_flags = 0;
@@ -546,6 +601,32 @@ static bool open_libnvml(void)
 	return true;
 }
 
+static bool open_libcuvid(void)
+{
+	if (libcuvid)
+		return true;
+	libcuvid = dlopen("libnvcuvid.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!libcuvid) {
+		const char *e = dlerror();
+		snprintf(resolve_error, sizeof(resolve_error), "dlopen libnvcuvid.so.1: %s", e ? e : "failed");
+		return false;
+	}
+	return true;
+}
+
+static void *cuvid_dlsym(const char *name)
+{
+	if (!open_libcuvid())
+		return NULL;
+	dlerror();
+	void *p = dlsym(libcuvid, name);
+	if (!p) {
+		const char *e = dlerror();
+		snprintf(resolve_error, sizeof(resolve_error), "dlsym %s: %s", name, e ? e : "not found");
+	}
+	return p;
+}
+
 static void *cuda_dlsym(const char *name)
 {
 	if (!open_libcuda())
@@ -628,6 +709,14 @@ static void *resolve(enum fn_id id)
 		return 0;                                                     \
 	}
 
+#define NEED_CUVID(var, type, name)                                           \
+	type var = (type)cuvid_dlsym(name);                                   \
+	if (!var) {                                                           \
+		r->rc = CUDA_ERROR_NOT_FOUND;                                 \
+		res_str(r, "detail", resolve_error);                          \
+		return 0;                                                     \
+	}
+
 #define NEED_NVML(var, type, name)                                            \
 	type var = (type)nvml_dlsym(name);                                    \
 	if (!var) {                                                           \
@@ -645,10 +734,12 @@ enum obj_kind {
 	K_MIPMAP,   /* cuMipmappedArrayDestroy */
 	K_HANDLE,   /* cuMemCreate: cuMemRelease */
 	K_POOL,     /* cuMemPoolDestroy */
-	K_CTX       /* cuCtxDestroy_v2 */
+	K_CTX,      /* cuCtxDestroy_v2 */
+	K_DECODER,  /* cuvidDestroyDecoder */
+	K_PARSER    /* cuvidDestroyVideoParser */
 };
 
-static const char *kind_name[] = {"mem", "async", "array", "mipmap", "handle", "pool", "ctx"};
+static const char *kind_name[] = {"mem", "async", "array", "mipmap", "handle", "pool", "ctx", "decoder", "parser"};
 
 #define NAME_LEN 64
 
@@ -714,7 +805,9 @@ static const char *const command_words[] = {
 	"race", "null", "getproc", "getproc1", "dlsym", "nvmldlsym", "resolve", "nvml", "nvmlcount",
 	"nvmlmem", "nvmluuid", "nvmlshutdown", "sleep", "child", "endchild", "hold", "exit", "stdin",
 	"echo", "list", "waitfile", "module", "launch", "launchex", "coop", "capture", "graph",
-	"graphlaunch", "event", "burn", "threads", NULL};
+	"graphlaunch", "event", "burn", "threads", "cuvidcaps", "decoder", "undecoder", "decode", "mapframe",
+	"unmapframe", "mapframe32", "unmapframe32", "reconfigure", "decodestatus", "parser", "unparser",
+	"ctxlock", "cuviddlsym", NULL};
 
 static bool is_command_word(const char *w)
 {
@@ -1369,12 +1462,16 @@ static int cmd_mipmap(struct stream *s, struct result *r)
 	return 0;
 }
 
+static CUresult destroy_cuvid(struct result *r, struct obj *o);
+
 /* The matching free for the object's kind; the object is forgotten on success. */
 static CUresult destroy_obj(struct result *r, struct obj *o)
 {
 	CUresult rc;
 	void *f = NULL;
 	enum fn_id id;
+	if (o->kind == K_DECODER || o->kind == K_PARSER)
+		return destroy_cuvid(r, o);
 	switch (o->kind) {
 	case K_MEM: id = F_MEM_FREE; break;
 	case K_ASYNC: id = F_MEM_FREE_ASYNC; break;
@@ -1455,14 +1552,14 @@ static int cmd_freeraw(struct stream *s, struct result *r)
 	return 0;
 }
 
-/* Free every memory object, newest first; pools and contexts stay. */
+/* Free every memory object, newest first; pools, contexts, decoders and parsers stay. */
 static int cmd_freeall(struct stream *s, struct result *r)
 {
 	unsigned long long freed = 0, failed = 0, bytes = 0;
 	size_t i = nobjs;
 	while (i-- > 0) {
 		struct obj *o = &objs[i];
-		if (o->kind == K_POOL || o->kind == K_CTX)
+		if (o->kind == K_POOL || o->kind == K_CTX || o->kind == K_DECODER || o->kind == K_PARSER)
 			continue;
 		unsigned long long size = o->size;
 		CUresult rc = destroy_obj(r, o);
@@ -1833,6 +1930,21 @@ static int null_call(struct stream *s, struct result *r)
 		CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
 		r->rc = get_proc(false, "cuMemAlloc", NULL, proc_version, proc_flags, &st);
 		res_i64(r, "rc_v1", get_proc(true, "cuMemAlloc", NULL, proc_version, proc_flags, NULL));
+	} else if (strcmp(what, "cuvidcaps") == 0) {
+		NEED_CUVID(f, fn_cuvid_caps, "cuvidGetDecoderCaps");
+		r->rc = f(NULL);
+	} else if (strcmp(what, "decoder") == 0) {
+		NEED_CUVID(f, fn_cuvid_create, "cuvidCreateDecoder");
+		CUVIDDECODECREATEINFO ci;
+		CUvideodecoder dec = NULL;
+		memset(&ci, 0, sizeof(ci));
+		ci.ulWidth = ci.ulHeight = ci.ulMaxWidth = ci.ulMaxHeight = ci.ulTargetWidth = ci.ulTargetHeight = 256;
+		ci.ulNumDecodeSurfaces = 4;
+		ci.ulNumOutputSurfaces = 1;
+		ci.CodecType = cudaVideoCodec_H264;
+		ci.ChromaFormat = cudaVideoChromaFormat_420;
+		r->rc = f(NULL, &ci);
+		res_i64(r, "rc_null_info", f(&dec, NULL));
 	} else if (strcmp(what, "nvmlmem") == 0) {
 		r->nvml = true;
 		NEED_NVML(gethandle, fn_nvml_handle, "nvmlDeviceGetHandleByIndex_v2");
@@ -2669,6 +2781,660 @@ static int cmd_nvmluuid(struct stream *s, struct result *r)
 	return 0;
 }
 
+/* ---- NVDEC commands ------------------------------------------------------------ */
+
+/* Mapped frames cudrive remembers: decoder handle, address, which API mapped it. */
+#define MAX_MAPPINGS 1024
+static struct mapping {
+	void *dec;
+	unsigned long long ptr;
+	bool is32;
+} mappings[MAX_MAPPINGS];
+static size_t nmappings;
+
+static void mapping_add(void *dec, unsigned long long ptr, bool is32)
+{
+	if (nmappings < MAX_MAPPINGS)
+		mappings[nmappings++] = (struct mapping){dec, ptr, is32};
+}
+
+static void mapping_drop(size_t i)
+{
+	memmove(&mappings[i], &mappings[i + 1], (nmappings - i - 1) * sizeof(mappings[0]));
+	nmappings--;
+}
+
+/* Forget DEC's mappings (it is gone). */
+static void mappings_forget(void *dec)
+{
+	for (size_t i = nmappings; i-- > 0;)
+		if (mappings[i].dec == dec)
+			mapping_drop(i);
+}
+
+static unsigned long long mappings_of(void *dec)
+{
+	unsigned long long n = 0;
+	for (size_t i = 0; i < nmappings; i++)
+		n += mappings[i].dec == dec;
+	return n;
+}
+
+static CUresult destroy_cuvid(struct result *r, struct obj *o)
+{
+	CUresult rc;
+	if (o->kind == K_DECODER) {
+		fn_cuvid_destroy f = (fn_cuvid_destroy)cuvid_dlsym("cuvidDestroyDecoder");
+		if (!f) {
+			res_str(r, "detail", resolve_error);
+			return CUDA_ERROR_NOT_FOUND;
+		}
+		void *h = o->h;
+		rc = f((CUvideodecoder)h);
+		if (rc == 0)
+			mappings_forget(h);
+	} else {
+		fn_cuvid_parser_destroy f = (fn_cuvid_parser_destroy)cuvid_dlsym("cuvidDestroyVideoParser");
+		if (!f) {
+			res_str(r, "detail", resolve_error);
+			return CUDA_ERROR_NOT_FOUND;
+		}
+		rc = f((CUvideoparser)o->h);
+	}
+	if (rc == 0)
+		obj_remove(o);
+	return rc;
+}
+
+/*
+ * The handle NAME stands for: the object of that name and KIND (*O set), or,
+ * when no object has that name, a raw handle written 0x... (*O NULL).
+ * -1: a usage error, already reported.
+ */
+static int cuvid_handle(struct result *r, const char *name, enum obj_kind kind, void **h, struct obj **o)
+{
+	struct obj *found = obj_find(name);
+	unsigned long long v;
+	*o = NULL;
+	if (found && found->kind == kind) {
+		*o = found;
+		*h = found->h;
+	} else if (!found && (strncmp(name, "0x", 2) == 0 || strncmp(name, "0X", 2) == 0) && parse_u64(name, &v)) {
+		*h = (void *)(uintptr_t)v;
+	} else {
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no %s named \"%s\"", kind_name[kind], name);
+		return -1;
+	}
+	res_str(r, "name", name);
+	return 0;
+}
+
+/* A required NAME for a new object: not too long, not in use. */
+static int fresh_name(struct result *r, const char *name)
+{
+	if (strlen(name) >= NAME_LEN) {
+		usage_error(r->op, "CUDRIVE_USAGE", "name too long: \"%s\"", name);
+		return -1;
+	}
+	if (obj_find(name)) {
+		usage_error(r->op, "CUDRIVE_NAME_IN_USE", "name in use: \"%s\"", name);
+		return -1;
+	}
+	return 0;
+}
+
+struct named_value {
+	const char *name;
+	int value;
+};
+
+static const struct named_value codecs[] = {
+	{"mpeg1", 0}, {"mpeg2", cudaVideoCodec_MPEG2}, {"mpeg4", 2}, {"vc1", 3}, {"h264", cudaVideoCodec_H264},
+	{"jpeg", 5}, {"vp8", 9}, {"vp9", 10}, {"hevc", cudaVideoCodec_HEVC}, {"h265", cudaVideoCodec_HEVC},
+	{"av1", cudaVideoCodec_AV1}, {NULL, 0}};
+
+static const struct named_value chromas[] = {
+	{"mono", cudaVideoChromaFormat_Monochrome}, {"400", cudaVideoChromaFormat_Monochrome},
+	{"420", cudaVideoChromaFormat_420}, {"422", cudaVideoChromaFormat_422}, {"444", cudaVideoChromaFormat_444},
+	{NULL, 0}};
+
+static const struct named_value formats[] = {
+	{"nv12", cudaVideoSurfaceFormat_NV12}, {"p016", cudaVideoSurfaceFormat_P016},
+	{"yuv444", cudaVideoSurfaceFormat_YUV444}, {"yuv444_16", cudaVideoSurfaceFormat_YUV444_16Bit},
+	{"nv16", cudaVideoSurfaceFormat_NV16}, {"p216", cudaVideoSurfaceFormat_P216}, {NULL, 0}};
+
+/* A name of TABLE, or (numbers: NUMERIC) a number. */
+static bool parse_named(const struct named_value *table, const char *s, bool numeric, int *out)
+{
+	for (int i = 0; table[i].name; i++) {
+		if (strcasecmp(table[i].name, s) == 0) {
+			*out = table[i].value;
+			return true;
+		}
+	}
+	long long v;
+	if (numeric && parse_int(s, &v) && v >= 0 && v <= 0xffff) {
+		*out = (int)v;
+		return true;
+	}
+	return false;
+}
+
+/* BITDEPTH: 8 to 16 bits, as bitDepthMinus8. */
+static bool parse_depth(const char *s, unsigned *minus8)
+{
+	long long v;
+	if (!parse_int(s, &v) || v < 8 || v > 16)
+		return false;
+	*minus8 = (unsigned)(v - 8);
+	return true;
+}
+
+static int cmd_cuvidcaps(struct stream *s, struct result *r)
+{
+	ARG(codec_s, "CODEC");
+	ARG(chroma_s, "CHROMA");
+	ARG(depth_s, "BITDEPTH");
+	int codec, chroma;
+	unsigned minus8;
+	if (!parse_named(codecs, codec_s, true, &codec) || !parse_named(chromas, chroma_s, false, &chroma) ||
+	    !parse_depth(depth_s, &minus8)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad CODEC CHROMA BITDEPTH: \"%s %s %s\"", codec_s, chroma_s,
+			    depth_s);
+		return -1;
+	}
+	NEED_CUVID(f, fn_cuvid_caps, "cuvidGetDecoderCaps");
+	CUVIDDECODECAPS c;
+	memset(&c, 0, sizeof(c));
+	c.eCodecType = codec;
+	c.eChromaFormat = chroma;
+	c.nBitDepthMinus8 = minus8;
+	res_i64(r, "codec", codec);
+	res_i64(r, "chroma", chroma);
+	res_u64(r, "bitdepth", minus8 + 8);
+	r->rc = f(&c);
+	if (r->rc == 0) {
+		res_raw(r, ",\"supported\":%s", c.bIsSupported ? "true" : "false");
+		res_u64(r, "nvdecs", c.nNumNVDECs);
+		res_u64(r, "max_width", c.nMaxWidth);
+		res_u64(r, "max_height", c.nMaxHeight);
+		res_u64(r, "min_width", c.nMinWidth);
+		res_u64(r, "min_height", c.nMinHeight);
+		res_u64(r, "output_mask", c.nOutputFormatMask);
+		res_u64(r, "max_mb_count", c.nMaxMBCount);
+	}
+	return 0;
+}
+
+/* The output format that goes with a chroma format and bit depth. */
+static int default_format(int chroma, unsigned minus8)
+{
+	switch (chroma) {
+	case cudaVideoChromaFormat_444:
+		return minus8 ? cudaVideoSurfaceFormat_YUV444_16Bit : cudaVideoSurfaceFormat_YUV444;
+	case cudaVideoChromaFormat_422:
+		return minus8 ? cudaVideoSurfaceFormat_P216 : cudaVideoSurfaceFormat_NV16;
+	default:
+		return minus8 ? cudaVideoSurfaceFormat_P016 : cudaVideoSurfaceFormat_NV12;
+	}
+}
+
+/* WxH */
+static bool parse_wxh(const char *s, unsigned long long *w, unsigned long long *h)
+{
+	char buf[64];
+	const char *x = strchr(s, 'x');
+	if (!x || (size_t)(x - s) >= sizeof(buf))
+		return false;
+	memcpy(buf, s, (size_t)(x - s));
+	buf[x - s] = 0;
+	return parse_u64(buf, w) && parse_u64(x + 1, h);
+}
+
+static short clamp_short(unsigned long long v)
+{
+	return v > 32767 ? 32767 : (short)v;
+}
+
+static int cmd_decoder(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	U64_ARG(width, "WIDTH");
+	U64_ARG(height, "HEIGHT");
+	U64_ARG(surfaces, "SURFACES");
+	if (fresh_name(r, name) < 0)
+		return -1;
+	unsigned long long outsurf = 2, maxw = 0, maxh = 0, tw = 0, th = 0;
+	int codec = cudaVideoCodec_H264, chroma = cudaVideoChromaFormat_420, format = -1;
+	unsigned minus8 = 0;
+	int positional = 0;
+	for (const char *w; (w = opt_arg(s));) {
+		const char *eq = strchr(w, '=');
+		bool ok;
+		if (!eq) {
+			unsigned long long v;
+			ok = positional < 3 && parse_u64(w, &v);
+			if (ok)
+				*(positional == 0 ? &outsurf : positional == 1 ? &maxw : &maxh) = v;
+			positional++;
+		} else {
+			size_t klen = (size_t)(eq - w);
+			const char *v = eq + 1;
+#define KEY(k) (klen == strlen(k) && strncmp(w, k, klen) == 0)
+			if (KEY("out"))
+				ok = parse_u64(v, &outsurf);
+			else if (KEY("maxw"))
+				ok = parse_u64(v, &maxw);
+			else if (KEY("maxh"))
+				ok = parse_u64(v, &maxh);
+			else if (KEY("codec"))
+				ok = parse_named(codecs, v, true, &codec);
+			else if (KEY("chroma"))
+				ok = parse_named(chromas, v, false, &chroma);
+			else if (KEY("bitdepth"))
+				ok = parse_depth(v, &minus8);
+			else if (KEY("format"))
+				ok = parse_named(formats, v, true, &format);
+			else if (KEY("target"))
+				ok = parse_wxh(v, &tw, &th);
+			else
+				ok = false;
+#undef KEY
+		}
+		if (!ok) {
+			usage_error(r->op, "CUDRIVE_USAGE", "bad decoder option \"%s\"", w);
+			return -1;
+		}
+	}
+	if (format < 0)
+		format = default_format(chroma, minus8);
+	if (!maxw)
+		maxw = width;
+	if (!maxh)
+		maxh = height;
+	if (!tw)
+		tw = width;
+	if (!th)
+		th = height;
+	NEED_CUVID(f, fn_cuvid_create, "cuvidCreateDecoder");
+	CUVIDDECODECREATEINFO ci;
+	memset(&ci, 0, sizeof(ci));
+	ci.ulWidth = (unsigned long)width;
+	ci.ulHeight = (unsigned long)height;
+	ci.ulNumDecodeSurfaces = (unsigned long)surfaces;
+	ci.CodecType = codec;
+	ci.ChromaFormat = chroma;
+	ci.ulCreationFlags = 0; /* cudaVideoCreate_Default */
+	ci.bitDepthMinus8 = minus8;
+	ci.ulIntraDecodeOnly = 0;
+	ci.ulMaxWidth = (unsigned long)maxw;
+	ci.ulMaxHeight = (unsigned long)maxh;
+	ci.display_area.left = 0;
+	ci.display_area.top = 0;
+	ci.display_area.right = clamp_short(width);
+	ci.display_area.bottom = clamp_short(height);
+	ci.OutputFormat = format;
+	ci.DeinterlaceMode = 0; /* cudaVideoDeinterlaceMode_Weave: progressive content */
+	ci.ulTargetWidth = (unsigned long)tw;
+	ci.ulTargetHeight = (unsigned long)th;
+	ci.ulNumOutputSurfaces = (unsigned long)outsurf;
+	ci.vidLock = NULL;
+	res_str(r, "name", name);
+	res_i64(r, "codec", codec);
+	res_i64(r, "chroma", chroma);
+	res_u64(r, "bitdepth", minus8 + 8);
+	res_u64(r, "width", width);
+	res_u64(r, "height", height);
+	res_u64(r, "surfaces", surfaces);
+	res_u64(r, "outsurf", outsurf);
+	res_u64(r, "maxw", maxw);
+	res_u64(r, "maxh", maxh);
+	res_u64(r, "target_width", tw);
+	res_u64(r, "target_height", th);
+	res_i64(r, "format", format);
+	CUvideodecoder dec = NULL;
+	r->rc = f(&dec, &ci);
+	if (r->rc == 0) {
+		res_hex(r, "decoder", dec);
+		struct obj *o = obj_add(name, K_DECODER);
+		if (o)
+			o->h = dec;
+		else
+			res_str(r, "detail", "out of host memory for the object table");
+	}
+	return 0;
+}
+
+static int cmd_undecoder(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	void *h;
+	struct obj *o;
+	if (cuvid_handle(r, name, K_DECODER, &h, &o) < 0)
+		return -1;
+	if (o) {
+		r->rc = destroy_cuvid(r, o);
+		return 0;
+	}
+	NEED_CUVID(f, fn_cuvid_destroy, "cuvidDestroyDecoder");
+	r->rc = f((CUvideodecoder)h);
+	if (r->rc == 0)
+		mappings_forget(h);
+	return 0;
+}
+
+static int cmd_decode(struct stream *s, struct result *r)
+{
+	static unsigned char params[4096] __attribute__((aligned(64)));
+	ARG(name, "NAME");
+	unsigned long long count = 1;
+	const char *c = opt_arg(s);
+	if (c && !parse_u64(c, &count)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad COUNT: \"%s\"", c);
+		return -1;
+	}
+	void *h;
+	struct obj *o;
+	if (cuvid_handle(r, name, K_DECODER, &h, &o) < 0)
+		return -1;
+	NEED_CUVID(f, fn_cuvid_decode, "cuvidDecodePicture");
+	unsigned long long done = 0;
+	uint64_t t0 = now_ns();
+	for (; done < count; done++) {
+		memset(params, 0, sizeof(params));
+		if ((r->rc = f((CUvideodecoder)h, (CUVIDPICPARAMS *)params)) != 0)
+			break;
+	}
+	res_u64(r, "count", count);
+	res_u64(r, "decoded", done);
+	res_u64(r, "elapsed_ns", now_ns() - t0);
+	return 0;
+}
+
+static int map_common(struct stream *s, struct result *r, bool is32)
+{
+	static unsigned char proc[1024] __attribute__((aligned(64)));
+	ARG(name, "NAME");
+	INT_ARG(pic, "PICIDX");
+	void *h;
+	struct obj *o;
+	if (cuvid_handle(r, name, K_DECODER, &h, &o) < 0)
+		return -1;
+	memset(proc, 0, sizeof(proc));
+	int progressive = 1; /* progressive_frame, the first field of CUVIDPROCPARAMS */
+	memcpy(proc, &progressive, sizeof(progressive));
+	unsigned long long ptr = 0;
+	unsigned int pitch = 0;
+	res_i64(r, "pic", pic);
+	if (is32) {
+		NEED_CUVID(f, fn_cuvid_map32, "cuvidMapVideoFrame");
+		unsigned int p32 = 0;
+		r->rc = f((CUvideodecoder)h, (int)pic, &p32, &pitch, (CUVIDPROCPARAMS *)proc);
+		ptr = p32;
+	} else {
+		NEED_CUVID(f, fn_cuvid_map64, "cuvidMapVideoFrame64");
+		r->rc = f((CUvideodecoder)h, (int)pic, &ptr, &pitch, (CUVIDPROCPARAMS *)proc);
+	}
+	if (r->rc == 0) {
+		mapping_add(h, ptr, is32);
+		res_u64(r, "ptr", ptr);
+		res_u64(r, "pitch", pitch);
+	}
+	res_u64(r, "mapped", mappings_of(h));
+	return 0;
+}
+
+static int cmd_mapframe(struct stream *s, struct result *r)
+{
+	return map_common(s, r, false);
+}
+
+static int cmd_mapframe32(struct stream *s, struct result *r)
+{
+	return map_common(s, r, true);
+}
+
+static int unmap_common(struct stream *s, struct result *r, bool is32)
+{
+	ARG(name, "NAME");
+	const char *p = opt_arg(s);
+	unsigned long long ptr = 0;
+	if (p && !parse_u64(p, &ptr)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad PTR: \"%s\"", p);
+		return -1;
+	}
+	void *h;
+	struct obj *o;
+	if (cuvid_handle(r, name, K_DECODER, &h, &o) < 0)
+		return -1;
+	size_t k = nmappings;
+	for (size_t i = 0; i < nmappings; i++) {
+		if (mappings[i].dec == h && mappings[i].is32 == is32 && (!p || mappings[i].ptr == ptr)) {
+			k = i;
+			break;
+		}
+	}
+	if (!p) {
+		if (k == nmappings) {
+			usage_error(r->op, "CUDRIVE_NOT_MAPPED", "no %s frame of \"%s\" is mapped",
+				    is32 ? "32-bit" : "64-bit", name);
+			return -1;
+		}
+		ptr = mappings[k].ptr;
+	}
+	res_u64(r, "ptr", ptr);
+	if (is32) {
+		NEED_CUVID(f, fn_cuvid_unmap32, "cuvidUnmapVideoFrame");
+		r->rc = f((CUvideodecoder)h, (unsigned int)ptr);
+	} else {
+		NEED_CUVID(f, fn_cuvid_unmap64, "cuvidUnmapVideoFrame64");
+		r->rc = f((CUvideodecoder)h, ptr);
+	}
+	if (r->rc == 0 && k < nmappings)
+		mapping_drop(k);
+	res_u64(r, "mapped", mappings_of(h));
+	return 0;
+}
+
+static int cmd_unmapframe(struct stream *s, struct result *r)
+{
+	return unmap_common(s, r, false);
+}
+
+static int cmd_unmapframe32(struct stream *s, struct result *r)
+{
+	return unmap_common(s, r, true);
+}
+
+/* CUVIDRECONFIGUREDECODERINFO, padded: the library may know a longer form. */
+union reconfigure_info {
+	struct {
+		unsigned int ulWidth;
+		unsigned int ulHeight;
+		unsigned int ulTargetWidth;
+		unsigned int ulTargetHeight;
+		unsigned int ulNumDecodeSurfaces;
+		unsigned int reserved1[12];
+		CUVIDRECT16 display_area;
+		CUVIDRECT16 target_rect;
+		unsigned int reserved2[11];
+	} f;
+	unsigned char pad[1024];
+};
+
+static int cmd_reconfigure(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	U64_ARG(width, "WIDTH");
+	U64_ARG(height, "HEIGHT");
+	U64_ARG(surfaces, "SURFACES");
+	unsigned long long tw = width, th = height;
+	const char *a = opt_arg(s);
+	if (a) {
+		const char *b = opt_arg(s);
+		if (!b || !parse_u64(a, &tw) || !parse_u64(b, &th)) {
+			usage_error(r->op, "CUDRIVE_USAGE", "bad TW TH: \"%s %s\"", a, b ? b : "");
+			return -1;
+		}
+	}
+	void *h;
+	struct obj *o;
+	if (cuvid_handle(r, name, K_DECODER, &h, &o) < 0)
+		return -1;
+	NEED_CUVID(f, fn_cuvid_reconfigure, "cuvidReconfigureDecoder");
+	union reconfigure_info info;
+	memset(&info, 0, sizeof(info));
+	info.f.ulWidth = (unsigned int)width;
+	info.f.ulHeight = (unsigned int)height;
+	info.f.ulTargetWidth = (unsigned int)tw;
+	info.f.ulTargetHeight = (unsigned int)th;
+	info.f.ulNumDecodeSurfaces = (unsigned int)surfaces;
+	info.f.display_area.right = clamp_short(width);
+	info.f.display_area.bottom = clamp_short(height);
+	res_u64(r, "width", width);
+	res_u64(r, "height", height);
+	res_u64(r, "surfaces", surfaces);
+	res_u64(r, "target_width", tw);
+	res_u64(r, "target_height", th);
+	r->rc = f((CUvideodecoder)h, (CUVIDRECONFIGUREDECODERINFO *)&info);
+	return 0;
+}
+
+static int cmd_decodestatus(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	INT_ARG(pic, "PICIDX");
+	void *h;
+	struct obj *o;
+	if (cuvid_handle(r, name, K_DECODER, &h, &o) < 0)
+		return -1;
+	NEED_CUVID(f, fn_cuvid_status, "cuvidGetDecodeStatus");
+	/* CUVIDGETDECODESTATUS (192 bytes), padded; decodeStatus is its first int. */
+	union {
+		int status;
+		unsigned char pad[1024];
+	} st;
+	memset(&st, 0, sizeof(st));
+	st.status = -1;
+	res_i64(r, "pic", pic);
+	r->rc = f((CUvideodecoder)h, (int)pic, &st);
+	if (r->rc == 0)
+		res_i64(r, "status", st.status);
+	return 0;
+}
+
+/* The head of CUVIDPARSERPARAMS, padded: callbacks and the rest stay zero. */
+union parser_params {
+	struct {
+		int CodecType;
+		unsigned int ulMaxNumDecodeSurfaces;
+		unsigned int ulClockRate;
+		unsigned int ulErrorThreshold;
+		unsigned int ulMaxDisplayDelay;
+	} f;
+	unsigned char pad[1024];
+};
+
+static int cmd_parser(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	if (fresh_name(r, name) < 0)
+		return -1;
+	int codec = cudaVideoCodec_H264;
+	const char *c = opt_arg(s);
+	if (c && (strncmp(c, "codec=", 6) != 0 || !parse_named(codecs, c + 6, true, &codec))) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad parser option \"%s\" (codec=C)", c);
+		return -1;
+	}
+	NEED_CUVID(f, fn_cuvid_parser_create, "cuvidCreateVideoParser");
+	union parser_params p;
+	memset(&p, 0, sizeof(p));
+	p.f.CodecType = codec;
+	p.f.ulMaxNumDecodeSurfaces = 1;
+	res_str(r, "name", name);
+	res_i64(r, "codec", codec);
+	CUvideoparser parser = NULL;
+	r->rc = f(&parser, (CUVIDPARSERPARAMS *)&p);
+	if (r->rc == 0) {
+		res_hex(r, "parser", parser);
+		struct obj *o = obj_add(name, K_PARSER);
+		if (o)
+			o->h = parser;
+		else
+			res_str(r, "detail", "out of host memory for the object table");
+	}
+	return 0;
+}
+
+static int cmd_unparser(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	void *h;
+	struct obj *o;
+	if (cuvid_handle(r, name, K_PARSER, &h, &o) < 0)
+		return -1;
+	if (o) {
+		r->rc = destroy_cuvid(r, o);
+		return 0;
+	}
+	NEED_CUVID(f, fn_cuvid_parser_destroy, "cuvidDestroyVideoParser");
+	r->rc = f((CUvideoparser)h);
+	return 0;
+}
+
+/* ctxlock: a lock on the current context, locked (which makes its context
+ * current), unlocked and destroyed; each step's result, rc the first failure. */
+static int cmd_ctxlock(struct stream *s, struct result *r)
+{
+	NEED_CUVID(create, fn_cuvid_lock_create, "cuvidCtxLockCreate");
+	NEED_CUVID(destroy, fn_cuvid_lock_destroy, "cuvidCtxLockDestroy");
+	NEED_CUVID(lock, fn_cuvid_lock, "cuvidCtxLock");
+	NEED_CUVID(unlock, fn_cuvid_lock, "cuvidCtxUnlock");
+	NEED(getcur, fn_ctx_get_current, F_CTX_GET_CURRENT);
+	CUcontext ctx = NULL, inside = NULL;
+	if ((r->rc = getcur(&ctx)) != 0)
+		return 0;
+	res_hex(r, "ctx", ctx);
+	CUvideoctxlock l = NULL;
+	CUresult rc = create(&l, ctx);
+	res_i64(r, "rc_create", rc);
+	if (rc) {
+		r->rc = rc;
+		return 0;
+	}
+	res_hex(r, "lock", l);
+	rc = lock(l, 0);
+	res_i64(r, "rc_lock", rc);
+	if (!r->rc)
+		r->rc = rc;
+	if (rc == 0) {
+		CUresult grc = getcur(&inside);
+		res_raw(r, ",\"current_is_ctx\":%s", grc == 0 && inside == ctx ? "true" : "false");
+		rc = unlock(l, 0);
+		res_i64(r, "rc_unlock", rc);
+		if (!r->rc)
+			r->rc = rc;
+	}
+	rc = destroy(l);
+	res_i64(r, "rc_destroy", rc);
+	if (!r->rc)
+		r->rc = rc;
+	return 0;
+}
+
+static int cmd_cuviddlsym(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	res_str(r, "symbol", name);
+	void *p = cuvid_dlsym(name);
+	if (!p) {
+		r->rc = CUDA_ERROR_NOT_FOUND;
+		res_str(r, "detail", resolve_error);
+	}
+	describe_ptr(r, p);
+	return 0;
+}
+
 /* ---- process commands ----------------------------------------------------------- */
 
 static int cmd_sleep(struct stream *s, struct result *r)
@@ -2725,7 +3491,8 @@ static int cmd_list(struct stream *s, struct result *r)
 		if (i < 64)
 			res_raw(r, "%s{\"name\":\"%s\",\"kind\":\"%s\",\"size\":%llu}", i ? "," : "", esc,
 				kind_name[objs[i].kind], objs[i].size);
-		if (objs[i].kind != K_POOL && objs[i].kind != K_CTX)
+		if (objs[i].kind == K_MEM || objs[i].kind == K_ASYNC || objs[i].kind == K_ARRAY ||
+		    objs[i].kind == K_MIPMAP || objs[i].kind == K_HANDLE)
 			bytes += objs[i].size;
 	}
 	res_raw(r, "]");
@@ -2936,6 +3703,20 @@ static const struct {
 	{"graphlaunch", cmd_graphlaunch},
 	{"event", cmd_event},
 	{"burn", cmd_burn},
+	{"cuvidcaps", cmd_cuvidcaps},
+	{"decoder", cmd_decoder},
+	{"undecoder", cmd_undecoder},
+	{"decode", cmd_decode},
+	{"mapframe", cmd_mapframe},
+	{"unmapframe", cmd_unmapframe},
+	{"mapframe32", cmd_mapframe32},
+	{"unmapframe32", cmd_unmapframe32},
+	{"reconfigure", cmd_reconfigure},
+	{"decodestatus", cmd_decodestatus},
+	{"parser", cmd_parser},
+	{"unparser", cmd_unparser},
+	{"ctxlock", cmd_ctxlock},
+	{"cuviddlsym", cmd_cuviddlsym},
 };
 
 static void run_stream(struct stream *s)
