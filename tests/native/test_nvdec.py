@@ -147,3 +147,21 @@ def test_decoder_cap_changes_live(cudrive, make_slice):
 
     update_limits(s.path, raise_cap)
     p.ok(f"decoder b {HD}")
+
+
+def test_status_shows_decoders_and_frames(cudrive, make_slice):
+    from hami_jupyter.slice_status import format_text, slice_status
+
+    s = make_slice(limit="4g", overhead="0", HAMI_MAX_DECODERS=2, HAMI_KERNEL_ID="k-video")
+    p = started(cudrive, s.env)
+    p.ok(f"decoder a {HD}")
+    p.ok("decode a 5")
+    p.ok("mapframe a 0")
+    status = slice_status(s.path)
+    gpu = next(g for g in status["gpus"] if g["uuid"] == s.gpu.uuid(0))
+    assert (gpu["decoders"], gpu["max_decoders"]) == (1, 2)
+    (kernel,) = status["kernels"]
+    assert (kernel["decoders"], kernel["frames_decoded"]) == (1, 5)
+    text = format_text(status)
+    assert "NVDEC 1 of 2 video decoder(s) in use" in text
+    assert "NVDEC 1 decoder(s), 5 frames (1 mapped," in text
