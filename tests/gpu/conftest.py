@@ -56,3 +56,36 @@ def scenario():
         return result
 
     return run
+
+
+@pytest.fixture
+def hami_kernel(tmp_path, monkeypatch, preload_lib):
+    """``hami_kernel(memory="4g")`` -> ``(km, kc)``: a hami-python3 kernel started by a
+    real KernelManager through the provisioner, in a fresh slice with that cap."""
+    jupyter_client = pytest.importorskip("jupyter_client")
+    from importlib.metadata import entry_points
+
+    names = [ep.name for ep in entry_points(group="jupyter_client.kernel_provisioners")]
+    assert "hami-provisioner" in names, "hami-jupyter is not installed (no hami-provisioner entry point)"
+    for name in list(os.environ):
+        if name.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "CUDA_DEVICE_SM")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("JUPYTER_PATH", str(REPO / "share" / "jupyter"))
+    monkeypatch.setenv("HAMI_SLICE_ROOT", str(tmp_path))
+    started = []
+
+    def start(memory="4g"):
+        monkeypatch.setenv("HAMI_MEMORY_LIMIT", memory)
+        km = jupyter_client.KernelManager(kernel_name="hami-python3")
+        km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        started.append((km, kc))
+        kc.wait_for_ready(timeout=120)
+        return km, kc
+
+    yield start
+    for km, kc in started:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+

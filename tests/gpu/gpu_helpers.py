@@ -15,3 +15,21 @@ def parse_result(name, out, err, rc):
     results = [line[len("RESULT "):] for line in out.splitlines() if line.startswith("RESULT ")]
     assert results, f"scenario {name} printed no RESULT (exit {rc}):\n{out[-4000:]}\n{err[-4000:]}"
     return json.loads(results[-1])
+
+
+def run_in_kernel(kc, code):
+    """stdout of *code* in the kernel, then the text/plain of what it displayed;
+    fails with the traceback if the cell raised."""
+    out, err = [], []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream":
+            (out if msg["content"]["name"] == "stdout" else err).append(msg["content"]["text"])
+        elif msg["msg_type"] in ("display_data", "execute_result"):
+            out.append(msg["content"]["data"].get("text/plain", ""))
+        elif msg["msg_type"] == "error":
+            err.append("\n".join(msg["content"]["traceback"]))
+
+    reply = kc.execute_interactive(code, timeout=300, output_hook=hook)
+    assert reply["content"]["status"] == "ok", "".join(err)
+    return "".join(out)

@@ -6,15 +6,13 @@ JupyterLab would.
 """
 
 import json
-import os
-from pathlib import Path
 
 import pytest
+from gpu_helpers import run_in_kernel
 
 pytestmark = pytest.mark.gpu
 
 GiB = 1 << 30
-REPO = Path(__file__).resolve().parents[2]
 
 FILL = """
 import json, torch
@@ -31,53 +29,13 @@ print(json.dumps({"total": total, "tensors": len(held), "oom": oom}))
 """
 
 
-@pytest.fixture
-def kernel(tmp_path, monkeypatch, preload_lib):
-    jupyter_client = pytest.importorskip("jupyter_client")
-    from importlib.metadata import entry_points
-
-    names = [ep.name for ep in entry_points(group="jupyter_client.kernel_provisioners")]
-    assert "hami-provisioner" in names, "hami-jupyter is not installed (no hami-provisioner entry point)"
-    for name in list(os.environ):
-        if name.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "CUDA_DEVICE_SM")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("JUPYTER_PATH", str(REPO / "share" / "jupyter"))
-    monkeypatch.setenv("HAMI_SLICE_ROOT", str(tmp_path))
-    monkeypatch.setenv("HAMI_MEMORY_LIMIT", "4g")
-    km = jupyter_client.KernelManager(kernel_name="hami-python3")
-    km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    kc.wait_for_ready(timeout=120)
-    yield km, kc
-    kc.stop_channels()
-    km.shutdown_kernel(now=True)
-
-
-def run(kc, code):
-    """stdout of *code*, followed by the text/plain of what it displayed."""
-    out, err = [], []
-
-    def hook(msg):
-        if msg["msg_type"] == "stream":
-            (out if msg["content"]["name"] == "stdout" else err).append(msg["content"]["text"])
-        elif msg["msg_type"] in ("display_data", "execute_result"):
-            out.append(msg["content"]["data"].get("text/plain", ""))
-        elif msg["msg_type"] == "error":
-            err.append("\n".join(msg["content"]["traceback"]))
-
-    reply = kc.execute_interactive(code, timeout=300, output_hook=hook)
-    assert reply["content"]["status"] == "ok", "".join(err)
-    return "".join(out)
-
-
-def test_provisioned_kernel_runs_torch_under_its_cap(kernel):
-    km, kc = kernel
-    r = json.loads(run(kc, FILL).strip().splitlines()[-1])
+def test_provisioned_kernel_runs_torch_under_its_cap(hami_kernel):
+    km, kc = hami_kernel("4g")
+    r = json.loads(run_in_kernel(kc, FILL).strip().splitlines()[-1])
     print(f"kernel {km.kernel_id}: torch total {r['total']}, {r['tensors']} x 256 MiB before OOM")
     assert r["total"] == 4 * GiB
     assert r["oom"] and 8 <= r["tensors"] <= 16
-    status = json.loads(run(kc, "%hami status --json"))
+    status = json.loads(run_in_kernel(kc, "%hami status --json"))
     gpu = status["gpus"][0]
     print(f"%hami status: {gpu['memory_used'] / GiB:.2f} / {gpu['memory_limit'] / GiB:.2f} GiB, "
           f"level {gpu['memory_level']}")

@@ -7,15 +7,11 @@ loop slows down. The figures are printed for the issue note.
 """
 
 import json
-import os
-import sys
-from pathlib import Path
 
 import pytest
+from gpu_helpers import run_in_kernel
 
 pytestmark = pytest.mark.gpu
-
-REPO = Path(__file__).resolve().parents[2]
 
 RAISE = """
 import json, subprocess, sys, time, os, torch
@@ -54,41 +50,12 @@ print(json.dumps({"changed_at": changed, "windows": windows}))
 """
 
 
-@pytest.fixture
-def kernel(tmp_path, monkeypatch, preload_lib):
-    jupyter_client = pytest.importorskip("jupyter_client")
-    for name in list(os.environ):
-        if name.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "CUDA_DEVICE_SM")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("JUPYTER_PATH", str(REPO / "share" / "jupyter"))
-    monkeypatch.setenv("HAMI_SLICE_ROOT", str(tmp_path))
-    monkeypatch.setenv("HAMI_MEMORY_LIMIT", "2g")
-    km = jupyter_client.KernelManager(kernel_name="hami-python3")
-    km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    kc.wait_for_ready(timeout=120)
-    yield kc
-    kc.stop_channels()
-    km.shutdown_kernel(now=True)
-
-
 def run_json(kc, code):
-    out, err = [], []
-
-    def hook(msg):
-        if msg["msg_type"] == "stream":
-            (out if msg["content"]["name"] == "stdout" else err).append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            err.append("\n".join(msg["content"]["traceback"]))
-
-    reply = kc.execute_interactive(code, timeout=300, output_hook=hook)
-    assert reply["content"]["status"] == "ok", "".join(err)
-    return json.loads("".join(out).strip().splitlines()[-1])
+    return json.loads(run_in_kernel(kc, code).strip().splitlines()[-1])
 
 
-def test_raised_cap_lets_the_running_kernel_allocate(kernel):
-    r = run_json(kernel, RAISE)
+def test_raised_cap_lets_the_running_kernel_allocate(hami_kernel):
+    r = run_json(hami_kernel("2g")[1], RAISE)
     print(f"3 GiB under 2 GiB: {r['before']}; after the CLI raised the cap to 4 GiB: "
           f"succeeded {r['after_s']} s later; torch now sees {r['total']} bytes")
     assert r["before"] == "oom"
@@ -96,8 +63,8 @@ def test_raised_cap_lets_the_running_kernel_allocate(kernel):
     assert r["total"] == 4 << 30
 
 
-def test_lowered_sm_share_slows_the_running_loop(kernel):
-    r = run_json(kernel, SLOW)
+def test_lowered_sm_share_slows_the_running_loop(hami_kernel):
+    r = run_json(hami_kernel("2g")[1], SLOW)
     changed, windows = r["changed_at"], r["windows"]
     before = [rate for t, rate in windows if 0.5 <= t < changed - 0.2]
     base = sorted(before)[len(before) // 2]

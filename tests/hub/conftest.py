@@ -33,11 +33,11 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from cell_result import CellResult
 
 from hami_jupyter import native
 
@@ -132,19 +132,6 @@ def _cmdline(pid):
             return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return "?"
-
-
-@dataclass
-class CellResult:
-    stdout: str = ""
-    stderr: str = ""
-    outputs: list = field(default_factory=list)  # display_data / execute_result content
-    error: dict | None = None
-    status: str | None = None
-
-    def text(self, mime="text/plain"):
-        """The *mime* parts of the rich outputs, in order."""
-        return [o["data"][mime] for o in self.outputs if mime in o.get("data", {})]
 
 
 class Hub:
@@ -377,15 +364,8 @@ class Hub:
                         result.error = content
                 elif kind == "status":
                     idle = content["execution_state"] == "idle"
-                elif kind == "stream":
-                    if content["name"] == "stdout":
-                        result.stdout += content["text"]
-                    else:
-                        result.stderr += content["text"]
-                elif kind in ("display_data", "execute_result", "update_display_data"):
-                    result.outputs.append(content)
-                elif kind == "error":
-                    result.error = content
+                else:
+                    result.collect(msg)
             return result
         finally:
             conn.close()

@@ -14,10 +14,10 @@
 
 import os
 import re
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
+from cell_result import CellResult
 
 from hami_jupyter import native
 
@@ -44,30 +44,9 @@ def hami_env(tmp_path, monkeypatch):
     return SimpleNamespace(root=root, sim_state=tmp_path / "sim-state", tmp=tmp_path)
 
 
-@dataclass
-class CellResult:
-    stdout: str = ""
-    stderr: str = ""
-    outputs: list = field(default_factory=list)  # display_data / execute_result content
-    error: dict | None = None
-
-
 def run_cell(kc, code, timeout=KERNEL_TIMEOUT):
     result = CellResult()
-
-    def hook(msg):
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "stream":
-            if content["name"] == "stdout":
-                result.stdout += content["text"]
-            else:
-                result.stderr += content["text"]
-        elif kind in ("display_data", "execute_result", "update_display_data"):
-            result.outputs.append(content)
-        elif kind == "error":
-            result.error = content
-
-    reply = kc.execute_interactive(code, timeout=timeout, output_hook=hook)
+    reply = kc.execute_interactive(code, timeout=timeout, output_hook=result.collect)
     if reply["content"]["status"] == "error" and result.error is None:
         result.error = reply["content"]
     return result
