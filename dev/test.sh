@@ -4,6 +4,7 @@
 #     extras, native/ built (release, native/build),
 #   - dev/hub-deps.sh: configurable-http-proxy from npm, for tests/hub,
 #   - native/ built again with ASan+UBSan (native/build-asan),
+#   - for a full run, the JupyterLab extension's TypeScript unit tests (jest),
 #   - pytest -ra over tests/ (arguments are passed on to pytest), then, for a
 #     full run, tests/native again against the sanitizer build.
 set -euo pipefail
@@ -26,6 +27,10 @@ run_pytest() {
     return "$status"
 }
 
+# The JupyterLab extension's TypeScript unit tests (formatting, thresholds).
+if [ "$#" -eq 0 ]; then
+    (cd labextension && ../.venv/bin/jlpm install --immutable >/dev/null && ../.venv/bin/jlpm test)
+fi
 run_pytest "$@"
 # The C code again, under AddressSanitizer and UndefinedBehaviorSanitizer.
 if [ "$#" -eq 0 ]; then

@@ -1,0 +1,307 @@
+/**
+ * Pure functions behind the status bar item and the slice panel: number
+ * formatting, the status text, memory levels from the settings' thresholds,
+ * and reading the server's answer. No DOM and no JupyterLab here, so the unit
+ * tests run in plain Node.
+ */
+
+import {
+  IGpuStatus,
+  IKernelSliceStatus,
+  ISliceKernel,
+  IThresholds,
+  Level
+} from './types';
+
+export const KIB = 1024;
+export const MIB = 1024 * KIB;
+export const GIB = 1024 * MIB;
+
+/** The settings' defaults (schema/plugin.json says the same). */
+export const DEFAULT_REFRESH_RATE = 2000;
+export const MIN_REFRESH_RATE = 500;
+export const DEFAULT_THRESHOLDS: Readonly<IThresholds> = Object.freeze({
+  warning: 0.8,
+  critical: 0.95
+});
+
+export const LEVELS: readonly Level[] = ['ok', 'warning', 'critical'];
+
+/** The CSS class of each level, e.g. `hami-level-warning`. */
+export function levelClass(level: Level): string {
+  return `hami-level-${level}`;
+}
+
+export const LEVEL_CLASSES: readonly string[] = LEVELS.map(levelClass);
+
+/** A finite, non-negative number, else 0. */
+function count(value: unknown): number {
+  return typeof value === 'number' && Number.isFinite(value) && value > 0
+    ? value
+    : 0;
+}
+
+/** Bytes as GiB with one decimal, no unit: `1288490188` -> `"1.2"`. */
+export function formatGiB(bytes: number): string {
+  return (count(bytes) / GIB).toFixed(1);
+}
+
+/**
+ * The memory part of the status text: `"1.2 / 4.0 GiB"`, or `"1.2 GiB"` when
+ * there is no cap (limit 0).
+ */
+export function formatMemory(used: number, limit: number): string {
+  if (count(limit) > 0) {
+    return `${formatGiB(used)} / ${formatGiB(limit)} GiB`;
+  }
+  return `${formatGiB(used)} GiB`;
+}
+
+/** A percentage, rounded: `23.4` -> `"23 %"`. */
+export function formatPercent(percent: number): string {
+  return `${Math.round(count(percent))} %`;
+}
+
+/** The SM part: `"SM 23 % / 25 %"`, or `"SM 23 %"` without an SM limit (share 0). */
+export function formatSM(util: number, share: number): string {
+  if (count(share) > 0) {
+    return `SM ${formatPercent(util)} / ${formatPercent(share)}`;
+  }
+  return `SM ${formatPercent(util)}`;
+}
+
+/**
+ * A size for the panel, in the largest unit it reaches:
+ * `"512 B"`, `"12 KiB"`, `"300 MiB"`, `"1.2 GiB"`.
+ */
+export function formatBytes(bytes: number): string {
+  const b = count(bytes);
+  // Rounding can reach the next unit (1023.6 MiB): that is shown in the next one.
+  if (b >= GIB || Math.round(b / MIB) >= 1024) {
+    return `${formatGiB(b)} GiB`;
+  }
+  if (b >= MIB || Math.round(b / KIB) >= 1024) {
+    return `${Math.round(b / MIB)} MiB`;
+  }
+  if (b >= KIB) {
+    return `${Math.round(b / KIB)} KiB`;
+  }
+  return `${Math.round(b)} B`;
+}
+
+/** The first characters of a kernel id, enough to tell kernels apart. */
+export function shortId(kernelId: string): string {
+  return kernelId.slice(0, 8);
+}
+
+/** Text for a status that has no usage: not in a slice, or an unreadable slice file. */
+export const UNREADABLE_TEXT = 'vGPU (slice unreadable)';
+
+/**
+ * The status bar text: `"vGPU 1.2 / 4.0 GiB · SM 23 % / 25 %"`; without a
+ * memory cap `"vGPU 1.2 GiB · SM 23 % / 25 %"`, without an SM limit
+ * `"vGPU 1.2 / 4.0 GiB · SM 23 %"`. `null` for a kernel outside a slice (the
+ * item is hidden then).
+ */
+export function statusText(status: IKernelSliceStatus | null): string | null {
+  if (!status || !status.in_slice) {
+    return null;
+  }
+  if (status.error !== undefined) {
+    return UNREADABLE_TEXT;
+  }
+  const memory = formatMemory(count(status.memory_used), count(status.memory_limit));
+  const sm = formatSM(count(status.sm_util), count(status.sm_share));
+  return `vGPU ${memory} · ${sm}`;
+}
+
+/** `used / limit`, or `null` without a cap (limit 0). */
+export function memoryFraction(used: number, limit: number): number | null {
+  const cap = count(limit);
+  return cap > 0 ? count(used) / cap : null;
+}
+
+/**
+ * The level of `used` bytes of a `limit`: `"critical"` from the critical
+ * threshold on (a fraction of the limit, inclusive), `"warning"` from the
+ * warning threshold on, else `"ok"`; always `"ok"` without a cap.
+ */
+export function memoryLevel(
+  used: number,
+  limit: number,
+  thresholds: IThresholds = DEFAULT_THRESHOLDS
+): Level {
+  const fraction = memoryFraction(used, limit);
+  if (fraction === null) {
+    return 'ok';
+  }
+  if (fraction >= thresholds.critical) {
+    return 'critical';
+  }
+  if (fraction >= thresholds.warning) {
+    return 'warning';
+  }
+  return 'ok';
+}
+
+/** The more severe of two levels. */
+export function worseLevel(a: Level, b: Level): Level {
+  return LEVELS.indexOf(a) >= LEVELS.indexOf(b) ? a : b;
+}
+
+/** `value` when it is one of the levels, else `null`. */
+export function asLevel(value: unknown): Level | null {
+  return typeof value === 'string' && (LEVELS as readonly string[]).includes(value)
+    ? (value as Level)
+    : null;
+}
+
+function fractionSetting(value: unknown, fallback: number): number {
+  if (typeof value !== 'number' || !Number.isFinite(value)) {
+    return fallback;
+  }
+  return Math.min(1, Math.max(0, value));
+}
+
+/**
+ * Thresholds from the settings, made usable: numbers in [0, 1] (anything else
+ * takes the default) and the warning never above the critical one (swapped).
+ */
+export function normalizeThresholds(settings: {
+  warningThreshold?: unknown;
+  criticalThreshold?: unknown;
+}): IThresholds {
+  const warning = fractionSetting(settings.warningThreshold, DEFAULT_THRESHOLDS.warning);
+  const critical = fractionSetting(settings.criticalThreshold, DEFAULT_THRESHOLDS.critical);
+  return warning <= critical ? { warning, critical } : { warning: critical, critical: warning };
+}
+
+/** The refresh rate from the settings in ms: at least MIN_REFRESH_RATE, the default if unusable. */
+export function normalizeRefreshRate(value: unknown): number {
+  if (typeof value !== 'number' || !Number.isFinite(value)) {
+    return DEFAULT_REFRESH_RATE;
+  }
+  return Math.max(MIN_REFRESH_RATE, Math.round(value));
+}
+
+/** The cap a GPU's level is measured against: its limit, no more than the GPU has. */
+function gpuCap(gpu: IGpuStatus): number {
+  const limit = count(gpu.memory_limit);
+  const total = count(gpu.memory_total);
+  return limit > 0 && total > 0 ? Math.min(limit, total) : limit;
+}
+
+/**
+ * The level of a kernel's slice with the settings' thresholds: the worst of
+ * the whole slice against its cap and of each capped GPU against its own
+ * (one full GPU is trouble even when the others are empty). Without any cap
+ * to measure, or for an unreadable slice file, the server's level (or "ok").
+ * `null` for a kernel outside a slice.
+ */
+export function sliceLevel(
+  status: IKernelSliceStatus | null,
+  thresholds: IThresholds = DEFAULT_THRESHOLDS
+): Level | null {
+  if (!status || !status.in_slice) {
+    return null;
+  }
+  const fallback = asLevel(status.memory_level) ?? 'ok';
+  if (status.error !== undefined) {
+    return fallback;
+  }
+  let level: Level | null = null;
+  if (count(status.memory_limit) > 0) {
+    level = memoryLevel(count(status.memory_used), count(status.memory_limit), thresholds);
+  }
+  for (const gpu of status.gpus ?? []) {
+    const cap = gpuCap(gpu);
+    if (cap > 0) {
+      const own = memoryLevel(count(gpu.memory_used), cap, thresholds);
+      level = level === null ? own : worseLevel(level, own);
+    }
+  }
+  return level ?? fallback;
+}
+
+/** The level of one GPU with the settings' thresholds (its server level without a cap). */
+export function gpuLevel(gpu: IGpuStatus, thresholds: IThresholds = DEFAULT_THRESHOLDS): Level {
+  const cap = gpuCap(gpu);
+  if (cap > 0) {
+    return memoryLevel(count(gpu.memory_used), cap, thresholds);
+  }
+  return asLevel(gpu.memory_level) ?? 'ok';
+}
+
+/** One line per GPU: `"GPU 0: 1.2 / 4.0 GiB · SM 23 % / 25 %"`. */
+export function gpuText(gpu: IGpuStatus): string {
+  return (
+    `GPU ${gpu.index}: ${formatMemory(count(gpu.memory_used), count(gpu.memory_limit))}` +
+    ` · ${formatSM(count(gpu.sm_util), count(gpu.sm_share))}`
+  );
+}
+
+/** The status bar item's tooltip: the slice, its GPUs, this kernel's share. */
+export function tooltipText(status: IKernelSliceStatus | null): string {
+  if (!status || !status.in_slice) {
+    return status?.reason ?? 'Not in a GPU slice';
+  }
+  const lines = [`GPU slice ${status.slice ?? ''}`.trimEnd()];
+  if (status.error !== undefined) {
+    lines.push(status.error);
+  } else {
+    for (const gpu of status.gpus ?? []) {
+      lines.push(gpuText(gpu));
+    }
+    if (status.kernel) {
+      lines.push(
+        `This kernel: ${formatBytes(count(status.kernel.memory_used))}` +
+          ` · SM ${formatPercent(count(status.kernel.sm_util))}`
+      );
+    }
+  }
+  lines.push('Click to show the slice panel');
+  return lines.join('\n');
+}
+
+/**
+ * The slice's kernels for the panel, biggest memory user first (the one that
+ * hogs the slice on top), then by SM use, then by id so the order is stable.
+ */
+export function sortKernels(kernels: readonly ISliceKernel[]): ISliceKernel[] {
+  return [...kernels].sort(
+    (a, b) =>
+      count(b.memory_used) - count(a.memory_used) ||
+      count(b.sm_util) - count(a.sm_util) ||
+      (a.kernel_id < b.kernel_id ? -1 : a.kernel_id > b.kernel_id ? 1 : 0)
+  );
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/**
+ * The server's JSON as an IKernelSliceStatus, or `null` when it is not one (no
+ * kernel id or no in_slice flag). Lists that are not lists become empty and
+ * entries that are not objects are dropped, so the widgets can trust the shape.
+ */
+export function parseKernelStatus(json: unknown): IKernelSliceStatus | null {
+  if (!isObject(json) || typeof json.kernel_id !== 'string' || typeof json.in_slice !== 'boolean') {
+    return null;
+  }
+  const status = { ...json } as unknown as IKernelSliceStatus;
+  if (json.gpus !== undefined) {
+    status.gpus = Array.isArray(json.gpus) ? (json.gpus.filter(isObject) as unknown as IGpuStatus[]) : [];
+  }
+  if (json.kernels !== undefined) {
+    status.kernels = Array.isArray(json.kernels)
+      ? (json.kernels.filter(
+          k => isObject(k) && typeof k.kernel_id === 'string'
+        ) as unknown as ISliceKernel[])
+      : [];
+  }
+  if (json.error !== undefined && typeof json.error !== 'string') {
+    status.error = String(json.error);
+  }
+  return status;
+}

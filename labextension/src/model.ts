@@ -1,0 +1,194 @@
+/**
+ * What the status bar item and the slice panel show: the answer of
+ * `GET {baseUrl}hami/v1/kernels/<id>` for the current notebook's kernel,
+ * polled at the settings' refresh rate while the page is visible.
+ */
+
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+import { IDisposable } from '@lumino/disposable';
+import { IPoll, Poll } from '@lumino/polling';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import {
+  DEFAULT_REFRESH_RATE,
+  DEFAULT_THRESHOLDS,
+  normalizeRefreshRate,
+  parseKernelStatus,
+  sliceLevel
+} from './format';
+import { IKernelSliceStatus, IThresholds, Level } from './types';
+
+/** The REST path of one kernel's slice, under the server's base URL. */
+export const KERNEL_API_PATH = 'hami/v1/kernels';
+
+/** A failed poll backs off up to this many refresh intervals. */
+const MAX_BACKOFF_FACTOR = 10;
+
+export class SliceModel implements IDisposable {
+  constructor(options: SliceModel.IOptions = {}) {
+    this._serverSettings = options.serverSettings ?? ServerConnection.makeSettings();
+    this._refreshRate = normalizeRefreshRate(options.refreshRate ?? DEFAULT_REFRESH_RATE);
+    this._poll = new Poll({
+      factory: () => this._fetch(),
+      frequency: this._frequency(),
+      name: 'hami-jupyter:slice',
+      // Nothing to ask without a kernel; nothing to show on a hidden page.
+      standby: () => this._kernelId === null || 'when-hidden'
+    });
+  }
+
+  /** Emitted whenever the status, the error or the thresholds change. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  get serverSettings(): ServerConnection.ISettings {
+    return this._serverSettings;
+  }
+
+  /** The kernel whose slice is shown; `null`: none (no notebook, no kernel). */
+  get kernelId(): string | null {
+    return this._kernelId;
+  }
+
+  set kernelId(id: string | null) {
+    if (id === this._kernelId) {
+      return;
+    }
+    this._kernelId = id;
+    this._status = null;
+    this._error = null;
+    this._changed.emit();
+    if (id !== null) {
+      void this.refresh();
+    }
+  }
+
+  /** The last answer for the current kernel; `null` before the first one. */
+  get status(): IKernelSliceStatus | null {
+    return this._status;
+  }
+
+  /** Why the last poll failed (network, HTTP); `null` when it worked. */
+  get error(): string | null {
+    return this._error;
+  }
+
+  /** Whether the current kernel is in a slice, i.e. whether there is anything to show. */
+  get inSlice(): boolean {
+    return this._status !== null && this._status.in_slice;
+  }
+
+  /** The level of the current slice with the settings' thresholds; `null` outside a slice. */
+  get level(): Level | null {
+    return sliceLevel(this._status, this._thresholds);
+  }
+
+  get thresholds(): IThresholds {
+    return this._thresholds;
+  }
+
+  set thresholds(value: IThresholds) {
+    if (value.warning === this._thresholds.warning && value.critical === this._thresholds.critical) {
+      return;
+    }
+    this._thresholds = { ...value };
+    this._changed.emit();
+  }
+
+  /** Milliseconds between two polls. */
+  get refreshRate(): number {
+    return this._refreshRate;
+  }
+
+  set refreshRate(ms: number) {
+    const rate = normalizeRefreshRate(ms);
+    if (rate === this._refreshRate) {
+      return;
+    }
+    this._refreshRate = rate;
+    this._poll.frequency = this._frequency();
+  }
+
+  /** Asks the server now (after a kernel action, on showing the panel); `changed` tells the answer. */
+  async refresh(): Promise<void> {
+    if (this._kernelId === null || this.isDisposed) {
+      return;
+    }
+    await this._poll.refresh();
+  }
+
+  get isDisposed(): boolean {
+    return this._poll.isDisposed;
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._poll.dispose();
+    Signal.clearData(this);
+  }
+
+  private _frequency(): IPoll.Frequency {
+    return {
+      interval: this._refreshRate,
+      backoff: true,
+      max: this._refreshRate * MAX_BACKOFF_FACTOR
+    };
+  }
+
+  private async _fetch(): Promise<void> {
+    const id = this._kernelId;
+    if (id === null) {
+      return;
+    }
+    const settings = this._serverSettings;
+    const url = URLExt.join(settings.baseUrl, KERNEL_API_PATH, encodeURIComponent(id));
+    let status: IKernelSliceStatus | null;
+    try {
+      const response = await ServerConnection.makeRequest(url, {}, settings);
+      if (response.status === 404) {
+        // A kernel the server does not know (shut down meanwhile), or a server
+        // without the hami-jupyter server extension: nothing to show.
+        status = { kernel_id: id, in_slice: false, reason: 'unknown to the server' };
+      } else if (!response.ok) {
+        throw new ServerConnection.ResponseError(response);
+      } else {
+        status = parseKernelStatus(await response.json());
+        if (status === null) {
+          throw new Error('the server answered something that is not a kernel status');
+        }
+      }
+    } catch (reason) {
+      if (id === this._kernelId) {
+        this._error = reason instanceof Error ? reason.message : String(reason);
+        this._changed.emit();
+      }
+      throw reason; // the poll backs off
+    }
+    if (id !== this._kernelId) {
+      return; // the current kernel changed while we asked
+    }
+    this._status = status;
+    this._error = null;
+    this._changed.emit();
+  }
+
+  private _serverSettings: ServerConnection.ISettings;
+  private _kernelId: string | null = null;
+  private _status: IKernelSliceStatus | null = null;
+  private _error: string | null = null;
+  private _thresholds: IThresholds = { ...DEFAULT_THRESHOLDS };
+  private _refreshRate: number;
+  private _poll: Poll;
+  private _changed = new Signal<this, void>(this);
+}
+
+export namespace SliceModel {
+  export interface IOptions {
+    serverSettings?: ServerConnection.ISettings;
+    refreshRate?: number;
+  }
+}

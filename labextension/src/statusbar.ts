@@ -1,0 +1,91 @@
+/**
+ * The status bar item: "vGPU 1.2 / 4.0 GiB · SM 23 % / 25 %" for the current
+ * kernel's slice, coloured by its memory level. The status bar hides it for a
+ * kernel outside a slice (see `isActive` where it is registered).
+ */
+
+import { Widget } from '@lumino/widgets';
+
+import { LEVEL_CLASSES, levelClass, statusText, tooltipText } from './format';
+import { SliceModel } from './model';
+
+/** The item's class; with one of `hami-level-ok|warning|critical` while shown. */
+export const STATUS_CLASS = 'hami-statusbar';
+/** Added while the last poll failed: the numbers are the previous ones. */
+export const STALE_CLASS = 'hami-stale';
+
+export class SliceStatusItem extends Widget {
+  constructor(options: SliceStatusItem.IOptions) {
+    super({ node: document.createElement('div') });
+    this._model = options.model;
+    this._onClick = options.onClick;
+    this.addClass(STATUS_CLASS);
+    this.addClass('jp-StatusBar-GroupItem');
+    this._text = document.createElement('span');
+    this._text.className = 'hami-statusbar-text jp-StatusBar-TextItem';
+    this.node.appendChild(this._text);
+    this.node.setAttribute('role', 'button');
+    this._model.changed.connect(this.render, this);
+    this.render();
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._model.changed.disconnect(this.render, this);
+    super.dispose();
+  }
+
+  handleEvent(event: Event): void {
+    if (event.type === 'click' && this._onClick) {
+      this._onClick();
+    }
+  }
+
+  protected onAfterAttach(): void {
+    this.node.addEventListener('click', this);
+  }
+
+  protected onBeforeDetach(): void {
+    this.node.removeEventListener('click', this);
+  }
+
+  /** Renders the model now (on each of its `changed`). */
+  render(): void {
+    const model = this._model;
+    const status = model.status;
+    const text = statusText(status);
+    this._text.textContent = text ?? '';
+    for (const cls of LEVEL_CLASSES) {
+      this.removeClass(cls);
+    }
+    const level = model.level;
+    if (text !== null && level !== null) {
+      this.addClass(levelClass(level));
+    }
+    this.toggleClass(STALE_CLASS, model.error !== null && text !== null);
+    let title = tooltipText(status);
+    if (model.error !== null) {
+      title = `${title}\n(not updated: ${model.error})`;
+    }
+    this.node.title = title;
+    if (level !== null) {
+      this.node.dataset.level = level;
+    } else {
+      delete this.node.dataset.level;
+    }
+  }
+
+  private _model: SliceModel;
+  private _onClick?: () => void;
+  private _text: HTMLSpanElement;
+}
+
+export namespace SliceStatusItem {
+  export interface IOptions {
+    model: SliceModel;
+    /** What a click does (opens the slice panel). */
+    onClick?: () => void;
+  }
+}

@@ -1,0 +1,338 @@
+import {
+  DEFAULT_REFRESH_RATE,
+  DEFAULT_THRESHOLDS,
+  GIB,
+  KIB,
+  MIB,
+  asLevel,
+  formatBytes,
+  formatGiB,
+  formatMemory,
+  formatPercent,
+  formatSM,
+  gpuLevel,
+  gpuText,
+  levelClass,
+  memoryFraction,
+  memoryLevel,
+  normalizeRefreshRate,
+  normalizeThresholds,
+  parseKernelStatus,
+  shortId,
+  sliceLevel,
+  sortKernels,
+  statusText,
+  tooltipText,
+  UNREADABLE_TEXT,
+  worseLevel
+} from '../src/format';
+import { IGpuStatus, IKernelSliceStatus, ISliceKernel } from '../src/types';
+
+function gpu(overrides: Partial<IGpuStatus> = {}): IGpuStatus {
+  return {
+    index: 0,
+    uuid: 'GPU-0',
+    memory_total: 80 * GIB,
+    memory_used: 0,
+    memory_limit: 0,
+    memory_level: 'ok',
+    sm_share: 0,
+    sm_util: 0,
+    ...overrides
+  };
+}
+
+function kernel(id: string, memory: number, sm = 0, thisServer = true): ISliceKernel {
+  return { kernel_id: id, memory_used: memory, sm_util: sm, this_server: thisServer };
+}
+
+/** A kernel in a slice of 4 GiB and 25 % SM using 1.2 GiB and 23 %, as the server answers. */
+function inSlice(overrides: Partial<IKernelSliceStatus> = {}): IKernelSliceStatus {
+  return {
+    kernel_id: 'k1',
+    in_slice: true,
+    slice: 'alice',
+    path: '/run/hami/slices/alice.slice',
+    memory_used: 1.2 * GIB,
+    memory_limit: 4 * GIB,
+    memory_level: 'ok',
+    sm_share: 25,
+    sm_util: 23,
+    kernel: { memory_used: 0.8 * GIB, sm_util: 10, processes: [] },
+    gpus: [gpu({ memory_used: 1.2 * GIB, memory_limit: 4 * GIB, sm_share: 25, sm_util: 23 })],
+    kernels: [kernel('k1', 0.8 * GIB, 10), kernel('k2', 0.4 * GIB, 13)],
+    warning_fraction: 0.8,
+    critical_fraction: 0.95,
+    ...overrides
+  };
+}
+
+describe('byte formatting', () => {
+  it('shows GiB with one decimal', () => {
+    expect(formatGiB(1.2 * GIB)).toBe('1.2');
+    expect(formatGiB(4 * GIB)).toBe('4.0');
+    expect(formatGiB(0)).toBe('0.0');
+    expect(formatGiB(0.04 * GIB)).toBe('0.0');
+    expect(formatGiB(79.96 * GIB)).toBe('80.0');
+  });
+
+  it('treats nonsense as zero', () => {
+    expect(formatGiB(-5)).toBe('0.0');
+    expect(formatGiB(NaN)).toBe('0.0');
+    expect(formatGiB(Infinity)).toBe('0.0');
+  });
+
+  it('writes used / limit, or used alone without a cap', () => {
+    expect(formatMemory(1.2 * GIB, 4 * GIB)).toBe('1.2 / 4.0 GiB');
+    expect(formatMemory(1.2 * GIB, 0)).toBe('1.2 GiB');
+    expect(formatMemory(0, 512 * MIB)).toBe('0.0 / 0.5 GiB');
+  });
+
+  it('picks the largest unit reached for the panel', () => {
+    expect(formatBytes(0)).toBe('0 B');
+    expect(formatBytes(512)).toBe('512 B');
+    expect(formatBytes(12 * KIB)).toBe('12 KiB');
+    expect(formatBytes(300 * MIB)).toBe('300 MiB');
+    expect(formatBytes(1.2 * GIB)).toBe('1.2 GiB');
+    expect(formatBytes(1023.7 * MIB)).toBe('1.0 GiB');
+    expect(formatBytes(1023.7 * KIB)).toBe('1 MiB');
+  });
+
+  it('shortens kernel ids', () => {
+    expect(shortId('0123456789abcdef')).toBe('01234567');
+    expect(shortId('abc')).toBe('abc');
+  });
+});
+
+describe('percent and SM formatting', () => {
+  it('rounds percentages', () => {
+    expect(formatPercent(23)).toBe('23 %');
+    expect(formatPercent(23.5)).toBe('24 %');
+    expect(formatPercent(-1)).toBe('0 %');
+  });
+
+  it('writes util / share, or util alone without an SM limit', () => {
+    expect(formatSM(23, 25)).toBe('SM 23 % / 25 %');
+    expect(formatSM(23, 0)).toBe('SM 23 %');
+  });
+});
+
+describe('status text', () => {
+  it('is the issue example for a capped slice', () => {
+    expect(statusText(inSlice())).toBe('vGPU 1.2 / 4.0 GiB · SM 23 % / 25 %');
+  });
+
+  it('drops the cap without a memory limit', () => {
+    expect(statusText(inSlice({ memory_limit: 0 }))).toBe('vGPU 1.2 GiB · SM 23 % / 25 %');
+  });
+
+  it('drops the share without an SM limit', () => {
+    expect(statusText(inSlice({ sm_share: 0 }))).toBe('vGPU 1.2 / 4.0 GiB · SM 23 %');
+  });
+
+  it('has neither without any limit', () => {
+    expect(statusText(inSlice({ memory_limit: 0, sm_share: 0 }))).toBe('vGPU 1.2 GiB · SM 23 %');
+  });
+
+  it('is null (item hidden) outside a slice and before any answer', () => {
+    expect(statusText({ kernel_id: 'k', in_slice: false, reason: 'not HAMi' })).toBeNull();
+    expect(statusText(null)).toBeNull();
+  });
+
+  it('says the slice is unreadable when the server reports an error', () => {
+    const status: IKernelSliceStatus = {
+      kernel_id: 'k',
+      in_slice: true,
+      slice: 'alice',
+      path: '/x',
+      error: 'the slice file is gone'
+    };
+    expect(statusText(status)).toBe(UNREADABLE_TEXT);
+  });
+});
+
+describe('memory levels', () => {
+  const limit = 100 * MIB;
+
+  it('turns to warning at 80 % and critical at 95 % (inclusive)', () => {
+    expect(memoryLevel(0, limit)).toBe('ok');
+    expect(memoryLevel(79.9 * MIB, limit)).toBe('ok');
+    expect(memoryLevel(80 * MIB, limit)).toBe('warning');
+    expect(memoryLevel(94.9 * MIB, limit)).toBe('warning');
+    expect(memoryLevel(95 * MIB, limit)).toBe('critical');
+    expect(memoryLevel(120 * MIB, limit)).toBe('critical');
+  });
+
+  it('is always ok without a cap', () => {
+    expect(memoryLevel(80 * GIB, 0)).toBe('ok');
+    expect(memoryFraction(1, 0)).toBeNull();
+    expect(memoryFraction(25, 100)).toBe(0.25);
+  });
+
+  it('follows the given thresholds', () => {
+    const thresholds = { warning: 0.5, critical: 0.7 };
+    expect(memoryLevel(49 * MIB, limit, thresholds)).toBe('ok');
+    expect(memoryLevel(50 * MIB, limit, thresholds)).toBe('warning');
+    expect(memoryLevel(70 * MIB, limit, thresholds)).toBe('critical');
+  });
+
+  it('orders levels', () => {
+    expect(worseLevel('ok', 'warning')).toBe('warning');
+    expect(worseLevel('critical', 'warning')).toBe('critical');
+    expect(worseLevel('ok', 'ok')).toBe('ok');
+    expect(levelClass('warning')).toBe('hami-level-warning');
+    expect(asLevel('critical')).toBe('critical');
+    expect(asLevel('bad')).toBeNull();
+    expect(asLevel(3)).toBeNull();
+  });
+});
+
+describe('thresholds and refresh rate from the settings', () => {
+  it('keeps valid thresholds', () => {
+    expect(normalizeThresholds({ warningThreshold: 0.6, criticalThreshold: 0.9 })).toEqual({
+      warning: 0.6,
+      critical: 0.9
+    });
+  });
+
+  it('defaults what is missing or not a number', () => {
+    expect(normalizeThresholds({})).toEqual(DEFAULT_THRESHOLDS);
+    expect(normalizeThresholds({ warningThreshold: 'x', criticalThreshold: null })).toEqual({
+      warning: 0.8,
+      critical: 0.95
+    });
+  });
+
+  it('clamps to [0, 1] and swaps a warning above the critical', () => {
+    expect(normalizeThresholds({ warningThreshold: -1, criticalThreshold: 2 })).toEqual({
+      warning: 0,
+      critical: 1
+    });
+    expect(normalizeThresholds({ warningThreshold: 0.9, criticalThreshold: 0.7 })).toEqual({
+      warning: 0.7,
+      critical: 0.9
+    });
+  });
+
+  it('keeps the refresh rate at 500 ms or more', () => {
+    expect(normalizeRefreshRate(2000)).toBe(2000);
+    expect(normalizeRefreshRate(100)).toBe(500);
+    expect(normalizeRefreshRate(1234.4)).toBe(1234);
+    expect(normalizeRefreshRate(undefined)).toBe(DEFAULT_REFRESH_RATE);
+    expect(normalizeRefreshRate(NaN)).toBe(DEFAULT_REFRESH_RATE);
+  });
+});
+
+describe('slice level', () => {
+  it('measures the whole slice with the settings thresholds, not the server level', () => {
+    const status = inSlice({ memory_used: 3.3 * GIB, memory_level: 'ok', gpus: [] });
+    expect(sliceLevel(status)).toBe('warning'); // 82 %
+    expect(sliceLevel(status, { warning: 0.9, critical: 0.95 })).toBe('ok');
+    expect(sliceLevel(status, { warning: 0.5, critical: 0.8 })).toBe('critical');
+  });
+
+  it('takes the worst capped GPU', () => {
+    const status = inSlice({
+      memory_used: 4 * GIB,
+      memory_limit: 8 * GIB,
+      gpus: [
+        gpu({ index: 0, memory_used: 3.9 * GIB, memory_limit: 4 * GIB }),
+        gpu({ index: 1, memory_used: 0.1 * GIB, memory_limit: 4 * GIB })
+      ]
+    });
+    expect(sliceLevel(status)).toBe('critical'); // GPU 0 at 97.5 %, the slice at 50 %
+  });
+
+  it('measures a GPU against no more than its total memory', () => {
+    const g = gpu({ memory_total: 2 * GIB, memory_used: 1.7 * GIB, memory_limit: 4 * GIB });
+    expect(gpuLevel(g)).toBe('warning'); // 85 % of the 2 GiB the GPU has
+  });
+
+  it('falls back to the server level without any cap', () => {
+    const status = inSlice({
+      memory_limit: 0,
+      memory_level: 'warning',
+      gpus: [gpu({ memory_used: GIB, memory_limit: 0, memory_level: 'warning' })]
+    });
+    expect(sliceLevel(status)).toBe('warning');
+    expect(sliceLevel(inSlice({ memory_limit: 0, memory_level: undefined, gpus: [] }))).toBe('ok');
+    expect(gpuLevel(gpu({ memory_limit: 0, memory_level: 'critical' }))).toBe('critical');
+  });
+
+  it('uses the server level for an unreadable slice file', () => {
+    expect(
+      sliceLevel({ kernel_id: 'k', in_slice: true, error: 'gone', memory_level: 'critical' })
+    ).toBe('critical');
+    expect(sliceLevel({ kernel_id: 'k', in_slice: true, error: 'gone' })).toBe('ok');
+  });
+
+  it('is null outside a slice', () => {
+    expect(sliceLevel({ kernel_id: 'k', in_slice: false })).toBeNull();
+    expect(sliceLevel(null)).toBeNull();
+  });
+});
+
+describe('texts for the tooltip and the panel', () => {
+  it('writes one GPU line', () => {
+    expect(gpuText(gpu({ index: 1, memory_used: GIB, memory_limit: 2 * GIB, sm_share: 50, sm_util: 7 }))).toBe(
+      'GPU 1: 1.0 / 2.0 GiB · SM 7 % / 50 %'
+    );
+  });
+
+  it('sums up the slice in the tooltip', () => {
+    expect(tooltipText(inSlice())).toBe(
+      [
+        'GPU slice alice',
+        'GPU 0: 1.2 / 4.0 GiB · SM 23 % / 25 %',
+        'This kernel: 819 MiB · SM 10 %',
+        'Click to show the slice panel'
+      ].join('\n')
+    );
+    expect(tooltipText({ kernel_id: 'k', in_slice: false, reason: 'why' })).toBe('why');
+  });
+
+  it('puts the biggest memory user first, then SM, then id', () => {
+    const sorted = sortKernels([
+      kernel('b', MIB, 5),
+      kernel('a', MIB, 5),
+      kernel('c', GIB),
+      kernel('d', MIB, 50)
+    ]);
+    expect(sorted.map(k => k.kernel_id)).toEqual(['c', 'd', 'a', 'b']);
+  });
+});
+
+describe('reading the server answer', () => {
+  it('accepts a full answer', () => {
+    const json = JSON.parse(JSON.stringify(inSlice()));
+    expect(parseKernelStatus(json)).toEqual(inSlice());
+  });
+
+  it('accepts a kernel outside a slice', () => {
+    expect(parseKernelStatus({ kernel_id: 'k', in_slice: false, reason: 'r' })).toEqual({
+      kernel_id: 'k',
+      in_slice: false,
+      reason: 'r'
+    });
+  });
+
+  it('rejects what is not a kernel status', () => {
+    expect(parseKernelStatus(null)).toBeNull();
+    expect(parseKernelStatus([])).toBeNull();
+    expect(parseKernelStatus({ in_slice: true })).toBeNull();
+    expect(parseKernelStatus({ kernel_id: 'k' })).toBeNull();
+  });
+
+  it('cleans up lists of the wrong shape', () => {
+    const status = parseKernelStatus({
+      kernel_id: 'k',
+      in_slice: true,
+      gpus: 'none',
+      kernels: [null, { kernel_id: 'x', memory_used: 1, sm_util: 0, this_server: true }, { pid: 3 }],
+      error: 42
+    });
+    expect(status?.gpus).toEqual([]);
+    expect(status?.kernels?.map(k => k.kernel_id)).toEqual(['x']);
+    expect(status?.error).toBe('42');
+  });
+});
