@@ -3,6 +3,7 @@
 #   - dev/setup.sh: .venv, hami-jupyter installed editable with the test
 #     extras, native/ built (release, native/build),
 #   - dev/hub-deps.sh: configurable-http-proxy from npm, for tests/hub,
+#   - dev/browser-deps.sh: Debian's headless Chromium, for tests/browser,
 #   - native/ built again with ASan+UBSan (native/build-asan),
 #   - for a full run, the JupyterLab extension's TypeScript unit tests (jest),
 #   - pytest -ra over tests/ (arguments are passed on to pytest), then, for a
@@ -14,6 +15,10 @@ source dev/setup.sh
 # which must run here, never skip.
 bash dev/hub-deps.sh
 export HAMI_REQUIRE_HUB_E2E=1
+# Debian's headless Chromium for the JupyterLab browser test in tests/browser,
+# which must run here, never skip.
+bash dev/browser-deps.sh
+export HAMI_REQUIRE_BROWSER_E2E=1
 make -C native -j"$(nproc 2>/dev/null || echo 2)" BUILD=asan all sim tools
 
 # pytest exit 5 means it collected nothing: a failure here, never a pass.

@@ -1,0 +1,459 @@
+"""A real JupyterLab on loopback and a headless Chromium driving it.
+
+* ``lab`` (one per module): ``python -m jupyterlab`` on 127.0.0.1 with a
+  random token, its own config, runtime, settings and workspaces folders, a
+  root folder in tmp, the simulated GPU (16 GiB, 64 MiB per context) and the
+  slice limits ``HAMI_MEMORY_LIMIT=1g``, ``HAMI_SM_LIMIT=25`` in its
+  environment (its kernels inherit them), and the status bar polling every
+  500 ms (a user-settings file). Kernelspecs and the prebuilt labextension
+  come from this environment's ``share/jupyter``; the fixture checks that the
+  server sees both before any test runs. ``lab.api()`` is its REST API,
+  ``lab.write_notebook()`` puts a notebook into its root, ``lab.url_for()``
+  gives a page's address with the token; its log is ``lab.log_path``,
+  whose tail failures quote.
+* ``browser`` (one per module): Debian's Chromium (``chromium-headless-shell``
+  or ``chromium``) launched by Playwright; Playwright never downloads a
+  browser here.
+* ``page``: a fresh browser context and page per test, 1440x900; a failed
+  test leaves ``test-artifacts/failure-<test>.png``.
+
+Every process of one run (the server, its kernels, the browser) carries a
+tag in its environment. Teardown closes the browser, stops the server
+(SIGTERM, then SIGKILL), then ends anything tagged that is still alive; a
+process that outlived the server fails the run.
+
+Without Playwright or Chromium the tests are skipped with the reason, unless
+``HAMI_REQUIRE_BROWSER_E2E`` is set: then they fail, so CI can never skip
+them silently. dev/browser-deps.sh installs Chromium.
+"""
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hami_jupyter import native
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+REQUIRE_ENV = "HAMI_REQUIRE_BROWSER_E2E"
+# Marks every process of one run: the server, its kernels (they inherit the
+# server's environment) and the browser (launched with it). Teardown finds
+# leftovers by it.
+TAG_ENV = "HAMI_BROWSER_E2E_TAG"
+
+# Debian's packages: chromium-headless-shell (what dev/browser-deps.sh
+# installs), else the full chromium.
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium-headless-shell", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORT = {"width": 1440, "height": 900}
+
+LAB_START_TIMEOUT = 30
+REQUEST_TIMEOUT = 10
+STOP_TIMEOUT = 15
+REFRESH_RATE_MS = 500
+
+LAB_EXTENSION = "hami-jupyter-labextension"
+SETTINGS = {
+    # The status bar item and panel poll as fast as they may, so the test is quick.
+    f"{LAB_EXTENSION}/plugin": {"refreshRate": REFRESH_RATE_MS},
+    # No "fetch Jupyter news?" toast over the page, and no requests outside.
+    "@jupyterlab/apputils-extension/notification": {"fetchNews": "false",
+                                                    "checkForUpdates": False},
+}
+
+# No proxy from the environment for loopback requests.
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+# ---- what the tests need ------------------------------------------------------------------------
+
+
+def find_chromium():
+    for path in CHROMIUM_CANDIDATES:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def require_browser():
+    """Chromium's path; skips (or, with HAMI_REQUIRE_BROWSER_E2E, fails) without
+    Playwright, Chromium or JupyterLab."""
+    missing = []
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("the Python package playwright (`pip install -e '.[test]'`)")
+    try:
+        import jupyterlab  # noqa: F401
+    except ImportError:
+        missing.append("jupyterlab (`pip install -e '.[test]'`)")
+    chromium = find_chromium()
+    if chromium is None:
+        missing.append(f"Debian's Chromium ({' or '.join(CHROMIUM_CANDIDATES)}; "
+                       f"run dev/browser-deps.sh as root)")
+    if not missing:
+        return chromium
+    why = "the JupyterLab browser test needs " + " and ".join(missing)
+    if os.environ.get(REQUIRE_ENV):
+        pytest.fail(f"{why}, and {REQUIRE_ENV} is set", pytrace=False)
+    pytest.skip(why)
+
+
+# ---- processes ----------------------------------------------------------------------------------
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tagged_processes(tag):
+    """PIDs of live processes whose environment carries ``TAG_ENV=tag``."""
+    needle = f"{TAG_ENV}={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def end_tagged(tag):
+    """Ends what carries *tag* (SIGTERM, then SIGKILL, each bounded);
+    ``[(pid, cmdline)]`` of what was found alive."""
+    left = [(pid, cmdline(pid)) for pid in tagged_processes(tag)]
+    for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 3)):
+        pids = tagged_processes(tag)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while tagged_processes(tag) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return left
+
+
+# ---- the server ---------------------------------------------------------------------------------
+
+
+class Lab:
+    def __init__(self, tmp, tag):
+        self.tmp = tmp
+        self.tag = tag
+        self.root = tmp / "root"
+        self.slice_root = tmp / "slices"
+        self.settings_dir = tmp / "lab-settings"
+        self.log_path = tmp / "jupyterlab.log"
+        self.token = secrets.token_hex(24)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+
+    # ---- start ----------------------------------------------------------------------
+
+    def environment(self):
+        # None of the limits, slices or Jupyter folders of the shell running the tests.
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith(("HAMI_", "CUDA_", "JUPYTER", "JPY_", "IPYTHON"))
+                and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+        env = native.sim_env(self.tmp / "sim-state", base=base,
+                             HAMI_SIM_DEVICES="1", HAMI_SIM_MEMORY="16g",
+                             HAMI_SIM_CONTEXT_BYTES="64m")
+        share = Path(sys.prefix) / "share" / "jupyter"
+        env.update({
+            TAG_ENV: self.tag,
+            "HAMI_MEMORY_LIMIT": "1g",
+            "HAMI_SM_LIMIT": "25",
+            "HAMI_SLICE_ROOT": str(self.slice_root),
+            "JUPYTER_CONFIG_DIR": str(self.tmp / "config"),
+            "JUPYTER_DATA_DIR": str(self.tmp / "data"),
+            "JUPYTER_RUNTIME_DIR": str(self.tmp / "runtime"),
+            "JUPYTER_PATH": str(share),
+            "JUPYTERLAB_SETTINGS_DIR": str(self.settings_dir),
+            "JUPYTERLAB_WORKSPACES_DIR": str(self.tmp / "lab-workspaces"),
+            "IPYTHONDIR": str(self.tmp / "ipython"),
+            # The kernelspecs run "python": this environment's.
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "PYTHONUNBUFFERED": "1",
+            "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        })
+        return env
+
+    def write_settings(self):
+        for plugin, values in SETTINGS.items():
+            path = self.settings_dir / f"{plugin}.jupyterlab-settings"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(values, indent=2))
+
+    def start(self):
+        for folder in (self.root, self.slice_root, self.tmp / "config", self.tmp / "data",
+                       self.tmp / "runtime", self.tmp / "lab-workspaces"):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.write_settings()
+        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser",
+               "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
+               "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
+               f"--ServerApp.root_dir={self.root}"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-root")
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, cwd=self.tmp, env=self.environment(),
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        deadline = time.monotonic() + LAB_START_TIMEOUT
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"jupyterlab exited with {self.proc.returncode} at start-up\n"
+                            f"{self.log_tail()}", pytrace=False)
+            try:
+                status, _ = self.request("GET", "api/status", timeout=2)
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"jupyterlab did not answer on {self.url} within "
+                            f"{LAB_START_TIMEOUT} s\n{self.log_tail()}", pytrace=False)
+            time.sleep(0.2)
+        self.check_setup()
+
+    def check_setup(self):
+        """The server found the kernelspecs, the labextension, the server
+        extension and the settings file: else every later failure would be a riddle."""
+        specs = self.api("GET", "api/kernelspecs")["kernelspecs"]
+        for name in ("hami-python3", "python3"):
+            if name not in specs:
+                pytest.fail(f"the server has no {name} kernelspec (it has {sorted(specs)}); "
+                            f"JUPYTER_PATH={Path(sys.prefix) / 'share' / 'jupyter'}\n"
+                            f"{self.log_tail()}", pytrace=False)
+        status, page = self.request("GET", "lab")
+        if status != 200 or LAB_EXTENSION not in str(page):
+            pytest.fail(f"GET /lab answered {status} without {LAB_EXTENSION} in its page "
+                        f"config: is the labextension built and installed "
+                        f"(`jupyter labextension list`)?\n{self.log_tail()}", pytrace=False)
+        self.api("GET", "hami/v1/slices")  # the server extension answers
+        plugin = self.api("GET", f"lab/api/settings/{LAB_EXTENSION}:plugin")
+        if plugin.get("settings", {}).get("refreshRate") != REFRESH_RATE_MS:
+            pytest.fail(f"the settings file did not take: {plugin.get('raw')!r}", pytrace=False)
+
+    # ---- talking to it ----------------------------------------------------------------
+
+    def log_tail(self, chars=6000):
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no jupyterlab log)"
+        return f"--- last {min(chars, len(text))} characters of {self.log_path} ---\n" + text[-chars:]
+
+    def request(self, method, path, body=None, timeout=REQUEST_TIMEOUT):
+        """``(status, parsed JSON or text)`` of ``{url}/{path}``; HTTP errors are
+        returned, not raised."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.url}/{path}", data=data, method=method)
+        req.add_header("Authorization", f"token {self.token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with _opener.open(req, timeout=timeout) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
+        text = raw.decode(errors="replace")
+        try:
+            return status, json.loads(text) if text else None
+        except ValueError:
+            return status, text
+
+    def api(self, method, path, body=None, expect=(200,)):
+        status, reply = self.request(method, path, body)
+        if status not in expect:
+            pytest.fail(f"{method} /{path} answered {status}: {reply}\n{self.log_tail()}",
+                        pytrace=False)
+        return reply
+
+    def url_for(self, page, workspace=None):
+        """The address of a JupyterLab page (``tree/x.ipynb``) in *workspace*, with the token."""
+        prefix = f"lab/workspaces/{workspace}" if workspace else "lab"
+        quoted = urllib.parse.quote(page)
+        return f"{self.url}/{prefix}/{quoted}?token={self.token}"
+
+    def write_notebook(self, name, kernel, display_name, sources=()):
+        """A notebook with code cells *sources* and *kernel*'s kernelspec, in the root folder."""
+        cells = [{"cell_type": "code", "id": f"cell-{i}", "metadata": {}, "source": source,
+                  "outputs": [], "execution_count": None}
+                 for i, source in enumerate(sources)]
+        notebook = {
+            "cells": cells,
+            "metadata": {
+                "kernelspec": {"name": kernel, "display_name": display_name,
+                               "language": "python"},
+                "language_info": {"name": "python"},
+            },
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        }
+        (self.root / name).write_text(json.dumps(notebook, indent=1))
+        return name
+
+    def session_kernel(self, path, timeout=30):
+        """The id of the kernel JupyterLab started for notebook *path*, waiting for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for session in self.api("GET", "api/sessions"):
+                if session.get("path") == path and session.get("kernel"):
+                    return session["kernel"]["id"]
+            if time.monotonic() > deadline:
+                pytest.fail(f"no kernel session for {path} within {timeout} s\n{self.log_tail()}",
+                            pytrace=False)
+            time.sleep(0.2)
+
+    def kernel(self, kernel_id):
+        return self.api("GET", f"api/kernels/{kernel_id}")
+
+    def wait_kernel_state(self, kernel_id, state="idle", timeout=30):
+        deadline = time.monotonic() + timeout
+        while True:
+            model = self.kernel(kernel_id)
+            if model.get("execution_state") == state:
+                return model
+            if time.monotonic() > deadline:
+                pytest.fail(f"kernel {kernel_id} not {state} within {timeout} s: {model}\n"
+                            f"{self.log_tail()}", pytrace=False)
+            time.sleep(0.2)
+
+    def slice_status(self, kernel_id):
+        return self.api("GET", f"hami/v1/kernels/{kernel_id}")
+
+    # ---- teardown ------------------------------------------------------------------------
+
+    def stop(self):
+        """Stop the server, then whatever of this run is still alive. Returns
+        ``[(pid, cmdline)]`` of processes that had to be ended after the server
+        had exited."""
+        if self.proc is None:
+            return []
+        if self.proc.poll() is None:
+            # The server shuts its kernels down on SIGTERM.
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        deadline = time.monotonic() + 5
+        while tagged_processes(self.tag) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return end_tagged(self.tag)
+
+
+# ---- fixtures -----------------------------------------------------------------------------------
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"report_{report.when}", report)
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    return require_browser()
+
+
+@pytest.fixture(scope="module")
+def run_tag():
+    return uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module")
+def lab(chromium, run_tag, tmp_path_factory):
+    server = Lab(tmp_path_factory.mktemp("jupyterlab"), run_tag)
+    try:
+        server.start()
+        yield server
+    finally:
+        left = server.stop()
+    if left:
+        pytest.fail("processes of the JupyterLab run outlived the server and were ended: "
+                    + "; ".join(f"{pid}: {cmd}" for pid, cmd in left), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def browser(chromium, run_tag, lab):
+    # After the server (it needs the server's tag): closed before the server
+    # stops, and the server's teardown then finds any of its leftovers too.
+    from playwright.sync_api import sync_playwright
+
+    # Never a browser download: only the Chromium found above is used.
+    env = {**os.environ, TAG_ENV: run_tag, "PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD": "1"}
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, env=env,
+                              headless=True, timeout=30_000)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser, lab, request):
+    context = browser.new_context(viewport=VIEWPORT)
+    context.set_default_timeout(15_000)
+    pg = context.new_page()
+    errors = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.page_errors = errors
+    try:
+        yield pg
+    finally:
+        report = getattr(request.node, "report_call", None)
+        if report is not None and report.failed:
+            ARTIFACTS.mkdir(exist_ok=True)
+            try:
+                pg.screenshot(path=str(ARTIFACTS / f"failure-{request.node.name}.png"),
+                              full_page=True, timeout=5_000)
+            except Exception:  # noqa: BLE001 - a failing screenshot must not hide the failure
+                pass
+        context.close()
