@@ -42,6 +42,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from process_tags import end_tagged
 
 from hami_jupyter import native
 
@@ -127,52 +128,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def tagged_processes(tag):
-    """PIDs of live processes whose environment carries ``TAG_ENV=tag``."""
-    needle = f"{TAG_ENV}={tag}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state != b"Z":
-            found.append(int(entry))
-    return found
-
-
-def cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
-
-
-def end_tagged(tag):
-    """Ends what carries *tag* (SIGTERM, then SIGKILL, each bounded);
-    ``[(pid, cmdline)]`` of what was found alive."""
-    left = [(pid, cmdline(pid)) for pid in tagged_processes(tag)]
-    for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 3)):
-        pids = tagged_processes(tag)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while tagged_processes(tag) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    return left
 
 
 # ---- the server ---------------------------------------------------------------------------------
@@ -381,10 +336,7 @@ class Lab:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
-        deadline = time.monotonic() + 5
-        while tagged_processes(self.tag) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return end_tagged(self.tag)
+        return end_tagged(TAG_ENV, self.tag, grace=5)
 
 
 # ---- fixtures -----------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 from cell_result import CellResult
+from process_tags import end_tagged
 
 from hami_jupyter import native
 
@@ -105,33 +106,6 @@ def free_ports(count):
         for s in socks:
             s.close()
     return ports
-
-
-def tagged_processes(tag):
-    """PIDs of live processes whose environment carries ``TAG_ENV=tag``."""
-    needle = f"{TAG_ENV}={tag}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in env and state != b"Z":
-            found.append(int(entry))
-    return found
-
-
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
 
 
 class Hub:
@@ -402,23 +376,7 @@ class Hub:
                 self.proc.wait(5)
         # The hub stops its proxy and servers on its way out; give stragglers a
         # moment, then end them.
-        deadline = time.monotonic() + 5
-        while tagged_processes(self.tag) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = [(pid, _cmdline(pid)) for pid in tagged_processes(self.tag)]
-        for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 3)):
-            pids = tagged_processes(self.tag)
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait
-            while tagged_processes(self.tag) and time.monotonic() < deadline:
-                time.sleep(0.1)
-        return left
+        return end_tagged(TAG_ENV, self.tag, grace=5)
 
 
 @pytest.fixture(scope="module")
