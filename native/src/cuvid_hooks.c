@@ -15,7 +15,6 @@
 #include "hami.h"
 #include "hami/cuvid_types.h"
 
-#define REAL(type, name) ({ static void *cache_; (type)hami_cached_sym(&cache_, name); })
 
 typedef CUresult (*create_fn)(CUvideodecoder *, CUVIDDECODECREATEINFO *);
 typedef CUresult (*destroy_fn)(CUvideodecoder);
@@ -187,7 +186,7 @@ static int decoder_device(void)
 
 HAMI_EXPORT CUresult cuvidCreateDecoder(CUvideodecoder *decoder, CUVIDDECODECREATEINFO *ci)
 {
-	create_fn real = REAL(create_fn, "cuvidCreateDecoder");
+	create_fn real = HAMI_REAL(create_fn, "cuvidCreateDecoder");
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
 	if (!decoder || !ci)
@@ -225,7 +224,7 @@ HAMI_EXPORT CUresult cuvidCreateDecoder(CUvideodecoder *decoder, CUVIDDECODECREA
 
 HAMI_EXPORT CUresult cuvidDestroyDecoder(CUvideodecoder decoder)
 {
-	destroy_fn real = REAL(destroy_fn, "cuvidDestroyDecoder");
+	destroy_fn real = HAMI_REAL(destroy_fn, "cuvidDestroyDecoder");
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
 	struct hami_record r;
@@ -244,7 +243,7 @@ HAMI_EXPORT CUresult cuvidDestroyDecoder(CUvideodecoder decoder)
 
 HAMI_EXPORT CUresult cuvidReconfigureDecoder(CUvideodecoder decoder, CUVIDRECONFIGUREDECODERINFO *info)
 {
-	reconfigure_fn real = REAL(reconfigure_fn, "cuvidReconfigureDecoder");
+	reconfigure_fn real = HAMI_REAL(reconfigure_fn, "cuvidReconfigureDecoder");
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
 	struct hami_record r;
@@ -282,7 +281,7 @@ HAMI_EXPORT CUresult cuvidReconfigureDecoder(CUvideodecoder decoder, CUVIDRECONF
 
 HAMI_EXPORT CUresult cuvidDecodePicture(CUvideodecoder decoder, CUVIDPICPARAMS *params)
 {
-	decode_fn real = REAL(decode_fn, "cuvidDecodePicture");
+	decode_fn real = HAMI_REAL(decode_fn, "cuvidDecodePicture");
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
 	if (!hami_slice())
@@ -309,7 +308,7 @@ static void count_map(CUresult rc)
 HAMI_EXPORT CUresult cuvidMapVideoFrame64(CUvideodecoder decoder, int pic, unsigned long long *ptr,
 					   unsigned int *pitch, CUVIDPROCPARAMS *params)
 {
-	map64_fn real = REAL(map64_fn, "cuvidMapVideoFrame64");
+	map64_fn real = HAMI_REAL(map64_fn, "cuvidMapVideoFrame64");
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
 	CUresult rc = real(decoder, pic, ptr, pitch, params);
@@ -320,7 +319,7 @@ HAMI_EXPORT CUresult cuvidMapVideoFrame64(CUvideodecoder decoder, int pic, unsig
 HAMI_EXPORT CUresult cuvidMapVideoFrame(CUvideodecoder decoder, int pic, unsigned int *ptr, unsigned int *pitch,
 					 CUVIDPROCPARAMS *params)
 {
-	map32_fn real = REAL(map32_fn, "cuvidMapVideoFrame");
+	map32_fn real = HAMI_REAL(map32_fn, "cuvidMapVideoFrame");
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
 	CUresult rc = real(decoder, pic, ptr, pitch, params);
@@ -332,13 +331,13 @@ HAMI_EXPORT CUresult cuvidMapVideoFrame(CUvideodecoder decoder, int pic, unsigne
  * create); hooked so that every entry point of a map/unmap pair is ours. */
 HAMI_EXPORT CUresult cuvidUnmapVideoFrame64(CUvideodecoder decoder, unsigned long long ptr)
 {
-	unmap64_fn real = REAL(unmap64_fn, "cuvidUnmapVideoFrame64");
+	unmap64_fn real = HAMI_REAL(unmap64_fn, "cuvidUnmapVideoFrame64");
 	return real ? real(decoder, ptr) : CUDA_ERROR_NOT_FOUND;
 }
 
 HAMI_EXPORT CUresult cuvidUnmapVideoFrame(CUvideodecoder decoder, unsigned int ptr)
 {
-	unmap32_fn real = REAL(unmap32_fn, "cuvidUnmapVideoFrame");
+	unmap32_fn real = HAMI_REAL(unmap32_fn, "cuvidUnmapVideoFrame");
 	return real ? real(decoder, ptr) : CUDA_ERROR_NOT_FOUND;
 }
 
@@ -346,7 +345,7 @@ HAMI_EXPORT CUresult cuvidUnmapVideoFrame(CUvideodecoder decoder, unsigned int p
  * caller that resolves every entry point through us gets the same answer. */
 HAMI_EXPORT CUresult cuvidGetDecoderCaps(CUVIDDECODECAPS *caps)
 {
-	caps_fn real = REAL(caps_fn, "cuvidGetDecoderCaps");
+	caps_fn real = HAMI_REAL(caps_fn, "cuvidGetDecoderCaps");
 	return real ? real(caps) : CUDA_ERROR_NOT_FOUND;
 }
 
@@ -354,12 +353,12 @@ HAMI_EXPORT CUresult cuvidGetDecoderCaps(CUVIDDECODECAPS *caps)
  * cuvidCreateDecoder, which is charged above. */
 HAMI_EXPORT CUresult cuvidCreateVideoParser(CUvideoparser *parser, CUVIDPARSERPARAMS *params)
 {
-	parser_create_fn real = REAL(parser_create_fn, "cuvidCreateVideoParser");
+	parser_create_fn real = HAMI_REAL(parser_create_fn, "cuvidCreateVideoParser");
 	return real ? real(parser, params) : CUDA_ERROR_NOT_FOUND;
 }
 
 HAMI_EXPORT CUresult cuvidDestroyVideoParser(CUvideoparser parser)
 {
-	parser_destroy_fn real = REAL(parser_destroy_fn, "cuvidDestroyVideoParser");
+	parser_destroy_fn real = HAMI_REAL(parser_destroy_fn, "cuvidDestroyVideoParser");
 	return real ? real(parser) : CUDA_ERROR_NOT_FOUND;
 }

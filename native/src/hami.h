@@ -61,6 +61,9 @@ void *hami_cuda_sym(const char *name);
 void *hami_nvml_sym(const char *name);
 void *hami_cuvid_sym(const char *name);
 void *hami_cached_sym(void **cache, const char *name);
+/* The real entry point *name* as a *type*, looked up once per call site; NULL
+ * when the library has no such symbol (callers handle it). */
+#define HAMI_REAL(type, name) ({ static void *cache_; (type)hami_cached_sym(&cache_, name); })
 nvmlDevice_t hami_nvml_device(int sdev);
 
 /* hooks.c: name <-> hook tables for dlsym and cuGetProcAddress */

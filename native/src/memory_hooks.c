@@ -32,9 +32,6 @@ typedef CUresult (*array_destroy_fn)(CUarray);
 typedef CUresult (*mipmap_fn)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
 typedef CUresult (*mipmap_destroy_fn)(CUmipmappedArray);
 
-/* A real entry point, looked up once; callers handle NULL (no such symbol). */
-#define REAL(type, name) ({ static void *cache_; (type)hami_cached_sym(&cache_, name); })
-
 /*
  * The slice device a new allocation on the current context lands on.
  * Fails (returns an error) when the settings are bad: never unlimited.
@@ -91,20 +88,20 @@ static CUresult charged_alloc(CUdeviceptr *dptr, size_t bytes, const char *what,
 
 HAMI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-	return charged_alloc(dptr, bytesize, "cuMemAlloc", REAL(alloc_fn, "cuMemAlloc_v2"), NULL, 0);
+	return charged_alloc(dptr, bytesize, "cuMemAlloc", HAMI_REAL(alloc_fn, "cuMemAlloc_v2"), NULL, 0);
 }
 
 HAMI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
 	return charged_alloc(dptr, bytesize, "cuMemAllocManaged", NULL,
-			     REAL(managed_fn, "cuMemAllocManaged"), flags);
+			     HAMI_REAL(managed_fn, "cuMemAllocManaged"), flags);
 }
 
 /* The pitch is only known afterwards: reserve a likely size, then settle. */
 HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
 					unsigned int elementSize)
 {
-	pitch_fn fn = REAL(pitch_fn, "cuMemAllocPitch_v2");
+	pitch_fn fn = HAMI_REAL(pitch_fn, "cuMemAllocPitch_v2");
 	if (!dptr || !pitch)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!fn)
@@ -125,7 +122,7 @@ HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 	}
 	uint64_t actual = (uint64_t)*pitch * height;
 	if (actual > guess && hami_charge(sdev, actual - guess, "cuMemAllocPitch") != CUDA_SUCCESS) {
-		REAL(free_fn, "cuMemFree_v2")(*dptr);
+		HAMI_REAL(free_fn, "cuMemFree_v2")(*dptr);
 		hami_credit(sdev, guess);
 		*dptr = 0;
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -138,7 +135,7 @@ HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 
 HAMI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-	free_fn fn = REAL(free_fn, "cuMemFree_v2");
+	free_fn fn = HAMI_REAL(free_fn, "cuMemFree_v2");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
 	struct hami_record r;
@@ -159,7 +156,7 @@ static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int pool_attr(CUmemoryPool pool, CUmemPool_attribute a, uint64_t *v)
 {
-	pool_attr_fn fn = REAL(pool_attr_fn, "cuMemPoolGetAttribute");
+	pool_attr_fn fn = HAMI_REAL(pool_attr_fn, "cuMemPoolGetAttribute");
 	cuuint64_t x = 0;
 	if (!fn || fn(pool, a, &x) != CUDA_SUCCESS)
 		return -1;
@@ -211,7 +208,7 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
 	if (sdev < 0)
 		return from_pool ? from_pool(dptr, bytes, pool, stream) : fn(dptr, bytes, stream);
 	if (!pool) {
-		device_pool_fn current = REAL(device_pool_fn, "cuDeviceGetMemPool");
+		device_pool_fn current = HAMI_REAL(device_pool_fn, "cuDeviceGetMemPool");
 		if (!current || current(&pool, ordinal) != CUDA_SUCCESS)
 			pool = NULL;
 	}
@@ -243,13 +240,13 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
 
 HAMI_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
-	return pooled_alloc(dptr, bytesize, NULL, stream, REAL(async_fn, "cuMemAllocAsync"), NULL,
+	return pooled_alloc(dptr, bytesize, NULL, stream, HAMI_REAL(async_fn, "cuMemAllocAsync"), NULL,
 			    "cuMemAllocAsync");
 }
 
 HAMI_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
-	return pooled_alloc(dptr, bytesize, NULL, stream, REAL(async_fn, "cuMemAllocAsync_ptsz"), NULL,
+	return pooled_alloc(dptr, bytesize, NULL, stream, HAMI_REAL(async_fn, "cuMemAllocAsync_ptsz"), NULL,
 			    "cuMemAllocAsync");
 }
 
@@ -259,7 +256,7 @@ HAMI_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
 	if (!pool)
 		return CUDA_ERROR_INVALID_VALUE;
 	return pooled_alloc(dptr, bytesize, pool, stream, NULL,
-			    REAL(pool_async_fn, "cuMemAllocFromPoolAsync"), "cuMemAllocFromPoolAsync");
+			    HAMI_REAL(pool_async_fn, "cuMemAllocFromPoolAsync"), "cuMemAllocFromPoolAsync");
 }
 
 HAMI_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -268,7 +265,7 @@ HAMI_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t byte
 	if (!pool)
 		return CUDA_ERROR_INVALID_VALUE;
 	return pooled_alloc(dptr, bytesize, pool, stream, NULL,
-			    REAL(pool_async_fn, "cuMemAllocFromPoolAsync_ptsz"), "cuMemAllocFromPoolAsync");
+			    HAMI_REAL(pool_async_fn, "cuMemAllocFromPoolAsync_ptsz"), "cuMemAllocFromPoolAsync");
 }
 
 static CUresult free_async(CUdeviceptr dptr, CUstream stream, free_async_fn fn)
@@ -293,12 +290,12 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, free_async_fn fn)
 
 HAMI_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
-	return free_async(dptr, stream, REAL(free_async_fn, "cuMemFreeAsync"));
+	return free_async(dptr, stream, HAMI_REAL(free_async_fn, "cuMemFreeAsync"));
 }
 
 HAMI_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
-	return free_async(dptr, stream, REAL(free_async_fn, "cuMemFreeAsync_ptsz"));
+	return free_async(dptr, stream, HAMI_REAL(free_async_fn, "cuMemFreeAsync_ptsz"));
 }
 
 /* CUmemPoolProps starts like CUmemAllocationProp: type, handle types, location. */
@@ -310,7 +307,7 @@ struct pool_props_head {
 
 HAMI_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *props)
 {
-	pool_create_fn fn = REAL(pool_create_fn, "cuMemPoolCreate");
+	pool_create_fn fn = HAMI_REAL(pool_create_fn, "cuMemPoolCreate");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
 	CUresult rc = fn(pool, props);
@@ -327,7 +324,7 @@ HAMI_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *props)
 
 HAMI_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
-	pool_destroy_fn fn = REAL(pool_destroy_fn, "cuMemPoolDestroy");
+	pool_destroy_fn fn = HAMI_REAL(pool_destroy_fn, "cuMemPoolDestroy");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
 	CUresult rc = fn(pool);
@@ -339,7 +336,7 @@ HAMI_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 
 HAMI_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
-	pool_trim_fn fn = REAL(pool_trim_fn, "cuMemPoolTrimTo");
+	pool_trim_fn fn = HAMI_REAL(pool_trim_fn, "cuMemPoolTrimTo");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
 	CUresult rc = fn(pool, minBytesToKeep);
@@ -354,7 +351,7 @@ HAMI_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 HAMI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 				 const CUmemAllocationProp *prop, unsigned long long flags)
 {
-	mem_create_fn fn = REAL(mem_create_fn, "cuMemCreate");
+	mem_create_fn fn = HAMI_REAL(mem_create_fn, "cuMemCreate");
 	if (!handle || !prop)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!fn)
@@ -382,7 +379,7 @@ HAMI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 
 HAMI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-	mem_release_fn fn = REAL(mem_release_fn, "cuMemRelease");
+	mem_release_fn fn = HAMI_REAL(mem_release_fn, "cuMemRelease");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
 	struct hami_record r;
@@ -438,19 +435,19 @@ static CUresult charged_array(void *out, uint64_t bytes, const char *what, uint3
 
 static CUresult create_array(void *out, const void *desc, unsigned levels)
 {
-	array_fn fn = REAL(array_fn, "cuArrayCreate_v2");
+	array_fn fn = HAMI_REAL(array_fn, "cuArrayCreate_v2");
 	return fn ? fn(out, desc) : CUDA_ERROR_NOT_FOUND;
 }
 
 static CUresult create_array3d(void *out, const void *desc, unsigned levels)
 {
-	array3d_fn fn = REAL(array3d_fn, "cuArray3DCreate_v2");
+	array3d_fn fn = HAMI_REAL(array3d_fn, "cuArray3DCreate_v2");
 	return fn ? fn(out, desc) : CUDA_ERROR_NOT_FOUND;
 }
 
 static CUresult create_mipmap(void *out, const void *desc, unsigned levels)
 {
-	mipmap_fn fn = REAL(mipmap_fn, "cuMipmappedArrayCreate");
+	mipmap_fn fn = HAMI_REAL(mipmap_fn, "cuMipmappedArrayCreate");
 	return fn ? fn(out, desc, levels) : CUDA_ERROR_NOT_FOUND;
 }
 
@@ -498,13 +495,13 @@ static CUresult destroy_charged(uint32_t kind, void *handle, CUresult (*destroy)
 
 static CUresult destroy_array(void *a)
 {
-	array_destroy_fn fn = REAL(array_destroy_fn, "cuArrayDestroy");
+	array_destroy_fn fn = HAMI_REAL(array_destroy_fn, "cuArrayDestroy");
 	return fn ? fn(a) : CUDA_ERROR_NOT_FOUND;
 }
 
 static CUresult destroy_mipmap(void *a)
 {
-	mipmap_destroy_fn fn = REAL(mipmap_destroy_fn, "cuMipmappedArrayDestroy");
+	mipmap_destroy_fn fn = HAMI_REAL(mipmap_destroy_fn, "cuMipmappedArrayDestroy");
 	return fn ? fn(a) : CUDA_ERROR_NOT_FOUND;
 }
 

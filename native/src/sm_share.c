@@ -63,8 +63,6 @@ struct queue_bound {
 };
 static __thread struct queue_bound queue;
 
-#define SYM(type, name) ({ static void *cache_; (type)hami_cached_sym(&cache_, name); })
-
 /* ---- the gate, in the launch path ------------------------------------------ */
 
 /* The slice device a launch goes to: the current context's GPU. */
@@ -77,8 +75,8 @@ static int launch_device(void)
 
 static int capturing(CUstream stream, int per_thread)
 {
-	capturing_fn fn = per_thread ? SYM(capturing_fn, "cuStreamIsCapturing_ptsz")
-				     : SYM(capturing_fn, "cuStreamIsCapturing");
+	capturing_fn fn = per_thread ? HAMI_REAL(capturing_fn, "cuStreamIsCapturing_ptsz")
+				     : HAMI_REAL(capturing_fn, "cuStreamIsCapturing");
 	int status = 0;
 	if (!fn)
 		return 0;
@@ -110,8 +108,8 @@ static void sleep_ns(uint64_t ns)
 /* Keep at most MAX_AHEAD of this thread's launches queued on the GPU. */
 static void bound_queue(void)
 {
-	event_fn query = SYM(event_fn, "cuEventQuery");
-	event_fn wait = SYM(event_fn, "cuEventSynchronize");
+	event_fn query = HAMI_REAL(event_fn, "cuEventQuery");
+	event_fn wait = HAMI_REAL(event_fn, "cuEventSynchronize");
 	while (queue.count > 0 && query && wait) {
 		CUevent e = queue.ev[queue.head];
 		if (query(e) == CUDA_ERROR_NOT_READY) {
@@ -127,8 +125,8 @@ static void bound_queue(void)
 /* Events belong to a context: start over when the thread changed context. */
 static int queue_ready(void)
 {
-	ctx_current_fn current = SYM(ctx_current_fn, "cuCtxGetCurrent");
-	event_create_fn create = SYM(event_create_fn, "cuEventCreate");
+	ctx_current_fn current = HAMI_REAL(ctx_current_fn, "cuCtxGetCurrent");
+	event_create_fn create = HAMI_REAL(event_create_fn, "cuEventCreate");
 	CUcontext ctx = NULL;
 	if (!current || !create || current(&ctx) != CUDA_SUCCESS || !ctx)
 		return 0;
@@ -206,8 +204,8 @@ void hami_sm_after_launch(CUresult rc)
 	if (!queue.gating)
 		return;
 	queue.gating = 0;
-	event_record_fn record = queue.per_thread ? SYM(event_record_fn, "cuEventRecord_ptsz")
-						  : SYM(event_record_fn, "cuEventRecord");
+	event_record_fn record = queue.per_thread ? HAMI_REAL(event_record_fn, "cuEventRecord_ptsz")
+						  : HAMI_REAL(event_record_fn, "cuEventRecord");
 	if (rc != CUDA_SUCCESS || !record || queue.count > MAX_AHEAD)
 		return;
 	int slot = (queue.head + queue.count) % (MAX_AHEAD + 1);
@@ -247,8 +245,8 @@ static int slot_pid(struct hami_slice_file *f, unsigned int pid)
 static int read_samples(struct hami_slice_file *f, nvmlDevice_t dev, unsigned long long since,
 			struct sample_view *v)
 {
-	proc_util_fn fn = SYM(proc_util_fn, "nvmlDeviceGetProcessUtilization");
-	dev_util_fn device = SYM(dev_util_fn, "nvmlDeviceGetUtilizationRates");
+	proc_util_fn fn = HAMI_REAL(proc_util_fn, "nvmlDeviceGetProcessUtilization");
+	dev_util_fn device = HAMI_REAL(dev_util_fn, "nvmlDeviceGetUtilizationRates");
 	nvmlProcessUtilizationSample_t s[MAX_SAMPLES];
 	unsigned int n = MAX_SAMPLES;
 	if (!fn || fn(dev, s, &n, since) != NVML_SUCCESS || n == 0)
@@ -370,7 +368,7 @@ void hami_sm_tick(void)
 		if (!v.matched && launched != launches_seen) {
 			/* NVML shows other PIDs than ours (a container's PID namespace):
 			 * count the whole GPU as ours. Never lets the slice run unlimited. */
-			dev_util_fn util = SYM(dev_util_fn, "nvmlDeviceGetUtilizationRates");
+			dev_util_fn util = HAMI_REAL(dev_util_fn, "nvmlDeviceGetUtilizationRates");
 			nvmlUtilization_t u;
 			if (util && util(dev, &u) == NVML_SUCCESS) {
 				v.slice = u.gpu > 100 ? 100 : u.gpu;
