@@ -31,18 +31,15 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
-from process_tags import end_tagged
+from local_servers import end_tagged, free_ports, log_tail, request_json
 
 from hami_jupyter import native
 
@@ -83,10 +80,6 @@ SETTINGS = {
                                                     "checkForUpdates": False},
 }
 
-# No proxy from the environment for loopback requests.
-_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 # ---- what the tests need ------------------------------------------------------------------------
 
 
@@ -124,12 +117,6 @@ def require_browser():
 # ---- processes ----------------------------------------------------------------------------------
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ---- the server ---------------------------------------------------------------------------------
 
 
@@ -142,7 +129,7 @@ class Lab:
         self.settings_dir = tmp / "lab-settings"
         self.log_path = tmp / "jupyterlab.log"
         self.token = secrets.token_hex(24)
-        self.port = free_port()
+        (self.port,) = free_ports(1)
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
 
@@ -235,30 +222,12 @@ class Lab:
     # ---- talking to it ----------------------------------------------------------------
 
     def log_tail(self, chars=6000):
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no jupyterlab log)"
-        return f"--- last {min(chars, len(text))} characters of {self.log_path} ---\n" + text[-chars:]
+        return log_tail(self.log_path, chars, "jupyterlab")
 
     def request(self, method, path, body=None, timeout=REQUEST_TIMEOUT):
         """``(status, parsed JSON or text)`` of ``{url}/{path}``; HTTP errors are
         returned, not raised."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.url}/{path}", data=data, method=method)
-        req.add_header("Authorization", f"token {self.token}")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with _opener.open(req, timeout=timeout) as resp:
-                status, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
-        text = raw.decode(errors="replace")
-        try:
-            return status, json.loads(text) if text else None
-        except ValueError:
-            return status, text
+        return request_json(method, f"{self.url}/{path}", self.token, body, timeout)
 
     def api(self, method, path, body=None, expect=(200,)):
         status, reply = self.request(method, path, body)

@@ -25,20 +25,17 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.error
-import urllib.request
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from cell_result import CellResult
-from process_tags import end_tagged
+from local_servers import end_tagged, free_ports, log_tail, request_json
 
 from hami_jupyter import native
 
@@ -60,10 +57,6 @@ SIZES = {
     "small": {"memory": "1g", "sm": 25},
     "large": {"memory": "2g", "sm": 50, "mode": "elastic"},
 }
-
-# No proxy from the environment for loopback requests.
-_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
 
 def _require_jupyterhub():
     missing = []
@@ -91,21 +84,6 @@ def find_chp():
         return str(local)
     pytest.fail("configurable-http-proxy not found on PATH nor in node_modules/; "
                 "run dev/hub-deps.sh (it needs npm)", pytrace=False)
-
-
-def free_ports(count):
-    """*count* distinct loopback ports that were free a moment ago."""
-    socks, ports = [], []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 class Hub:
@@ -206,29 +184,11 @@ class Hub:
     # ---- talking to it ---------------------------------------------------------
 
     def log_tail(self, chars=8000):
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no hub log)"
-        return f"--- last {min(chars, len(text))} characters of {self.log_path} ---\n" + text[-chars:]
+        return log_tail(self.log_path, chars, "hub")
 
     def request(self, method, url, body=None, timeout=REQUEST_TIMEOUT):
         """``(status, parsed JSON or text)``; HTTP errors are returned, not raised."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(url, data=data, method=method)
-        req.add_header("Authorization", f"token {self.token}")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with _opener.open(req, timeout=timeout) as resp:
-                status, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
-        text = raw.decode(errors="replace")
-        try:
-            return status, json.loads(text) if text else None
-        except ValueError:
-            return status, text
+        return request_json(method, url, self.token, body, timeout)
 
     def api(self, method, path, body=None, expect=None):
         """The hub's REST API at ``/hub/api/<path>``; *expect*: allowed statuses."""
