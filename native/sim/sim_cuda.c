@@ -2643,9 +2643,25 @@ static const struct {
 	{"cuGraphDestroy", 10000, local_cuGraphDestroy, NULL},
 };
 
+/* A driver may hand out addresses that are none of its exported symbols.
+ * HAMI_SIM_INTERNAL_PROCS=1 makes cuGetProcAddress("cuMemAlloc") do so, for
+ * the preload library's test that such a pointer is never passed on unhooked. */
+static CUresult internal_mem_alloc(CUdeviceptr *dptr, size_t bytes)
+{
+	return local_cuMemAlloc_v2(dptr, bytes);
+}
+
 static CUresult get_proc(const char *symbol, void **pfn, int version, cuuint64_t flags,
 			 CUdriverProcAddressQueryResult *status)
 {
+	const char *internal = getenv("HAMI_SIM_INTERNAL_PROCS");
+	if (internal && strcmp(internal, "1") == 0 && symbol && pfn && strcmp(symbol, "cuMemAlloc") == 0 &&
+	    version >= 3020) {
+		*pfn = (void *)internal_mem_alloc;
+		if (status)
+			*status = CU_GET_PROC_ADDRESS_SUCCESS;
+		return CUDA_SUCCESS;
+	}
 	CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
 	CUresult r = CUDA_ERROR_NOT_FOUND;
 

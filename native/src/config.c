@@ -14,6 +14,8 @@
 
 #include "hami.h"
 
+extern char **environ;
+
 static struct hami_config config;
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
 static char slice_path_buf[PATH_MAX];
@@ -50,19 +52,38 @@ static void read_limit(const char *name, int *has, uint64_t *value)
 	}
 }
 
+/*
+ * A small whole number as settings are written: one to three ASCII digits and
+ * nothing else (no sign, no spaces, no tabs), at most max. The grammar is
+ * hami_jupyter/limits.py's too; tests/test_grammar.py runs both on one table.
+ */
+static int parse_small(const char *v, uint32_t max, uint32_t *out)
+{
+	size_t len = strlen(v);
+	uint32_t n = 0;
+	if (len == 0 || len > 3)
+		return -1;
+	for (const char *p = v; *p; p++) {
+		if (*p < '0' || *p > '9')
+			return -1;
+		n = n * 10 + (uint32_t)(*p - '0');
+	}
+	if (n > max)
+		return -1;
+	*out = n;
+	return 0;
+}
+
 /* A share in percent, 0..100; 0 and 100 mean "no limit" (HAMi's meaning). */
 static void read_percent(const char *name, int *has, uint32_t *value)
 {
 	const char *v = getenv(name);
 	if (!v)
 		return;
-	char *end;
-	long n = strtol(v, &end, 10);
-	if (!*v || *end || end == v || n < 0 || n > 100 || (*v == '+' || *v == '-' || *v == ' ')) {
-		bad_setting(name, v, "not a share in percent (a whole number 0..100; 0 or 100 = no limit)");
+	if (parse_small(v, 100, value) < 0) {
+		bad_setting(name, v, "not an SM share (a whole percent 0-100, digits only; 0 or 100 = no share)");
 		return;
 	}
-	*value = (uint32_t)n;
 	*has = 1;
 }
 
@@ -72,15 +93,65 @@ static void read_count(const char *name, int *has, uint32_t *value)
 	const char *v = getenv(name);
 	if (!v)
 		return;
-	char *end;
-	long n = strtol(v, &end, 10);
-	if (!*v || *end || n < 0 || n > 255 || *v == '+' || *v == '-' || *v == ' ') {
-		bad_setting(name, v, "not a decoder count (a whole number 0..255; 0 = no cap)");
+	if (parse_small(v, 255, value) < 0) {
+		bad_setting(name, v, "not a decoder count (a whole number 0-255, digits only; 0 = no cap)");
 		return;
 	}
-	*value = (uint32_t)n;
 	*has = 1;
 }
+
+/*
+ * Per-GPU variables name a CUDA ordinal 0..15 (what a slice can hold), written
+ * plainly: a variable such as CUDA_DEVICE_MEMORY_LIMIT_16 or _00 would
+ * otherwise be ignored without a word, leaving that GPU less limited than asked.
+ */
+static void check_ordinal_names(void)
+{
+	static const char *const prefixes[] = { "CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_",
+						"HAMI_MAX_DECODERS_" };
+	for (char **e = environ; e && *e; e++) {
+		for (size_t p = 0; p < sizeof(prefixes) / sizeof(prefixes[0]); p++) {
+			size_t plen = strlen(prefixes[p]);
+			if (strncmp(*e, prefixes[p], plen) != 0)
+				continue;
+			const char *suffix = *e + plen, *eq = strchr(suffix, '=');
+			size_t slen = eq ? (size_t)(eq - suffix) : strlen(suffix);
+			uint32_t n;
+			char digits[8];
+			int ok = slen >= 1 && slen <= 2 && !(slen == 2 && suffix[0] == '0');
+			if (ok) {
+				memcpy(digits, suffix, slen);
+				digits[slen] = '\0';
+				ok = parse_small(digits, HAMI_SLICE_MAX_DEVICES - 1, &n) == 0;
+			}
+			if (!ok) {
+				char name[128];
+				snprintf(name, sizeof(name), "%.*s", (int)(plen + slen), *e);
+				bad_setting(name, eq ? eq + 1 : "", "set for a GPU this library cannot name: the "
+					    "suffix must be a GPU ordinal 0-15 written without leading zeros");
+			}
+		}
+	}
+}
+
+/* A slice name: 1-63 of letters, digits and . _ @ + -, starting with a letter
+ * or digit, not ending in ".slice" (hami_jupyter/slice_paths.py's rule). */
+static int valid_slice_name(const char *name)
+{
+	size_t n = strlen(name);
+	if (n == 0 || n >= HAMI_SLICE_NAME_LEN)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char c = name[i];
+		int alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+		if (!alnum && (i == 0 || !strchr("._@+-", c)))
+			return 0;
+	}
+	return !(n >= 6 && strcmp(name + n - 6, ".slice") == 0);
+}
+
+static const char name_rule[] = "not a slice name (1-63 letters, digits and . _ @ + -, starting with a "
+				"letter or digit; a path's file name follows the same rule)";
 
 static void read_mode(void)
 {
@@ -104,7 +175,8 @@ static void copy_bounded(char *dst, size_t cap, const char *src)
 #define HUB_SLICE_ROOT "/run/hami-jupyter"
 
 /* A slice given by name lives under the slice root; a value with '/' is a path.
- * The root's order is hami_jupyter/slice_paths.py's: keep the two in step. */
+ * The root's order is hami_jupyter/slice_paths.py's: keep the two in step.
+ * NULL: the path would not fit. */
 static const char *resolve_slice_path(const char *value)
 {
 	if (strchr(value, '/'))
@@ -117,24 +189,31 @@ static const char *resolve_slice_path(const char *value)
 	if (!root || !*root) {
 		const char *xdg = getenv("XDG_RUNTIME_DIR");
 		if (xdg && *xdg) {
-			snprintf(slice_path_buf, sizeof(slice_path_buf), "%s/hami-jupyter/%s.slice", xdg, value);
-			return slice_path_buf;
+			int w = snprintf(slice_path_buf, sizeof(slice_path_buf), "%s/hami-jupyter/%s.slice", xdg,
+					 value);
+			return w > 0 && (size_t)w < sizeof(slice_path_buf) ? slice_path_buf : NULL;
 		}
 		snprintf(fallback, sizeof(fallback), "/tmp/hami-jupyter-%u", (unsigned)getuid());
 		root = fallback;
 	}
-	snprintf(slice_path_buf, sizeof(slice_path_buf), "%s/%s.slice", root, value);
-	return slice_path_buf;
+	int w = snprintf(slice_path_buf, sizeof(slice_path_buf), "%s/%s.slice", root, value);
+	return w > 0 && (size_t)w < sizeof(slice_path_buf) ? slice_path_buf : NULL;
 }
 
-static void slice_name_from_path(const char *path)
+/* The slice's name: its file name less ".slice". 0, or -1 when that is no slice name. */
+static int slice_name_from_path(const char *path)
 {
+	char name[PATH_MAX];
 	const char *base = strrchr(path, '/');
 	base = base ? base + 1 : path;
-	copy_bounded(config.slice_name, sizeof(config.slice_name), base);
-	char *dot = strrchr(config.slice_name, '.');
-	if (dot && strcmp(dot, ".slice") == 0)
-		*dot = '\0';
+	copy_bounded(name, sizeof(name), base);
+	size_t n = strlen(name);
+	if (n > 6 && strcmp(name + n - 6, ".slice") == 0)
+		name[n - 6] = '\0';
+	if (!valid_slice_name(name))
+		return -1;
+	copy_bounded(config.slice_name, sizeof(config.slice_name), name);
+	return 0;
 }
 
 static void read_config(void)
@@ -163,23 +242,26 @@ static void read_config(void)
 		read_count(name, &has, &config.decoders_ordinal[i]);
 		config.has_decoders_ordinal[i] = (uint8_t)has;
 	}
+	check_ordinal_names();
 	read_mode();
 	read_size("HAMI_CONTEXT_OVERHEAD", &config.has_context_overhead, &config.context_overhead);
 
-	const char *slice = getenv("HAMI_SLICE");
-	if (!slice)
-		slice = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+	const char *slice_var = getenv("HAMI_SLICE") ? "HAMI_SLICE" : "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+	const char *slice = getenv(slice_var);
 	if (slice && !*slice)
-		bad_setting(getenv("HAMI_SLICE") ? "HAMI_SLICE" : "CUDA_DEVICE_MEMORY_SHARED_CACHE", slice,
-			    "empty (give a slice name or file path, or unset it for a private slice)");
-	else if (slice) {
-		config.slice_path = resolve_slice_path(slice);
-		slice_name_from_path(config.slice_path);
-	} else {
+		bad_setting(slice_var, slice, "empty (give a slice name or file path, or unset it for a private slice)");
+	else if (slice && !strchr(slice, '/') && !valid_slice_name(slice))
+		bad_setting(slice_var, slice, name_rule);
+	else if (slice && !(config.slice_path = resolve_slice_path(slice)))
+		bad_setting(slice_var, slice, "too long for a slice path");
+	else if (slice && slice_name_from_path(config.slice_path) < 0)
+		bad_setting(slice_var, slice, name_rule);
+	else if (!slice)
 		snprintf(config.slice_name, sizeof(config.slice_name), "private-%d", (int)getpid());
-	}
 	const char *name = getenv("HAMI_SLICE_NAME");
-	if (name && *name)
+	if (name && !valid_slice_name(name))
+		bad_setting("HAMI_SLICE_NAME", name, name_rule);
+	else if (name)
 		copy_bounded(config.slice_name, sizeof(config.slice_name), name);
 	copy_bounded(config.kernel_id, sizeof(config.kernel_id), getenv("HAMI_KERNEL_ID"));
 }

@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 #include <stddef.h>
+#include <sys/stat.h>
 
 #include "hami/cuda_types.h"
 #include "hami/slice_file.h"
@@ -69,6 +70,7 @@ nvmlDevice_t hami_nvml_device(int sdev);
 /* hooks.c: name <-> hook tables for dlsym and cuGetProcAddress */
 void *hami_hook_by_name(const char *name);
 void *hami_hook_for_real(void *real_fn);
+int hami_hooked_base(const char *symbol);
 
 /* setup.c: one-time set-up after the real cuInit */
 int hami_setup(void); /* CUDA_SUCCESS, an error to return, or -1: driver not initialised yet */
@@ -92,9 +94,17 @@ int hami_slot(void);
 void hami_slice_sweep(void);
 uint64_t hami_slice_live_used(int sdev);
 
+/* trust.c: whether a slice folder or file may be used (docs/slice-file.md, "Who owns what") */
+const char *hami_file_kind(mode_t mode);
+int hami_check_folder(const char *file_path, struct stat *folder); /* 0, -ENOENT, or -1 (reported) */
+/* owner_only: this user or root must own it, wherever it lies (limits files) */
+int hami_check_file(const char *path, const struct stat *st, const struct stat *folder, int owner_only);
+int hami_stat_missing(const char *path, const char *what); /* -1, reported: a dangling symbolic link */
+
 /* limits_file.c: the hub-owned companion limits file, when there is one */
 int hami_limits_file_map(const char *slice_path);
 const struct hami_slice_limits *hami_limits_block(const struct hami_slice_file *f);
+int hami_limits_file_in_force(void);
 
 /* charge.c: reserve-then-allocate against the slice */
 int hami_charge(int sdev, uint64_t bytes, const char *what);

@@ -100,3 +100,28 @@ void *hami_hook_for_real(void *real_fn)
 			return hooks[i].hook;
 	return real_fn;
 }
+
+/* Length of *name* without its per-thread-stream and version suffixes
+ * ("cuMemAllocAsync_ptsz" -> "cuMemAllocAsync", "cuCtxCreate_v4" -> "cuCtxCreate"). */
+static size_t base_length(const char *name)
+{
+	size_t n = strlen(name);
+	if (n > 5 && (strcmp(name + n - 5, "_ptsz") == 0 || strcmp(name + n - 5, "_ptds") == 0))
+		n -= 5;
+	size_t d = n;
+	while (d > 0 && name[d - 1] >= '0' && name[d - 1] <= '9')
+		d--;
+	if (d < n && d >= 2 && name[d - 1] == 'v' && name[d - 2] == '_')
+		n = d - 2;
+	return n;
+}
+
+/* Whether cuGetProcAddress's *symbol* (a base name) names a hooked entry point in any version. */
+int hami_hooked_base(const char *symbol)
+{
+	size_t want = strlen(symbol);
+	for (size_t i = 0; i < HOOK_COUNT; i++)
+		if (base_length(hooks[i].name) == want && strncmp(hooks[i].name, symbol, want) == 0)
+			return 1;
+	return 0;
+}

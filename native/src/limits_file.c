@@ -49,28 +49,55 @@ static int check(const struct hami_limits_file *h, off_t size, const char *path)
 	return 0;
 }
 
-/* 0: no limits file (the slice file's block applies); 1: mapped; -1: present but unusable. */
+/*
+ * 0: no limits file (the slice file's block applies); 1: mapped; -1: present
+ * but unusable, or it could not be looked for. Every doubt fails closed: a
+ * slice whose hub-owned limits cannot be read must not fall back on the
+ * user-owned block in the slice file.
+ */
 int hami_limits_file_map(const char *slice_path)
 {
 	char path[PATH_MAX];
 	if (__atomic_load_n(&mapped, __ATOMIC_ACQUIRE))
 		return 1; /* a read-only (NVML) attach came first; the file stays the same */
-	if (!slice_path || limits_path(slice_path, path, sizeof(path)) < 0)
+	if (!slice_path)
 		return 0;
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-	if (fd < 0) {
+	if (limits_path(slice_path, path, sizeof(path)) < 0) {
+		hami_log(HAMI_LOG_ERROR, "the limits file of a slice cannot be looked for: its path would be "
+			 "longer than %d bytes, so CUDA is disabled; use a shorter slice path than %s",
+			 PATH_MAX - 1, slice_path);
+		return -1;
+	}
+	struct stat folder, st;
+	if (hami_check_folder(path, &folder) < 0)
+		return -1;
+	if (stat(path, &st) < 0) {
 		if (errno == ENOENT)
-			return 0;
+			return hami_stat_missing(path, "limits file") < 0 ? -1 : 0;
+		hami_log(HAMI_LOG_ERROR, "cannot look at limits file %s: %s", path, strerror(errno));
+		return -1;
+	}
+	if (hami_check_file(path, &st, &folder, 1) < 0)
+		return -1;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0) {
 		hami_log(HAMI_LOG_ERROR, "cannot open limits file %s: %s", path, strerror(errno));
 		return -1;
 	}
-	struct stat st;
+	struct stat opened;
 	struct hami_limits_file h;
 	memset(&h, 0, sizeof(h));
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || pread(fd, &h, sizeof(h), 0) < 0 ||
-	    check(&h, st.st_size, path) < 0) {
-		if (!S_ISREG(st.st_mode))
-			hami_log(HAMI_LOG_ERROR, "limits file %s is not a regular file", path);
+	if (fstat(fd, &opened) < 0 || pread(fd, &h, sizeof(h), 0) < 0) {
+		hami_log(HAMI_LOG_ERROR, "cannot read limits file %s: %s", path, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	if ((opened.st_dev != st.st_dev || opened.st_ino != st.st_ino) &&
+	    hami_check_file(path, &opened, &folder, 1) < 0) {
+		close(fd);
+		return -1;
+	}
+	if (check(&h, opened.st_size, path) < 0) {
 		close(fd);
 		return -1;
 	}
@@ -83,6 +110,11 @@ int hami_limits_file_map(const char *slice_path)
 	__atomic_store_n(&mapped, (const struct hami_limits_file *)m, __ATOMIC_RELEASE);
 	hami_log(HAMI_LOG_INFO, "limits of slice \"%s\" come from %s", hami_slice_name(), path);
 	return 1;
+}
+
+int hami_limits_file_in_force(void)
+{
+	return __atomic_load_n(&mapped, __ATOMIC_ACQUIRE) != NULL;
 }
 
 const struct hami_slice_limits *hami_limits_block(const struct hami_slice_file *f)

@@ -75,6 +75,31 @@ static CUresult learn_devices(struct hami_device_info *info, int *count)
 	return CUDA_SUCCESS;
 }
 
+/*
+ * A limit in this process's environment that the slice file overrides: say so
+ * once, with both values. The file is the slice's authority (an admin may
+ * have changed it live); the environment only seeds a new file.
+ */
+static void warn_if_environment_differs(int ordinal, int sdev)
+{
+	struct hami_device_limit in_force;
+	uint64_t asked;
+	uint32_t share;
+	char a[32], b[32];
+	if (hami_slice_limit(sdev, &in_force) < 0)
+		return;
+	const char *authority = hami_limits_file_in_force() ? "the hub's limits file" : "the slice file";
+	if (hami_config_memory_limit(ordinal, &asked) && asked != in_force.memory_limit)
+		hami_log(HAMI_LOG_WARN, "slice \"%s\" GPU %d: this process's environment asks for a %s "
+			 "memory limit, %s holds %s; %s applies", hami_slice_name(), ordinal,
+			 hami_human(asked, a), authority,
+			 in_force.memory_limit ? hami_human(in_force.memory_limit, b) : "no limit", authority);
+	if (hami_config_sm_share(ordinal, &share) && share % 100 != in_force.sm_share % 100)
+		hami_log(HAMI_LOG_WARN, "slice \"%s\" GPU %d: this process's environment asks for an SM "
+			 "share of %u %%, %s holds %u %%; %s applies", hami_slice_name(), ordinal,
+			 share % 100, authority, in_force.sm_share % 100, authority);
+}
+
 static CUresult run_setup(void)
 {
 	if (hami_config()->error)
@@ -93,9 +118,21 @@ static CUresult run_setup(void)
 		return rc;
 	for (int i = 0; i < n; i++) {
 		ordinal_device[i] = hami_slice_device(info[i].uuid, &info[i]);
-		if (ordinal_device[i] < 0)
-			hami_log(HAMI_LOG_WARN, "slice \"%s\" has no room for GPU %d (%s): it is not limited",
-				 hami_slice_name(), i, info[i].uuid);
+		if (ordinal_device[i] == -2) {
+			hami_log(HAMI_LOG_ERROR, "slice \"%s\": another process has been entering GPU %d (%s) "
+				 "for over 100 ms; CUDA is disabled in this process rather than leave that GPU "
+				 "unlimited: start it again", hami_slice_name(), i, info[i].uuid);
+			return CUDA_ERROR_NOT_READY;
+		}
+		if (ordinal_device[i] < 0) {
+			hami_log(HAMI_LOG_ERROR, "slice \"%s\" already holds the %d GPUs a slice can hold and "
+				 "has no room for GPU %d (%s); CUDA is disabled in this process rather than leave "
+				 "that GPU unlimited: list at most %d GPUs in CUDA_VISIBLE_DEVICES, or use "
+				 "another slice", hami_slice_name(), HAMI_SLICE_MAX_DEVICES, i, info[i].uuid,
+				 HAMI_SLICE_MAX_DEVICES);
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		}
+		warn_if_environment_differs(i, ordinal_device[i]);
 	}
 	ordinal_count = n;
 	hami_sm_refresh();
@@ -163,6 +200,30 @@ HAMI_EXPORT CUresult cuInit(unsigned int flags)
 	return s < 0 ? CUDA_ERROR_NOT_INITIALIZED : (CUresult)s;
 }
 
+/*
+ * What cuGetProcAddress hands out: our hook for an entry point we hook. A
+ * pointer the driver gives for a name we hook (in some version) but that is
+ * none of the entry points we know (an old version we do not charge, or a
+ * driver that hands out internal addresses) would bypass the slice: refused,
+ * and said, rather than passed on.
+ */
+static CUresult hooked_proc(const char *symbol, void **pfn, int version, CUdriverProcAddressQueryResult *status)
+{
+	void *hook = hami_hook_for_real(*pfn);
+	if (hook != *pfn || !*pfn || !hami_hooked_base(symbol)) {
+		*pfn = hook;
+		return CUDA_SUCCESS;
+	}
+	hami_log(HAMI_LOG_ERROR, "cuGetProcAddress(\"%s\", version %d) returned an entry point this "
+		 "library does not know, which would escape the slice's limits: refused (is the "
+		 "driver newer than hami-jupyter, or the program asking for a CUDA version older "
+		 "than 3.2?)", symbol, version);
+	*pfn = NULL;
+	if (status)
+		*status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+	return CUDA_ERROR_NOT_FOUND;
+}
+
 HAMI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
 	static cuGetProcAddress_fn real;
@@ -173,9 +234,7 @@ HAMI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVe
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
 	CUresult rc = real(symbol, pfn, cudaVersion, flags);
-	if (rc == CUDA_SUCCESS && pfn)
-		*pfn = hami_hook_for_real(*pfn);
-	return rc;
+	return rc == CUDA_SUCCESS ? hooked_proc(symbol, pfn, cudaVersion, NULL) : rc;
 }
 
 HAMI_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
@@ -189,7 +248,5 @@ HAMI_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cud
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
 	CUresult rc = real(symbol, pfn, cudaVersion, flags, status);
-	if (rc == CUDA_SUCCESS && pfn)
-		*pfn = hami_hook_for_real(*pfn);
-	return rc;
+	return rc == CUDA_SUCCESS ? hooked_proc(symbol, pfn, cudaVersion, status) : rc;
 }

@@ -146,7 +146,8 @@ static int create_slice_file(const char *path, const struct hami_device_info *de
 {
 	char tmp[PATH_MAX];
 	snprintf(tmp, sizeof(tmp), "%s.%d.new", path, (int)getpid());
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	/* Only this user reads the slots (pids, kernel ids); the hub shares its own files. */
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -errno;
 	struct hami_slice_file *f = calloc(1, sizeof(*f));
@@ -184,6 +185,8 @@ static int check_header(const struct hami_slice_header *h, off_t size, const cha
 	if (h->header_size != sizeof(*h) || h->max_devices != HAMI_SLICE_MAX_DEVICES ||
 	    h->max_slots != HAMI_SLICE_MAX_SLOTS || h->device_size != sizeof(struct hami_slice_device) ||
 	    h->slot_size != sizeof(struct hami_slot) ||
+	    h->limits_offset != offsetof(struct hami_slice_file, limits) ||
+	    h->devices_offset != offsetof(struct hami_slice_file, device) ||
 	    h->slots_offset != offsetof(struct hami_slice_file, slot)) {
 		hami_log(HAMI_LOG_ERROR, "slice file %s has a layout this library does not know "
 			 "(corrupt?)", path);
@@ -198,22 +201,43 @@ truncated:
 	return -1;
 }
 
-/* Open, check and map. 0, or -ENOENT when absent, or -1 (reported). */
+/*
+ * Open, check and map. 0, or -ENOENT when absent, or -1 (reported). The path
+ * is looked at before it is opened: opening a FIFO would block, and nothing
+ * but a regular file in a trusted folder is ever used.
+ */
 static int map_slice_file(const char *path, int writable)
 {
-	int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+	struct stat folder, st, opened;
+	int rc = hami_check_folder(path, &folder);
+	if (rc < 0)
+		return rc == -ENOENT ? -ENOENT : -1;
+	if (stat(path, &st) < 0) {
+		if (errno == ENOENT)
+			return hami_stat_missing(path, "slice file") < 0 ? -1 : -ENOENT;
+		hami_log(HAMI_LOG_ERROR, "cannot open slice file %s: %s", path, strerror(errno));
+		return -1;
+	}
+	if (hami_check_file(path, &st, &folder, 0) < 0)
+		return -1;
+	int fd = open(path, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
 	if (fd < 0)
 		return errno == ENOENT ? -ENOENT : (hami_log(HAMI_LOG_ERROR,
 				"cannot open slice file %s: %s", path, strerror(errno)), -1);
-	struct stat st;
 	struct hami_slice_header h;
 	memset(&h, 0, sizeof(h));
-	if (fstat(fd, &st) < 0 || pread(fd, &h, sizeof(h), 0) < 0) {
+	if (fstat(fd, &opened) < 0 || pread(fd, &h, sizeof(h), 0) < 0) {
 		hami_log(HAMI_LOG_ERROR, "cannot read slice file %s: %s", path, strerror(errno));
 		close(fd);
 		return -1;
 	}
-	if (check_header(&h, st.st_size, path) < 0) {
+	/* Swapped between the look and the open: check what we really hold. */
+	if ((opened.st_dev != st.st_dev || opened.st_ino != st.st_ino) &&
+	    hami_check_file(path, &opened, &folder, 0) < 0) {
+		close(fd);
+		return -1;
+	}
+	if (check_header(&h, opened.st_size, path) < 0) {
 		close(fd);
 		return -1;
 	}
@@ -263,9 +287,9 @@ static void make_parent_dir(const char *path)
 	if (!slash || slash == dir)
 		return;
 	*slash = '\0';
-	if (mkdir(dir, 0755) < 0 && errno == ENOENT) {
+	if (mkdir(dir, 0700) < 0 && errno == ENOENT) {
 		make_parent_dir(dir);
-		mkdir(dir, 0755);
+		mkdir(dir, 0700);
 	}
 }
 
@@ -286,12 +310,21 @@ int hami_slice_attach(const struct hami_device_info *dev, int count)
 		if (rc != -ENOENT)
 			return CUDA_ERROR_INVALID_VALUE;
 		make_parent_dir(path);
+		struct stat folder;
+		rc = hami_check_folder(path, &folder); /* never write into someone else's folder */
+		if (rc < 0) {
+			if (rc == -ENOENT)
+				hami_log(HAMI_LOG_ERROR, "cannot make the folder of slice file %s", path);
+			return CUDA_ERROR_INVALID_VALUE;
+		}
 		rc = create_slice_file(path, dev, count);
 		if (rc < 0) {
 			hami_log(HAMI_LOG_ERROR, "cannot create slice file %s: %s", path, strerror(-rc));
 			return CUDA_ERROR_OPERATING_SYSTEM;
 		}
 	}
+	hami_log(HAMI_LOG_ERROR, "slice file %s disappeared each time it was made; is something removing it?",
+		 path);
 	return CUDA_ERROR_OPERATING_SYSTEM;
 }
 
@@ -299,13 +332,16 @@ int hami_slice_attach(const struct hami_device_info *dev, int count)
 int hami_slice_open_existing(void)
 {
 	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+	static int refused; /* said once why; NVML is asked often */
 	const struct hami_config *c = hami_config();
 	if (hami_slice())
 		return 0;
-	if (c->error || !c->slice_path)
+	if (c->error || !c->slice_path || __atomic_load_n(&refused, __ATOMIC_ACQUIRE))
 		return -1;
 	pthread_mutex_lock(&lock);
 	int rc = hami_slice() ? 0 : map_slice_file(c->slice_path, 0);
+	if (rc < 0 && rc != -ENOENT)
+		__atomic_store_n(&refused, 1, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&lock);
 	return rc == 0 ? 0 : -1;
 }
@@ -313,43 +349,114 @@ int hami_slice_open_existing(void)
 /* ---- devices ------------------------------------------------------------- */
 
 /*
- * The slice's entry for a GPU, claimed on first sight. A claim in progress is
- * waited for (briefly), so two processes never make two entries for one UUID.
+ * The slice's entry for a GPU, claimed on first sight, so two processes never
+ * make two entries for one UUID. A claimer holds an OFD lock on the entry's
+ * first byte from before it marks the entry CLAIMING until it is READY; the
+ * kernel drops the lock if the claimer dies. So an entry that is CLAIMING
+ * while nobody holds its lock was left half-made by a dead process, and is
+ * emptied again; one whose claimer lives is waited for (briefly).
+ */
+static pthread_mutex_t claim_lock = PTHREAD_MUTEX_INITIALIZER; /* OFD locks do not tell our threads apart */
+
+static off_t device_offset(int i)
+{
+	return (off_t)(offsetof(struct hami_slice_file, device) + (size_t)i * sizeof(struct hami_slice_device));
+}
+
+/* Whether a live process other than us holds entry i's claim lock. */
+static int claim_in_progress(int i)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = device_offset(i), .l_len = 1 };
+	if (map_fd < 0 || fcntl(map_fd, F_OFD_GETLK, &fl) < 0)
+		return 1; /* cannot tell: treat it as alive, so we wait and then refuse */
+	return fl.l_type != F_UNLCK;
+}
+
+/* Entry i is CLAIMING: empty it if its claimer died. 1: emptied (look again). */
+static int repair_dead_claim(struct hami_slice_file *f, int i)
+{
+	if (!map_writable || map_fd < 0 || ofd_lock(map_fd, device_offset(i), F_WRLCK) < 0)
+		return 0;
+	struct hami_slice_device *d = &f->device[i];
+	int repaired = __atomic_load_n(&d->state, __ATOMIC_ACQUIRE) == HAMI_DEVICE_CLAIMING;
+	if (repaired) {
+		hami_log(HAMI_LOG_WARN, "slice \"%s\": GPU entry %d was left half-claimed by a process "
+			 "that died; emptied it", f->header.name, i);
+		memset(d->uuid, 0, sizeof(d->uuid));
+		d->memory_total = 0;
+		d->sm_count = 0;
+		__atomic_store_n(&d->state, HAMI_DEVICE_EMPTY, __ATOMIC_RELEASE);
+	}
+	ofd_lock(map_fd, device_offset(i), F_UNLCK);
+	return repaired;
+}
+
+/* Claim empty entry i for *info; 0 when another process got there first. */
+static int claim_device(struct hami_slice_file *f, int i, const struct hami_device_info *info)
+{
+	struct hami_slice_device *d = &f->device[i];
+	if (!map_writable || map_fd < 0 || ofd_lock(map_fd, device_offset(i), F_WRLCK) < 0)
+		return 0;
+	uint32_t expect = HAMI_DEVICE_EMPTY;
+	int won = __atomic_compare_exchange_n(&d->state, &expect, HAMI_DEVICE_CLAIMING, 0,
+					      __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+	if (won) {
+		memcpy(d->uuid, info->uuid, sizeof(d->uuid));
+		d->memory_total = info->memory_total;
+		d->sm_count = info->sm_count;
+		__atomic_store_n(&d->state, HAMI_DEVICE_READY, __ATOMIC_RELEASE);
+	}
+	ofd_lock(map_fd, device_offset(i), F_UNLCK);
+	return won;
+}
+
+/*
+ * The entry of GPU *uuid*: its index; -1 when the slice has none (info NULL:
+ * look only, claim nothing; else: no room left); -2 when a live claim kept us
+ * from knowing (the caller must not take the GPU as unlimited).
  */
 int hami_slice_device(const char *uuid, const struct hami_device_info *info)
 {
 	struct hami_slice_file *f = hami_slice();
 	if (!f)
 		return -1;
-	for (int round = 0; round < 2000; round++) {
-		int pending = 0;
-		for (int i = 0; i < HAMI_SLICE_MAX_DEVICES; i++) {
+	if (info)
+		pthread_mutex_lock(&claim_lock);
+	int found = -2;
+	for (int round = 0; round < 2000; round++, found = -2) {
+		int pending = 0, repaired = 0, empty = -1;
+		found = -1;
+		for (int i = 0; i < HAMI_SLICE_MAX_DEVICES && found < 0; i++) {
 			struct hami_slice_device *d = &f->device[i];
 			uint32_t st = __atomic_load_n(&d->state, __ATOMIC_ACQUIRE);
 			if (st == HAMI_DEVICE_READY && strncmp(d->uuid, uuid, sizeof(d->uuid)) == 0)
-				return i;
-			if (st == HAMI_DEVICE_CLAIMING)
-				pending = 1;
-			if (st != HAMI_DEVICE_EMPTY || pending || !info)
-				continue;
-			uint32_t expect = HAMI_DEVICE_EMPTY;
-			if (!__atomic_compare_exchange_n(&d->state, &expect, HAMI_DEVICE_CLAIMING, 0,
-							 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-				pending = 1;
-				continue;
-			}
-			memcpy(d->uuid, info->uuid, sizeof(d->uuid));
-			d->memory_total = info->memory_total;
-			d->sm_count = info->sm_count;
-			__atomic_store_n(&d->state, HAMI_DEVICE_READY, __ATOMIC_RELEASE);
-			return i;
+				found = i;
+			else if (st == HAMI_DEVICE_CLAIMING && claim_in_progress(i))
+				pending = 1; /* it may be this very GPU: wait, never claim a second entry */
+			else if (st == HAMI_DEVICE_CLAIMING)
+				repaired |= repair_dead_claim(f, i); /* read-only: a dead claim is no entry */
+			else if (st == HAMI_DEVICE_EMPTY && empty < 0)
+				empty = i;
 		}
-		if (!pending)
-			return -1;
-		struct timespec ts = { 0, 50000 }; /* a claim takes microseconds; 100 ms at most */
-		nanosleep(&ts, NULL);
+		if (found >= 0)
+			break;
+		if (repaired)
+			continue; /* look again at once */
+		if (pending) {
+			struct timespec ts = { 0, 50000 }; /* a claim takes microseconds; 100 ms at most */
+			nanosleep(&ts, NULL);
+			continue;
+		}
+		if (!info || empty < 0)
+			break;
+		if (claim_device(f, empty, info)) {
+			found = empty;
+			break;
+		}
 	}
-	return -1;
+	if (info)
+		pthread_mutex_unlock(&claim_lock);
+	return found;
 }
 
 /* ---- limits -------------------------------------------------------------- */

@@ -32,7 +32,8 @@
  *   meminfo | totalmem DEV | uuid DEV | sync
  *   fill SIZE | race ITERATIONS MAXSIZE SEED | threads N ITERATIONS MAXSIZE SEED | null WHAT
  *   getproc BASENAME VERSION FLAGS | getproc1 BASENAME VERSION FLAGS
- *   dlsym NAME | nvmldlsym NAME | resolve dlsym|procaddr|procaddr1 [VERSION [FLAGS]]
+ *   dlsym NAME | nvmldlsym NAME | resolve dlsym|next|default|procaddr|procaddr1 [VERSION [FLAGS]]
+ *                               (next, default: dlsym(RTLD_NEXT / RTLD_DEFAULT, ...) from cudrive)
  *   nvml | nvmlcount | nvmlmem IDX | nvmluuid IDX | nvmlshutdown
  *   sleep MS | echo [WORD] | waitfile PATH [TIMEOUT_MS] | hold | exit [N] | stdin
  *   child ... endchild
@@ -441,7 +442,8 @@ static void usage_error(const char *op, const char *err, const char *fmt, ...)
 
 /* ---- library handles and entry point resolution --------------------------- */
 
-enum resolve_mode { RESOLVE_DLSYM, RESOLVE_PROCADDR, RESOLVE_PROCADDR1 };
+/* dlsym(libcuda handle), dlsym(RTLD_NEXT), dlsym(RTLD_DEFAULT), cuGetProcAddress_v2 / cuGetProcAddress */
+enum resolve_mode { RESOLVE_DLSYM, RESOLVE_NEXT, RESOLVE_DEFAULT, RESOLVE_PROCADDR, RESOLVE_PROCADDR1 };
 
 static void *libcuda;
 static void *libnvml;
@@ -627,17 +629,22 @@ static void *cuvid_dlsym(const char *name)
 	return p;
 }
 
-static void *cuda_dlsym(const char *name)
+static void *cuda_dlsym_in(void *handle, const char *name)
 {
 	if (!open_libcuda())
 		return NULL;
 	dlerror();
-	void *p = dlsym(libcuda, name);
+	void *p = dlsym(handle ? handle : libcuda, name);
 	if (!p) {
 		const char *e = dlerror();
 		snprintf(resolve_error, sizeof(resolve_error), "dlsym %s: %s", name, e ? e : "not found");
 	}
 	return p;
+}
+
+static void *cuda_dlsym(const char *name)
+{
+	return cuda_dlsym_in(NULL, name);
 }
 
 static void *nvml_dlsym(const char *name)
@@ -682,7 +689,11 @@ static void *resolve(enum fn_id id)
 		return fn_cache[id];
 	const struct fn_entry *e = &fn_table[id];
 	void *p = NULL;
-	if (mode == RESOLVE_DLSYM || !e->base) {
+	if (mode == RESOLVE_NEXT || mode == RESOLVE_DEFAULT) {
+		/* libcuda is open RTLD_GLOBAL: these find whatever comes first after
+		 * (or from) the program, as an application's own lookups do. */
+		p = cuda_dlsym_in(mode == RESOLVE_NEXT ? RTLD_NEXT : RTLD_DEFAULT, e->symbol);
+	} else if (mode == RESOLVE_DLSYM || !e->base) {
 		p = cuda_dlsym(e->symbol);
 	} else {
 		CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
@@ -1091,7 +1102,7 @@ static int cmd_ctxcreate(struct stream *s, struct result *r)
 	if (sym && strstr(sym, "cuCtxCreate") == sym) {
 		const char *v = strrchr(sym, '_');
 		api = v && strcmp(v, "_v4") == 0 ? 4 : v && strcmp(v, "_v3") == 0 ? 3 : 2;
-	} else if (mode != RESOLVE_DLSYM) {
+	} else if (mode == RESOLVE_PROCADDR || mode == RESOLVE_PROCADDR1) {
 		api = proc_version >= 13000 ? 4 : proc_version >= 11040 ? 3 : 2;
 	}
 	if (api == 4)
@@ -2029,16 +2040,20 @@ static int cmd_nvmldlsym(struct stream *s, struct result *r)
 
 static int cmd_resolve(struct stream *s, struct result *r)
 {
-	ARG(how, "dlsym|procaddr|procaddr1");
+	ARG(how, "dlsym|next|default|procaddr|procaddr1");
 	enum resolve_mode m;
 	if (strcmp(how, "dlsym") == 0)
 		m = RESOLVE_DLSYM;
+	else if (strcmp(how, "next") == 0)
+		m = RESOLVE_NEXT;
+	else if (strcmp(how, "default") == 0)
+		m = RESOLVE_DEFAULT;
 	else if (strcmp(how, "procaddr") == 0)
 		m = RESOLVE_PROCADDR;
 	else if (strcmp(how, "procaddr1") == 0)
 		m = RESOLVE_PROCADDR1;
 	else {
-		usage_error(r->op, "CUDRIVE_USAGE", "bad mode \"%s\" (dlsym, procaddr, procaddr1)", how);
+		usage_error(r->op, "CUDRIVE_USAGE", "bad mode \"%s\" (dlsym, next, default, procaddr, procaddr1)", how);
 		return -1;
 	}
 	long long version = 12000;
