@@ -824,6 +824,12 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 	return primary_release(dev, 0);
 }
 
+/* The first export, which real drivers still hand out for CUDA versions before 11.0. */
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+	return primary_release(dev, 0);
+}
+
 /* Frees everything made in the primary context; the next retain starts it
  * afresh (same handle). */
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
@@ -2463,6 +2469,7 @@ LOCAL(cuDeviceGetAttribute);
 LOCAL(cuDeviceGetPCIBusId);
 LOCAL(cuDevicePrimaryCtxRetain);
 LOCAL(cuDevicePrimaryCtxRelease_v2);
+LOCAL(cuDevicePrimaryCtxRelease);
 LOCAL(cuDevicePrimaryCtxReset_v2);
 LOCAL(cuDevicePrimaryCtxGetState);
 LOCAL(cuDevicePrimaryCtxSetFlags_v2);
@@ -2572,6 +2579,7 @@ static const struct {
 	{"cuDeviceGetAttribute", 2000, local_cuDeviceGetAttribute, NULL},
 	{"cuDeviceGetPCIBusId", 4010, local_cuDeviceGetPCIBusId, NULL},
 	{"cuDevicePrimaryCtxRetain", 7000, local_cuDevicePrimaryCtxRetain, NULL},
+	{"cuDevicePrimaryCtxRelease", 7000, local_cuDevicePrimaryCtxRelease, NULL},
 	{"cuDevicePrimaryCtxRelease", 11000, local_cuDevicePrimaryCtxRelease_v2, NULL},
 	{"cuDevicePrimaryCtxReset", 11000, local_cuDevicePrimaryCtxReset_v2, NULL},
 	{"cuDevicePrimaryCtxGetState", 7000, local_cuDevicePrimaryCtxGetState, NULL},

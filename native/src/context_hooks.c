@@ -25,6 +25,7 @@ typedef nvmlReturn_t (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int primary_retains[HAMI_MAX_ORDINALS];
 static uint64_t primary_charge[HAMI_MAX_ORDINALS];
+/* Written once by the first context measured; read by any thread creating one. */
 static uint64_t measured_overhead;
 
 void hami_contexts_after_fork(void)
@@ -36,7 +37,7 @@ void hami_contexts_after_fork(void)
 
 static int nvml_device_used(int sdev, uint64_t *used)
 {
-	nvml_mem_fn mem = (nvml_mem_fn)hami_nvml_sym("nvmlDeviceGetMemoryInfo");
+	nvml_mem_fn mem = HAMI_REAL(nvml_mem_fn, "nvmlDeviceGetMemoryInfo");
 	nvmlDevice_t dev = hami_nvml_device(sdev);
 	nvmlMemory_t m;
 	if (!mem || !dev || mem(dev, &m) != NVML_SUCCESS)
@@ -48,7 +49,7 @@ static int nvml_device_used(int sdev, uint64_t *used)
 /* This process's own device memory as NVML sees it (same PID namespace only). */
 static int nvml_process_used(int sdev, uint64_t *used)
 {
-	nvml_procs_fn procs = (nvml_procs_fn)hami_nvml_sym("nvmlDeviceGetComputeRunningProcesses_v3");
+	nvml_procs_fn procs = HAMI_REAL(nvml_procs_fn, "nvmlDeviceGetComputeRunningProcesses_v3");
 	nvmlDevice_t dev = hami_nvml_device(sdev);
 	nvmlProcessInfo_t info[64];
 	unsigned int n = 64;
@@ -64,7 +65,7 @@ static int nvml_process_used(int sdev, uint64_t *used)
 
 static int need_measure(void)
 {
-	return !hami_config()->has_context_overhead && !measured_overhead;
+	return !hami_config()->has_context_overhead && !__atomic_load_n(&measured_overhead, __ATOMIC_RELAXED);
 }
 
 /* The bytes to charge for a context just created on slice device sdev. */
@@ -73,21 +74,44 @@ static uint64_t context_bytes(int sdev, int have_before, uint64_t device_used_be
 	const struct hami_config *c = hami_config();
 	if (c->has_context_overhead)
 		return c->context_overhead;
-	if (measured_overhead)
-		return measured_overhead;
-	uint64_t used = 0, mine = 0;
+	uint64_t known = __atomic_load_n(&measured_overhead, __ATOMIC_RELAXED);
+	if (known)
+		return known;
+	uint64_t used = 0, mine = 0, measured = 0;
 	struct hami_slice_file *f = hami_slice();
 	int slot = hami_slot();
 	if (f && slot >= 0)
 		mine = __atomic_load_n(&f->slot[slot].memory_used[sdev], __ATOMIC_ACQUIRE);
 	if (nvml_process_used(sdev, &used) == 0 && used > mine)
-		measured_overhead = used - mine;
+		measured = used - mine;
 	else if (have_before && nvml_device_used(sdev, &used) == 0 && used > device_used_before)
-		measured_overhead = used - device_used_before; /* racy with neighbours, still close */
-	if (measured_overhead)
-		hami_log(HAMI_LOG_DEBUG, "a CUDA context costs %llu bytes on this GPU",
-			 (unsigned long long)measured_overhead);
-	return measured_overhead;
+		measured = used - device_used_before; /* racy with neighbours, still close */
+	if (!measured)
+		return 0;
+	/* Threads creating contexts at once may each measure: the first figure stays. */
+	if (!__atomic_compare_exchange_n(&measured_overhead, &known, measured, 0, __ATOMIC_RELAXED,
+					 __ATOMIC_RELAXED))
+		return known;
+	hami_log(HAMI_LOG_DEBUG, "a CUDA context costs %llu bytes on this GPU", (unsigned long long)measured);
+	return measured;
+}
+
+/*
+ * What a context costs, when that is known before one is made (configured, or
+ * measured by an earlier context of this process): then it is reserved before
+ * the real call, so the slice is never over its cap while a context is being
+ * made. Otherwise (the process's first context, not configured) it is
+ * measured after, and charged then.
+ */
+static int known_context_bytes(uint64_t *bytes)
+{
+	const struct hami_config *c = hami_config();
+	if (c->has_context_overhead) {
+		*bytes = c->context_overhead;
+		return 1;
+	}
+	*bytes = __atomic_load_n(&measured_overhead, __ATOMIC_RELAXED);
+	return *bytes != 0;
 }
 
 /* Before creating: a device-wide reading to measure against, when needed. */
@@ -109,9 +133,7 @@ static int ready_device(CUdevice dev, CUresult *err)
 
 HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-	static retain_fn fn;
-	if (!fn)
-		fn = (retain_fn)hami_cuda_sym("cuDevicePrimaryCtxRetain");
+	retain_fn fn = HAMI_REAL(retain_fn, "cuDevicePrimaryCtxRetain");
 	if (!pctx)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!fn)
@@ -123,13 +145,24 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 	if (sdev < 0 || dev < 0 || dev >= HAMI_MAX_ORDINALS)
 		return fn(pctx, dev);
 	pthread_mutex_lock(&lock);
-	uint64_t before = 0;
-	int have_before = primary_retains[dev] == 0 && reading_before(sdev, &before);
+	int first = primary_retains[dev] == 0;
+	uint64_t bytes = 0, before = 0;
+	int reserved = first && known_context_bytes(&bytes);
+	if (reserved && hami_charge(sdev, bytes, "a CUDA context") != CUDA_SUCCESS) {
+		pthread_mutex_unlock(&lock);
+		*pctx = NULL;
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	int have_before = first && !reserved && reading_before(sdev, &before);
 	CUresult rc = fn(pctx, dev);
-	if (rc == CUDA_SUCCESS && primary_retains[dev]++ == 0) {
-		uint64_t bytes = context_bytes(sdev, have_before, before);
-		if (hami_charge(sdev, bytes, "a CUDA context") != CUDA_SUCCESS) {
-			release_fn rel = (release_fn)hami_cuda_sym("cuDevicePrimaryCtxRelease_v2");
+	if (rc != CUDA_SUCCESS) {
+		if (reserved)
+			hami_credit(sdev, bytes);
+	} else if (primary_retains[dev]++ == 0) {
+		if (!reserved)
+			bytes = context_bytes(sdev, have_before, before);
+		if (!reserved && hami_charge(sdev, bytes, "a CUDA context") != CUDA_SUCCESS) {
+			release_fn rel = HAMI_REAL(release_fn, "cuDevicePrimaryCtxRelease_v2");
 			if (rel)
 				rel(dev);
 			primary_retains[dev] = 0;
@@ -143,11 +176,9 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 	return rc;
 }
 
-HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+/* The real release, then the credit when the last retain is gone. */
+static CUresult release_primary(release_fn fn, CUdevice dev)
 {
-	static release_fn fn;
-	if (!fn)
-		fn = (release_fn)hami_cuda_sym("cuDevicePrimaryCtxRelease_v2");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
 	if (dev < 0 || dev >= HAMI_MAX_ORDINALS)
@@ -162,9 +193,24 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 	return rc;
 }
 
-/* What cuCtxCreate* needs before the real call: the slice device and a reading. */
+HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+	return release_primary(HAMI_REAL(release_fn, "cuDevicePrimaryCtxRelease_v2"), dev);
+}
+
+/* The CUDA runtime asks cuGetProcAddress for this one at version 7000 and gets
+ * the first export (seen with PyTorch, CuPy and JAX on driver 580). */
+HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+	return release_primary(HAMI_REAL(release_fn, "cuDevicePrimaryCtxRelease"), dev);
+}
+
+/* What cuCtxCreate* needs before the real call: the slice device, and either
+ * the context's known cost, reserved, or a reading to measure it against. */
 struct ctx_create {
 	int sdev;
+	int reserved;
+	uint64_t bytes;
 	int have_before;
 	uint64_t before;
 };
@@ -177,19 +223,33 @@ static CUresult begin_create(CUcontext *pctx, void *fn, CUdevice dev, struct ctx
 		return CUDA_ERROR_NOT_FOUND;
 	CUresult err;
 	c->sdev = ready_device(dev, &err);
-	c->before = 0;
-	c->have_before = err == CUDA_SUCCESS && reading_before(c->sdev, &c->before);
-	return err;
+	c->before = c->bytes = 0;
+	c->reserved = c->have_before = 0;
+	if (err != CUDA_SUCCESS || c->sdev < 0)
+		return err;
+	c->reserved = known_context_bytes(&c->bytes);
+	if (c->reserved && hami_charge(c->sdev, c->bytes, "a CUDA context") != CUDA_SUCCESS) {
+		*pctx = NULL;
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	c->have_before = !c->reserved && reading_before(c->sdev, &c->before);
+	return CUDA_SUCCESS;
 }
 
-/* Charge a context created by cuCtxCreate*, or destroy it if the slice is full. */
+/* Charge a context created by cuCtxCreate* (or hand back its reservation if
+ * none was made), or destroy it if the slice is full. */
 static CUresult finish_create(CUresult rc, CUcontext *pctx, const struct ctx_create *c)
 {
-	if (rc != CUDA_SUCCESS || c->sdev < 0)
+	if (c->sdev < 0)
 		return rc;
-	uint64_t bytes = context_bytes(c->sdev, c->have_before, c->before);
-	if (hami_charge(c->sdev, bytes, "a CUDA context") != CUDA_SUCCESS) {
-		destroy_fn d = (destroy_fn)hami_cuda_sym("cuCtxDestroy_v2");
+	if (rc != CUDA_SUCCESS) {
+		if (c->reserved)
+			hami_credit(c->sdev, c->bytes);
+		return rc;
+	}
+	uint64_t bytes = c->reserved ? c->bytes : context_bytes(c->sdev, c->have_before, c->before);
+	if (!c->reserved && hami_charge(c->sdev, bytes, "a CUDA context") != CUDA_SUCCESS) {
+		destroy_fn d = HAMI_REAL(destroy_fn, "cuCtxDestroy_v2");
 		if (d)
 			d(*pctx);
 		*pctx = NULL;
@@ -203,9 +263,7 @@ static CUresult finish_create(CUresult rc, CUcontext *pctx, const struct ctx_cre
 
 HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-	static create2_fn fn;
-	if (!fn)
-		fn = (create2_fn)hami_cuda_sym("cuCtxCreate_v2");
+	create2_fn fn = HAMI_REAL(create2_fn, "cuCtxCreate_v2");
 	struct ctx_create c;
 	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
 	return err != CUDA_SUCCESS ? err : finish_create(fn(pctx, flags, dev), pctx, &c);
@@ -214,9 +272,7 @@ HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevic
 HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams, unsigned int flags,
 				    CUdevice dev)
 {
-	static create3_fn fn;
-	if (!fn)
-		fn = (create3_fn)hami_cuda_sym("cuCtxCreate_v3");
+	create3_fn fn = HAMI_REAL(create3_fn, "cuCtxCreate_v3");
 	struct ctx_create c;
 	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
 	return err != CUDA_SUCCESS ? err : finish_create(fn(pctx, params, numParams, flags, dev), pctx, &c);
@@ -224,9 +280,7 @@ HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams
 
 HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev)
 {
-	static create4_fn fn;
-	if (!fn)
-		fn = (create4_fn)hami_cuda_sym("cuCtxCreate_v4");
+	create4_fn fn = HAMI_REAL(create4_fn, "cuCtxCreate_v4");
 	struct ctx_create c;
 	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
 	return err != CUDA_SUCCESS ? err : finish_create(fn(pctx, params, flags, dev), pctx, &c);
@@ -234,9 +288,7 @@ HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int 
 
 HAMI_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-	static destroy_fn fn;
-	if (!fn)
-		fn = (destroy_fn)hami_cuda_sym("cuCtxDestroy_v2");
+	destroy_fn fn = HAMI_REAL(destroy_fn, "cuCtxDestroy_v2");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
 	struct hami_record r;

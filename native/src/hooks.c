@@ -43,6 +43,7 @@ static const struct hook hooks[] = {
 	{ "cuDeviceTotalMem_v2", (void *)cuDeviceTotalMem_v2 },
 	{ "cuDevicePrimaryCtxRetain", (void *)cuDevicePrimaryCtxRetain },
 	{ "cuDevicePrimaryCtxRelease_v2", (void *)cuDevicePrimaryCtxRelease_v2 },
+	{ "cuDevicePrimaryCtxRelease", (void *)cuDevicePrimaryCtxRelease },
 	{ "cuCtxCreate_v2", (void *)cuCtxCreate_v2 },
 	{ "cuCtxCreate_v3", (void *)cuCtxCreate_v3 },
 	{ "cuCtxCreate_v4", (void *)cuCtxCreate_v4 },

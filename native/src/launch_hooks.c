@@ -46,8 +46,7 @@ HAMI_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int 
 				    unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
 				    CUstream stream, void **params, void **extra)
 {
-	static void *cache;
-	return launch((launch_fn)hami_cached_sym(&cache, "cuLaunchKernel"), 0, f, gx, gy, gz, bx, by, bz, shm, stream,
+	return launch(HAMI_REAL(launch_fn, "cuLaunchKernel"), 0, f, gx, gy, gz, bx, by, bz, shm, stream,
 		      params, extra);
 }
 
@@ -55,8 +54,7 @@ HAMI_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned
 					 unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
 					 CUstream stream, void **params, void **extra)
 {
-	static void *cache;
-	return launch((launch_fn)hami_cached_sym(&cache, "cuLaunchKernel_ptsz"), 1, f, gx, gy, gz, bx, by, bz, shm,
+	return launch(HAMI_REAL(launch_fn, "cuLaunchKernel_ptsz"), 1, f, gx, gy, gz, bx, by, bz, shm,
 		      stream, params, extra);
 }
 
@@ -75,14 +73,12 @@ static CUresult launch_ex(launch_ex_fn fn, int per_thread, const void *config, C
 
 HAMI_EXPORT CUresult cuLaunchKernelEx(const void *config, CUfunction f, void **params, void **extra)
 {
-	static void *cache;
-	return launch_ex((launch_ex_fn)hami_cached_sym(&cache, "cuLaunchKernelEx"), 0, config, f, params, extra);
+	return launch_ex(HAMI_REAL(launch_ex_fn, "cuLaunchKernelEx"), 0, config, f, params, extra);
 }
 
 HAMI_EXPORT CUresult cuLaunchKernelEx_ptsz(const void *config, CUfunction f, void **params, void **extra)
 {
-	static void *cache;
-	return launch_ex((launch_ex_fn)hami_cached_sym(&cache, "cuLaunchKernelEx_ptsz"), 1, config, f, params, extra);
+	return launch_ex(HAMI_REAL(launch_ex_fn, "cuLaunchKernelEx_ptsz"), 1, config, f, params, extra);
 }
 
 static CUresult cooperative(cooperative_fn fn, int per_thread, CUfunction f, unsigned int gx,
@@ -104,8 +100,7 @@ HAMI_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, un
 					       unsigned int bz, unsigned int shm, CUstream stream,
 					       void **params)
 {
-	static void *cache;
-	return cooperative((cooperative_fn)hami_cached_sym(&cache, "cuLaunchCooperativeKernel"), 0, f, gx, gy, gz, bx,
+	return cooperative(HAMI_REAL(cooperative_fn, "cuLaunchCooperativeKernel"), 0, f, gx, gy, gz, bx,
 			   by, bz, shm, stream, params);
 }
 
@@ -114,8 +109,7 @@ HAMI_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int g
 						    unsigned int bz, unsigned int shm, CUstream stream,
 						    void **params)
 {
-	static void *cache;
-	return cooperative((cooperative_fn)hami_cached_sym(&cache, "cuLaunchCooperativeKernel_ptsz"), 1, f, gx, gy, gz,
+	return cooperative(HAMI_REAL(cooperative_fn, "cuLaunchCooperativeKernel_ptsz"), 1, f, gx, gy, gz,
 			   bx, by, bz, shm, stream, params);
 }
 
@@ -133,12 +127,10 @@ static CUresult graph(graph_fn fn, int per_thread, CUgraphExec exec, CUstream st
 
 HAMI_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
-	static void *cache;
-	return graph((graph_fn)hami_cached_sym(&cache, "cuGraphLaunch"), 0, exec, stream);
+	return graph(HAMI_REAL(graph_fn, "cuGraphLaunch"), 0, exec, stream);
 }
 
 HAMI_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 {
-	static void *cache;
-	return graph((graph_fn)hami_cached_sym(&cache, "cuGraphLaunch_ptsz"), 1, exec, stream);
+	return graph(HAMI_REAL(graph_fn, "cuGraphLaunch_ptsz"), 1, exec, stream);
 }

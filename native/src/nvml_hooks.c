@@ -16,7 +16,7 @@ typedef nvmlReturn_t (*index_fn)(nvmlDevice_t, unsigned int *);
 /* The slice's view of an NVML device: its limit and usage, or 0 if none applies. */
 static int slice_view(nvmlDevice_t device, uint64_t *limit, uint64_t *used)
 {
-	uuid_fn get_uuid = (uuid_fn)hami_nvml_sym("nvmlDeviceGetUUID");
+	uuid_fn get_uuid = HAMI_REAL(uuid_fn, "nvmlDeviceGetUUID");
 	char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
 	if (!get_uuid || get_uuid(device, uuid, sizeof(uuid)) != NVML_SUCCESS)
 		return 0;
@@ -37,7 +37,7 @@ static int slice_view(nvmlDevice_t device, uint64_t *limit, uint64_t *used)
 		}
 	}
 	/* No slice file entry for this GPU yet: the environment's limit applies. */
-	index_fn get_index = (index_fn)hami_nvml_sym("nvmlDeviceGetIndex");
+	index_fn get_index = HAMI_REAL(index_fn, "nvmlDeviceGetIndex");
 	unsigned int index;
 	if (!get_index || get_index(device, &index) != NVML_SUCCESS)
 		return 0;
@@ -61,9 +61,7 @@ static void slice_sized(nvmlDevice_t device, unsigned long long *total, unsigned
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory)
 {
-	static mem_fn fn;
-	if (!fn)
-		fn = (mem_fn)hami_nvml_sym("nvmlDeviceGetMemoryInfo");
+	mem_fn fn = HAMI_REAL(mem_fn, "nvmlDeviceGetMemoryInfo");
 	if (!memory)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	if (!fn)
@@ -76,9 +74,7 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory
 
 HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory)
 {
-	static mem2_fn fn;
-	if (!fn)
-		fn = (mem2_fn)hami_nvml_sym("nvmlDeviceGetMemoryInfo_v2");
+	mem2_fn fn = HAMI_REAL(mem2_fn, "nvmlDeviceGetMemoryInfo_v2");
 	if (!memory)
 		return NVML_ERROR_INVALID_ARGUMENT;
 	if (!fn)

@@ -173,9 +173,7 @@ int hami_ordinal_device(int ordinal)
 
 int hami_current_device(int *ordinal)
 {
-	static cuCtxGetDevice_fn get_device;
-	if (!get_device)
-		get_device = (cuCtxGetDevice_fn)hami_cuda_sym("cuCtxGetDevice");
+	cuCtxGetDevice_fn get_device = HAMI_REAL(cuCtxGetDevice_fn, "cuCtxGetDevice");
 	CUdevice dev;
 	if (!get_device || get_device(&dev) != CUDA_SUCCESS)
 		return -1;
@@ -186,9 +184,7 @@ int hami_current_device(int *ordinal)
 
 HAMI_EXPORT CUresult cuInit(unsigned int flags)
 {
-	static cuInit_fn real;
-	if (!real)
-		real = (cuInit_fn)hami_cuda_sym("cuInit");
+	cuInit_fn real = HAMI_REAL(cuInit_fn, "cuInit");
 	if (!real)
 		return CUDA_ERROR_NO_DEVICE;
 	if (hami_config()->error)
@@ -226,9 +222,7 @@ static CUresult hooked_proc(const char *symbol, void **pfn, int version, CUdrive
 
 HAMI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
 {
-	static cuGetProcAddress_fn real;
-	if (!real)
-		real = (cuGetProcAddress_fn)hami_cuda_sym("cuGetProcAddress");
+	cuGetProcAddress_fn real = HAMI_REAL(cuGetProcAddress_fn, "cuGetProcAddress");
 	if (!symbol || !pfn)
 		return CUDA_ERROR_INVALID_VALUE; /* the real driver crashes on these */
 	if (!real)
@@ -240,9 +234,7 @@ HAMI_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVe
 HAMI_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
 					 CUdriverProcAddressQueryResult *status)
 {
-	static cuGetProcAddress_v2_fn real;
-	if (!real)
-		real = (cuGetProcAddress_v2_fn)hami_cuda_sym("cuGetProcAddress_v2");
+	cuGetProcAddress_v2_fn real = HAMI_REAL(cuGetProcAddress_v2_fn, "cuGetProcAddress_v2");
 	if (!symbol || !pfn)
 		return CUDA_ERROR_INVALID_VALUE; /* the real driver crashes on these */
 	if (!real)

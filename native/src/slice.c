@@ -29,6 +29,7 @@ static struct hami_slice_file *map;
 static int map_fd = -1;
 static int map_writable;
 static int slot_index = -1;
+static int slots_closed; /* set at exit, under slot_lock: no slot is taken after it */
 static int housekeeper_running;
 static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
@@ -492,8 +493,9 @@ int hami_slice_limit(int sdev, struct hami_device_limit *out)
 
 /* ---- slots --------------------------------------------------------------- */
 
-/* Return a dead process's charges to the slice. Caller holds the slot's lock. */
-static void reclaim_slot(struct hami_slice_file *f, int i)
+/* Return a slot's charges to the slice: a dead process's, or (dead = 0) our
+ * own at exit. Caller holds the slot's lock. */
+static void reclaim_slot(struct hami_slice_file *f, int i, int dead)
 {
 	struct hami_slot *s = &f->slot[i];
 	/* Nonzero while we work: a concurrent recount must not act on half of it. */
@@ -508,7 +510,7 @@ static void reclaim_slot(struct hami_slice_file *f, int i)
 							 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 			;
 	}
-	if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE)
+	if (dead && __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE)
 		hami_log(HAMI_LOG_INFO, "slice \"%s\": reclaimed slot %d of dead process %d",
 			 f->header.name, i, s->pid);
 	__atomic_store_n(&s->state, HAMI_SLOT_FREE, __ATOMIC_RELEASE);
@@ -566,7 +568,7 @@ void hami_slice_sweep(void)
 		if (ofd_lock(map_fd, slot_offset(i), F_WRLCK) < 0)
 			continue; /* its owner lives */
 		if (__atomic_load_n(&f->slot[i].state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE)
-			reclaim_slot(f, i);
+			reclaim_slot(f, i, 1);
 		ofd_lock(map_fd, slot_offset(i), F_UNLCK);
 	}
 	recount(f);
@@ -615,7 +617,7 @@ static int claim_slot(struct hami_slice_file *f)
 			continue;
 		/* We hold the lock: whoever had this slot is gone. */
 		if (__atomic_load_n(&f->slot[i].state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE)
-			reclaim_slot(f, i);
+			reclaim_slot(f, i, 1);
 		struct hami_slot *s = &f->slot[i];
 		s->pid = (int32_t)getpid();
 		s->pid_ns = pid_namespace();
@@ -652,6 +654,11 @@ int hami_slot(void)
 		return -1;
 	pthread_mutex_lock(&slot_lock);
 	i = slot_index;
+	if (i < 0 && slots_closed) {
+		/* Exiting: the housekeeper (still running while exit waits) must not take a new slot. */
+		pthread_mutex_unlock(&slot_lock);
+		return -1;
+	}
 	if (i < 0) {
 		i = claim_slot(f);
 		if (i < 0) {
@@ -677,10 +684,13 @@ int hami_slot(void)
 __attribute__((destructor)) static void release_slot_at_exit(void)
 {
 	struct hami_slice_file *f = hami_slice();
+	pthread_mutex_lock(&slot_lock);
+	slots_closed = 1;
 	int i = __atomic_exchange_n(&slot_index, -1, __ATOMIC_ACQ_REL);
+	pthread_mutex_unlock(&slot_lock);
 	if (!f || i < 0 || map_fd < 0)
 		return;
-	reclaim_slot(f, i);
+	reclaim_slot(f, i, 0);
 	ofd_lock(map_fd, slot_offset(i), F_UNLCK);
 }
 

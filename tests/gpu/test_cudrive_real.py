@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ def run(args, env):
     return records, proc.stderr
 
 
-@pytest.mark.parametrize("resolve", ["dlsym", "procaddr", "procaddr1"])
+@pytest.mark.parametrize("resolve", ["dlsym", "next", "default", "procaddr", "procaddr1"])
 def test_fill_stops_at_the_cap(preload_lib, slice_env, resolve):
     records, stderr = run(f"resolve {resolve} init ctx 0 meminfo totalmem 0 fill 256m", slice_env(limit="4g"))
     by_op = {r["op"]: r for r in records}
@@ -54,3 +55,27 @@ def test_null_output_pointers_on_the_real_driver(preload_lib, slice_env):
     wrong = {w: (r["rc"], r.get("err")) for w, r in nulls.items() if w != "nvmlmem" and r["rc"] != 1}
     assert not wrong, f"NULL outputs not answered CUDA_ERROR_INVALID_VALUE: {wrong}"
     assert nulls["nvmlmem"]["rc"] == 2 and nulls["nvmlmem"]["rc_v2"] == 2
+
+
+FRAMEWORKS = {
+    "torch": "import torch; x = torch.ones(1 << 20, device='cuda'); torch.cuda.synchronize(); "
+             "print('torch', float((x @ x).item()))",
+    "torch-async": "import torch; x = torch.ones(1 << 20, device='cuda'); torch.cuda.synchronize(); "
+                   "print('torch', float(x.sum().item()))",
+    "cupy": "import cupy; print('cupy', float(cupy.ones(1 << 20).sum()))",
+    "jax": "import jax.numpy as jnp; print('jax', float(jnp.ones(1 << 20).sum()))",
+}
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_frameworks_meet_no_entry_point_the_library_refuses(slice_env, framework):
+    """Every entry point a framework asks cuGetProcAddress for is one the library
+    knows (an unknown one for a hooked name is refused, and would break it)."""
+    extra = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"} if framework == "torch-async" else {}
+    if framework == "jax":
+        extra = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    proc = subprocess.run([sys.executable, "-c", FRAMEWORKS[framework]], env=slice_env(limit="4g", **extra),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    print(proc.stdout, proc.stderr[-3000:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "does not know" not in proc.stderr

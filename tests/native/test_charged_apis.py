@@ -2,7 +2,7 @@
 
 import pytest
 
-from native_helpers import CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS, GiB, MiB, SIM_CONTEXT
+from native_helpers import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GiB, MiB, SIM_CONTEXT
 
 
 @pytest.fixture
@@ -27,9 +27,13 @@ def assert_charge(p, expected):
     assert charged(p) == (expected, expected)
 
 
-def test_primary_context_is_charged_once_and_credited_at_release(cudrive, make_slice):
+# "procaddr 7000": the CUDA runtime's own lookup, which gets the first
+# cuDevicePrimaryCtxRelease export (PyTorch, CuPy and JAX on driver 580).
+@pytest.mark.parametrize("resolve", ["dlsym", "procaddr 7000", "procaddr 12000"])
+def test_primary_context_is_charged_once_and_credited_at_release(cudrive, make_slice, resolve):
     s = make_slice(limit="4g", overhead="64m")
     p = cudrive.start(s.env)
+    p.ok(f"resolve {resolve}")
     p.ok("init")
     p.ok("ctx 0")
     p.ok("ctx 0")  # a second retain of the same primary context
@@ -227,3 +231,22 @@ def test_untracked_free_leaves_the_charge_alone(proc):
     proc.ok("alloc 64m a")
     proc.cmd("freeraw 0x7f0000001000")
     assert_charge(proc, SIM_CONTEXT + 64 * MiB)
+
+
+# A context's known cost is reserved before the driver makes it: a slice with
+# no room refuses the context, and the GPU never holds it, not even for a moment
+# (found by the kill storm under ThreadSanitizer, which catches that moment).
+@pytest.mark.parametrize("make", ["ctx 0", "ctxcreate 0 c1"])
+def test_a_context_with_no_room_is_never_made(cudrive, make_slice, gpu, make):
+    s = make_slice(limit="1g", overhead="64m")
+    holder = cudrive.start(s.env)
+    holder.ok("init")
+    holder.ok("ctx 0")
+    holder.ok("alloc 928m")  # 64 MiB context + 928 MiB: 32 MiB left
+    gpu.reset_peak()
+    p = cudrive.start(s.env)
+    p.ok("init")
+    rec = p.cmd(make)
+    assert rec["rc"] == CUDA_ERROR_OUT_OF_MEMORY, rec
+    assert gpu.peak(0) <= GiB, f"the GPU held {gpu.peak(0)} bytes for a moment, over the 1 GiB cap"
+    assert s.used(0) == GiB - 32 * MiB
