@@ -4,10 +4,13 @@
 #     extras, native/ built (release, native/build),
 #   - dev/hub-deps.sh: configurable-http-proxy from npm, for tests/hub,
 #   - dev/browser-deps.sh: Debian's headless Chromium, for tests/browser,
-#   - native/ built again with ASan+UBSan (native/build-asan),
+#   - native/ built again with ASan+UBSan (native/build-asan) and with
+#     ThreadSanitizer (native/build-tsan; the TSan runtime, Debian's libtsan2,
+#     is installed when missing and we may),
 #   - for a full run, the JupyterLab extension's TypeScript unit tests (jest),
-#   - pytest -ra over tests/ (arguments are passed on to pytest), then, for a
-#     full run, tests/native again against the sanitizer build.
+#   - pytest -ra over tests/ (arguments are passed on to pytest; tests/adversarial,
+#     the attack suite, is part of it), then, for a full run, tests/native and
+#     tests/adversarial again against the ASan+UBSan build and the TSan build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source dev/setup.sh
@@ -20,6 +23,20 @@ export HAMI_REQUIRE_HUB_E2E=1
 bash dev/browser-deps.sh
 export HAMI_REQUIRE_BROWSER_E2E=1
 make -C native -j"$(nproc 2>/dev/null || echo 2)" BUILD=asan all sim tools
+# ThreadSanitizer needs its runtime (gcc: libtsan2, normally there with build-essential).
+tsan_probe=$(mktemp -d)
+if ! echo 'int main(void) { return 0; }' | cc -x c -fsanitize=thread -o "$tsan_probe/probe" - >/dev/null 2>&1; then
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "dev/test.sh: installing the ThreadSanitizer runtime (libtsan2)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtsan2
+    else
+        echo "dev/test.sh: cc -fsanitize=thread does not link: install the ThreadSanitizer runtime (Debian: libtsan2)" >&2
+        exit 1
+    fi
+fi
+rm -rf "$tsan_probe"
+make -C native -j"$(nproc 2>/dev/null || echo 2)" BUILD=tsan all sim tools
 
 # pytest exit 5 means it collected nothing: a failure here, never a pass.
 run_pytest() {
@@ -37,7 +54,10 @@ if [ "$#" -eq 0 ]; then
     (cd labextension && ../.venv/bin/jlpm install --immutable >/dev/null && ../.venv/bin/jlpm test)
 fi
 run_pytest "$@"
-# The C code again, under AddressSanitizer and UndefinedBehaviorSanitizer.
+# The C code again, under AddressSanitizer and UndefinedBehaviorSanitizer, then
+# under ThreadSanitizer (every data race in the library fails the test that met it;
+# tests/adversarial brings the threads racing into every hook and the kill storm).
 if [ "$#" -eq 0 ]; then
-    HAMI_TEST_BUILD=asan run_pytest tests/native
+    HAMI_TEST_BUILD=asan run_pytest tests/native tests/adversarial
+    HAMI_TEST_BUILD=tsan run_pytest tests/native tests/adversarial
 fi

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "sim_state.h"
+#include "../src/size.h"
 
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to be shared");
 _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free to be shared");
@@ -55,50 +56,14 @@ const char *sim_path(void)
 
 /* ---- configuration ------------------------------------------------------ */
 
-/* Same grammar as hami_jupyter/size.py: bytes, or a decimal number with a
- * binary unit k/m/g/t, optionally followed by i, iB or B; rounds down;
- * zero and more than 2^64-1 are errors. */
+/* The library's size grammar (native/src/size.c); zero is refused here:
+ * a GPU of no memory, or a context of none, is a mistake in the test. */
 int sim_parse_size(const char *s, uint64_t *out)
 {
-	unsigned __int128 whole = 0, frac = 0, scale = 1, mult = 1, v;
-	const char *p = s;
-
-	if (!isdigit((unsigned char)*p))
+	uint64_t v;
+	if (hami_parse_size(s, &v) < 0 || v == 0)
 		return -1;
-	for (; isdigit((unsigned char)*p); p++) {
-		whole = whole * 10 + (unsigned)(*p - '0');
-		if (whole > UINT64_MAX)
-			return -1;
-	}
-	int has_frac = 0;
-	if (*p == '.') {
-		p++;
-		if (!isdigit((unsigned char)*p))
-			return -1;
-		for (; isdigit((unsigned char)*p); p++) {
-			if (scale < 1000000000000000000ull) { /* later digits cannot matter */
-				frac = frac * 10 + (unsigned)(*p - '0');
-				scale *= 10;
-			}
-		}
-		has_frac = 1;
-	}
-	if (*p) {
-		const char *units = "kmgt";
-		const char *u = strchr(units, tolower((unsigned char)*p));
-		if (!u)
-			return -1;
-		mult = (unsigned __int128)1 << (10 * (u - units + 1));
-		p++;
-		if (strcmp(p, "") && strcmp(p, "i") && strcmp(p, "iB") && strcmp(p, "B"))
-			return -1;
-	} else if (has_frac) {
-		return -1; /* a fraction needs a unit */
-	}
-	v = whole * mult + frac * mult / scale;
-	if (v == 0 || v > UINT64_MAX)
-		return -1;
-	*out = (uint64_t)v;
+	*out = v;
 	return 0;
 }
 

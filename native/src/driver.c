@@ -1,6 +1,7 @@
 /*
- * The real libraries underneath the hooks: glibc's dlsym, libcuda.so.1 and
- * libnvidia-ml.so.1. Lookups are cached by the callers; this file only loads.
+ * The real libraries underneath the hooks: libcuda.so.1, libnvidia-ml.so.1 and
+ * libnvcuvid.so.1, loaded once; their entry points are looked up through
+ * glibc's dlsym (dlsym.c).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -10,43 +11,12 @@
 
 #include "hami.h"
 
-typedef void *(*dlsym_fn)(void *, const char *);
-
-static dlsym_fn real_dlsym_fn;
-/* glibc's dlsym, for the trampoline below (which cannot call a function to get it). */
-__attribute__((visibility("hidden"), used)) dlsym_fn hami_dlsym_next;
 static void *cuda_handle;
 static void *nvml_handle;
 static void *cuvid_handle;
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
 static pthread_once_t cuvid_once = PTHREAD_ONCE_INIT;
-
-/*
- * dlsym and the path to glibc's are not instrumented by the sanitizers: the
- * AddressSanitizer runtime looks its own symbols up through dlsym before it
- * is initialised, and so reaches this code first.
- */
-#define UNINSTRUMENTED __attribute__((no_sanitize_address, no_sanitize_undefined))
-
-UNINSTRUMENTED static dlsym_fn find_real_dlsym(void)
-{
-	dlsym_fn f = __atomic_load_n(&real_dlsym_fn, __ATOMIC_ACQUIRE);
-	if (f)
-		return f;
-	/* dlvsym is not hooked: ask for glibc's dlsym by version (2.34+, then older). */
-	f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-	if (!f)
-		f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-	__atomic_store_n(&real_dlsym_fn, f, __ATOMIC_RELEASE);
-	return f;
-}
-
-UNINSTRUMENTED void *hami_real_dlsym(void *handle, const char *name)
-{
-	dlsym_fn f = find_real_dlsym();
-	return f ? f(handle, name) : NULL;
-}
 
 static void open_cuda(void)
 {
@@ -118,101 +88,18 @@ nvmlDevice_t hami_nvml_device(int sdev)
 	struct hami_slice_file *f = hami_slice();
 	if (!f || sdev < 0 || sdev >= HAMI_SLICE_MAX_DEVICES)
 		return NULL;
-	if (handle[sdev])
-		return handle[sdev];
+	nvmlDevice_t known = __atomic_load_n(&handle[sdev], __ATOMIC_ACQUIRE);
+	if (known)
+		return known;
 	nvml_init_fn init = (nvml_init_fn)hami_cached_sym(&init_cache, "nvmlInit_v2");
 	nvml_by_uuid_fn by_uuid = (nvml_by_uuid_fn)hami_cached_sym(&uuid_cache, "nvmlDeviceGetHandleByUUID");
-	if (!init || !by_uuid || (!ready && init() != NVML_SUCCESS))
+	/* Two threads may both initialise: NVML counts its users, and we never shut it down. */
+	if (!init || !by_uuid || (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE) && init() != NVML_SUCCESS))
 		return NULL;
-	ready = 1;
+	__atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
 	nvmlDevice_t dev;
 	if (by_uuid(f->device[sdev].uuid, &dev) != NVML_SUCCESS)
 		return NULL;
-	handle[sdev] = dev;
+	__atomic_store_n(&handle[sdev], dev, __ATOMIC_RELEASE);
 	return dev;
 }
-
-/*
- * Hooks are resolved by what the real library would hand out: a symbol the
- * caller found in libcuda/libnvidia-ml is swapped for our hook of that name.
- * Returns the hook, or NULL: "ask glibc's dlsym".
- */
-UNINSTRUMENTED __attribute__((no_sanitize("thread"))) void *hami_dlsym_hook(void *handle, const char *name)
-{
-	hami_dlsym_next = find_real_dlsym();
-	if (!name || handle == RTLD_NEXT)
-		return NULL;
-	int cuda = name[0] == 'c' && name[1] == 'u';
-	int cuvid = cuda && strncmp(name, "cuvid", 5) == 0;
-	int nvml = strncmp(name, "nvml", 4) == 0;
-	if (!cuda && !nvml)
-		return NULL;
-	void *hook = hami_hook_by_name(name);
-	if (!hook)
-		return NULL;
-	void *found = hami_real_dlsym(handle, name);
-	void *real = cuvid ? hami_cuvid_sym(name) : cuda ? hami_cuda_sym(name) : hami_nvml_sym(name);
-	return found && found == real ? hook : NULL;
-}
-
-/*
- * dlsym itself. glibc resolves RTLD_NEXT (and the scope of RTLD_DEFAULT)
- * relative to the object its caller's return address lies in, so the real
- * dlsym must be entered with the caller's return address, not ours. A C
- * function can only promise that through a tail call the optimiser may or may
- * not make; this trampoline makes it at every optimisation level: it asks
- * hami_dlsym_hook, and when that has no hook it jumps to glibc's dlsym with
- * the caller's arguments and return address untouched.
- */
-#if defined(__x86_64__)
-__asm__(".text\n"
-	".globl dlsym\n"
-	".type dlsym, @function\n"
-	"dlsym:\n"
-	"	.cfi_startproc\n"
-	"	pushq %rdi\n"
-	"	.cfi_adjust_cfa_offset 8\n"
-	"	pushq %rsi\n"
-	"	.cfi_adjust_cfa_offset 8\n"
-	"	subq $8, %rsp\n" /* 16-byte alignment at the call */
-	"	.cfi_adjust_cfa_offset 8\n"
-	"	call hami_dlsym_hook\n"
-	"	addq $8, %rsp\n"
-	"	.cfi_adjust_cfa_offset -8\n"
-	"	popq %rsi\n"
-	"	.cfi_adjust_cfa_offset -8\n"
-	"	popq %rdi\n"
-	"	.cfi_adjust_cfa_offset -8\n"
-	"	testq %rax, %rax\n"
-	"	jnz 1f\n"
-	"	jmpq *hami_dlsym_next(%rip)\n"
-	"1:	ret\n"
-	"	.cfi_endproc\n"
-	".size dlsym, .-dlsym\n");
-#elif defined(__aarch64__)
-__asm__(".text\n"
-	".globl dlsym\n"
-	".type dlsym, %function\n"
-	"dlsym:\n"
-	"	.cfi_startproc\n"
-	"	stp x29, x30, [sp, #-32]!\n"
-	"	.cfi_def_cfa_offset 32\n"
-	"	.cfi_offset 29, -32\n"
-	"	.cfi_offset 30, -24\n"
-	"	mov x29, sp\n"
-	"	stp x0, x1, [sp, #16]\n"
-	"	bl hami_dlsym_hook\n"
-	"	cbnz x0, 1f\n"
-	"	ldp x0, x1, [sp, #16]\n"
-	"	ldp x29, x30, [sp], #32\n"
-	"	.cfi_def_cfa_offset 0\n"
-	"	adrp x16, hami_dlsym_next\n"
-	"	ldr x16, [x16, :lo12:hami_dlsym_next]\n"
-	"	br x16\n"
-	"1:	ldp x29, x30, [sp], #32\n"
-	"	ret\n"
-	"	.cfi_endproc\n"
-	".size dlsym, .-dlsym\n");
-#else
-#error "dlsym trampoline: only x86-64 and aarch64 are supported"
-#endif

@@ -25,8 +25,7 @@ const char *hami_human(uint64_t bytes, char buf[32]);
 uint64_t hami_now_ns(void);      /* CLOCK_REALTIME, for times shown to people */
 uint64_t hami_monotonic_ns(void);
 
-/* size.c */
-int hami_parse_size(const char *text, uint64_t *out);
+#include "size.h"
 
 /* config.c: the process's settings, parsed once from the environment. */
 struct hami_config {

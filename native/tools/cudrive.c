@@ -118,6 +118,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../src/size.h"
 #include "hami/cuda_types.h"
 #include "hami/cuvid_types.h"
 
@@ -869,52 +870,13 @@ static bool parse_int(const char *s, long long *out)
 	return true;
 }
 
-/* Bytes, or a number with a binary k/m/g/t suffix (optionally "i", "b", "ib"). */
+/* The preload library's size grammar (native/src/size.c). */
 static bool parse_size(const char *s, unsigned long long *out)
 {
-	char *end;
-	if (!s || !*s || *s == '-' || *s == '+')
+	uint64_t v;
+	if (hami_parse_size(s, &v) < 0)
 		return false;
-	errno = 0;
-	double whole = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || end == s)
-		return false;
-	bool frac = false;
-	if (*end == '.') {
-		char *fend;
-		errno = 0;
-		whole = strtod(s, &fend);
-		if (errno || fend == end + 1)
-			return false;
-		end = fend;
-		frac = true;
-	}
-	unsigned shift = 0;
-	switch (*end) {
-	case 'k': case 'K': shift = 10; end++; break;
-	case 'm': case 'M': shift = 20; end++; break;
-	case 'g': case 'G': shift = 30; end++; break;
-	case 't': case 'T': shift = 40; end++; break;
-	case 0: break;
-	default: return false;
-	}
-	if (shift && (*end == 'i' || *end == 'I'))
-		end++;
-	if (*end == 'b' || *end == 'B')
-		end++;
-	if (*end)
-		return false;
-	if (frac) {
-		double b = whole * (double)(1ull << shift);
-		if (b < 0 || b >= 18446744073709551615.0)
-			return false;
-		*out = (unsigned long long)b;
-		return true;
-	}
-	if (shift && v > (~0ull >> shift))
-		return false;
-	*out = v << shift;
+	*out = v;
 	return true;
 }
 

@@ -3,7 +3,9 @@
 * ``hami_build`` (session): builds ``native/`` once (``make sim tools`` must
   succeed; ``make all``, the preload library, may fail and is then reported by
   every test that needs it). ``HAMI_TEST_BUILD=asan`` builds and uses
-  ``native/build-asan/`` instead, with libasan preloaded first.
+  ``native/build-asan/`` instead, with libasan preloaded first;
+  ``HAMI_TEST_BUILD=tsan`` ``native/build-tsan/``, with libtsan preloaded
+  first. A sanitizer report on any process's stderr fails the test.
 * ``gpu``: a fresh simulated GPU per test (2 devices of 16 GiB, 64 MiB per
   CUDA context); ``gpu.env()`` for a process without the preload,
   ``gpu.status()`` / ``gpu.used(i)`` / ``gpu.peak(i)`` from ``hami-simctl``.
@@ -17,16 +19,14 @@
 Helpers shared by the tests live in native_helpers.py.
 """
 
-import os
-
 import pytest
 
-from native_helpers import CudriveRunner, SimGpu, Slice, build_native, slice_env
+from native_helpers import CudriveRunner, SimGpu, Slice, build_name_from_env, build_native, slice_env
 
 
 @pytest.fixture(scope="session")
 def hami_build():
-    return build_native(asan=os.environ.get("HAMI_TEST_BUILD", "") == "asan")
+    return build_native(build_name_from_env())
 
 
 @pytest.fixture

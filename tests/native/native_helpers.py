@@ -3,7 +3,10 @@
 * ``hami_build`` (session): builds ``native/`` once (``make sim tools`` must
   succeed; ``make all``, the preload library, may fail and is then reported by
   every test that needs it). ``HAMI_TEST_BUILD=asan`` builds and uses
-  ``native/build-asan/`` instead.
+  ``native/build-asan/`` instead (AddressSanitizer and UBSan),
+  ``HAMI_TEST_BUILD=tsan`` ``native/build-tsan/`` (ThreadSanitizer); either
+  sanitizer's runtime is preloaded first, and any report on a process's
+  stderr fails the test.
 * ``gpu``: a fresh simulated GPU per test (2 devices of 16 GiB, 64 MiB per
   CUDA context), with ``gpu.status()`` from ``hami-simctl``.
 * ``make_slice(...)``: the environment of a process under the preload library
@@ -44,7 +47,15 @@ NVML_ERROR_INVALID_ARGUMENT = 2
 # How long any single wait may take before the test fails instead of hanging.
 DEFAULT_TIMEOUT = float(os.environ.get("HAMI_TEST_TIMEOUT", "60"))
 
-SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:",
+                   "WARNING: ThreadSanitizer", "FATAL: ThreadSanitizer", "ThreadSanitizer: CHECK failed")
+
+# HAMI_TEST_BUILD: the native build the tests use, and where make puts it.
+BUILDS = {"": "build", "release": "build", "asan": "build-asan", "tsan": "build-tsan"}
+RUNTIMES = {"asan": "libasan.so", "tsan": "libtsan.so"}
+# Races inside the simulated driver that it has by design (the file says why,
+# line by line). Nothing of the preload library is ever suppressed.
+TSAN_SUPPRESSIONS = Path(__file__).resolve().parent / "tsan-sim.supp"
 
 
 # ---- build -------------------------------------------------------------------
@@ -54,10 +65,24 @@ SANITIZER_MARKS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime e
 class Build:
     """Where the built native files are, and what did not build."""
 
-    asan: bool
+    sanitizer: str  # "" (release), "asan" (AddressSanitizer + UBSan) or "tsan" (ThreadSanitizer)
     out: Path
     lib_error: str = ""
-    asan_runtime: str = ""
+    runtime: str = ""  # the sanitizer's runtime library, preloaded first
+
+    @property
+    def sanitized(self):
+        return bool(self.sanitizer)
+
+    @property
+    def asan(self):
+        """Any sanitizer build (the name is older than the TSan build): processes that
+        load the instrumented libraries need ``runtime`` preloaded."""
+        return self.sanitized
+
+    @property
+    def asan_runtime(self):
+        return self.runtime
 
     @property
     def sim_dir(self):
@@ -88,26 +113,53 @@ class Build:
     def preload(self):
         """The LD_PRELOAD value for a process under the preload library."""
         lib = str(self.require_lib())
-        if self.asan:
-            return f"{self.asan_runtime} {lib}"
+        if self.runtime:
+            return f"{self.runtime} {lib}"
         return lib
 
+    def sanitizer_env(self):
+        """The sanitizer's options for a process that loads the built libraries."""
+        if self.sanitizer == "asan":
+            return {"ASAN_OPTIONS": "detect_leaks=0:verify_asan_link_order=0",
+                    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+        if self.sanitizer == "tsan":
+            # Every report is printed and the process goes on (the test fails on
+            # the report); children of multi-threaded forks may start threads;
+            # no second's sleep at every exit (TSan's default, for threads to end).
+            options = ["halt_on_error=0", "die_after_fork=0", "second_deadlock_stack=1", "history_size=4",
+                       "atexit_sleep_ms=0"]
+            if TSAN_SUPPRESSIONS.is_file():
+                options.append(f"suppressions={TSAN_SUPPRESSIONS}")
+            return {"TSAN_OPTIONS": ":".join(options)}
+        return {}
 
-def build_native(asan):
+
+def build_name_from_env():
+    """HAMI_TEST_BUILD: "" (release), "asan" or "tsan"; anything else fails every test."""
+    name = os.environ.get("HAMI_TEST_BUILD", "")
+    if name not in BUILDS:
+        pytest.fail(f"HAMI_TEST_BUILD={name!r}: use asan, tsan or nothing", pytrace=False)
+    return "" if name == "release" else name
+
+
+def build_native(sanitizer="", asan=None):
     """Build native/ once: sim and tools must build; the library's failure is kept."""
-    extra = ["BUILD=asan"] if asan else []
-    build = Build(asan=asan, out=NATIVE / ("build-asan" if asan else "build"))
+    if asan is not None:  # the older form: build_native(asan=True)
+        sanitizer = "asan" if asan else ""
+    extra = [f"BUILD={sanitizer}"] if sanitizer else []
+    build = Build(sanitizer=sanitizer, out=NATIVE / BUILDS[sanitizer])
     rc, log = _make(extra + ["sim", "tools"])
     if rc != 0:
         pytest.fail(f"the simulated GPU or cudrive did not build (exit {rc}):\n{log}", pytrace=False)
     rc, log = _make(extra + ["all"])
     if rc != 0:
         build.lib_error = f"make exited {rc}:\n{log}"
-    if asan:
-        res = subprocess.run(["cc", "-print-file-name=libasan.so"], stdout=subprocess.PIPE, text=True)
-        build.asan_runtime = res.stdout.strip()
-        if not build.asan_runtime or not os.path.isabs(build.asan_runtime):
-            pytest.fail(f"cc -print-file-name=libasan.so gave {build.asan_runtime!r}", pytrace=False)
+    if sanitizer:
+        name = RUNTIMES[sanitizer]
+        res = subprocess.run(["cc", f"-print-file-name={name}"], stdout=subprocess.PIPE, text=True)
+        build.runtime = res.stdout.strip()
+        if not build.runtime or not os.path.isabs(build.runtime):
+            pytest.fail(f"cc -print-file-name={name} gave {build.runtime!r}", pytrace=False)
     return build
 
 
@@ -134,7 +186,7 @@ class SimGpu:
         env = dict(os.environ)
         for name in list(env):
             # Nothing from the caller's environment may configure the library.
-            if name.startswith(("HAMI_", "CUDA_", "LIBCUDA_", "ASAN_", "UBSAN_")) or name == "LD_PRELOAD":
+            if name.startswith(("HAMI_", "CUDA_", "LIBCUDA_", "ASAN_", "UBSAN_", "TSAN_")) or name == "LD_PRELOAD":
                 del env[name]
         env.update(
             LD_LIBRARY_PATH=str(self.build.sim_dir),
@@ -143,9 +195,7 @@ class SimGpu:
             HAMI_SIM_MEMORY="16g",
             HAMI_SIM_CONTEXT_BYTES="64m",
         )
-        if self.build.asan:
-            env["ASAN_OPTIONS"] = "detect_leaks=0:verify_asan_link_order=0"
-            env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
+        env.update(self.build.sanitizer_env())
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
@@ -399,6 +449,13 @@ class Interactive:
             out.append(rec)
             if rec["op"] == op:
                 return out
+
+    def ready(self):
+        """True when an answer can be read at once (a whole line is buffered or
+        stdout has data): lets a caller poll several processes without blocking."""
+        if b"\n" in self._buf:
+            return True
+        return bool(self._sel.select(0))
 
     def alive(self):
         return self.proc.poll() is None
