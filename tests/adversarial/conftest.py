@@ -1,0 +1,96 @@
+"""Fixtures of the adversarial suite: the preload library attacked on the simulated GPU.
+
+The suite reuses tests/native: its helpers (native_helpers.py) and fixtures of
+the same names (``hami_build``, ``gpu``, ``make_slice``, ``cudrive``), so
+``HAMI_TEST_BUILD=asan`` / ``tsan`` apply here too.
+
+Randomness comes from one seed, ``HAMI_ADVERSARIAL_SEED`` (default below),
+printed by every test, so that a failure can be replayed exactly:
+
+    HAMI_ADVERSARIAL_SEED=1234 .venv/bin/python -m pytest tests/adversarial
+
+Every test reports its counts (kills, survivors, files, outcomes by class) with
+``report(...)``: the lines are printed, and shown again in the terminal summary
+whether or not pytest captures output (``-s`` or not).
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "native"))
+
+from native_helpers import (  # noqa: E402
+    CudriveRunner,
+    SimGpu,
+    Slice,
+    build_name_from_env,
+    build_native,
+    slice_env,
+)
+
+DEFAULT_SEED = 20261124
+
+_REPORTS = []
+
+
+def suite_seed():
+    value = os.environ.get("HAMI_ADVERSARIAL_SEED", "")
+    try:
+        return int(value) if value else DEFAULT_SEED
+    except ValueError:
+        raise pytest.UsageError(f"HAMI_ADVERSARIAL_SEED={value!r} is not a whole number")
+
+
+@pytest.fixture
+def seed(request):
+    """The suite's seed, mixed with the test's name: each test has its own stream."""
+    base = suite_seed()
+    return base, (base * 1_000_003 + sum(map(ord, request.node.name))) % (1 << 63)
+
+
+@pytest.fixture
+def report(request):
+    """``report("line")``: a count for the log, printed now and in the terminal summary."""
+
+    def add(line):
+        text = f"{request.node.name}: {line}"
+        print(text, flush=True)
+        _REPORTS.append(text)
+
+    return add
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _REPORTS:
+        terminalreporter.section("adversarial counts")
+        for line in _REPORTS:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def hami_build():
+    return build_native(build_name_from_env())
+
+
+@pytest.fixture
+def gpu(hami_build, tmp_path):
+    return SimGpu(hami_build, tmp_path / "sim-state")
+
+
+@pytest.fixture
+def make_slice(gpu, tmp_path):
+    def make(name="team", limit="1g", overhead="64m", **extra):
+        path = tmp_path / name if name else None
+        return Slice(gpu, path, slice_env(gpu, path, limit, overhead, **extra))
+
+    return make
+
+
+@pytest.fixture
+def cudrive(hami_build, tmp_path):
+    runner = CudriveRunner(hami_build, tmp_path)
+    yield runner
+    runner.teardown()

@@ -1,0 +1,58 @@
+"""Threads of one process race into the preload library's hooks (hook_threads.c).
+
+Meant above all for the ThreadSanitizer pass (HAMI_TEST_BUILD=tsan), where
+any data race in the library (a lazily resolved entry point, a cache, the
+launch gate) is a report on stderr and fails the test; in the other passes it
+still checks that concurrent first calls all answer correctly and the slice
+ends at 0.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from adversarial_helpers import sanitizer_report
+from native_helpers import DEFAULT_TIMEOUT, NATIVE, GiB, MiB, wait_for
+
+THREADS = 8
+ROUNDS = 40
+SOURCE = __file__.rsplit("/", 1)[0] + "/hook_threads.c"
+FLAGS = {
+    "": ["-O2"],
+    "asan": ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"],
+    "tsan": ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=thread"],
+}
+
+
+@pytest.fixture(scope="session")
+def hook_threads(hami_build, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hook-threads") / "hook_threads"
+    cmd = ["cc", "-std=gnu11", "-Wall", "-Wextra", *FLAGS[hami_build.sanitizer],
+           f"-I{NATIVE / 'include'}", "-pthread", "-o", str(out), SOURCE, "-ldl"]
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout}"
+    return out
+
+
+# A known context overhead, or none: then the first contexts are measured through NVML while
+# the housekeeping thread asks NVML for utilization (the SM share is set).
+@pytest.mark.parametrize("overhead", ["64m", None], ids=["overhead-set", "overhead-measured"])
+def test_threads_racing_into_every_hook(hook_threads, make_slice, cudrive, report, overhead):
+    s = make_slice(limit="2g", overhead=overhead, CUDA_DEVICE_SM_LIMIT="50")
+    res = subprocess.run([str(hook_threads), str(THREADS), str(ROUNDS)], env=s.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, timeout=DEFAULT_TIMEOUT * 2)
+    assert not sanitizer_report(res.stderr), f"sanitizer report:\n{res.stderr[-12000:]}"
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout: {res.stdout}\nstderr: {res.stderr[-4000:]}"
+    counts = json.loads(res.stdout.strip().splitlines()[-1])
+    assert counts["failures"] == 0 and counts["allocations"] > 0, counts
+    # Everything the threads took was given back when the process ended.
+    def idle():
+        cudrive.run("init sleep 60", s.env, timeout=30)
+        return s.used(0) == 0
+    wait_for(idle, timeout=10, interval=0.05, what="the slice back at 0")
+    peak = s.snapshot().devices[0].memory_peak
+    assert peak <= 2 * GiB
+    report(f"{counts['threads']} threads x {counts['rounds']} rounds: {counts['calls']} calls, "
+           f"{counts['allocations']} allocations, {counts['refusals']} refused at the cap, 0 failures; "
+           f"slice peak {peak // MiB} MiB of 2048")
