@@ -3,10 +3,19 @@
 A :class:`~jupyter_client.provisioning.LocalProvisioner` that, before the
 kernel process starts,
 
+- works out the kernel's limits from every place one can be set: the
+  kernelspec's provisioner ``config`` and ``env``, ``c.HamiProvisioner.*``,
+  the server's environment (``HAMI_*``, HAMi's ``CUDA_DEVICE_*``). The
+  strictest value of each field wins (see :mod:`hami_jupyter.limits` for
+  why); this happens after jupyter_client has merged the kernelspec's
+  ``env`` into the kernel's environment, so no source is missed;
 - works out the slice (by default the user's: every kernel of one user shares
-  one slice) and its limits (see :mod:`hami_jupyter.limits` for the order);
+  one slice; a kernelspec that sets limits of its own gets its own);
 - makes sure the slice file exists and, while no process of it runs, carries
-  those limits (:mod:`hami_jupyter.slice_setup`);
+  those limits (:mod:`hami_jupyter.slice_setup`). A slice that keeps other
+  limits (it is in use and an administrator may have resized it, or the hub
+  owns its limits file) is the authority: the kernel's environment is given
+  the limits in force, and one warning names what was asked and what holds;
 - appends the packaged ``libvgpu.so`` to the kernel's ``LD_PRELOAD`` and
   passes the slice's path and the kernel id in its environment, so every
   process the kernel starts is held to the slice and attributable to it;
@@ -24,23 +33,32 @@ Kernelspec example (``kernel.json``)::
     "metadata": {"kernel_provisioner": {
         "provisioner_name": "hami-provisioner",
         "config": {"memory_limit": "4g", "sm_limit": 25}}}
+
+(``"env": {"CUDA_DEVICE_MEMORY_LIMIT": "4g"}`` in the same file counts too.)
 """
 
 import getpass
 import os
+import re
 from pathlib import Path
 
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Int, Unicode, Union
 
 from . import kernel_registry, native
-from .limits import LimitError, resolve_limits
-from .slice_file import SliceFileError
+from .limits import LimitError, SliceLimits, parse_decoders, resolve_limits
+from .size import format_size
+from .slice_file import HAMI_MODE_ELASTIC, SliceFileError, read_snapshot
 from .slice_paths import SliceNameError, check_name, slice_name, slice_path, user_slice_name
 from .slice_setup import ensure_slice
 
 # Limit traits that, set by a kernelspec, give that kernelspec a slice of its own.
 _LIMIT_TRAITS = ("memory_limit", "sm_limit", "sm_mode", "max_decoders")
+# The limit variables (a kernelspec's env setting one also gets its own slice).
+# The kernel's environment is given the limits in force instead of these.
+_LIMIT_VARIABLE = re.compile(
+    r"HAMI_(MEMORY_LIMIT|SM_LIMIT|SM_MODE|MAX_DECODERS)|CUDA_DEVICE_(MEMORY|SM)_LIMIT(_[0-9]+)?")
+_DECODERS_PER_GPU = re.compile(r"HAMI_MAX_DECODERS_([0-9]+)")
 
 
 class SliceSetupError(RuntimeError):
@@ -53,24 +71,28 @@ class HamiProvisioner(LocalProvisioner):
     memory_limit = Union(
         [Unicode(), Int()], default_value=None, allow_none=True, config=True,
         help="""GPU memory cap of the slice, per GPU: bytes or a size such as
-        "4g" or "4096m". Unset: HAMI_MEMORY_LIMIT, then CUDA_DEVICE_MEMORY_LIMIT
-        from the server's environment; none of them means no memory cap.""",
+        "4g" or "4096m". HAMI_MEMORY_LIMIT and CUDA_DEVICE_MEMORY_LIMIT (server
+        or kernelspec env) and a kernelspec's memory_limit count too: the
+        smallest of them holds. None of them set: no memory cap.""",
     )
     sm_limit = Union(
         [Int(), Unicode()], default_value=None, allow_none=True, config=True,
         help="""Compute (SM) share of the slice in percent of each GPU, 1-99
-        (0 or 100: none). Unset: HAMI_SM_LIMIT, then CUDA_DEVICE_SM_LIMIT.""",
+        (0 or 100: none). HAMI_SM_LIMIT, CUDA_DEVICE_SM_LIMIT and a kernelspec's
+        sm_limit count too: the smallest share holds.""",
     )
     sm_mode = Unicode(
         None, allow_none=True, config=True,
         help="""How the SM share is held: "hard" (never above it) or "elastic"
         (idle GPU time may be used; under contention each slice gets its share).
-        Unset: HAMI_SM_MODE, else hard.""",
+        Elastic only when every place that sets a mode (this, a kernelspec's
+        sm_mode, HAMI_SM_MODE) says elastic; else hard.""",
     )
     max_decoders = Union(
         [Int(), Unicode()], default_value=None, allow_none=True, config=True,
         help="""Video decoders (NVDEC) the slice may run at once on each GPU
-        (0: no cap). Unset: HAMI_MAX_DECODERS.""",
+        (0: no cap). HAMI_MAX_DECODERS and a kernelspec's max_decoders count
+        too: the smallest cap holds.""",
     )
     slice = Unicode(
         None, allow_none=True, config=True,
@@ -85,17 +107,66 @@ class HamiProvisioner(LocalProvisioner):
         when it exists, $XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>.""",
     )
 
-    # ---- working out the slice ------------------------------------------------
+    # ---- where limits come from ---------------------------------------------------
 
     def _kernelspec_config(self):
         spec = getattr(self, "kernel_spec", None)
         meta = getattr(spec, "metadata", None) or {}
         return meta.get("kernel_provisioner", {}).get("config", {}) or {}
 
+    def _kernelspec_env(self, env):
+        """The kernelspec's ``env`` entries as the kernel gets them: their values in
+        *env*, the kernel's environment after jupyter_client substituted and merged them."""
+        spec_env = getattr(getattr(self, "kernel_spec", None), "env", None) or {}
+        return {k: env[k] for k in spec_env if k in env}
+
     def _kernelspec_name(self):
         spec = getattr(self, "kernel_spec", None)
         resource_dir = getattr(spec, "resource_dir", "") or ""
         return os.path.basename(resource_dir.rstrip("/")) or "unknown"
+
+    def _server_config(self):
+        """``c.HamiProvisioner.*`` as the server's configuration sets it. The traits
+        themselves cannot tell: a kernelspec's ``config`` replaces them."""
+        try:
+            mine = self._find_my_config(self.config)
+        except Exception:  # traitlets without it: the traits are the best we have
+            mine = {}
+        return {t: mine[t] for t in _LIMIT_TRAITS if t in mine}
+
+    def _limit_sources(self, env, server_env):
+        """Every place a limit may come from, most specific first, for
+        :func:`~hami_jupyter.limits.resolve_limits`."""
+        spec = f"kernelspec '{self._kernelspec_name()}'"
+        return [
+            (f"{spec} provisioner config", "config", self._kernelspec_config()),
+            (f"{spec} env", "env", self._kernelspec_env(env)),
+            ("server config c.HamiProvisioner", "config", self._server_config()),
+            ("HamiProvisioner", "config", {t: getattr(self, t) for t in _LIMIT_TRAITS}),
+            ("server environment", "env", server_env),
+            ("Jupyter server process environment", "env", os.environ),
+        ]
+
+    def resolve_limits(self, env, server_env=None):
+        """The limits asked for this kernel: the strictest over every source.
+
+        *env* is the kernel's environment after jupyter_client merged the
+        kernelspec's ``env`` into it; *server_env* the environment before
+        (default: *env*)."""
+        try:
+            return resolve_limits({}, {}, layers=self._limit_sources(
+                env, env if server_env is None else server_env))
+        except LimitError as e:
+            raise SliceSetupError(
+                f"hami-jupyter: the kernel was not started because a GPU limit is invalid. {e}"
+            ) from None
+
+    def _kernelspec_sets_limits(self, env):
+        return (any(self._kernelspec_config().get(t) is not None for t in _LIMIT_TRAITS)
+                or any(_LIMIT_VARIABLE.fullmatch(k) or _DECODERS_PER_GPU.fullmatch(k)
+                       for k in self._kernelspec_env(env)))
+
+    # ---- working out the slice ------------------------------------------------
 
     def resolve_slice(self, env):
         """Path of this kernel's slice, by the order the ``slice`` help gives."""
@@ -103,47 +174,133 @@ class HamiProvisioner(LocalProvisioner):
         try:
             if not ref:
                 ref = user_slice_name(env)
-                if any(self._kernelspec_config().get(t) is not None for t in _LIMIT_TRAITS):
+                if self._kernelspec_sets_limits(env):
                     ref = check_name(f"{ref}-{self._kernelspec_name()}"[:63])
             path = slice_path(ref, root=self.slice_root or None, env=env)
         except SliceNameError as e:
             raise SliceSetupError(f"hami-jupyter: {e}") from None
         return path.absolute()
 
-    def resolve_limits(self, env):
-        try:
-            return resolve_limits(
-                {"memory_limit": self.memory_limit, "sm_limit": self.sm_limit,
-                 "sm_mode": self.sm_mode, "max_decoders": self.max_decoders},
-                env,
-            )
-        except LimitError as e:
-            raise SliceSetupError(
-                f"hami-jupyter: the kernel was not started because a GPU limit is invalid. {e}"
-            ) from None
+    def _limits_in_force(self, path, asked, outcome):
+        """The limits the slice at *path* holds its processes to, after
+        :func:`ensure_slice` said *outcome*; warns once when they are not *asked*."""
+        if outcome == "deferred":  # the kernel creates the file from its environment
+            return asked
+        snap = read_snapshot(path)
+        fb = snap.fallback_limit
+        authority = f"the hub's limits file {snap.limits_file}" if snap.limits_file else "the slice file"
+        in_force = SliceLimits(
+            memory=fb.memory_limit or None, sm_share=fb.sm_share % 100 or None,
+            mode="elastic" if fb.mode == HAMI_MODE_ELASTIC else "hard",
+            max_decoders=fb.max_decoders or None,
+            sources={"memory": authority, "sm_share": authority, "mode": authority,
+                     "max_decoders": authority})
+
+        def entry(memory, sm, mode, decoders):
+            return (memory or 0, sm % 100 if sm else 0, mode if sm % 100 else None, decoders or 0)
+
+        want = entry(asked.memory, asked.sm_share or 0, asked.mode, asked.max_decoders)
+        held = entry(fb.memory_limit, fb.sm_share, in_force.mode, fb.max_decoders)
+        own = [d for d in snap.devices if not d.limit_is_fallback and entry(
+            d.limit.memory_limit, d.limit.sm_share,
+            "elastic" if d.limit.mode == HAMI_MODE_ELASTIC else "hard", d.limit.max_decoders) != want]
+        if want == held and not own and not asked.memory_per_gpu and not asked.sm_per_gpu:
+            return in_force
+
+        def describe(limits):
+            text = limits.describe()
+            return text + (f", {limits.max_decoders} decoders" if limits.max_decoders else "")
+
+        holds = describe(in_force) + "".join(
+            f"; GPU {d.uuid}: memory "
+            f"{format_size(d.limit.memory_limit) if d.limit.memory_limit else 'unlimited'}, "
+            f"SM {f'{d.limit.sm_share % 100} %' if d.limit.sm_share % 100 else 'unlimited'}"
+            for d in own)
+        if snap.limits_file:
+            why = "the hub owns its limits"
+        elif snap.slots:
+            why = (f"{len(snap.slots)} process(es) of the slice are running, and a kernel start "
+                   "does not undo limits an administrator may have set live")
+        elif not os.access(path, os.W_OK):
+            why = "this server cannot write the slice file"
+        elif asked.memory_per_gpu or asked.sm_per_gpu:
+            why = "per-GPU limits (_<n> variables) only reach a slice that a kernel creates"
+        else:
+            why = "the slice file kept them"
+        self.log.warning(
+            "hami-jupyter: kernel %s asked for %s, but slice %s holds %s (%s); the slice's "
+            "limits apply, and the kernel's environment carries them", self.kernel_id,
+            describe(asked), path, holds, why)
+        return in_force
 
     # ---- the launch -------------------------------------------------------------
 
+    def _kernel_environment(self, env, limits, sources, creates):
+        """Replace every limit variable of the kernel's *env* by *limits*: what
+        the kernel reads agrees with what its slice enforces. When the kernel
+        *creates* the slice file, ``HAMI_MAX_DECODERS_<n>`` (which *limits*
+        does not carry) keep, per GPU, the fewest decoders any source asks,
+        never more than *limits*; otherwise the file's entries hold."""
+        per_gpu = {}
+        for label, kind, mapping in sources if creates else ():
+            for name, value in mapping.items() if kind == "env" else ():
+                if _DECODERS_PER_GPU.fullmatch(name):
+                    try:
+                        n = parse_decoders(value, name)
+                    except LimitError as e:
+                        raise SliceSetupError(f"hami-jupyter: the kernel was not started because "
+                                              f"a GPU limit is invalid. {label}: {e}") from None
+                    if n and (name not in per_gpu or n < per_gpu[name]):
+                        per_gpu[name] = n
+        for name in [k for k in env if _LIMIT_VARIABLE.fullmatch(k) or _DECODERS_PER_GPU.fullmatch(k)]:
+            del env[name]
+        env.update(limits.environment())
+        env.update({k: str(v) for k, v in per_gpu.items()
+                    if not limits.max_decoders or v < limits.max_decoders})
+
+    async def _abandon_launch(self):
+        """Undo what jupyter_client's part of a first launch prepared (the
+        connection file, the ports it reserved): no kernel will use them."""
+        if getattr(self, "_slice_path", None) is not None:
+            return  # a restart: the kernel manager still owns them
+        km = self.parent
+        if km is not None and hasattr(km, "cleanup_connection_file"):
+            km.cleanup_connection_file()
+        await super().cleanup(restart=False)
+        self.ports_cached = False
+
     async def pre_launch(self, **kwargs):
-        base_env = kwargs.get("env") or os.environ
-        limits = self.resolve_limits(base_env)
-        path = self.resolve_slice(base_env)
+        # The server's environment for the kernel, before jupyter_client adds the kernelspec's env.
+        server_env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
         try:
             library = str(native.library_path())
         except FileNotFoundError as e:
             raise SliceSetupError(f"hami-jupyter: cannot start the kernel in a slice: {e}") from None
+
+        # LocalProvisioner builds the command; the base class merges the
+        # kernelspec's env (with ${VAR} substitution) into the kernel's, and
+        # _finalize_env tidies it. Limits are worked out from the result.
+        kwargs = await super().pre_launch(**kwargs)
+        env = kwargs["env"]
         try:
-            outcome = ensure_slice(path, slice_name(path), limits)
-        except (OSError, ValueError, SliceFileError) as e:
-            raise SliceSetupError(
-                f"hami-jupyter: cannot prepare slice file {path}: {e}. "
-                "Check that the slice root is writable, or remove a corrupt file."
-            ) from None
+            asked = self.resolve_limits(env, server_env)
+            path = self.resolve_slice(env)
+            try:
+                outcome = ensure_slice(path, slice_name(path), asked)
+                limits = self._limits_in_force(path, asked, outcome)
+            except (OSError, ValueError, SliceFileError) as e:
+                raise SliceSetupError(
+                    f"hami-jupyter: cannot prepare slice file {path}: {e}. "
+                    "Check that the slice root is writable, or remove a corrupt file."
+                ) from None
+            self._kernel_environment(env, limits, self._limit_sources(env, server_env),
+                                     creates=outcome == "deferred")
+        except SliceSetupError:
+            await self._abandon_launch()
+            raise
         self.log.info("hami-jupyter: kernel %s starts in slice %s (%s; %s)",
                       self.kernel_id, path, limits.describe(), outcome)
 
-        kwargs = await super().pre_launch(**kwargs)
-        env = kwargs["env"]
         preload = env.get("LD_PRELOAD", "")
         entries = [p for p in preload.replace(" ", ":").split(":") if p]
         if library not in entries:
@@ -152,9 +309,6 @@ class HamiProvisioner(LocalProvisioner):
         env["HAMI_SLICE"] = str(path)
         env["HAMI_KERNEL_ID"] = str(self.kernel_id)
         env.pop("CUDA_DEVICE_MEMORY_SHARED_CACHE", None)  # HAMI_SLICE says it now
-        # Only read when the kernel creates the file itself ("deferred"), or by
-        # NVML for a GPU no process of the slice has met; same values either way.
-        env.update(limits.environment())
         self._slice_path = path
         return kwargs
 

@@ -7,16 +7,20 @@ through ``hami_jupyter.driver_memory`` as PyTorch's would go through the driver.
 
 import getpass
 import json
+import logging
 import os
 import signal
+import sys
 import time
 
 import pytest
 
 from hami_jupyter import kernel_registry, native
+from hami_jupyter.limits import resolve_limits
 from hami_jupyter.provisioner import SliceSetupError
 from hami_jupyter.slice_file import read_snapshot
 from hami_jupyter.slice_limits import set_memory_limit
+from hami_jupyter.slice_setup import create_limits_file, create_slice
 from hami_jupyter.slice_status import slice_status
 
 GiB = 1 << 30
@@ -98,7 +102,8 @@ LAYERS = {
 
 @pytest.mark.parametrize("top,expected", [
     ("kernelspec", 1 * GiB), ("server", 2 * GiB), ("hub", 3 * GiB), ("hami", 4 * GiB)])
-def test_most_specific_limit_wins(hami_env, start_kernel, cell, top, expected):
+def test_each_layer_reaches_the_slice(hami_env, start_kernel, cell, top, expected):
+    # Every layer under the top one asks for more: the top one is the strictest.
     names = list(LAYERS)
     env, server, config = {}, {}, {}
     for layer in names[names.index(top):]:  # the top layer and every less specific one
@@ -130,6 +135,161 @@ def test_sm_share_and_mode_reach_the_slice(hami_env, start_kernel, cell):
     path = kernel_env(kc, cell, "HAMI_SLICE")["HAMI_SLICE"]
     fallback = read_snapshot(path).fallback_limit
     assert (fallback.sm_share, fallback.mode, fallback.memory_limit) == (25, 1, 0)
+
+
+@pytest.fixture
+def kernelspec(hami_env, monkeypatch):
+    """``kernelspec(name, env=None, config=None)``: write ``<name>/kernel.json`` as a
+    user would (the hami provisioner named in its metadata) where Jupyter finds it."""
+    data = hami_env.tmp / "jupyter-data"
+    monkeypatch.setenv("JUPYTER_PATH", str(data))
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(hami_env.tmp / "runtime"))
+
+    def write(name, env=None, config=None):
+        folder = data / "kernels" / name
+        folder.mkdir(parents=True)
+        spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": name, "language": "python",
+                "metadata": {"kernel_provisioner": {"provisioner_name": "hami-provisioner",
+                                                    **({"config": config} if config else {})}}}
+        if env is not None:
+            spec["env"] = env
+        (folder / "kernel.json").write_text(json.dumps(spec))
+        return name
+
+    return write
+
+
+ASK = """
+from hami_jupyter import driver_memory as cuda
+cuda.init()
+held = []
+for mib in (3072, 1900, 100):
+    try:
+        held.append(cuda.DeviceBuffer(mib << 20))
+        print("ok", mib)
+    except cuda.CudaError as e:
+        print("refused", mib)
+"""
+
+
+def test_kernelspec_env_limit_caps_the_kernel(hami_env, start_kernel, kernelspec, cell):
+    # Issue 11, item 1: the limit in a kernelspec's "env" made no cap at all.
+    name = kernelspec("gpu-2g", env={"CUDA_DEVICE_MEMORY_LIMIT": "2g"})
+    km, kc = start_kernel(kernel_name=name)
+    env = kernel_env(kc, cell, "HAMI_SLICE", "CUDA_DEVICE_MEMORY_LIMIT")
+    assert read_snapshot(env["HAMI_SLICE"]).fallback_limit.memory_limit == 2 * GiB
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == str(2 * GiB)
+    assert total_seen(kc, cell) == 2 * GiB
+    # 3 GiB is refused; 1900 MiB + the 64 MiB context fit in 2 GiB, 100 MiB more do not.
+    assert cell(kc, ASK).stdout.split() == ["refused", "3072", "ok", "1900", "refused", "100"]
+    # Limits of its own: a slice of its own, like a kernelspec's provisioner config.
+    assert os.path.basename(env["HAMI_SLICE"]) == f"{USER}-gpu-2g.slice"
+
+
+@pytest.mark.parametrize("spec_env,spec_config,server_config,server_env,expected", [
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "2g"}, None, {"memory_limit": "4g"}, {}, 2 * GiB),
+    ({"CUDA_DEVICE_MEMORY_LIMIT": "2g"}, {"memory_limit": "1g"}, {}, {}, 1 * GiB),
+    (None, None, {}, {"HAMI_MEMORY_LIMIT": "3g"}, 3 * GiB),
+    # The other way round: a more specific place asking for more loosens nothing.
+    ({"HAMI_MEMORY_LIMIT": "4g"}, None, {}, {"HAMI_MEMORY_LIMIT": "1g"}, 1 * GiB),
+    (None, {"memory_limit": "8g"}, {"memory_limit": "2g"}, {}, 2 * GiB),
+    (None, {"memory_limit": "8g"}, {}, {"CUDA_DEVICE_MEMORY_LIMIT": "1500m"}, 1500 * MiB),
+], ids=["server-config-4g+spec-env-2g", "spec-config-1g+spec-env-2g", "server-env-3g",
+        "spec-env-4g+hub-1g", "spec-config-8g+server-config-2g", "spec-config-8g+hami-1500m"])
+def test_strictest_memory_limit_wins(hami_env, start_kernel, kernelspec, cell,
+                                     spec_env, spec_config, server_config, server_env, expected):
+    name = kernelspec("sized", env=spec_env, config=spec_config)
+    km, kc = start_kernel(kernel_name=name, env=server_env, server_config=server_config)
+    env = kernel_env(kc, cell, "HAMI_SLICE", "CUDA_DEVICE_MEMORY_LIMIT", "HAMI_MEMORY_LIMIT")
+    assert read_snapshot(env["HAMI_SLICE"]).fallback_limit.memory_limit == expected
+    assert total_seen(kc, cell) == expected
+    # The kernel's environment says what its slice enforces, in one variable.
+    assert (env["CUDA_DEVICE_MEMORY_LIMIT"], env["HAMI_MEMORY_LIMIT"]) == (str(expected), None)
+
+
+def test_strictest_sm_share_and_mode_win(hami_env, start_kernel, kernelspec, cell):
+    name = kernelspec("fast", config={"sm_limit": 50, "sm_mode": "elastic"},
+                      env={"CUDA_DEVICE_SM_LIMIT": "40"})
+    km, kc = start_kernel(kernel_name=name, env={"HAMI_SM_LIMIT": "25", "HAMI_SM_MODE": "hard"})
+    env = kernel_env(kc, cell, "HAMI_SLICE", "CUDA_DEVICE_SM_LIMIT", "HAMI_SM_MODE")
+    fallback = read_snapshot(env["HAMI_SLICE"]).fallback_limit
+    assert (fallback.sm_share, fallback.mode) == (25, 0)  # 25 %, hard
+    assert (env["CUDA_DEVICE_SM_LIMIT"], env["HAMI_SM_MODE"]) == ("25", "hard")
+
+
+def test_per_gpu_limit_never_loosens_the_limit_of_every_gpu():
+    # A GPU's own value stands only where it is stricter than every GPU's.
+    limits = resolve_limits({}, {}, layers=[
+        ("kernelspec 'k' env", "env", {"CUDA_DEVICE_MEMORY_LIMIT_0": "8g", "CUDA_DEVICE_MEMORY_LIMIT_1": "1g"}),
+        ("server environment", "env", {"CUDA_DEVICE_MEMORY_LIMIT": "2g", "CUDA_DEVICE_MEMORY_LIMIT_1": "512m"}),
+    ])
+    assert (limits.memory, limits.memory_per_gpu) == (2 * GiB, {1: 512 * MiB})
+    assert limits.sources["CUDA_DEVICE_MEMORY_LIMIT_1"] == "CUDA_DEVICE_MEMORY_LIMIT_1 (server environment)"
+
+
+def test_kernel_creating_its_slice_gets_the_strictest_per_gpu_variables(
+        hami_env, start_kernel, kernelspec, cell):
+    # Per-GPU limits: the kernel's preload library creates the slice from its environment.
+    name = kernelspec("gpu0", env={"CUDA_DEVICE_MEMORY_LIMIT_0": "1g", "HAMI_MAX_DECODERS_0": "8",
+                                   "HAMI_MAX_DECODERS_1": "1"})
+    km, kc = start_kernel(kernel_name=name, env={"CUDA_DEVICE_MEMORY_LIMIT": "4g",
+                                                 "HAMI_MAX_DECODERS": "2"})
+    names = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT_0", "HAMI_MAX_DECODERS",
+             "HAMI_MAX_DECODERS_0", "HAMI_MAX_DECODERS_1")
+    assert kernel_env(kc, cell, *names) == dict(zip(names, (
+        str(4 * GiB), str(GiB), "2", None, "1")))  # 8 decoders on GPU 0 would loosen it
+    assert total_seen(kc, cell) == GiB
+
+
+def test_malformed_kernelspec_env_limit_refuses_the_start(hami_env, start_kernel, kernelspec):
+    name = kernelspec("bad", env={"CUDA_DEVICE_MEMORY_LIMIT": "2 gigs"})
+    with pytest.raises(SliceSetupError) as info:
+        # A stricter limit elsewhere does not excuse the malformed one.
+        start_kernel(kernel_name=name, env={"HAMI_MEMORY_LIMIT": "1g"})
+    message = str(info.value)
+    for words in ("kernel was not started", "kernelspec 'bad' env", "CUDA_DEVICE_MEMORY_LIMIT",
+                  "'2 gigs' is not a size"):
+        assert words in message
+    # Nothing started, nothing registered, and no connection file left behind.
+    assert not list(hami_env.root.glob("*.kernels/*.json")) if hami_env.root.exists() else True
+    assert not list((hami_env.tmp / "runtime").glob("kernel-*.json"))
+
+
+def hami_warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and r.getMessage().startswith("hami-jupyter: kernel")]
+
+
+def test_live_slice_keeps_its_limits_and_the_kernel_is_told(hami_env, start_kernel, cell, caplog):
+    caplog.set_level(logging.INFO)
+    env = {"HAMI_MEMORY_LIMIT": "1g"}
+    path = hami_env.root / f"{USER}.slice"
+    km_a, kc_a = start_kernel(env=env)
+    cell(kc_a, ALLOC + "grab(10)")  # a live process of the slice
+    assert hami_warnings(caplog) == []
+    set_memory_limit(path, None, 3 * GiB)  # an admin resizes the running slice
+    km_b, kc_b = start_kernel(env=env)
+    (warning,) = hami_warnings(caplog)
+    assert "asked for memory 1.0 GiB" in warning and "holds memory 3.0 GiB" in warning
+    assert str(path) in warning and "running" in warning
+    # The kernel's environment agrees with what its slice enforces.
+    assert kernel_env(kc_b, cell, "CUDA_DEVICE_MEMORY_LIMIT")["CUDA_DEVICE_MEMORY_LIMIT"] == str(3 * GiB)
+    assert total_seen(kc_b, cell) == 3 * GiB
+
+
+def test_hub_limits_file_is_in_force(hami_env, start_kernel, cell, caplog):
+    path = hami_env.root / f"{USER}.slice"
+    held = resolve_limits({"memory_limit": "2g", "sm_limit": 30}, {})
+    create_slice(path, USER, held)
+    create_limits_file(path, held)
+    km, kc = start_kernel(env={"HAMI_MEMORY_LIMIT": "1g"})
+    (warning,) = hami_warnings(caplog)
+    assert "asked for memory 1.0 GiB, SM unlimited" in warning
+    assert "holds memory 2.0 GiB, SM 30 % (hard)" in warning and "the hub owns its limits" in warning
+    env = kernel_env(kc, cell, "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
+    assert env == {"CUDA_DEVICE_MEMORY_LIMIT": str(2 * GiB), "CUDA_DEVICE_SM_LIMIT": "30"}
+    assert total_seen(kc, cell) == 2 * GiB
 
 
 # ---- bad limits never start a kernel ----------------------------------------
