@@ -9,7 +9,9 @@ the work is done by the modules it calls.
 Exit status: 0 when all went well, 1 when something failed (a slice that
 cannot be read, a failed check), 2 for a usage error (a bad argument), as
 argparse does. An expected failure prints one line that says what to do,
-never a traceback.
+never a traceback. A slice file another user owns or could change, met
+while listing every slice, is skipped with a warning (see
+:mod:`hami_jupyter.slice_paths`); the others still show.
 """
 
 import argparse
@@ -21,7 +23,7 @@ from pathlib import Path
 from . import __version__, doctor, kernelspec
 from .admin.cli import add_slice_commands
 from .slice_file import SliceFileError
-from .slice_paths import SliceNameError, default_root, list_slice_paths, slice_path
+from .slice_paths import SliceNameError, default_root, list_slice_paths, skip_message, slice_path
 from .slice_status import format_text, slice_status
 
 PROG = "hami-jupyter"
@@ -46,8 +48,11 @@ def _status(args):
         except SliceNameError as e:
             raise UsageError(str(e)) from None
     else:
-        paths = list_slice_paths(root)
-        if not paths and not args.json:
+        skipped = []
+        paths = list_slice_paths(root, skipped=skipped)
+        for skipped_path, error in skipped:  # another user's or unsafe: shown, never read
+            print(f"{args.cli_prog}: warning: {skip_message(skipped_path, error)}", file=sys.stderr)
+        if not paths and not skipped and not args.json:
             print(f"no slices under {root}: a slice is created when its first kernel starts "
                   "(HAMI_SLICE_ROOT or --root looks elsewhere)")
     shown, failed = [], 0

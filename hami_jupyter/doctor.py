@@ -34,7 +34,16 @@ from .slice_file import (
     UnsupportedVersion,
     read_snapshot,
 )
-from .slice_paths import SliceNameError, check_name, default_root, list_slice_paths, slice_name
+from .slice_paths import (
+    SliceNameError,
+    UntrustedPath,
+    check_folder,
+    check_name,
+    default_root,
+    list_slice_paths,
+    skip_message,
+    slice_name,
+)
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 
@@ -288,6 +297,10 @@ def check_slice_root(root=None):
     root = Path(root) if root else default_root()
     elsewhere = "set HAMI_SLICE_ROOT to a folder you can write"
     if root.is_dir():
+        try:
+            check_folder(root)
+        except UntrustedPath as e:
+            return Check(name, FAIL, e.detail, e.fix)
         if os.access(root, os.W_OK | os.X_OK):
             return Check(name, PASS, f"{root} (writable)")
         return Check(name, WARN, f"{root} is not writable by this user: kernels can only join "
@@ -308,6 +321,8 @@ def explain_slice_error(path, error):
         return (f"slice {slice_name(path)!r} does not exist ({path})",
                 "a slice file is created when its first kernel starts; check the name, and "
                 "HAMI_SLICE_ROOT or --root for the folder")
+    if isinstance(error, UntrustedPath):
+        return error.detail, error.fix
     if isinstance(error, UnsupportedVersion):
         return str(error), "a newer hami-jupyter wrote it: upgrade hami-jupyter on this host"
     if isinstance(error, SliceFileError):
@@ -362,10 +377,15 @@ def check_slice(path):
 def check_slices(root=None):
     """One check per slice file under the root."""
     root = Path(root) if root else default_root()
-    paths = list_slice_paths(root)
-    if not paths:
+    skipped = []
+    paths = list_slice_paths(root, skipped=skipped)
+    # The root itself refused: no kernel can use a slice there (the library refuses too).
+    refused = [Check("slices" if p == root else f"slice {slice_name(p)}", FAIL if p == root else WARN,
+                     skip_message(p, e), "the slice tools leave it out until it is fixed")
+               for p, e in skipped]
+    if not paths and not refused:
         return [Check("slices", PASS, f"none under {root} yet (created when kernels start)")]
-    return [check_slice(p) for p in paths]
+    return refused + [check_slice(p) for p in paths]
 
 
 def run_checks(slice_path=None):

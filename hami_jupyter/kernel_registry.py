@@ -9,13 +9,42 @@ that died without a shutdown (its server stopped first, say) leaves its entry
 behind; readers skip and delete entries whose process is gone. An entry
 records its process's start time too, so a recycled PID cannot bring a dead
 kernel back.
+
+The registry belongs to the slice's user, and root's tools (``hami-jupyter
+status``, ``slice list``, the admin panel) read it: so everything read is
+checked. The folder and each entry must pass the trust rule of
+:mod:`hami_jupyter.slice_paths` (an entry may also belong to the registry
+folder's owner: the user the hub gave the slice to), an entry is a regular
+file of at most :data:`MAX_ENTRY_BYTES`, and its fields must have the types
+and ranges of :class:`KernelEntry` (see :func:`entry_from_json`). An entry
+that fails is skipped with a warning in the log (``hami_jupyter`` logger),
+never an exception: one bad file cannot stop a tool from showing the rest.
 """
 
 import json
+import logging
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from .slice_paths import (
+    UntrustedPath,
+    check_file,
+    check_folder,
+    folder_of,
+    open_trusted,
+    refuse_dangling_link,
+)
+
+log = logging.getLogger("hami_jupyter")
+
+MAX_PID = 4194304  # PID_MAX_LIMIT on 64-bit Linux
+MAX_ENTRY_BYTES = 64 * 1024
+MAX_ID_LEN = 128  # kernel ids are UUIDs (36 characters)
+MAX_NAME_LEN = 256  # user and kernelspec names
+MAX_PATH_LEN = 4096
 
 
 @dataclass
@@ -27,6 +56,10 @@ class KernelEntry:
     started_unix: float
     slice: str
     pid_start: int = 0  # the process's start time (clock ticks since boot); 0: unknown
+
+
+class BadEntry(ValueError):
+    """A registry entry whose content is not a :class:`KernelEntry`."""
 
 
 def process_start(pid):
@@ -46,28 +79,168 @@ def registry_dir(slice_path):
     return p.with_name(p.name + ".kernels")
 
 
+def valid_kernel_id(kernel_id):
+    """A kernel id that can name an entry file: 1-128 printable characters, no
+    '/', not starting with '.'."""
+    return (isinstance(kernel_id, str) and 0 < len(kernel_id) <= MAX_ID_LEN
+            and kernel_id.isprintable() and "/" not in kernel_id and not kernel_id.startswith("."))
+
+
 def _entry_path(slice_path, kernel_id):
-    if not kernel_id or "/" in kernel_id or kernel_id.startswith("."):
+    if not valid_kernel_id(kernel_id):
         raise ValueError(f"not a kernel id: {kernel_id!r}")
     return registry_dir(slice_path) / f"{kernel_id}.json"
 
 
-def register(slice_path, entry: KernelEntry):
-    """Record *entry* (replacing an older record of the same kernel)."""
+# ---- what an entry may hold ---------------------------------------------------------
+
+
+def _text(data, key, limit):
+    value = data[key]
+    if not isinstance(value, str):
+        raise BadEntry(f"{key} is {type(value).__name__}, not a string")
+    if len(value) > limit:
+        raise BadEntry(f"{key} is {len(value)} characters long, more than {limit}")
+    if not value.isprintable():
+        raise BadEntry(f"{key} holds control characters")
+    return value
+
+
+def _whole(data, key, low, high):
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadEntry(f"{key} is {type(value).__name__}, not a whole number")
+    if not low <= value <= high:
+        raise BadEntry(f"{key} {value} is out of range {low}..{high}")
+    return value
+
+
+def entry_from_json(data, kernel_id=None):
+    """A :class:`KernelEntry` from an entry's decoded JSON; BadEntry saying what is wrong.
+
+    kernel_id: 1-128 printable characters (and the entry's file name when
+    *kernel_id* is given); user, kernelspec: strings of at most 256 printable
+    characters; slice: a string of at most 4096; pid: a whole number
+    1..4194304; started_unix: a number of seconds, finite, not negative;
+    pid_start: a whole number 0..2**63-1 (0: unknown), 0 when missing.
+    Keys beyond these are ignored.
+    """
+    if not isinstance(data, dict):
+        raise BadEntry(f"a JSON {type(data).__name__}, not an object")
+    missing = [k for k in ("kernel_id", "user", "kernelspec", "pid", "started_unix", "slice")
+               if k not in data]
+    if missing:
+        raise BadEntry(f"missing {', '.join(missing)}")
+    kid = _text(data, "kernel_id", MAX_ID_LEN)
+    if not valid_kernel_id(kid):
+        raise BadEntry(f"kernel_id {kid!r} is not a kernel id")
+    if kernel_id is not None and kid != kernel_id:
+        raise BadEntry(f"kernel_id {kid!r} differs from its file name")
+    started = data["started_unix"]
+    if isinstance(started, bool) or not isinstance(started, (int, float)) or not (
+            math.isfinite(started) and started >= 0):
+        raise BadEntry(f"started_unix {started!r} is not a time in seconds")
+    return KernelEntry(
+        kernel_id=kid,
+        user=_text(data, "user", MAX_NAME_LEN),
+        kernelspec=_text(data, "kernelspec", MAX_NAME_LEN),
+        pid=_whole(data, "pid", 1, MAX_PID),
+        started_unix=float(started),
+        slice=_text(data, "slice", MAX_PATH_LEN),
+        pid_start=_whole(data, "pid_start", 0, 2**63 - 1) if "pid_start" in data else 0,
+    )
+
+
+# ---- the folder --------------------------------------------------------------------
+
+
+def _checked_dir(slice_path):
+    """``(registry folder, its stat)`` once the slice folder and the registry
+    folder passed the trust rule; FileNotFoundError when either is missing."""
     d = registry_dir(slice_path)
-    d.mkdir(mode=0o700, exist_ok=True)
+    folder = check_folder(folder_of(d))
+    try:
+        st = os.stat(d)
+    except FileNotFoundError:
+        refuse_dangling_link(d, "kernel registry")
+        raise
+    check_file(d, st, folder, what="kernel registry", directory=True)
+    return d, st
+
+
+def _read_entry(d, dst, name):
+    """The KernelEntry in file *name* of registry folder *d* (stat *dst*)."""
+    fd, st, _ = open_trusted(d / name, os.O_RDONLY, "kernel registry entry", folder=dst,
+                             also_owner=dst.st_uid, follow=False)
+    try:
+        if st.st_size > MAX_ENTRY_BYTES:
+            raise BadEntry(f"{st.st_size} bytes, more than {MAX_ENTRY_BYTES}")
+        raw = os.read(fd, MAX_ENTRY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_ENTRY_BYTES:
+        raise BadEntry(f"more than {MAX_ENTRY_BYTES} bytes")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise BadEntry(f"not JSON ({e.__class__.__name__})") from None
+    return entry_from_json(data, name[: -len(".json")])
+
+
+# ---- writing ------------------------------------------------------------------------
+
+
+def register(slice_path, entry: KernelEntry):
+    """Record *entry* (replacing an older record of the same kernel).
+
+    The registry folder is made (0700) beside the slice file when missing;
+    OSError (UntrustedPath included) when the slice folder or the registry
+    fails the trust rule. An entry readers would refuse is not written (a
+    warning in the log says why): the kernel runs in its slice either way.
+    """
+    try:
+        entry_from_json(asdict(entry))
+    except BadEntry as e:
+        log.warning("hami-jupyter: kernel %r not registered: %s", entry.kernel_id, e)
+        return
     target = _entry_path(slice_path, entry.kernel_id)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(entry)))
+    d = target.parent
+    check_folder(folder_of(d))
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    d, _ = _checked_dir(slice_path)
+    tmp = d / f".{target.name}.{os.getpid()}"
+    try:
+        tmp.unlink()  # left by a process of our PID that died mid-write
+    except FileNotFoundError:
+        pass
+    # 0644 whatever the umask: readable by administrators the registry folder
+    # lets in, never writable by other users (readers would refuse it).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.fchmod(fd, 0o644)
+        os.write(fd, json.dumps(asdict(entry)).encode())
+    finally:
+        os.close(fd)
     os.replace(tmp, target)
 
 
 def unregister(slice_path, kernel_id):
-    """Forget a kernel; nothing happens if it was never recorded."""
+    """Forget a kernel; nothing happens if it was never recorded. A registry
+    that fails the trust rule is left alone, with a warning."""
+    path = _entry_path(slice_path, kernel_id)
     try:
-        _entry_path(slice_path, kernel_id).unlink()
+        _checked_dir(slice_path)
+        path.unlink()
     except FileNotFoundError:
         pass
+    except UntrustedPath as e:
+        log.warning("hami-jupyter: kernel %s not unregistered: %s", kernel_id, e)
+
+
+# ---- reading ------------------------------------------------------------------------
 
 
 def _alive(entry):
@@ -85,22 +258,28 @@ def kernels(slice_path, include_dead=False):
 
     Entries whose process no longer exists are left out (and *include_dead*
     brings them back, for diagnosis; otherwise they are deleted when this
-    process may). Unreadable entries are skipped: a
-    half-written file cannot exist (rename), but a hand-edited one might.
+    process may). A registry folder or entry that fails the trust rule, and
+    an entry that is not a valid :class:`KernelEntry` (see
+    :func:`entry_from_json`), are skipped with a warning in the log.
     """
     out = []
-    d = registry_dir(slice_path)
     try:
+        d, dst = _checked_dir(slice_path)
         names = sorted(os.listdir(d))
     except FileNotFoundError:
+        return out
+    except OSError as e:  # UntrustedPath included
+        log.warning("hami-jupyter: kernel registry of %s skipped: %s", slice_path, e)
         return out
     for name in names:
         if not name.endswith(".json") or name.startswith("."):
             continue
         try:
-            data = json.loads((d / name).read_text())
-            entry = KernelEntry(**{k: data[k] for k in KernelEntry.__dataclass_fields__ if k in data})
-        except (OSError, ValueError, KeyError, TypeError):
+            entry = _read_entry(d, dst, name)
+        except FileNotFoundError:
+            continue  # unregistered while we looked
+        except (OSError, BadEntry) as e:
+            log.warning("hami-jupyter: kernel registry entry %s skipped: %s", d / name, e)
             continue
         if _alive(entry):
             out.append(entry)

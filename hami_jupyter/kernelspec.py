@@ -23,7 +23,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 from .limits import LimitError, parse_memory_limit, parse_mode, parse_sm_share, resolve_limits
 from .size import format_size
-from .slice_paths import SliceNameError, check_name
+from .slice_paths import SliceNameError, check_name, slice_path
 
 PROVISIONER = "hami-provisioner"
 SHIPPED = "hami-python3"
@@ -58,6 +58,10 @@ def _check_slice(ref):
         if not os.path.isabs(ref):
             raise KernelspecError(f"--slice: {ref!r} is a relative path; give an absolute "
                                   "path or a slice name (kernels start in varying folders)")
+        try:
+            slice_path(ref)  # its file name must be a slice name, as the preload library says
+        except SliceNameError as e:
+            raise KernelspecError(f"--slice: {e}") from None
         return ref
     try:
         return check_name(ref)
@@ -75,10 +79,10 @@ def provisioner_config(memory=None, sm=None, mode=None, slice=None):
     try:
         if memory is not None:
             parse_memory_limit(memory, "--memory")
-            config["memory_limit"] = str(memory).strip()
+            config["memory_limit"] = str(memory)
         if sm is not None:
-            parse_sm_share(sm, "--sm")
-            config["sm_limit"] = int(str(sm).strip())
+            parse_sm_share(sm, "--sm")  # 1-3 ASCII digits (or an int): int() reads them alike
+            config["sm_limit"] = int(sm)
         if mode is not None:
             parse_mode(mode, "--mode")
             config["sm_mode"] = mode

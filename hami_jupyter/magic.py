@@ -20,7 +20,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
 from .slice_file import LimitsBusy, SliceFileError, UnsupportedVersion
-from .slice_paths import SliceNameError, slice_path
+from .slice_paths import SliceNameError, UntrustedPath, slice_path
 from .slice_status import format_text, slice_status
 from .status_html import format_html
 
@@ -48,6 +48,8 @@ def advice(error, path):
     if isinstance(error, FileNotFoundError):
         return (f"hami: slice file {path} does not exist. Restarting the kernel creates it "
                 "again; with --slice, check the name or path.")
+    if isinstance(error, UntrustedPath):
+        return f"hami: {error}"  # names the path, the owner found and the fix
     if isinstance(error, PermissionError):
         return (f"hami: no permission to read slice file {path}. Slices of other users "
                 "are readable only by their owner and the administrators.")

@@ -29,9 +29,10 @@ import ctypes
 import fcntl
 import mmap
 import os
-import stat
 import struct
 from dataclasses import dataclass
+
+from .slice_paths import UntrustedPath, open_trusted
 
 # ---- constants: the #defines of slice_file.h, same names -------------------
 
@@ -213,6 +214,15 @@ def limits_file_path(slice_path):
     return (p[: -len(".slice")] if p.endswith(".slice") and len(p) > 6 else p) + ".limits"
 
 
+def limits_lookup_error(path, error):
+    """The error for a limits file that cannot even be looked for (*error*: the
+    OSError of the look). The slice then fails closed, as in the preload library."""
+    return SliceFileError(
+        f"{os.fspath(path)}: the limits file of this slice cannot be looked for "
+        f"({error.strerror or error}), so the slice is refused rather than read without its "
+        "limits; use a shorter slice path, or let this user search the slice folder")
+
+
 def slot_offset(index):
     """File offset of slot *index*; its first byte is the one its owner locks."""
     return SLOTS_OFFSET + index * ctypes.sizeof(HamiSlot)
@@ -361,12 +371,11 @@ class SliceFile:
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        # O_NONBLOCK: a FIFO or device node at this path must not hang us.
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        # Who owns what (slice_paths): the folder and the file are looked at
+        # before the open (a FIFO must not hang us, a planted file must not be
+        # read), and what was opened is checked again.
+        fd, st, _ = open_trusted(self.path, os.O_RDONLY, "slice file")
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise SliceFileError(f"{self.path}: not a regular file")
             self._check_size(st.st_size, ctypes.sizeof(HamiSliceHeader), "its header")
             header = HamiSliceHeader.from_buffer_copy(os.pread(fd, ctypes.sizeof(HamiSliceHeader), 0))
             self._validate(header, st.st_size)
@@ -385,17 +394,26 @@ class SliceFile:
             raise
 
     def _open_limits_file(self):
-        """Map the hub-owned companion limits file, when the slice has one."""
+        """Map the hub-owned companion limits file, when the slice has one.
+
+        Fails closed, as the preload library does: a limits file that cannot
+        even be looked for (its path too long, a folder we may not search, a
+        dangling link, any error but "absent") is an error, never a reason to
+        fall back on the user-owned block in the slice file.
+        """
         path = limits_file_path(self.path)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd, st, _ = open_trusted(path, os.O_RDONLY, "limits file", owner_only=True)
         except FileNotFoundError:
             return
+        except UntrustedPath:
+            raise
+        except OSError as e:
+            raise limits_lookup_error(path, e) from None
         try:
-            st = os.fstat(fd)
             head = HamiLimitsFile.from_buffer_copy(
                 os.pread(fd, LIMITS_FILE_SIZE, 0).ljust(LIMITS_FILE_SIZE, b"\0"))
-            if not stat.S_ISREG(st.st_mode) or head.magic != HAMI_LIMITS_MAGIC:
+            if head.magic != HAMI_LIMITS_MAGIC:
                 raise SliceFileError(f"{path}: not a hami limits file; ask whoever manages "
                                      "the slices to recreate it")
             if head.version_major != HAMI_LIMITS_VERSION_MAJOR:

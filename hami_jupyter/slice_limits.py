@@ -36,6 +36,7 @@ from .slice_file import (
     flock_bytes,
     limits_file_path,
 )
+from .slice_paths import open_trusted
 
 F_OFD_SETLK = 37
 _LOCK_WAIT_S = 2.0
@@ -84,7 +85,9 @@ def update_limits(path, change):
     path = os.fspath(path)
     SliceFile(path).close()  # validates both files before we write
     target, size, base = limits_target(path)
-    fd = os.open(target, os.O_RDWR | os.O_CLOEXEC)
+    hub_owned = target != path
+    fd, _, _ = open_trusted(target, os.O_RDWR, "limits file" if hub_owned else "slice file",
+                            owner_only=hub_owned)
     try:
         _lock(fd, target, base)
         with mmap.mmap(fd, size, mmap.MAP_SHARED) as m:

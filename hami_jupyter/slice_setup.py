@@ -43,8 +43,10 @@ from .slice_file import (
     HamiSlot,
     SliceFile,
     limits_file_path,
+    limits_lookup_error,
 )
 from .slice_limits import update_limits
+from .slice_paths import UntrustedPath, check_folder, ensure_folder, stat_trusted
 
 _MODE = {"hard": HAMI_MODE_HARD, "elastic": HAMI_MODE_ELASTIC}
 
@@ -90,12 +92,15 @@ def _new_file(name, limits, devices=()):
     return f
 
 
-def _publish(path, data, mode):
+def _publish(path, data, mode, what="slice file", owner_only=False):
     """Write *data* under a temporary name, then link(2) it to *path*.
-    True if this call created *path*; False if it existed (left untouched)."""
+    True if this call created *path*; False if it existed (left untouched,
+    once it passed the trust rule: a file another user planted there is
+    UntrustedPath, never taken for ours)."""
     path = Path(path)
+    check_folder(path.parent)  # never write into someone else's folder
     tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         try:
             os.fchmod(fd, mode)  # whatever the umask says
@@ -105,6 +110,7 @@ def _publish(path, data, mode):
         try:
             os.link(tmp, path)
         except FileExistsError:
+            stat_trusted(path, what, owner_only=owner_only)
             return False
         return True
     finally:
@@ -135,19 +141,21 @@ def create_limits_file(slice_path, limits, mode=0o644, device_limits=None):
         fill_limit_set(copy, limits, device_limits)
     f.limits.changed_unix_ns = time.time_ns()
     path = limits_file_path(slice_path)
-    return Path(path), _publish(path, bytes(f), mode)
+    return Path(path), _publish(path, bytes(f), mode, "limits file", owner_only=True)
 
 
-def create_slice(path, name, limits, mode=0o644, devices=()):
+def create_slice(path, name, limits, mode=0o600, devices=()):
     """Create the slice file at *path* with *limits* as its fallback limit
-    (and *devices* entered up front, see :func:`_new_file`).
+    (and *devices* entered up front, see :func:`_new_file`), mode 0600 as the
+    preload library makes it (the hub passes 0640 to let administrators read).
 
     Returns True if this call created it, False if it already existed (the
     existing file is left exactly as it is). The parent folder is created
-    private to the user (0700) when missing.
+    private to the user (0700) when missing. UntrustedPath when the folder or
+    an existing file fails the trust rule (see :mod:`hami_jupyter.slice_paths`).
     """
     path = Path(path)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_folder(path.parent)
     return _publish(path, bytes(_new_file(name, limits, devices)), mode)
 
 
@@ -193,14 +201,34 @@ def ensure_slice(path, name, limits: SliceLimits):
     environment instead, and this returns "deferred".
     """
     path = Path(path)
-    if not path.exists():
+    try:
+        stat_trusted(path)  # the folder and the file, before anything is used
+        exists = True
+    except FileNotFoundError:
+        exists = False
+    if not exists:
         if limits.memory_per_gpu or limits.sm_per_gpu:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            ensure_folder(path.parent)
             return "deferred"
         if create_slice(path, name, limits):
             return "created"
-    if os.path.exists(limits_file_path(path)) or not os.access(path, os.W_OK):
+    if _has_limits_file(path) or not os.access(path, os.W_OK):
         return "kept"  # the hub or an admin owns these limits: theirs stand
     if limits.memory_per_gpu or limits.sm_per_gpu:
         return "kept"
     return "updated" if apply_if_idle(path, limits) else "kept"
+
+
+def _has_limits_file(path):
+    """Whether the slice has a hub-owned limits file. Fails closed: a limits file
+    that cannot be looked for (or fails the trust rule) is an error, not "none"."""
+    lpath = limits_file_path(path)
+    try:
+        stat_trusted(lpath, "limits file", owner_only=True)
+    except FileNotFoundError:
+        return False
+    except UntrustedPath:
+        raise
+    except OSError as e:
+        raise limits_lookup_error(lpath, e) from None
+    return True

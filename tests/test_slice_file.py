@@ -18,6 +18,7 @@ import textwrap
 import pytest
 
 from hami_jupyter import slice_file as sf
+from hami_jupyter.slice_paths import UntrustedPath
 
 GiB = 1024**3
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
@@ -261,7 +262,7 @@ def test_inconsistent_geometry_is_refused(tmp_path, field, value):
 def test_fifo_is_refused_without_blocking(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    with pytest.raises(sf.SliceFileError, match="not a regular file"):
+    with pytest.raises(UntrustedPath, match="is a FIFO .named pipe., not a regular file"):
         sf.SliceFile(fifo)
 
 

@@ -48,10 +48,10 @@ from pathlib import Path
 
 from .. import slice_limits
 from ..doctor import explain_slice_error
-from ..limits import LimitError, parse_memory_limit, parse_mode, parse_sm_share
+from ..limits import LimitError, parse_memory_limit, parse_mode, parse_ordinal, parse_sm_share
 from ..size import format_size, parse_size
 from ..slice_file import HAMI_MODE_ELASTIC, SliceFileError, read_snapshot
-from ..slice_paths import list_slice_paths, slice_name
+from ..slice_paths import list_slice_paths, log, skip_message, slice_name
 from ..slice_status import slice_status
 from . import audit
 
@@ -155,9 +155,19 @@ def read_slice(path):
     return view
 
 
-def read_slices(root):
-    """Every slice under *root*, sorted by name."""
-    return [read_slice(p) for p in list_slice_paths(root)]
+def read_slices(root, skipped=None):
+    """Every slice under *root*, sorted by name. Slices the trust rule refuses
+    (another user's file, a folder everyone may write: see
+    :mod:`hami_jupyter.slice_paths`) are left out; *skipped*, when given,
+    gets one line for each."""
+    found = []
+    paths = list_slice_paths(root, skipped=found)
+    if skipped is not None:
+        skipped.extend(skip_message(p, e) for p, e in found)
+    else:
+        for p, e in found:
+            log.warning("hami-jupyter: %s", skip_message(p, e))
+    return [read_slice(p) for p in paths]
 
 
 @dataclass(frozen=True)
@@ -220,32 +230,39 @@ def _is_zero(text):
         return False
 
 
+# What an admin writes for "no cap" / "no share": the one word this form adds
+# to the grammar every other reader shares (hami_jupyter.limits).
+NONE = "none"
+
+
 def parse_memory(value):
-    """Bytes for *value* (0: no cap); LimitError for a negative, zero or malformed size."""
-    text = str(value).strip()
-    if text.lower() == "none":
+    """Bytes for *value* (0: no cap); LimitError for a negative, zero or malformed size.
+
+    The grammar is :func:`hami_jupyter.limits.parse_memory_limit`'s, as the
+    preload library reads it: no spaces around the value, no sign."""
+    if isinstance(value, str) and value.lower() == NONE:
         return 0
-    if text.startswith("-"):
-        raise LimitError(f"memory: {text!r} is negative; give a size such as 4g, or none for no cap")
-    if _is_zero(text):
+    if isinstance(value, str) and value.startswith("-"):
+        raise LimitError(f"memory: {value!r} is negative; give a size such as 4g, or none for no cap")
+    if isinstance(value, str) and _is_zero(value):
         raise LimitError("memory: a cap of 0 would refuse every allocation; write none for no cap")
-    return parse_memory_limit(text, "memory")
+    return parse_memory_limit(value, "memory")
 
 
 def parse_sm(value):
-    """Percent for *value* (0: no share); LimitError unless a whole percent 0..100 or none."""
-    text = str(value).strip()
-    if text.lower() == "none":
+    """Percent for *value* (0: no share); LimitError unless a whole percent 0..100 or none
+    (:func:`hami_jupyter.limits.parse_sm_share`'s grammar: ASCII digits only)."""
+    if isinstance(value, str) and value.lower() == NONE:
         return 0
-    if text.startswith("-"):
-        raise LimitError(f"SM share: {text!r} is negative; give a whole percent 1..100, or none")
-    return parse_sm_share(text, "SM share") or 0
+    if isinstance(value, str) and value.startswith("-"):
+        raise LimitError(f"SM share: {value!r} is negative; give a whole percent 1..100, or none")
+    return parse_sm_share(value, "SM share") or 0
 
 
 def _new_limits(old, memory, sm, mode, errors):
     values = old.as_dict()
     for name, raw, parse in (("memory_limit", memory, parse_memory), ("sm_share", sm, parse_sm),
-                             ("mode", mode, lambda v: parse_mode(str(v).strip(), "mode"))):
+                             ("mode", mode, lambda v: parse_mode(v, "mode"))):
         if raw is None:
             continue
         try:
@@ -257,8 +274,8 @@ def _new_limits(old, memory, sm, mode, errors):
 
 def _find_device(snap, name, device):
     """The slice's Device for an index or UUID; LimitError naming the GPUs it has."""
-    if isinstance(device, str) and device.isdigit():
-        device = int(device)
+    if isinstance(device, str) and parse_ordinal(device) is not None:
+        device = parse_ordinal(device)  # "1", not "01" nor other scripts' digits
     for d in snap.devices:
         if device in (d.index, d.uuid):
             return d
@@ -269,9 +286,11 @@ def _find_device(snap, name, device):
 
 def _neighbours(path):
     """Snapshots of the other slices in *path*'s folder, and warnings for those unreadable."""
-    snaps, warnings = [], []
+    snaps, warnings, skipped = [], [], []
     here = Path(path).resolve()
-    for p in list_slice_paths(Path(path).parent):
+    paths = list_slice_paths(Path(path).parent, skipped=skipped)
+    warnings += [f"{skip_message(p, e)}, so its caps are not counted" for p, e in skipped]
+    for p in paths:
         if p.resolve() == here:
             continue
         try:

@@ -8,7 +8,9 @@ Each handler returns the exit status and prints its own messages, one line
 each, never a traceback: 0 when all went well; 1 when the slice could not be
 read or the change was refused (a malformed or negative value, hard slices
 that would not fit a GPU, a slice this user may only read); 2 for a usage
-error (a bad slice name, nothing to change), as argparse does.
+error (a bad slice name, nothing to change), as argparse does. ``slice
+list`` skips, with a warning, a slice file the trust rule refuses (see
+:mod:`hami_jupyter.slice_paths`) and shows the others.
 """
 
 import argparse
@@ -46,8 +48,11 @@ def _gpu_line(g):
 def list_command(args):
     """Show every slice with its usage, kernels, limits and whether this user may change them."""
     root = Path(args.root) if args.root else default_root()
-    views = changes.read_slices(root)
+    skipped = []
+    views = changes.read_slices(root, skipped=skipped)
     gpus, message = read_gpus()
+    for line in skipped:  # another user's or unsafe: never read, the others still show
+        print(f"{args.cli_prog}: warning: {line}", file=sys.stderr)
     for v in views:
         if v.error:
             _error(args, v.error, 1)
@@ -56,7 +61,7 @@ def list_command(args):
     if args.json:
         print(json.dumps({"gpus": promised,
                           "slices": [dict(v.status, writable=v.writable) for v in shown]}, indent=2))
-    elif not views:
+    elif not views and not skipped:
         print(f"no slices under {root}: a slice is created when its first kernel starts "
               "(HAMI_SLICE_ROOT or --root looks elsewhere)")
     else:

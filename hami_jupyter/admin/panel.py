@@ -30,7 +30,10 @@ so at the top.
 State is inspectable without a browser: :attr:`AdminPanel.forms` (by slice
 name) with their input widgets, :attr:`SliceForm.errors`,
 :attr:`SliceForm.warnings`, :attr:`SliceForm.last_change`,
-:attr:`AdminPanel.refresh_count` and :attr:`AdminPanel.running`.
+:attr:`AdminPanel.refresh_count`, :attr:`AdminPanel.running` and
+:attr:`AdminPanel.skipped` (slice files the trust rule of
+:mod:`hami_jupyter.slice_paths` refused: another user's, or one anyone may
+change; the banner names them, and they are never read).
 """
 
 import threading
@@ -273,6 +276,7 @@ class AdminPanel:
         self.audit_path = Path(audit_path) if audit_path else audit.default_path(self.root)
         self.gpu_source, self.interval = gpu_source or read_gpus, interval
         self.gpus, self.gpu_message = [], None
+        self.skipped = []  # one line per slice the trust rule refused, as the banner shows them
         self.forms = {}  # slice name -> SliceForm, sorted by name
         self.refresh_count = 0
         self.error = None  # why the last refresh failed, if it did
@@ -313,18 +317,21 @@ class AdminPanel:
                 gpus, message = self.gpu_source()
             except Exception as e:  # a broken source must not stop the slices from showing
                 gpus, message = [], f"GPU facts unavailable: {e}"
-            views = changes.read_slices(self.root)
-            self.gpus, self.gpu_message = gpus, message
+            skipped = []
+            views = changes.read_slices(self.root, skipped=skipped)
+            self.gpus, self.gpu_message, self.skipped = gpus, message, skipped
             self.gpu_table.value = _gpu_table(gpus, message, changes.commitments(views, gpus))
             self._update_forms(views)
-            if not views:
+            if not views and not skipped:
                 self.banner.value = (f"<div>No slices under {escape(str(self.root))} yet: a slice "
                                      "appears when its first kernel starts.</div>")
-            elif self.read_only:
+            elif self.read_only and views:
                 self.banner.value = (f'<div class="hami-read-only" style="font-weight: 600; '
                                      f'color: {LEVEL_COLOUR["warning"]}">{READ_ONLY}</div>')
             else:
                 self.banner.value = ""
+            # Slices the trust rule refused (another user's file, say): named, never read.
+            self.banner.value += _lines(skipped, LEVEL_COLOUR["warning"])
             self.overcommit.disabled = self.read_only
             self.refresh_count += 1
             self.footer.value = (f"<small style='{_MUTED}'>updated {time.strftime('%H:%M:%S')}"

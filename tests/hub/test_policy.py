@@ -64,6 +64,12 @@ def test_offered_sizes_and_choosing():
     ({"sizes": {"x": {"memory": "4x"}}}, "slice size 'x' memory: memory limit '4x' is not a size"),
     ({"sizes": {"x": {"sm": 120}}}, "slice size 'x' sm: SM share 120"),
     ({"sizes": {"x": {"mode": "soft"}}}, "slice size 'x' mode: SM mode 'soft'"),
+    # one grammar with the preload library: no spaces, ASCII digits, exact mode names
+    ({"sizes": {"x": {"memory": " 4g"}}}, "slice size 'x' memory: memory limit ' 4g' is not a size"),
+    ({"sizes": {"x": {"sm": "25 "}}}, "slice size 'x' sm: SM share '25 '"),
+    ({"sizes": {"x": {"sm": "\u0665\u0660"}}}, "slice size 'x' sm: SM share '\u0665\u0660'"),
+    ({"sizes": {"x": {"sm": True}}}, "slice size 'x' sm: SM share True"),
+    ({"sizes": {"x": {"mode": "Elastic"}}}, "slice size 'x' mode: SM mode 'Elastic'"),
     ({"sizes": {"x": {"memroy": "4g"}}}, "unknown key(s) memroy"),
     ({"sizes": {"x": {"gpus": []}}}, "gpus must be a non-empty list"),
     ({"sizes": {"x": {"gpus": ["0"]}}}, "'0' is not a UUID"),

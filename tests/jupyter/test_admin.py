@@ -241,6 +241,12 @@ def test_panel_changes_one_gpu_of_a_slice(hami_env, panels, charge):
     ("sm", "101", "is not a whole percent"),
     ("sm", "-5", "is negative"),
     ("sm", "2.5", "is not a whole percent"),
+    # one grammar with the preload library: no spaces, ASCII digits only
+    ("memory", " 4g", "is not a size"),
+    ("memory", "4g\n", "is not a size"),
+    ("sm", "50 ", "is not a whole percent"),
+    ("sm", "\u0665\u0660", "is not a whole percent"),
+    ("sm", "0050", "is not a whole percent"),
 ])
 def test_panel_refuses_malformed_values(hami_env, panels, field, value, text):
     path = make_slice(hami_env.root, "alice", memory_limit="2g")
@@ -422,6 +428,39 @@ def test_an_admin_changes_hub_owned_limits_live(hami_env, panels, charge):
     assert holder.send("alloc 2g")["rc"] == 0
 
 
+def _bad_registry(path):
+    """A good entry (this process) and, beside it, entries a user could write by hand."""
+    d = kernel_registry.registry_dir(path)
+    kernel_registry.register(path, kernel_registry.new_entry(path, "k-good", "alice-user",
+                                                             "hami-python3", os.getpid()))
+    base = {"user": "alice", "kernelspec": "hami-python3", "started_unix": 1.0, "slice": str(path)}
+    for kernel_id, pid in (("k-huge", 99999999999), ("k-text", "123")):
+        (d / f"{kernel_id}.json").write_text(json.dumps({**base, "kernel_id": kernel_id, "pid": pid}))
+
+
+def test_panel_survives_bad_registry_entries_and_skips_untrusted_slices(hami_env, panels, caplog):
+    """A malformed registry entry once stopped the panel (OverflowError); a slice
+    file anyone may write is named in the banner and never read."""
+    alice = make_slice(hami_env.root, "alice", memory_limit="2g")
+    _bad_registry(alice)
+    loose = make_slice(hami_env.root, "bob", memory_limit="1g")
+    loose.chmod(0o666)
+    with caplog.at_level("WARNING", logger="hami_jupyter"):
+        panel = panels()
+    assert list(panel.forms) == ["alice"]
+    status = panel.forms["alice"].status.value
+    assert "k-good" in status and "alice-user" in status and "k-huge" not in status
+    assert "pid 99999999999 is out of range" in caplog.text
+    assert panel.skipped == [f"skipped slice file {loose} is writable by every user (mode 666): "
+                             f"refused; run chmod o-w {loose}"]
+    assert html.escape(panel.skipped[0]) in panel.banner.value
+    # The fit check counts what it can read and says what it could not.
+    form = panel.forms["alice"]
+    form.memory.value = "3g"
+    assert any(w.startswith(f"skipped slice file {loose}") and w.endswith("its caps are not counted")
+               for w in form.warnings), form.warnings
+
+
 # ---- the CLI --------------------------------------------------------------------------
 
 
@@ -463,6 +502,37 @@ def test_cli_list_as_text_and_json(hami_env, capsys, charge, no_nvml):
     assert shown["slices"][1]["default_limit"] == {"memory_limit": GiB, "sm_share": 30, "mode": "hard"}
     assert shown["gpus"] == [{"uuid": uuid, "name": "", "memory_total": 16 * GiB,
                               "promised": 3 * GiB, "holders": {"alice": 2 * GiB, "bob": GiB}}]
+
+
+def test_cli_list_survives_bad_registry_entries_and_skips_untrusted_slices(hami_env, capsys, no_nvml,
+                                                                           caplog):
+    alice = make_slice(hami_env.root, "alice", memory_limit="2g")
+    _bad_registry(alice)
+    loose = make_slice(hami_env.root, "bob", memory_limit="1g")
+    loose.chmod(0o666)
+    with caplog.at_level("WARNING", logger="hami_jupyter"):
+        code, out, err = run(capsys, "list")
+    assert code == 0 and "Traceback" not in err
+    assert "hami slice 'alice'" in out and "k-good  (alice-user, hami-python3)" in out
+    assert "k-huge" not in out and "hami slice 'bob'" not in out
+    assert f"warning: skipped slice file {loose} is writable by every user (mode 666)" in err
+    assert "pid is str, not a whole number" in caplog.text
+
+    code, out, _ = run(capsys, "list", "--json")
+    assert code == 0
+    [shown] = json.loads(out)["slices"]
+    assert [k["kernel_id"] for k in shown["kernels"]] == ["k-good"]
+
+
+def test_cli_set_reads_values_as_the_preload_library_does(hami_env, capsys, no_nvml):
+    path = make_slice(hami_env.root, "alice", memory_limit="2g")
+    for argv, words in ((["--sm", " 25"], "SM share ' 25' is not a whole percent"),
+                        (["--memory", "4g "], "memory limit '4g ' is not a size"),
+                        (["--mode", "hard "], "SM mode 'hard ' is not one of hard, elastic"),
+                        (["--device", "\u0660", "--memory", "1g"], "has no GPU '\u0660'")):
+        code, out, err = run(capsys, "set", "alice", *argv)
+        assert code == 1 and words in err, (argv, err)
+    assert read_snapshot(path).limits_generation == 0
 
 
 def test_cli_list_without_slices(hami_env, capsys, no_nvml):

@@ -5,12 +5,14 @@ runs the installed command as a child process, as a user would.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from hami_jupyter import kernel_registry
 from hami_jupyter.cli import main
 from hami_jupyter.doctor import DRIVER_VERSION_FILE
 from hami_jupyter.limits import resolve_limits
@@ -97,6 +99,66 @@ def test_status_of_a_missing_or_misnamed_slice(hami_env, capsys):
     assert "invalid slice name 'no such name'" in err
 
 
+def write_bad_registry_entries(path):
+    """Beside a good entry (this process), entries a user could write by hand."""
+    d = kernel_registry.registry_dir(path)
+    kernel_registry.register(path, kernel_registry.new_entry(path, "k-good", "alice", "hami-python3",
+                                                             os.getpid()))
+    base = {"user": "alice", "kernelspec": "hami-python3", "started_unix": 1.0, "slice": str(path)}
+    for kernel_id, pid in (("k-huge", 99999999999), ("k-text", "123"), ("k-none", None)):
+        (d / f"{kernel_id}.json").write_text(json.dumps({**base, "kernel_id": kernel_id, "pid": pid}))
+    (d / "k-junk.json").write_text("{not json")
+
+
+def test_status_survives_bad_registry_entries(hami_env, capsys, caplog):
+    """A pid of 99999999999 once crashed root's status with OverflowError."""
+    path = make_slice(hami_env.root, "alice", memory_limit="1g")
+    write_bad_registry_entries(path)
+    with caplog.at_level("WARNING", logger="hami_jupyter"):
+        code, out, err = run(capsys, "status")
+    assert code == 0 and "Traceback" not in err
+    assert "k-good  (alice, hami-python3)" in out
+    assert "k-huge" not in out and "k-text" not in out and "k-junk" not in out
+    assert "pid 99999999999 is out of range" in caplog.text and "k-junk.json skipped" in caplog.text
+
+    code, out, _ = run(capsys, "status", "--json", "alice")
+    assert code == 0
+    [status] = json.loads(out)
+    assert [k["kernel_id"] for k in status["kernels"]] == ["k-good"]
+
+
+def test_status_skips_slices_it_cannot_trust_and_shows_the_others(hami_env, capsys):
+    make_slice(hami_env.root, "alice", memory_limit="1g")
+    loose = make_slice(hami_env.root, "bob", memory_limit="2g")
+    loose.chmod(0o666)  # anyone could rewrite its limits
+    os.mkfifo(hami_env.root / "pipe.slice")  # opening it would block
+    code, out, err = run(capsys, "status")
+    assert code == 0
+    assert "hami slice 'alice'" in out and "bob" not in out and "pipe" not in out
+    assert f"warning: skipped slice file {loose} is writable by every user (mode 666)" in err
+    assert f"warning: skipped slice file {hami_env.root / 'pipe.slice'} is a FIFO (named pipe)" in err
+
+    code, _, err = run(capsys, "status", "bob")  # named: an error, with the fix
+    assert code == 1
+    assert f"error: slice file {loose} is writable by every user (mode 666): refused; run chmod o-w" in err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to give the slice root to another user")
+def test_status_refuses_a_slice_root_another_user_made(hami_env, capsys):
+    make_slice(hami_env.root, "alice", memory_limit="1g")
+    os.chown(hami_env.root, 1001, 1001)
+    code, out, err = run(capsys, "status")
+    assert code == 0 and out == ""
+    assert f"warning: skipped slice folder {hami_env.root} is owned by uid 1001, not by you" in err
+    assert "HAMI_SLICE_ROOT" in err
+
+
+def test_status_refuses_a_path_that_names_no_slice(hami_env, capsys):
+    for ref in (f"{hami_env.root}/a b.slice", f"{hami_env.root}/x.slice.slice", f"{hami_env.root}/"):
+        code, _, err = run(capsys, "status", ref)
+        assert code == 2 and "invalid slice path" in err, ref
+
+
 # ---- doctor -------------------------------------------------------------------
 
 
@@ -136,6 +198,24 @@ def test_doctor_fails_on_a_bad_limit_variable(hami_env, capsys, monkeypatch):
     assert line.startswith("FAIL")
     assert "HAMI_MEMORY_LIMIT: memory limit '4x' is not a size" in line
     assert "-> fix or unset it" in out
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("CUDA_DEVICE_MEMORY_LIMIT_01", "1g", "CUDA_DEVICE_MEMORY_LIMIT_01: set for a GPU"),
+    ("CUDA_DEVICE_SM_LIMIT_16", "25", "CUDA_DEVICE_SM_LIMIT_16: set for a GPU"),
+    ("HAMI_MAX_DECODERS_x", "2", "HAMI_MAX_DECODERS_x: set for a GPU"),
+    ("CUDA_DEVICE_MEMORY_LIMIT", " 4g", "memory limit ' 4g' is not a size"),
+    ("CUDA_DEVICE_SM_LIMIT", "\u0665\u0660", "SM share '\u0665\u0660' is not a whole percent"),
+    ("HAMI_SM_MODE", "Hard", "SM mode 'Hard' is not one of hard, elastic"),
+])
+def test_doctor_reads_limit_variables_as_the_preload_library_does(hami_env, capsys, monkeypatch,
+                                                                   name, value, words):
+    """What the library would refuse (CUDA disabled) is a failed check here, never ignored."""
+    monkeypatch.setenv(name, value)
+    code, out, _ = run(capsys, "doctor", "--json")
+    assert code == 1
+    check = checks_by_name(out)["limit variables"]
+    assert check["status"] == "FAIL" and words in check["detail"]
 
 
 def test_doctor_fails_on_a_corrupt_or_missing_slice(hami_env, capsys):
@@ -193,8 +273,13 @@ def test_kernelspec_install_writes_limits_and_starts_a_kernel_in_them(
     (["--memory", "0"], "--memory: a memory limit of 0 would refuse every allocation"),
     (["--sm", "150"], "--sm: SM share '150' is not a whole percent 0..100"),
     (["--sm", "half"], "--sm: SM share 'half' is not a whole percent"),
+    (["--sm", " 25"], "--sm: SM share ' 25' is not a whole percent"),
+    (["--sm", "\u0665\u0660"], "--sm: SM share '\u0665\u0660' is not a whole percent"),
+    (["--memory", "4g "], "--memory: memory limit '4g ' is not a size"),
+    (["--mode", "Elastic"], "--mode: SM mode 'Elastic' is not one of hard, elastic"),
     (["--mode", "soft"], "--mode: SM mode 'soft' is not one of hard, elastic"),
     (["--slice", "a b"], "--slice: invalid slice name 'a b'"),
+    (["--slice", "/srv/slices/a b.slice"], "--slice: invalid slice path '/srv/slices/a b.slice'"),
     (["--name", "../up"], "--name: '../up' is not a kernelspec name"),
     (["--name", "with space"], "--name: 'with space' is not a kernelspec name"),
 ])
