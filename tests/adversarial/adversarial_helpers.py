@@ -6,11 +6,12 @@
   read at one consistent moment; SIGCONT on the way out, whatever happens.
 * ``sim_live_used(status, index)``: what the simulated GPU says its live
   processes hold on one device (the ground truth of real usage).
-* ``classify_run(...)``: the outcome of one cudrive run against a cap.
+* ``run_fill(...)``: one cudrive run that fills the GPU, with a time limit.
 """
 
 import os
 import signal
+import subprocess
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -81,3 +82,17 @@ def sanitizer_report(stderr):
 
 def hami_lines(stderr):
     return [line for line in stderr.splitlines() if line.startswith("hami:")]
+
+
+def run_fill(cudrive, env, timeout, fill="fill 64m"):
+    """cudrive ``init ctx 0 <fill>`` in *env*: ``(exit status, stdout, stderr)``;
+    the status is None when it did not finish within *timeout* s (then killed)."""
+    proc = subprocess.Popen([str(cudrive.path), "init", "ctx", "0", *fill.split()], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, out.decode(errors="replace"), err.decode(errors="replace")
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")

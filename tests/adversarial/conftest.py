@@ -22,14 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "native"))
 
-from native_helpers import (  # noqa: E402
-    CudriveRunner,
-    SimGpu,
-    Slice,
-    build_name_from_env,
-    build_native,
-    slice_env,
-)
+from native_fixtures import cudrive, gpu, hami_build, make_slice  # noqa: E402,F401 (fixtures)
 
 DEFAULT_SEED = 20261124
 
@@ -68,29 +61,3 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("adversarial counts")
         for line in _REPORTS:
             terminalreporter.write_line(line)
-
-
-@pytest.fixture(scope="session")
-def hami_build():
-    return build_native(build_name_from_env())
-
-
-@pytest.fixture
-def gpu(hami_build, tmp_path):
-    return SimGpu(hami_build, tmp_path / "sim-state")
-
-
-@pytest.fixture
-def make_slice(gpu, tmp_path):
-    def make(name="team", limit="1g", overhead="64m", **extra):
-        path = tmp_path / name if name else None
-        return Slice(gpu, path, slice_env(gpu, path, limit, overhead, **extra))
-
-    return make
-
-
-@pytest.fixture
-def cudrive(hami_build, tmp_path):
-    runner = CudriveRunner(hami_build, tmp_path)
-    yield runner
-    runner.teardown()

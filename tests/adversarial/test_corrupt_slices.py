@@ -20,9 +20,7 @@ reader judged the same file is counted beside it (where the two disagree).
 import ctypes
 import os
 import random
-import signal
 import struct
-import subprocess
 import time
 
 from adversarial_helpers import (
@@ -34,6 +32,7 @@ from adversarial_helpers import (
     SILENT_REFUSAL,
     Tally,
     hami_lines,
+    run_fill,
     sanitizer_report,
 )
 from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, SIM_CONTEXT
@@ -270,18 +269,6 @@ def _python_verdict(path):
         return "refuses"
 
 
-def _run(cudrive, env, timeout):
-    proc = subprocess.Popen([str(cudrive.path), "init", "ctx", "0", *FILL.split()], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return None, out.decode(errors="replace"), err.decode(errors="replace")
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
-
-
 def classify(rc, out, err):
     """The outcome of `init ctx 0 fill 64m` against a 1 GiB cap, and the bytes it got."""
     import json
@@ -336,7 +323,7 @@ def test_corrupted_slice_files_never_fail_open(cudrive, make_slice, gpu, seed, r
             lpath.chmod(0o644)
         python = _python_verdict(path)
         env = dict(s.env, HAMI_SLICE=str(path))
-        rc, out, err = _run(cudrive, env, RUN_TIMEOUT)
+        rc, out, err = run_fill(cudrive, env, RUN_TIMEOUT, FILL)
         outcome, got = classify(rc, out, err)
         outcomes[outcome] += 1
         by_class.setdefault(cls, Tally())[outcome] += 1

@@ -19,12 +19,10 @@ less of a limit than asked, is a fail-open outcome.
 import json
 import random
 import re
-import signal
-import subprocess
 import time
 from dataclasses import dataclass
 
-from adversarial_helpers import CAPPED, CRASH, FAIL_OPEN, HANG, REFUSED, Tally, hami_lines, sanitizer_report
+from adversarial_helpers import CAPPED, CRASH, FAIL_OPEN, HANG, REFUSED, Tally, hami_lines, run_fill, sanitizer_report
 from native_helpers import GiB, SIM_CONTEXT, slice_device, slice_env
 
 from hami_jupyter.size import parse_size
@@ -216,20 +214,6 @@ def random_cases(rng, count):
 # ---- running a case ----------------------------------------------------------------------------
 
 
-def _run(cudrive, env):
-    proc = subprocess.Popen([str(cudrive.path), "init", "ctx", "0", "fill", "64m"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        import os
-
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return None, out.decode(errors="replace"), err.decode(errors="replace")
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
-
-
 def _records(out):
     return {r["op"]: r for r in (json.loads(line) for line in out.splitlines() if line.startswith("{"))}
 
@@ -288,7 +272,7 @@ def test_malformed_environments_fail_closed(cudrive, gpu, seed, report, tmp_path
             else:
                 env[name] = value
         verdict = judge(env)
-        rc, out, err = _run(cudrive, env)
+        rc, out, err = run_fill(cudrive, env, RUN_TIMEOUT)
         recs = _records(out)
         ran = recs.get("init", {}).get("rc") == 0 and recs.get("ctx", {}).get("rc") == 0
         got = (recs["fill"]["bytes"] + SIM_CONTEXT) if ran and "fill" in recs else 0

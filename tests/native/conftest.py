@@ -19,32 +19,4 @@
 Helpers shared by the tests live in native_helpers.py.
 """
 
-import pytest
-
-from native_helpers import CudriveRunner, SimGpu, Slice, build_name_from_env, build_native, slice_env
-
-
-@pytest.fixture(scope="session")
-def hami_build():
-    return build_native(build_name_from_env())
-
-
-@pytest.fixture
-def gpu(hami_build, tmp_path):
-    return SimGpu(hami_build, tmp_path / "sim-state")
-
-
-@pytest.fixture
-def make_slice(gpu, tmp_path):
-    def make(name="team", limit="1g", overhead="64m", **extra):
-        path = tmp_path / name if name else None
-        return Slice(gpu, path, slice_env(gpu, path, limit, overhead, **extra))
-
-    return make
-
-
-@pytest.fixture
-def cudrive(hami_build, tmp_path):
-    runner = CudriveRunner(hami_build, tmp_path)
-    yield runner
-    runner.teardown()
+from native_fixtures import cudrive, gpu, hami_build, make_slice  # noqa: F401 (fixtures)
