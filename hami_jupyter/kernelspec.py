@@ -10,6 +10,12 @@ Every value is checked here, with the rules of :mod:`hami_jupyter.limits`,
 before anything is written: a bad value in a kernelspec would otherwise only
 show when a kernel fails to start, far from the mistake. Errors name the
 values by the ``hami-jupyter kernelspec install`` options that carry them.
+
+Under JupyterHub (``HAMI_HUB_SLICE`` in the environment, see
+:mod:`hami_jupyter.hub_slice`) every kernel of the server runs in the hub's
+slice, under its limits: ``install`` refuses ``--slice`` naming another slice
+and limits other than the slice's (more would not be applied; less, a
+nested cap, is not supported yet), saying why.
 """
 
 import json
@@ -21,8 +27,10 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpecManager
 
+from . import hub_slice
 from .limits import LimitError, parse_memory_limit, parse_mode, parse_sm_share, resolve_limits
 from .size import format_size
+from .slice_file import SliceFileError, read_snapshot
 from .slice_paths import SliceNameError, check_name, slice_path
 
 PROVISIONER = "hami-provisioner"
@@ -163,6 +171,47 @@ def write_kernelspec(dest_dir, name, display_name=None, memory=None, sm=None, mo
     return path
 
 
+_OPTION = {"memory": "--memory", "sm_share": "--sm", "mode": "--mode"}
+
+
+def check_under_hub(config, environ=None):
+    """Under JupyterHub (``HAMI_HUB_SLICE`` in *environ*, default ``os.environ``):
+    KernelspecError when the provisioner *config* names another slice than the
+    hub's or limits other than the slice's; else nothing."""
+    environ = os.environ if environ is None else environ
+    try:
+        hub = hub_slice.hub_slice(environ)
+    except hub_slice.HubSliceError as e:
+        raise KernelspecError(str(e)) from None
+    if hub is None:
+        return
+    why = f"JupyterHub gave this server the slice {hub}, and {hub_slice.APPLIES}"
+    ref = config.get("slice")
+    if ref and hub_slice.refers_elsewhere(ref, hub, env=environ):
+        raise KernelspecError(f"--slice: {why}, so a kernelspec cannot name another slice; "
+                              "leave --slice out")
+    asked = _config_limits(config)
+    try:
+        held = hub_slice.held_by(read_snapshot(hub))
+    except (OSError, SliceFileError):  # the limits the hub put into the server's environment
+        try:
+            held = hub_slice.held_by_limits(resolve_limits({}, environ))
+        except LimitError:
+            held = [hub_slice.Held()]
+    stricter, looser = hub_slice.compare(asked, held)
+    holds = hub_slice.describe_held(held)
+    if looser:
+        field, text, _ = looser[0]
+        raise KernelspecError(
+            f"{_OPTION[field]}: {text} is more than the hub's slice holds ({holds}): {why}, so "
+            f"its kernels would not get it; leave {_OPTION[field]} out")
+    if stricter:
+        field, text, _ = stricter[0]
+        raise KernelspecError(
+            f"{_OPTION[field]}: {text} is stricter than the hub's slice holds ({holds}), and "
+            f"{why}: {hub_slice.NESTED}; leave {_OPTION[field]} out")
+
+
 def install(name, display_name=None, memory=None, sm=None, mode=None, slice=None,
             user=False, prefix=None):
     """Write and install a kernelspec; return the folder it was installed in.
@@ -170,10 +219,12 @@ def install(name, display_name=None, memory=None, sm=None, mode=None, slice=None
     Where, as jupyter_client decides: *user* for the user's Jupyter data
     folder, *prefix* for ``<prefix>/share/jupyter/kernels``, neither for the
     system-wide folder. An existing kernelspec of that name there is replaced.
-    Raises KernelspecError for a bad setting (nothing is written), OSError
-    when the folder cannot be written.
+    Raises KernelspecError for a bad setting, or one that the hub's slice
+    rules out (:func:`check_under_hub`; nothing is written), OSError when the
+    folder cannot be written.
     """
     name = check_kernel_name(name)
+    check_under_hub(provisioner_config(memory=memory, sm=sm, mode=mode, slice=slice))
     with tempfile.TemporaryDirectory(prefix="hami-kernelspec-") as tmp:
         write_kernelspec(tmp, name, display_name, memory=memory, sm=sm, mode=mode, slice=slice)
         manager = KernelSpecManager(log=_log)

@@ -10,7 +10,12 @@ kernel process starts,
   why); this happens after jupyter_client has merged the kernelspec's
   ``env`` into the kernel's environment, so no source is missed;
 - works out the slice (by default the user's: every kernel of one user shares
-  one slice; a kernelspec that sets limits of its own gets its own);
+  one slice; a kernelspec that sets limits of its own gets its own). Under
+  JupyterHub (``HAMI_HUB_SLICE`` in the server's environment, see
+  :mod:`hami_jupyter.hub_slice`) it is always the hub's slice: a kernel that
+  names another one, or asks for a stricter cap than the slice holds (nested
+  caps are not supported yet), is refused; one that asks for more is started
+  under the hub's limits, with a warning;
 - makes sure the slice file exists and, while no process of it runs, carries
   those limits (:mod:`hami_jupyter.slice_setup`). A slice that keeps other
   limits (it is in use and an administrator may have resized it, or the hub
@@ -45,7 +50,7 @@ from pathlib import Path
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Int, Unicode, Union
 
-from . import kernel_registry, native
+from . import hub_slice, kernel_registry, native
 from .limits import LimitError, SliceLimits, parse_decoders, resolve_limits
 from .size import format_size
 from .slice_file import HAMI_MODE_ELASTIC, SliceFileError, read_snapshot
@@ -99,7 +104,9 @@ class HamiProvisioner(LocalProvisioner):
         help="""The slice kernels start in: a name (a file under the slice root)
         or a path. Unset: HAMI_SLICE, then CUDA_DEVICE_MEMORY_SHARED_CACHE, then
         the user's name; a kernelspec that sets its own limits gets its own
-        slice, "<user>-<kernelspec name>".""",
+        slice, "<user>-<kernelspec name>". Under JupyterHub (HAMI_HUB_SLICE set
+        in the server's environment) every kernel runs in the hub's slice: a
+        setting naming another slice refuses the kernel.""",
     )
     slice_root = Unicode(
         None, allow_none=True, config=True,
@@ -110,9 +117,14 @@ class HamiProvisioner(LocalProvisioner):
     # ---- where limits come from ---------------------------------------------------
 
     def _kernelspec_config(self):
+        """The kernelspec's provisioner ``config``, when it names this provisioner (under
+        the hub, a kernelspec naming another is run by this one: its config is not ours)."""
         spec = getattr(self, "kernel_spec", None)
         meta = getattr(spec, "metadata", None) or {}
-        return meta.get("kernel_provisioner", {}).get("config", {}) or {}
+        stanza = meta.get("kernel_provisioner") or {}
+        if stanza.get("provisioner_name", "hami-provisioner") != "hami-provisioner":
+            return {}
+        return stanza.get("config", {}) or {}
 
     def _kernelspec_env(self, env):
         """The kernelspec's ``env`` entries as the kernel gets them: their values in
@@ -168,8 +180,12 @@ class HamiProvisioner(LocalProvisioner):
 
     # ---- working out the slice ------------------------------------------------
 
-    def resolve_slice(self, env):
-        """Path of this kernel's slice, by the order the ``slice`` help gives."""
+    def resolve_slice(self, env, hub=None):
+        """Path of this kernel's slice, by the order the ``slice`` help gives; under
+        the hub (*hub*: the hub's slice), that slice, after checking that nothing
+        names another (SliceSetupError)."""
+        if hub is not None:
+            return self._hub_slice(env, hub)
         ref = self.slice or env.get("HAMI_SLICE") or env.get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
         try:
             if not ref:
@@ -181,9 +197,66 @@ class HamiProvisioner(LocalProvisioner):
             raise SliceSetupError(f"hami-jupyter: {e}") from None
         return path.absolute()
 
-    def _limits_in_force(self, path, asked, outcome):
+    # ---- under the hub ----------------------------------------------------------
+
+    def _hub_slice(self, env, hub):
+        """*hub*, once no setting of this kernel names another slice."""
+        spec = f"kernelspec '{self._kernelspec_name()}'"
+        spec_env = self._kernelspec_env(env)
+        refs = [(self.slice, f"{spec} provisioner config 'slice'"
+                 if self._kernelspec_config().get("slice") else "c.HamiProvisioner.slice")]
+        for name in ("HAMI_SLICE", "CUDA_DEVICE_MEMORY_SHARED_CACHE"):
+            refs.append((env.get(name), f"{spec} env {name}" if name in spec_env
+                         else f"{name} in the server's environment"))
+        for ref, where in refs:
+            if ref and hub_slice.refers_elsewhere(ref, hub, root=self.slice_root or None, env=env):
+                raise SliceSetupError(
+                    f"hami-jupyter: the kernel was not started: {where} names slice {ref}, but "
+                    f"JupyterHub gave this server the slice {hub}, and {hub_slice.APPLIES}. "
+                    f"Remove the slice setting ({where}); the kernel then runs in the hub's slice.")
+        return hub
+
+    def _kernel_asks(self, env):
+        """The limits this kernel's own settings ask for (its kernelspec, the server's
+        c.HamiProvisioner): not the server's environment, which is the hub's."""
+        try:
+            return resolve_limits({}, {}, layers=[
+                layer for layer in self._limit_sources(env, {}) if layer[1] == "config"
+                or layer[0].startswith("kernelspec")])
+        except LimitError as e:  # resolve_limits has checked every source already
+            raise SliceSetupError(
+                f"hami-jupyter: the kernel was not started because a GPU limit is invalid. {e}"
+            ) from None
+
+    def _check_hub_limits(self, path, env):
+        """Under the hub: refuse a kernel asking for a stricter cap than the slice
+        at *path* holds (nested caps are not supported yet); warn once that more
+        than it holds is not applied."""
+        try:
+            held = hub_slice.held_by(read_snapshot(path))
+        except (OSError, SliceFileError) as e:
+            raise SliceSetupError(f"hami-jupyter: cannot read the hub's slice {path}: {e}") from None
+        stricter, looser = hub_slice.compare(self._kernel_asks(env), held)
+        holds = hub_slice.describe_held(held)
+        if stricter:
+            asks = "; ".join(f"{text} ({source})" for _, text, source in stricter)
+            raise SliceSetupError(
+                f"hami-jupyter: the kernel was not started: it asks for {asks}, stricter than "
+                f"the hub's slice {path} holds ({holds}); {hub_slice.NESTED}. Remove the "
+                "limit from the kernelspec (or c.HamiProvisioner), or ask the hub's administrator "
+                "for a smaller slice.")
+        if looser:
+            self.log.warning(
+                "hami-jupyter: kernel %s asks for %s, but %s and its slice %s holds %s: the "
+                "hub's limits apply", self.kernel_id,
+                "; ".join(f"{text} ({source})" for _, text, source in looser),
+                hub_slice.APPLIES, path, holds)
+
+    def _limits_in_force(self, path, asked, outcome, hub=False):
         """The limits the slice at *path* holds its processes to, after
-        :func:`ensure_slice` said *outcome*; warns once when they are not *asked*."""
+        :func:`ensure_slice` said *outcome*; warns once when they are not *asked*
+        (under the *hub*, where :meth:`_check_hub_limits` has said what counts
+        to the user, only at info level: an administrator's change is no news)."""
         if outcome == "deferred":  # the kernel creates the file from its environment
             return asked
         snap = read_snapshot(path)
@@ -227,7 +300,7 @@ class HamiProvisioner(LocalProvisioner):
             why = "per-GPU limits (_<n> variables) only reach a slice that a kernel creates"
         else:
             why = "the slice file kept them"
-        self.log.warning(
+        (self.log.info if hub else self.log.warning)(
             "hami-jupyter: kernel %s asked for %s, but slice %s holds %s (%s); the slice's "
             "limits apply, and the kernel's environment carries them", self.kernel_id,
             describe(asked), path, holds, why)
@@ -283,11 +356,22 @@ class HamiProvisioner(LocalProvisioner):
         kwargs = await super().pre_launch(**kwargs)
         env = kwargs["env"]
         try:
+            try:  # the server's own environment says whether the hub manages the slice
+                hub = hub_slice.hub_slice(os.environ) or hub_slice.hub_slice(server_env)
+            except hub_slice.HubSliceError as e:
+                raise SliceSetupError(f"hami-jupyter: the kernel was not started: {e}") from None
             asked = self.resolve_limits(env, server_env)
-            path = self.resolve_slice(env)
+            path = self.resolve_slice(env, hub)
+            if hub is not None and not path.exists():
+                raise SliceSetupError(
+                    f"hami-jupyter: the kernel was not started: the hub's slice {path} does not "
+                    f"exist, and {hub_slice.APPLIES}. Stop and start your server from the hub's "
+                    "control panel: the hub makes the slice when the server starts.")
+            if hub is not None:  # before ensure_slice could apply any limit of the kernel's
+                self._check_hub_limits(path, env)
             try:
                 outcome = ensure_slice(path, slice_name(path), asked)
-                limits = self._limits_in_force(path, asked, outcome)
+                limits = self._limits_in_force(path, asked, outcome, hub=hub is not None)
             except (OSError, ValueError, SliceFileError) as e:
                 raise SliceSetupError(
                     f"hami-jupyter: cannot prepare slice file {path}: {e}. "
@@ -298,8 +382,8 @@ class HamiProvisioner(LocalProvisioner):
         except SliceSetupError:
             await self._abandon_launch()
             raise
-        self.log.info("hami-jupyter: kernel %s starts in slice %s (%s; %s)",
-                      self.kernel_id, path, limits.describe(), outcome)
+        self.log.info("hami-jupyter: kernel %s starts in slice %s under %s",
+                      self.kernel_id, path, _in_force_text(path, limits, outcome))
 
         preload = env.get("LD_PRELOAD", "")
         entries = [p for p in preload.replace(" ", ":").split(":") if p]
@@ -344,3 +428,26 @@ class HamiProvisioner(LocalProvisioner):
         await super().load_provisioner_info(provisioner_info)
         if provisioner_info.get("hami_slice"):
             self._slice_path = Path(provisioner_info["hami_slice"])
+
+
+def _in_force_text(path, limits, outcome):
+    """For a kernel start's log line: the limits in force in the slice at
+    *path* (*limits*, from ``_limits_in_force``), the GPUs with limits of their
+    own, and whose they are (the hub's limits file, or the slice file and what
+    :func:`ensure_slice` did with it: *outcome*)."""
+    if outcome == "deferred":
+        return f"{limits.describe()} (from its environment; the kernel creates the slice file)"
+    try:
+        own = [d for d in read_snapshot(path).devices if not d.limit_is_fallback]
+    except (OSError, SliceFileError):
+        own = []
+    text = limits.describe() + (" by default" if own else "") + "".join(
+        f"; GPU {d.uuid}: memory "
+        f"{format_size(d.limit.memory_limit) if d.limit.memory_limit else 'unlimited'}, "
+        f"SM {f'{d.limit.sm_share % 100} %' if d.limit.sm_share % 100 else 'unlimited'}"
+        for d in own)
+    source = limits.sources.get("memory") or "the slice file"
+    if source == "the slice file":
+        source += {"created": ", created now", "updated": ", updated now"}.get(
+            outcome, ", whose limits stand")
+    return f"{text} (limits in force, from {source})"

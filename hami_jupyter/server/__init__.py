@@ -6,11 +6,19 @@ Enabled by ``jupyter-config/jupyter_server_config.d/hami_jupyter.json``
 - ``{base_url}hami/v1/slices`` and ``{base_url}hami/v1/kernels/<kernel_id>``
   (:mod:`.handlers`), under the server's base URL so they work behind
   JupyterHub (``/user/<name>/``);
-- the slices' gauges on the server's ``{base_url}metrics`` (:mod:`.metrics`).
+- the slices' gauges on the server's ``{base_url}metrics`` (:mod:`.metrics`);
+- under JupyterHub (``HAMI_HUB_SLICE`` in the server's environment), the
+  rule that every kernel runs in the hub's slice: every kernelspec starts
+  through ``hami-provisioner``, whatever provisioner it names or none
+  (:mod:`hami_jupyter.hub_kernels`).
 """
+
+import os
 
 from jupyter_server.utils import url_path_join
 
+from ..hub_slice import HubSliceError, hub_slice
+from .. import hub_kernels
 from . import metrics
 from .handlers import KernelHandler, SlicesHandler
 
@@ -27,3 +35,18 @@ def _load_jupyter_server_extension(serverapp):
     ])
     metrics.attach(serverapp)
     serverapp.log.info("hami-jupyter: slice API at %s", api)
+    _route_kernels_under_hub(serverapp)
+
+
+def _route_kernels_under_hub(serverapp):
+    try:
+        hub = hub_slice(os.environ)
+    except HubSliceError as e:  # the provisioner refuses every kernel with the same message
+        hub = os.environ.get("HAMI_HUB_SLICE")
+        serverapp.log.error("hami-jupyter: %s; no kernel can start until it names the hub's slice", e)
+    if hub is None:
+        return
+    hub_kernels.route_every_kernel(parent=serverapp)
+    serverapp.log.info("hami-jupyter: JupyterHub gave this server the slice %s: every kernel runs "
+                       "in it, through %s, whatever its kernelspec names", hub,
+                       hub_kernels.PROVISIONER)

@@ -42,3 +42,47 @@ def test_provisioned_kernel_runs_torch_under_its_cap(hami_kernel):
     assert gpu["memory_limit"] == 4 * GiB
     assert gpu["memory_used"] > 3 * GiB and gpu["memory_level"] in ("warning", "critical")
     assert [k["kernel_id"] for k in status["kernels"]] == [km.kernel_id]
+
+
+def test_plain_kernelspec_under_the_hub_runs_torch_in_the_hubs_slice(tmp_path, monkeypatch, preload_lib):
+    """Under a hub slice every kernel goes through the provisioner: a kernelspec
+    with no provisioner metadata, as ipykernel installs it, asking for 64 GiB
+    in its env, still gets the hub's 4 GiB slice (issue 12, items 1 and 2)."""
+    jupyter_client = pytest.importorskip("jupyter_client")
+    import os
+    import sys
+
+    from hami_jupyter.hub.policy import parse_size_spec
+    from hami_jupyter.hub.slice_files import prepare_user_slice
+    from hami_jupyter.hub_kernels import route_every_kernel, stop_routing
+
+    for name in list(os.environ):
+        if name.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "CUDA_DEVICE_SM")):
+            monkeypatch.delenv(name)
+    root = tmp_path / "hub"
+    path = prepare_user_slice("alice", parse_size_spec("gpu", {"memory": "4g"}), os.getuid(), os.getgid(),
+                              str(root))
+    spec = tmp_path / "kernels" / "kernels" / "plain"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "plain", "language": "python", "env": {"CUDA_DEVICE_MEMORY_LIMIT": "64g"}}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "kernels"))
+    monkeypatch.setenv("HAMI_SLICE_ROOT", str(root))
+    monkeypatch.setenv("HAMI_SLICE", str(path))
+    monkeypatch.setenv("HAMI_HUB_SLICE", str(path))
+    route_every_kernel()
+    km = jupyter_client.KernelManager(kernel_name="plain")
+    try:
+        km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=120)
+        r = json.loads(run_in_kernel(kc, FILL).strip().splitlines()[-1])
+        print(f"plain kernelspec under the hub: torch total {r['total']}, {r['tensors']} x 256 MiB before OOM")
+        assert r["total"] == 4 * GiB
+        assert r["oom"] and 8 <= r["tensors"] <= 16
+        kc.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)
+        stop_routing()

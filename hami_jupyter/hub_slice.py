@@ -1,0 +1,164 @@
+"""The hub's slice: the one slice every kernel of a hub-started server runs in.
+
+JupyterHub's spawner (:mod:`hami_jupyter.hub.spawner`) gives a user's
+server a slice with a root-owned limits file, and marks the server's
+environment with ``HAMI_HUB_SLICE=<path>``. That marker, and nothing a user
+can set for one kernel, decides that the server is hub-managed. Then:
+
+- every kernel of the server runs in that slice, whatever its kernelspec
+  says: the server extension routes every kernelspec through
+  ``hami-provisioner`` (:mod:`hami_jupyter.hub_kernels`), and the
+  provisioner refuses a kernel that names another slice;
+- a kernel never gets more than the slice holds: the hub's limits file is the
+  authority, and the preload library enforces it whatever the kernel's
+  environment asks;
+- a kernel cannot get less either, for now: the slice file holds one cap per
+  slice, and the preload library holds every process to the slice's cap (its
+  environment's limits only seed a slice file that does not exist yet), so a
+  stricter cap for one kernel inside the slice (a nested cap) cannot be
+  enforced. Such a kernel is refused rather than started with a cap it
+  would not have.
+
+This module holds what the provisioner, the server extension and
+``hami-jupyter kernelspec install`` share: where the hub's slice is, whether
+a reference names it, and how asked limits compare with the slice's.
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .size import format_size
+from .slice_file import HAMI_MODE_ELASTIC
+from .slice_paths import SliceNameError, slice_path
+
+VARIABLE = "HAMI_HUB_SLICE"
+
+APPLIES = "the hub's slice applies to every kernel of this server"
+NESTED = ("nested caps are not supported yet: the slice file holds one cap per slice and the "
+          "preload library holds every process of the slice to it, so one kernel cannot have a "
+          "smaller cap than its slice")
+
+
+class HubSliceError(ValueError):
+    """``HAMI_HUB_SLICE`` is set but is not a slice path; the message says why."""
+
+
+def hub_slice(environ=None):
+    """The hub's slice (an absolute :class:`~pathlib.Path`) when the hub manages
+    this server's slice, else None. *environ*: default ``os.environ``."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(VARIABLE)
+    if value is None:
+        return None
+    if not value.startswith("/"):
+        raise HubSliceError(f"{VARIABLE}={value!r} is not an absolute path; the hub sets it to "
+                            "the user's slice file, e.g. /run/hami-jupyter/alice.slice")
+    try:
+        return slice_path(value)
+    except SliceNameError as e:
+        raise HubSliceError(f"{VARIABLE}: {e}") from None
+
+
+def same_slice(a, b):
+    """Whether the paths *a* and *b* name one slice file."""
+    a, b = Path(a).absolute(), Path(b).absolute()
+    return os.path.normpath(a) == os.path.normpath(b) or os.path.realpath(a) == os.path.realpath(b)
+
+
+def refers_elsewhere(ref, hub, root=None, env=None):
+    """Whether the slice reference *ref* (a name or a path) names a slice other
+    than *hub*; a reference that is not a slice name or path does."""
+    try:
+        return not same_slice(slice_path(ref, root=root, env=env), hub)
+    except SliceNameError:
+        return True
+
+
+@dataclass(frozen=True)
+class Held:
+    """One entry of what a slice holds its processes to (0: no limit)."""
+
+    memory: int = 0
+    sm_share: int = 0
+    elastic: bool = False
+    max_decoders: int = 0
+    gpu: str = ""  # "" for every GPU (the fallback); else a GPU's UUID
+
+
+def held_by(snapshot):
+    """The entries a slice file's *snapshot* holds: its fallback, then each GPU's own."""
+
+    def entry(limit, gpu=""):
+        share = limit.sm_share % 100
+        return Held(limit.memory_limit, share, bool(share) and limit.mode == HAMI_MODE_ELASTIC,
+                    limit.max_decoders, gpu)
+
+    return [entry(snapshot.fallback_limit)] + [
+        entry(d.limit, d.uuid) for d in snapshot.devices if not d.limit_is_fallback]
+
+
+def held_by_limits(limits):
+    """The entry a :class:`~hami_jupyter.limits.SliceLimits` stands for (the
+    hub's limits as the server's environment carries them)."""
+    share = (limits.sm_share or 0) % 100
+    return [Held(limits.memory or 0, share, bool(share) and limits.mode == "elastic",
+                 limits.max_decoders or 0)]
+
+
+def describe_held(held):
+    def one(h):
+        text = (f"memory {format_size(h.memory) if h.memory else 'unlimited'}, "
+                + (f"SM {h.sm_share} % ({'elastic' if h.elastic else 'hard'})" if h.sm_share
+                   else "SM unlimited")
+                + (f", {h.max_decoders} decoders" if h.max_decoders else ""))
+        return f"GPU {h.gpu}: {text}" if h.gpu else text
+
+    return "; ".join(one(h) for h in held)
+
+
+def _cap(value):
+    return value if value else float("inf")
+
+
+def compare(asked, held, fields=None):
+    """How the limits *asked* (a :class:`~hami_jupyter.limits.SliceLimits`;
+    only the fields its ``sources`` name, or *fields*, count as asked) stand
+    against the entries *held*: ``(stricter, looser)``, each a list of
+    ``(field, asked text, source)``. A value is stricter when it is below what
+    the slice holds on some GPU, looser when above it on some GPU and
+    stricter on none."""
+    fields = set(asked.sources if fields is None else fields)
+    stricter, looser = [], []
+
+    def weigh(field, value, held_values, text, source):
+        if any(value < _cap(h) for h in held_values):
+            stricter.append((field, text, source))
+        elif any(value > _cap(h) for h in held_values):
+            looser.append((field, text, source))
+
+    source = asked.sources.get
+    if "memory" in fields and asked.memory:
+        weigh("memory", asked.memory, [h.memory for h in held],
+              f"memory {format_size(asked.memory)}", source("memory", "memory"))
+    if "sm_share" in fields:  # 0 or 100: no share, which is more than any share
+        share = (asked.sm_share or 0) % 100
+        weigh("sm_share", share or float("inf"), [h.sm_share for h in held],
+              f"SM {share} %" if share else "SM unlimited", source("sm_share", "SM share"))
+    if "mode" in fields:
+        want_elastic = asked.mode == "elastic"
+        if not want_elastic and any(h.elastic for h in held):
+            stricter.append(("mode", "SM mode hard", source("mode", "SM mode")))
+        elif want_elastic and any(h.sm_share and not h.elastic for h in held):
+            looser.append(("mode", "SM mode elastic", source("mode", "SM mode")))
+    if "max_decoders" in fields:  # 0: no cap
+        weigh("max_decoders", asked.max_decoders or float("inf"), [h.max_decoders for h in held],
+              f"{asked.max_decoders} decoders" if asked.max_decoders else "decoders unlimited",
+              source("max_decoders", "decoders"))
+    for n, v in sorted(asked.memory_per_gpu.items()):
+        weigh("memory", v, [h.memory for h in held], f"GPU {n}: memory {format_size(v)}",
+              source(f"CUDA_DEVICE_MEMORY_LIMIT_{n}", f"CUDA_DEVICE_MEMORY_LIMIT_{n}"))
+    for n, v in sorted(asked.sm_per_gpu.items()):
+        weigh("sm_share", v % 100 or float("inf"), [h.sm_share for h in held],
+              f"GPU {n}: SM {v} %", source(f"CUDA_DEVICE_SM_LIMIT_{n}", f"CUDA_DEVICE_SM_LIMIT_{n}"))
+    return stricter, looser
