@@ -45,7 +45,7 @@ def kubespawner_profiles(policy, hami_resources=True):
     """A ``KubeSpawner.profile_list`` callable: the sizes offered to the user."""
 
     def profiles(spawner):
-        groups = [g.name for g in getattr(spawner.user, "groups", [])]
+        groups = policy.spawner_groups(spawner)
         sizes = policy.offered(spawner.user.name, groups)
         return [profile(s, hami_resources, default=(i == 0)) for i, s in enumerate(sizes)]
 

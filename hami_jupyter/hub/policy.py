@@ -18,9 +18,11 @@
 
 A user's slice is, most specific first: their entry in ``users``, the entry
 of the first group in ``groups`` (in the order written) they belong to, then
-``default``. An entry is a size name or a size written out. A spawner form
-or profile list may let the user pick another size among those ``offer``
-allows them (their own size is always allowed).
+``default``. Which groups: ``group_source`` -- JupyterHub's groups (the
+default), the user's Unix groups, or both. An entry is a size name or a
+size written out. A spawner form or profile list may let the user pick
+another size among those ``offer`` allows them (their own size is always
+allowed).
 
 Every size is checked when the policy is built, so a typo stops the hub at
 start-up with a message naming the size, never at a user's spawn.
@@ -28,6 +30,9 @@ start-up with a message naming the size, never at a user's spawn.
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 from dataclasses import dataclass, field
 
 from traitlets import Dict, Unicode, Union
@@ -156,15 +161,33 @@ class SlicePolicy(LoggingConfigurable):
                          help="Folder the hub keeps slice files in (created if missing).")
     admin_group = Unicode(None, allow_none=True, config=True,
                           help="Unix group whose members may change limits (panel, CLI).")
+    group_source = Unicode(
+        "jupyterhub", config=True,
+        help="Which groups the names in ``groups`` and ``offer`` mean. "
+             "'jupyterhub' (default): the user's JupyterHub groups (admin panel, REST API, "
+             "load_groups, an authenticator's manage_groups). "
+             "'unix': the user's Unix groups on the hub host, looked up at each spawn for "
+             "the Unix user of the hub user's name: primary group and supplementary groups "
+             "(pwd, os.getgrouplist); a hub user with no Unix account has none. "
+             "'both': either. "
+             "Group names in ``groups`` that match no group are warned about, never an "
+             "error: Unix group names when the policy is built (hub start), against "
+             "grp.getgrall(); JupyterHub group names once, at the first spawn after the "
+             "hub starts, against the groups in the hub's database then (groups created "
+             "later are not rechecked).")
+
+    GROUP_SOURCES = ("jupyterhub", "unix", "both")
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        if self.group_source not in self.GROUP_SOURCES:
+            raise PolicyError(f"group_source: {self.group_source!r} is not one of "
+                              f"{', '.join(map(repr, self.GROUP_SOURCES))}")
         self._sizes = {name: parse_size_spec(name, spec) for name, spec in self.sizes.items()}
         self._default = self._entry(self.default, "default") if self.default is not None else None
         self._users = {u: self._entry(v, f"users[{u!r}]") for u, v in self.users.items()}
         self._groups = {g: self._entry(v, f"groups[{g!r}]") for g, v in self.groups.items()}
         if self.admin_group:
-            import grp
             try:
                 grp.getgrnam(self.admin_group)
             except KeyError:
@@ -175,6 +198,21 @@ class SlicePolicy(LoggingConfigurable):
                 if n not in self._sizes:
                     raise PolicyError(f"offer[{who!r}]: no slice size named {n!r}; "
                                       f"sizes: {', '.join(self._sizes) or 'none'}")
+        # Group names of `groups` still to be checked against JupyterHub's
+        # groups (at the first spawn: the database is not open yet here).
+        self._hub_groups_unchecked = []
+        if self.group_source in ("unix", "both") and self.groups:
+            unix = {g.gr_name for g in grp.getgrall()}
+            missing = [g for g in self.groups if g not in unix]
+            if self.group_source == "unix":
+                for g in missing:
+                    self.log.warning(
+                        "hami-jupyter: SlicePolicy.groups[%r]: no Unix group %r on this host "
+                        "(group_source = 'unix'): nobody gets its size through it", g, g)
+            else:
+                self._hub_groups_unchecked = missing
+        elif self.group_source == "jupyterhub":
+            self._hub_groups_unchecked = list(self.groups)
 
     def _entry(self, value, where):
         if isinstance(value, str):
@@ -183,6 +221,54 @@ class SlicePolicy(LoggingConfigurable):
                                   f"sizes: {', '.join(self._sizes) or 'none'}")
             return self._sizes[value]
         return parse_size_spec(f"{where}", value)
+
+    # ---- groups ---------------------------------------------------------------
+
+    def groups_of(self, user, hub_groups=()):
+        """The group names that count for *user* under ``group_source``:
+        *hub_groups* (their JupyterHub groups), their Unix groups, or both."""
+        names = list(hub_groups) if self.group_source in ("jupyterhub", "both") else []
+        if self.group_source in ("unix", "both"):
+            found = unix_groups(user)
+            if found is None:
+                self.log.warning("hami-jupyter: no Unix user %r: no Unix groups count for "
+                                 "their slice (group_source = %r)", user, self.group_source)
+            else:
+                names += [g for g in found if g not in names]
+        return names
+
+    def spawner_groups(self, spawner):
+        """:meth:`groups_of` the spawner's user; on the first call that can read
+        the hub's database, warn about ``groups`` names no JupyterHub group has."""
+        user = spawner.user
+        if self._hub_groups_unchecked:
+            known = hub_group_names(user)
+            if known is not None:
+                self.check_hub_groups(known)
+        return self.groups_of(user.name, [g.name for g in getattr(user, "groups", None) or []])
+
+    def check_hub_groups(self, known):
+        """Warn, once, about names of ``groups`` that are none of *known* (the
+        hub's JupyterHub groups) and, for 'both', no Unix group either."""
+        known = set(known)
+        for g in self._hub_groups_unchecked:
+            if g in known:
+                continue
+            if self.group_source == "both":
+                self.log.warning("hami-jupyter: SlicePolicy.groups[%r]: no JupyterHub group and "
+                                 "no Unix group is named %r: nobody gets its size through it", g, g)
+                continue
+            hint = ""
+            try:
+                grp.getgrnam(g)
+                hint = (f"; there is a Unix group {g!r}: set c.SlicePolicy.group_source = "
+                        f"'unix' (or 'both') if that is the one meant")
+            except KeyError:
+                pass
+            self.log.warning("hami-jupyter: SlicePolicy.groups[%r]: no JupyterHub group is "
+                             "named %r (group_source = 'jupyterhub'): nobody gets its size "
+                             "through it%s", g, g, hint)
+        self._hub_groups_unchecked = []
 
     # ---- resolution ---------------------------------------------------------
 
@@ -234,3 +320,34 @@ class SlicePolicy(LoggingConfigurable):
         c.Spawner.apply_user_options = apply_user_options(self)
         c.Spawner.options_form = options_form(self)
         c.Spawner.options_from_form = options_from_form(self)
+
+
+def unix_groups(user_name):
+    """Names of the Unix groups of the Unix user *user_name*, primary group
+    first, then the supplementary ones; None when there is no such user."""
+    try:
+        pw = pwd.getpwnam(user_name)
+    except KeyError:
+        return None
+    names = []
+    for gid in [pw.pw_gid, *os.getgrouplist(pw.pw_name, pw.pw_gid)]:
+        try:
+            name = grp.getgrgid(gid).gr_name
+        except KeyError:
+            continue  # a gid with no name: nothing a policy can name
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def hub_group_names(user):
+    """Every group name in the hub's database, through *user*'s session (a
+    jupyterhub.user.User); None where that cannot be read."""
+    db = getattr(user, "db", None)
+    if db is None:
+        return None
+    try:
+        from jupyterhub import orm
+        return [name for (name,) in db.query(orm.Group.name)]
+    except Exception:  # not JupyterHub's User, or no database: check later
+        return None

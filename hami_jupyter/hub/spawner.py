@@ -5,6 +5,11 @@ slice into the server's environment; ``options_form`` / ``options_from_form``
 let a user pick among the sizes offered to them (LocalProcessSpawner,
 SystemdSpawner, The Littlest JupyterHub), and ``apply_user_options`` refuses a
 size the user may not have. ``SlicePolicy.configure_spawner(c)`` sets them all.
+
+JupyterHub keeps a start's user options (``orm_spawner.user_options``) and
+reuses them for every later start that names none. A refused size is
+therefore dropped from them before the refusal is raised: the next plain
+start gets the user's own size instead of the same 400 again.
 """
 
 import html
@@ -16,8 +21,39 @@ from .slice_files import owner_of, prepare_user_slice
 FORM_FIELD = "slice_size"
 
 
-def _groups(spawner):
-    return [g.name for g in getattr(spawner.user, "groups", [])]
+def _groups(policy, spawner):
+    return policy.spawner_groups(spawner)
+
+
+def _forget_pick(spawner):
+    """Drop the slice size from the user options the spawner holds and from
+    those JupyterHub keeps for the next start (other keys are left alone)."""
+    spawner.user_options = {k: v for k, v in (spawner.user_options or {}).items()
+                            if k != FORM_FIELD}
+    orm_spawner = getattr(spawner, "orm_spawner", None)
+    kept = getattr(orm_spawner, "user_options", None)
+    if not kept or FORM_FIELD not in kept:
+        return
+    # A new dict (not an in-place change), so SQLAlchemy sees it.
+    orm_spawner.user_options = {k: v for k, v in kept.items() if k != FORM_FIELD} or None
+    try:
+        from sqlalchemy.orm import object_session
+        session = object_session(orm_spawner)
+        if session is not None:
+            session.commit()
+    except Exception as e:  # the hub commits on its way out of the failed spawn anyway
+        spawner.log.warning("hami-jupyter: could not save the cleared user options: %s", e)
+
+
+def _refuse(policy, spawner, error):
+    """Forget the refused pick, then the 400 that says so."""
+    from tornado.web import HTTPError
+
+    _forget_pick(spawner)
+    own = policy.size_of(spawner.user.name, _groups(policy, spawner))
+    then = f"your own size ({own.name})" if own is not None else "no slice limits"
+    return HTTPError(400, f"{error}. This choice is not kept: a start without "
+                          f"{FORM_FIELD!r} gets {then}")
 
 
 def pre_spawn_hook(policy):
@@ -25,15 +61,23 @@ def pre_spawn_hook(policy):
 
     def hook(spawner):
         user = spawner.user.name
-        size = policy.choose(user, _groups(spawner), (spawner.user_options or {}).get(FORM_FIELD))
+        try:
+            size = policy.choose(user, _groups(policy, spawner),
+                                 (spawner.user_options or {}).get(FORM_FIELD))
+        except PolicyError as e:
+            # Only without apply_user_options (JupyterHub < 5.3, or a hub that
+            # set its own): a size not offered (any more) is refused once.
+            spawner.log.warning("hami-jupyter: refusing %s's start: %s", user, e)
+            raise _refuse(policy, spawner, e) from None
         if size is None:
             spawner.log.info("hami-jupyter: no slice size for %s: the server runs without limits", user)
             return
         name = user_slice_name({"JUPYTERHUB_USER": user})
         uid, gid = owner_of(user)
-        path = prepare_user_slice(name, size, uid, gid, policy.slice_root, policy.admin_group)
+        path = prepare_user_slice(name, size, uid, gid, policy.slice_root, policy.admin_group, log=spawner.log)
         env = dict(size.environment())
         env.update({"HAMI_SLICE": str(path), "HAMI_SLICE_ROOT": policy.slice_root})
+        env["HAMI_HUB_SLICE"] = str(path)  # every kernel runs in it (hami_jupyter.hub_slice)
         spawner.environment.update(env)
         spawner.log.info("hami-jupyter: %s gets slice %s (%s, size %s)", user, path,
                          size.describe(), size.name)
@@ -44,15 +88,16 @@ def pre_spawn_hook(policy):
 def apply_user_options(policy):
     """A ``Spawner.apply_user_options`` callable (JupyterHub 5.3+): a size the
     user may not have is refused before anything starts, as a 400 with the
-    reason, rather than an error inside the spawn."""
+    reason, rather than an error inside the spawn. The refused size is not
+    kept for later starts, whether this start asked for it or it was kept
+    from an earlier one (the policy changed since)."""
 
     def apply(spawner, user_options):
         picked = (user_options or {}).get(FORM_FIELD)
         try:
-            policy.choose(spawner.user.name, _groups(spawner), picked)
+            policy.choose(spawner.user.name, _groups(policy, spawner), picked)
         except PolicyError as e:
-            from tornado.web import HTTPError
-            raise HTTPError(400, str(e)) from None
+            raise _refuse(policy, spawner, e) from None
         if picked:
             spawner.user_options = {**(spawner.user_options or {}), FORM_FIELD: picked}
 
@@ -64,7 +109,7 @@ def options_form(policy):
     user, their own preselected; no form when there is nothing to choose."""
 
     def form(spawner):
-        sizes = policy.offered(spawner.user.name, _groups(spawner))
+        sizes = policy.offered(spawner.user.name, _groups(policy, spawner))
         if len(sizes) < 2:
             return ""
         options = []

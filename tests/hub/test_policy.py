@@ -11,7 +11,7 @@ from hami_jupyter.hub.spawner import options_form, options_from_form
 GiB = 1 << 30
 
 
-def policy(**settings):
+def policy(log=None, **settings):
     c = Config()
     c.SlicePolicy.sizes = {
         "small": {"memory": "4g", "sm": 25},
@@ -24,7 +24,7 @@ def policy(**settings):
     c.SlicePolicy.users = {"alice": {"memory": "8g", "sm": 30}}
     for k, v in settings.items():
         setattr(c.SlicePolicy, k, v)
-    return SlicePolicy(config=c)
+    return SlicePolicy(config=c, **({"log": log} if log else {}))
 
 
 def spawner(name, groups=(), options=None):
@@ -115,3 +115,114 @@ def test_kubespawner_profiles_set_environment_and_hami_resources():
                    "HAMI_MEMORY_LIMIT": str(16 * GiB), "HAMI_SM_LIMIT": "50"}
     plain = kubespawner_profiles(p, hami_resources=False)(spawner("dave"))
     assert "extra_resource_limits" not in plain[0]["kubespawner_override"]
+
+
+# ---- group_source: JupyterHub groups, Unix groups, or both (issue 12, item 6) ----
+
+import grp  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import pwd  # noqa: E402
+
+from hami_jupyter.hub.spawner import apply_user_options  # noqa: E402
+
+# Its own logger: JupyterHub's set-up (imported by other tests) may stop the
+# "traitlets" logger from propagating to pytest's capture.
+LOG = logging.getLogger("hami_jupyter.tests.policy")
+
+# A pretend host: gid -> group name; user -> (primary gid, supplementary gids).
+UNIX_GROUPS = {5000: "bob", 5001: "researchers", 5002: "students", 5003: "video"}
+UNIX_USERS = {"bob": (5000, [5001, 5003]), "dave": (5002, [])}
+
+
+@pytest.fixture
+def unix_host(monkeypatch):
+    def getpwnam(name):
+        if name not in UNIX_USERS:
+            raise KeyError(name)
+        return SimpleNamespace(pw_name=name, pw_gid=UNIX_USERS[name][0],
+                               pw_uid=os.getuid(), pw_dir="/nonexistent")
+
+    def getgrouplist(name, gid):
+        return [gid, *UNIX_USERS[name][1]]
+
+    def getgrgid(gid):
+        if gid not in UNIX_GROUPS:
+            raise KeyError(gid)
+        return SimpleNamespace(gr_name=UNIX_GROUPS[gid], gr_gid=gid)
+
+    def getgrnam(name):
+        for gid, n in UNIX_GROUPS.items():
+            if n == name:
+                return SimpleNamespace(gr_name=n, gr_gid=gid)
+        raise KeyError(name)
+
+    monkeypatch.setattr(pwd, "getpwnam", getpwnam)
+    monkeypatch.setattr(os, "getgrouplist", getgrouplist)
+    monkeypatch.setattr(grp, "getgrgid", getgrgid)
+    monkeypatch.setattr(grp, "getgrnam", getgrnam)
+    monkeypatch.setattr(grp, "getgrall", lambda: [getgrgid(g) for g in UNIX_GROUPS])
+
+
+def test_unix_groups_count_with_group_source_unix(unix_host):
+    # bob is in the Unix group "researchers" (supplementary), in no JupyterHub group.
+    assert policy().size_of("bob", policy().spawner_groups(spawner("bob"))).name == "small"
+    p = policy(group_source="unix")
+    assert p.groups_of("bob") == ["bob", "researchers", "video"]
+    assert p.size_of("bob", p.spawner_groups(spawner("bob"))).name == "large"
+    # the primary group counts too: dave's is "students"
+    assert p.size_of("dave", p.spawner_groups(spawner("dave"))).name == "tiny"
+    # JupyterHub groups do not count with "unix"
+    assert p.size_of("carol", p.spawner_groups(spawner("carol", ["researchers"]))).name == "small"
+
+
+def test_group_source_both(unix_host):
+    p = policy(group_source="both")
+    assert p.size_of("bob", p.spawner_groups(spawner("bob"))).name == "large"
+    assert p.size_of("carol", p.spawner_groups(spawner("carol", ["researchers"]))).name == "large"
+    # students is first in the policy's order: a JupyterHub group beats no Unix one
+    assert p.size_of("bob", p.spawner_groups(spawner("bob", ["students"]))).name == "tiny"
+
+
+def test_unix_groups_reach_the_spawner_hooks(unix_host):
+    from tornado.web import HTTPError
+
+    p = policy(group_source="unix", offer={"researchers": ["small"]})
+    apply_user_options(p)(spawner("bob"), {"slice_size": "small"})  # offered through his Unix group
+    assert 'value="large" selected' in options_form(p)(spawner("bob"))
+    with pytest.raises(HTTPError, match="not offered to 'dave'"):
+        apply_user_options(p)(spawner("dave"), {"slice_size": "large"})
+
+
+def test_unknown_unix_group_names_warn_at_start(unix_host, caplog):
+    with caplog.at_level(logging.WARNING):
+        policy(LOG, group_source="unix", groups={"researchers": "large", "reserchers": "tiny"})
+    text = caplog.text
+    assert "groups['reserchers']: no Unix group 'reserchers'" in text
+    assert "'researchers'" not in text
+
+
+def test_unknown_jupyterhub_group_names_warn_at_first_spawn(unix_host, caplog):
+    pytest.importorskip("jupyterhub.orm")
+    # The hub's database session, as far as the check reads it (the real
+    # one: test_refused_size.py::test_hub_group_names_reads_the_hub_database).
+    db = SimpleNamespace(query=lambda column: [("students",)])
+    with caplog.at_level(logging.WARNING):
+        p = policy(LOG)  # group_source "jupyterhub": nothing to check yet
+        assert "no JupyterHub group" not in caplog.text
+        user = SimpleNamespace(name="bob", groups=[], db=db)
+        p.spawner_groups(SimpleNamespace(user=user))
+    text = caplog.text
+    # "researchers" is a Unix group here, not a JupyterHub one: say so, and how to mean it
+    assert "groups['researchers']: no JupyterHub group is named 'researchers'" in text
+    assert "there is a Unix group 'researchers'" in text and "group_source" in text
+    assert "'students'" not in text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        p.spawner_groups(SimpleNamespace(user=user))
+    assert "no JupyterHub group" not in caplog.text  # once, not at every spawn
+
+
+def test_unknown_group_source_stops_the_hub():
+    with pytest.raises(PolicyError, match="group_source: 'ldap' is not one of"):
+        policy(group_source="ldap")
