@@ -2,7 +2,9 @@
 
 ``status`` shows the slices on this host, ``doctor`` checks the set-up,
 ``kernelspec install|list`` manages kernelspecs of set slice sizes,
-``slice list|set`` shows and resizes slices (administrators), and ``demo``
+``slice list|set|reset`` shows and resizes slices (administrators), ``audit
+verify`` checks the audit log, ``admin-service`` applies administrators'
+changes as root, and ``demo``
 shows a slice at work. This module only parses arguments and prints;
 the work is done by the modules it calls.
 
@@ -21,7 +23,7 @@ import sys
 from pathlib import Path
 
 from . import __version__, doctor, kernelspec
-from .admin.cli import add_slice_commands
+from .admin.cli import add_audit_commands, add_slice_commands
 from .slice_file import SliceFileError
 from .slice_paths import SliceNameError, default_root, list_slice_paths, skip_message, slice_path
 from .slice_status import format_text, slice_status
@@ -197,6 +199,7 @@ def build_parser(with_demo_options=False):
         demo.add_arguments(p)
     p.set_defaults(func=_demo, cli_prog=p.prog)
     add_slice_commands(sub)
+    add_audit_commands(sub)
     return parser
 
 

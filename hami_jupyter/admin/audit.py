@@ -1,23 +1,40 @@
-"""The administrators' audit log: one JSON line per limit change.
+"""The administrators' audit log: one JSON line per write of a limits file.
 
-Every change applied from the admin panel or ``hami-jupyter slice set``
-appends one record: who, when (ISO-8601, UTC), the slice, the entry changed
-(a GPU, or the slice's default entry) and the limits before and after. By
-default the log is ``audit.log`` in the slice root.
+Every change applied from the admin panel or ``hami-jupyter slice set|reset``
+appends one record, and so does the hub each time it writes (or keeps) a
+user's limits at server start: who, when (ISO-8601, UTC), the slice, what
+changed and the limits before and after. By default the log is
+``audit.log`` in the slice root.
+
+Who is taken from the operating system, never from the environment: the
+user name of the effective uid, with the real and effective uids beside it
+(``JUPYTERHUB_USER`` is only a variable any process can set). A change made
+through the admin service (:mod:`.admin_service`) is recorded with the uid
+the kernel reported for the caller's socket (``SO_PEERCRED``).
+
+Who may write it: under a hub-managed slice root the log is root's, mode
+0640 (group: the admin group, which may read it) or 0600, and only root
+writes it (the hub, and the admin service on behalf of administrators); an
+administrator can neither append to it nor truncate it. In a slice root no
+hub manages, it belongs to the user who owns the root.
+
+Tamper evidence: each record carries ``prev``, the SHA-256 of the line before
+it (64 zeros for the first), and ``audit.log.head`` beside the log holds the
+number of lines and the hash of the last one. :func:`verify`
+(``hami-jupyter audit verify``) walks the chain: an edited, removed or
+inserted line, or a log cut short, is reported.
 
 The file is only ever appended to: it is opened with ``O_APPEND`` and each
 record is a single ``write(2)`` of one whole line, so records of concurrent
 writers never interleave, even if one of them ignored the lock below.
 
-The log doubles as the administrators' lock. :class:`AuditLog` holds an OFD
-write lock on the log while a change is checked and applied, so two admins
-cannot both pass the "hard slices fit the GPU" check with changes that only
-fit one at a time. Taking a write lock needs the log open for writing, so a
-user who may only read cannot stall the administrators.
+The log doubles as the writers' lock. :class:`AuditLog` holds an OFD write
+lock on the log while a change is checked and applied, so two admins (or an
+admin and the hub) cannot interleave their checks and writes.
 """
 
 import fcntl
-import getpass
+import hashlib
 import json
 import os
 import pwd
@@ -28,10 +45,13 @@ from pathlib import Path
 from ..slice_file import F_OFD_SETLK, flock_bytes
 
 FILE_NAME = "audit.log"
-# Like a hub-owned limits file (0664, the administrators' group): every admin of
-# the group may append; users have no business in it.
-FILE_MODE = 0o660
+HEAD_SUFFIX = ".head"
+# Written only by its owner (root under a hub); readable by the admin group.
+FILE_MODE = 0o640
+GENESIS = "0" * 64
 LOCK_WAIT_S = 10.0  # a change takes milliseconds; this long means something is stuck
+HUB_WHO = "jupyterhub (policy)"
+_TAIL = 1 << 16  # longest record line expected; the last line is read from this much of the end
 
 
 class AuditLogError(Exception):
@@ -43,15 +63,28 @@ def default_path(slice_root):
     return Path(slice_root) / FILE_NAME
 
 
-def current_user(env=None):
-    """Who is changing limits: the JupyterHub user, else the Unix user."""
-    env = os.environ if env is None else env
-    if env.get("JUPYTERHUB_USER"):
-        return env["JUPYTERHUB_USER"]
+def head_path(log_path):
+    return Path(str(log_path) + HEAD_SUFFIX)
+
+
+def user_name(uid):
+    """The passwd name of *uid*, else ``uid <n>`` (a uid without a passwd entry)."""
     try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:  # a uid without a passwd entry (containers)
-        return getpass.getuser()
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def current_user(env=None):
+    """Who is changing limits: the user of this process's effective uid, from the
+    operating system. *env* is accepted for compatibility and ignored: an
+    environment variable (JUPYTERHUB_USER) is whatever the caller set."""
+    return user_name(os.geteuid())
+
+
+def identity():
+    """``{"who", "uid", "euid"}`` of this process, from the operating system."""
+    return {"who": current_user(), "uid": os.getuid(), "euid": os.geteuid()}
 
 
 def utc_now():
@@ -59,12 +92,21 @@ def utc_now():
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def make_record(slice_name, path, device, uuid, old, new, who=None):
-    """One audit record; *old* and *new* are plain dicts of limits."""
-    return {
+def make_record(slice_name, path, device, uuid, old, new, who=None, *, uid=None, action="set",
+                **extra):
+    """One audit record; *old* and *new* are plain dicts of limits.
+
+    *who*/*uid* name the person the change is made for when it is not this
+    process (the admin service passes its caller's, from SO_PEERCRED, and
+    the hub its policy label); otherwise both come from the OS.
+    """
+    me = identity()
+    record = {
         "when": utc_now(),
-        "who": who or current_user(),
-        "uid": os.getuid(),  # JUPYTERHUB_USER is only an environment variable; this is not
+        "action": action,
+        "who": who or me["who"],
+        "uid": me["uid"] if uid is None else uid,
+        "euid": me["euid"],  # the process that wrote the line
         "slice": slice_name,
         "path": os.path.abspath(path),
         "device": device,  # slice device index, None for the default entry
@@ -72,10 +114,33 @@ def make_record(slice_name, path, device, uuid, old, new, who=None):
         "old": old,
         "new": new,
     }
+    record.update(extra)
+    return record
+
+
+def line_hash(line):
+    """SHA-256 (hex) of one log line, without its newline."""
+    if isinstance(line, str):
+        line = line.encode()
+    return hashlib.sha256(line.rstrip(b"\n")).hexdigest()
+
+
+def _last_line(fd):
+    """The last complete line of the open file (bytes, no newline), b"" when empty."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return b""
+    start = max(0, size - _TAIL)
+    data = os.pread(fd, size - start, start)
+    lines = data.rstrip(b"\n").rsplit(b"\n", 1)
+    if len(lines) == 1 and start > 0:  # a line longer than the tail: read it all
+        data = os.pread(fd, size, 0)
+        lines = data.rstrip(b"\n").rsplit(b"\n", 1)
+    return lines[-1]
 
 
 class AuditLog:
-    """The log opened for appending, with the administrators' lock held.
+    """The log opened for appending, with the writers' lock held.
 
     ``with AuditLog(path) as log: ...; log.append(record)``. Opening fails
     with :class:`AuditLogError` when the log cannot be written, before
@@ -88,9 +153,14 @@ class AuditLog:
 
     def __enter__(self):
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                         FILE_MODE)
         except OSError as e:
-            raise AuditLogError(f"cannot write the audit log {self.path}: {e.strerror or e}") from None
+            hint = ""
+            if isinstance(e, PermissionError):
+                hint = (" (under a hub only root writes it: administrators' changes go through "
+                        "`hami-jupyter admin-service`, which must be running)")
+            raise AuditLogError(f"cannot write the audit log {self.path}: {e.strerror or e}{hint}") from None
         try:
             self._lock(fd)
         except BaseException:
@@ -112,15 +182,47 @@ class AuditLog:
                 time.sleep(0.002)
 
     def append(self, record):
-        """Write *record* as one line, in one ``write(2)``."""
-        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        """Write *record* as one line, in one ``write(2)``, chained to the line before."""
+        last = _last_line(self._fd)
+        record = dict(record, prev=line_hash(last) if last else GENESIS)
+        text = json.dumps(record, sort_keys=True)
+        line = (text + "\n").encode()
         written = os.write(self._fd, line)
         if written != len(line):  # a full disk; a regular file never writes short otherwise
             raise AuditLogError(f"{self.path}: only {written} of {len(line)} bytes of a record were written")
+        self._write_head(line_hash(text))
+        return record
+
+    def _write_head(self, last_hash):
+        """``audit.log.head``: line count and last hash, so that a log cut short shows."""
+        lines = sum(chunk.count(b"\n") for chunk in _chunks(self._fd))
+        head = head_path(self.path)
+        tmp = head.with_name(head.name + f".{os.getpid()}.tmp")
+        st = os.fstat(self._fd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     st.st_mode & 0o644)
+        try:
+            os.write(fd, json.dumps({"lines": lines, "last": last_hash}).encode() + b"\n")
+            if os.geteuid() == 0:
+                os.fchown(fd, st.st_uid, st.st_gid)
+            os.fchmod(fd, st.st_mode & 0o644)
+        finally:
+            os.close(fd)
+        os.replace(tmp, head)
 
     def __exit__(self, *exc):
         os.close(self._fd)  # drops the lock
         self._fd = None
+
+
+def _chunks(fd, size=1 << 20):
+    offset = 0
+    while True:
+        data = os.pread(fd, size, offset)
+        if not data:
+            return
+        yield data
+        offset += len(data)
 
 
 def read_records(path):
@@ -143,3 +245,63 @@ def read_records(path):
             raise AuditLogError(f"{path}:{number}: not an audit record: {line[:80]!r}")
         records.append(record)
     return records
+
+
+def verify(path):
+    """Check the hash chain of the log at *path*; returns ``(problems, notes)``.
+
+    *problems* (lines of text) are empty for an intact log: every line's
+    ``prev`` is the hash of the line before, and the head file agrees with
+    the last line and the number of lines. *notes* mention records written
+    before the chain existed (they carry no ``prev``; nothing proves them).
+    """
+    path = Path(path)
+    problems, notes = [], []
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [f"{path}: no audit log"], notes
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    elif lines:
+        problems.append(f"{path}:{len(lines)}: the last line is incomplete (no newline)")
+    previous, chained, legacy = None, False, 0
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            problems.append(f"{path}:{number}: not an audit record: {line[:80]!r}")
+        elif "prev" not in record:
+            if chained:
+                problems.append(f"{path}:{number}: record without a hash inside the chain "
+                                "(inserted or edited)")
+            else:
+                legacy += 1
+        else:
+            expected = line_hash(previous) if previous is not None else GENESIS
+            if record["prev"] != expected:
+                problems.append(f"{path}:{number}: the chain breaks here: line {number - 1} was "
+                                "edited or removed, or this line was inserted")
+            chained = True
+        previous = line
+    if legacy:
+        notes.append(f"{path}: the first {legacy} record(s) predate the hash chain and are unproven")
+    head = head_path(path)
+    try:
+        facts = json.loads(head.read_text())
+    except FileNotFoundError:
+        if chained:
+            problems.append(f"{head}: missing (it records the log's length and last line)")
+        return problems, notes
+    except ValueError:
+        problems.append(f"{head}: not readable as JSON")
+        return problems, notes
+    if facts.get("lines") != len(lines):
+        problems.append(f"{path}: has {len(lines)} lines, the head records {facts.get('lines')}: "
+                        "lines were removed from (or added to) the end")
+    elif lines and facts.get("last") != line_hash(lines[-1]):
+        problems.append(f"{path}: the last line is not the one the head records: it was edited")
+    return problems, notes

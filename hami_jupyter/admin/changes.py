@@ -43,6 +43,7 @@ running process sees them at its next allocation; no restart), and one
 record with the limits before and after is appended.
 """
 
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -53,7 +54,7 @@ from ..size import format_size, parse_size
 from ..slice_file import HAMI_MODE_ELASTIC, SliceFileError, read_snapshot
 from ..slice_paths import list_slice_paths, log, skip_message, slice_name
 from ..slice_status import slice_status
-from . import audit
+from . import admin_service, audit, marks
 
 DEFAULT_ENTRY = "default (every GPU without limits of its own)"
 READ_ONLY = "read-only: you cannot change limits"
@@ -394,8 +395,32 @@ def _write(change):
         slice_limits.set_sm_share(change.path, change.device, change.new.sm_share, change.new.mode)
 
 
+def _mark(change, log_record):
+    """Hub-managed slices: record that an administrator set these limits, so that
+    the hub keeps them at the next server start (see :mod:`.marks`). Only a
+    process that may write the hub's folder (root: the admin service) can."""
+    if not marks.hub_managed(change.path):
+        return
+    try:
+        marks.mark_admin(change.path, log_record["who"], log_record["uid"], log_record["when"])
+    except OSError as e:
+        change.warnings.append(f"the change is not marked as an administrator's ({e.strerror or e}): "
+                               "the hub will put the policy's limits back at the next server start")
+
+
+def _use_service(path, audit_path):
+    """Whether this change goes through the admin service: not root, the default
+    audit log, and a service socket beside the slice that this user may use."""
+    if os.geteuid() == 0:
+        return None
+    if audit_path is not None and Path(audit_path) != audit.default_path(path.parent):
+        return None  # a log of the caller's own choosing: a slice no hub manages
+    sock = admin_service.socket_path(path.parent)
+    return sock if admin_service.usable(sock) else None
+
+
 def apply(path, device=None, memory=None, sm=None, mode=None, *, overcommit=False, gpus=(),
-          audit_path=None, who=None):
+          audit_path=None, who=None, uid=None, via=None):
     """Check and apply a change (arguments as :func:`propose`) and log it.
 
     Returns the applied :class:`Change`. Raises :class:`ReadOnlyError` when
@@ -404,8 +429,18 @@ def apply(path, device=None, memory=None, sm=None, mode=None, *, overcommit=Fals
     should the disk fill between the two, when it was applied but could not
     be logged (the message says which). *audit_path* defaults to
     ``audit.log`` beside the slice file.
+
+    A process that is not root, with the admin service's socket beside the
+    slice (see :mod:`.admin_service`), sends the change there: the service
+    (root) checks the caller's uid, applies the change and logs it. *who* and
+    *uid* are for that service: the caller it acts for; anyone else's name
+    comes from the OS.
     """
     path = Path(path)
+    sock = _use_service(path, audit_path)
+    if sock is not None:
+        return admin_service.remote_apply(sock, path, dict(
+            device=device, memory=memory, sm=sm, mode=mode, overcommit=overcommit))
     if path.exists() and not slice_limits.limits_writable(path):
         raise ReadOnlyError(f"{READ_ONLY} of slice {slice_name(path)!r} "
                             "(its limits are not writable for you)")
@@ -425,11 +460,62 @@ def apply(path, device=None, memory=None, sm=None, mode=None, *, overcommit=Fals
             except (SliceFileError, OSError, ValueError) as e:
                 raise ChangeError(f"could not apply {change.summary()}: {e}", change) from None
             change.applied = True
-            log.append(audit.make_record(change.slice, path, change.device, change.uuid,
-                                         change.old.as_dict(), change.new.as_dict(), who))
+            extra = {"via": via} if via else {}
+            record = audit.make_record(change.slice, path, change.device, change.uuid,
+                                       change.old.as_dict(), change.new.as_dict(), who, uid=uid,
+                                       **extra)
+            _mark(change, record)
+            log.append(record)
     except audit.AuditLogError as e:
         if change is not None and change.applied:
             raise ChangeError(f"applied {change.summary()}, but it could not be logged: {e}",
                               change) from None
         raise ChangeError(f"{e}; nothing was changed", change) from None
     return change
+
+
+def reset(path, *, audit_path=None, who=None, uid=None, via=None):
+    """Drop an administrator's limits: the slice goes back to the policy's.
+
+    The policy's limits are those the hub recorded at the last server start
+    (:func:`.marks.policy_limits`); they are written at once, the marker is
+    removed and a ``reset`` record is logged. Returns a line saying what was
+    done. Raises :class:`ChangeError` when there is nothing to reset.
+    Non-root callers go through the admin service, as with :func:`apply`.
+    """
+    path = Path(path)
+    sock = _use_service(path, audit_path)
+    if sock is not None:
+        return admin_service.remote_reset(sock, path)
+    name = slice_name(path)
+    if not path.exists():
+        raise ChangeError(f"slice {name!r} does not exist")
+    if not slice_limits.limits_writable(path):
+        raise ReadOnlyError(f"{READ_ONLY} of slice {name!r} (its limits are not writable for you)")
+    try:
+        with audit.AuditLog(audit_path or audit.default_path(path.parent)) as log:
+            mark = marks.admin_mark(path)
+            if mark is None:
+                raise ChangeError(f"slice {name!r} has no limits set by an administrator; "
+                                  "nothing to reset")
+            policy = marks.policy_limits(path)
+            old = marks.limits_state(path)
+            if policy is not None:
+                try:
+                    marks.restore(path, policy["limits"])
+                except (SliceFileError, OSError, ValueError, KeyError) as e:
+                    raise ChangeError(f"could not reset slice {name!r}: {e}") from None
+            marks.clear_admin(path)
+            new = marks.limits_state(path)
+            extra = {"via": via} if via else {}
+            if policy is not None:
+                extra["size"] = policy.get("size")
+            log.append(audit.make_record(name, path, None, None, old, new, who, uid=uid,
+                                         action="reset", **extra))
+    except audit.AuditLogError as e:
+        raise ChangeError(f"{e}; nothing was changed") from None
+    if policy is None:
+        return (f"slice {name!r}: the administrator's mark is removed; the hub recorded no policy "
+                "limits for it, so its limits stay until the next server start applies the policy")
+    return (f"slice {name!r} is back to the policy's size {policy.get('size')!r}: "
+            f"{marks.describe_state(new)}")

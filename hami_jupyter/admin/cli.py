@@ -1,4 +1,4 @@
-"""``hami-jupyter slice list|set``: the admin panel's operations from a shell.
+"""``hami-jupyter slice list|set|reset``, ``audit verify``, ``admin-service``: the admin panel's operations from a shell.
 
 ``hami_jupyter.cli`` registers them with :func:`add_slice_commands`;
 :func:`main` runs them alone (tests, or ``python -m hami_jupyter.admin.cli``).
@@ -102,6 +102,67 @@ def set_command(args):
     return 0
 
 
+# ---- slice reset ----------------------------------------------------------------------
+
+
+def reset_command(args):
+    """Drop an administrator's limits: back to the policy's."""
+    try:
+        path = slice_path(args.slice, root=args.root)
+    except SliceNameError as e:
+        return _error(args, str(e), 2)
+    try:
+        message = changes.reset(path, audit_path=args.audit_log)
+    except changes.ChangeError as e:
+        return _error(args, str(e), 1)
+    print(message)
+    return 0
+
+
+# ---- audit verify -------------------------------------------------------------------
+
+
+def verify_command(args):
+    from . import audit
+
+    log = Path(args.log) if args.log else audit.default_path(Path(args.root) if args.root
+                                                              else default_root())
+    problems, notes = audit.verify(log)
+    for line in notes:
+        print(f"note: {line}")
+    for line in problems:
+        _error(args, line, 1)
+    if problems:
+        return 1
+    print(f"{log}: intact ({len(audit.read_records(log))} records, hash chain unbroken)")
+    return 0
+
+
+# ---- admin-service ------------------------------------------------------------------
+
+
+def service_command(args):
+    import os
+
+    from .admin_service import AdminService
+
+    if os.geteuid() != 0:
+        return _error(args, "the admin service writes root's files: run it as root "
+                            "(a JupyterHub managed service, or systemd)", 1)
+    root = Path(args.root) if args.root else default_root()
+    try:
+        service = AdminService(root, args.admin_group, args.socket).bind()
+    except KeyError:
+        return _error(args, f"no group {args.admin_group!r}", 2)
+    except OSError as e:
+        return _error(args, f"cannot listen on {args.socket or root}: {e.strerror or e}", 1)
+    try:
+        service.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 # ---- registration -------------------------------------------------------------------
 
 
@@ -139,13 +200,52 @@ def add_slice_commands(subparsers):
                     help="audit log to append to (default: audit.log beside the slice file)")
     sp.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
     sp.set_defaults(func=set_command, cli_prog=sp.prog)
+
+    rp = actions.add_parser(
+        "reset", help="drop an administrator's limits: back to the policy's",
+        description="An administrator's change is kept when the user's server restarts; this "
+                    "puts the limits the hub's policy gives back at once, and lets the hub "
+                    "apply the policy at later server starts. Logged like every change.")
+    rp.add_argument("slice", metavar="SLICE", help="slice name or path")
+    rp.add_argument("--audit-log", metavar="FILE",
+                    help="audit log to append to (default: audit.log beside the slice file)")
+    rp.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
+    rp.set_defaults(func=reset_command, cli_prog=rp.prog)
+    return p
+
+
+def add_audit_commands(subparsers):
+    """Register ``audit verify`` and ``admin-service``."""
+    p = subparsers.add_parser("audit", help="check the administrators' audit log",
+                              description="Check the audit log of limit changes.")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    vp = actions.add_parser("verify", help="check the log's hash chain: edits, removals, truncation",
+                            description="Walk the hash chain of the audit log (each record carries "
+                                        "the SHA-256 of the line before) and compare its end with "
+                                        "audit.log.head. Exit status 1 names each break.")
+    vp.add_argument("--log", metavar="FILE", help="the log (default: audit.log in the slice root)")
+    vp.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
+    vp.set_defaults(func=verify_command, cli_prog=vp.prog)
+
+    sp = subparsers.add_parser(
+        "admin-service", help="apply and log administrators' changes as root (a service)",
+        description="Listen on a Unix socket (default <root>/admin.sock, root:ADMIN_GROUP 0660); "
+                    "apply `slice set` / `slice reset` for callers the kernel says are root or "
+                    "in the admin group, and write the audit log, which only root may write.")
+    sp.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
+    sp.add_argument("--admin-group", metavar="GROUP", default="hami-admin",
+                    help="who may use the service (default: hami-admin)")
+    sp.add_argument("--socket", metavar="PATH", help="socket path (default: <root>/admin.sock)")
+    sp.set_defaults(func=service_command, cli_prog=sp.prog)
     return p
 
 
 def main(argv=None):
     """Run ``slice ...`` alone: ``main(["slice", "list"])``; returns the exit status."""
     parser = argparse.ArgumentParser(prog="hami-jupyter")
-    add_slice_commands(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_slice_commands(sub)
+    add_audit_commands(sub)
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     except SystemExit as e:  # --help or a usage error, already printed

@@ -46,7 +46,7 @@ import ipywidgets as widgets
 from ..size import format_size
 from ..slice_paths import default_root
 from ..status_html import LEVEL_COLOUR, format_html
-from . import audit, changes
+from . import audit, changes, marks
 from .changes import READ_ONLY
 from .gpus import read_gpus
 
@@ -127,14 +127,19 @@ class SliceForm:
         self.mode = widgets.Dropdown(description="mode", options=["hard", "elastic"])
         self.apply_button = widgets.Button(description="Apply", icon="check", button_style="primary",
                                            tooltip="check and apply the edited fields now")
+        self.reset_button = widgets.Button(description="Reset to policy", icon="undo",
+                                           tooltip="drop the limits an administrator set: back to "
+                                                   "the hub policy's (otherwise they outlive server "
+                                                   "restarts)")
         self.message = widgets.HTML()
         self.device.observe(self._on_device, names="value")
         for w in (self.memory, self.sm, self.mode):
             w.observe(self._on_edit, names="value")
         self.apply_button.on_click(lambda _button: self.apply())
+        self.reset_button.on_click(lambda _button: self.reset())
         self.inputs = (self.device, self.memory, self.sm, self.mode, self.apply_button)
-        self.box = widgets.VBox([self.status, self.banner, widgets.HBox(list(self.inputs)),
-                                 self.message])
+        self.box = widgets.VBox([self.status, self.banner,
+                                 widgets.HBox(list(self.inputs) + [self.reset_button]), self.message])
         self.update(view)  # loads the inputs too
 
     # -- showing the slice --
@@ -151,6 +156,10 @@ class SliceForm:
                              f'{LEVEL_COLOUR["warning"]}">{READ_ONLY}</div>') if self.read_only else ""
         for w in self.inputs:
             w.disabled = self.read_only or view.error is not None
+        # Shown only while an administrator's limits are in force (they outlive restarts).
+        self.admin_set = marks.admin_mark(self.path) is not None
+        self.reset_button.layout.display = None if self.admin_set else "none"
+        self.reset_button.disabled = self.read_only
         self._set_entries()
         if not self.pending():
             self.load()
@@ -256,6 +265,22 @@ class SliceForm:
             self.update(changes.read_slice(self.path))
         self._show(f"applied: {change.summary()}", LEVEL_COLOUR["ok"], (), change.warnings)
         return change
+
+    def reset(self):
+        """Back to the policy's limits (:func:`.changes.reset`); returns the message, or None."""
+        if self.read_only:
+            self._show("not reset:", LEVEL_COLOUR["critical"], [READ_ONLY])
+            return None
+        with self.panel._lock:
+            try:
+                text = changes.reset(self.path, audit_path=self.panel.audit_path)
+            except changes.ChangeError as e:
+                self._show("not reset:", LEVEL_COLOUR["critical"], [str(e)])
+                return None
+            self._loaded = {}
+            self.update(changes.read_slice(self.path))
+        self._show(text, LEVEL_COLOUR["ok"])
+        return text
 
     def close(self):
         self.box.close()

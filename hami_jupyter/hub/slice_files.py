@@ -10,19 +10,32 @@ slice is:
   group, so that administrators can see it): written by the user's kernels. GPUs with limits of their own are entered up front, so that
   the limits file can name them before any kernel has met them.
 - ``<user>.slice.kernels/``: the kernel registry, owned by the user.
-- ``audit.log``: every change administrators make, appendable by the admin group.
+- ``<user>.limits.policy``: the policy's size and limits, as of the last
+  server start (``hami-jupyter slice reset`` goes back to them).
+- ``<user>.limits.admin``: present while an administrator's change is in
+  force (written by root when the change is applied, see
+  :mod:`hami_jupyter.admin.marks`).
+- ``audit.log``: every write of a limits file, the hub's included: root's,
+  mode 0640 (group: the admin group, which may read it) or 0600. Only root
+  writes it; administrators' changes go through ``hami-jupyter
+  admin-service`` (see :mod:`hami_jupyter.admin.audit`).
 
-Preparing an existing slice rewrites its limits (a user who picked another
-size in the spawn form gets it) and leaves its usage alone. See
-docs/slice-file.md, "Permissions".
+Preparing an existing slice rewrites its limits from the policy (a user who
+picked another size in the spawn form gets it) and leaves its usage alone,
+unless an administrator set its limits: those are kept (and the kept limits
+and the policy's are logged) until an administrator resets them. Each write,
+and each keep, is one record of the audit log, by ``jupyterhub (policy)``
+with the policy's size name. See docs/slice-file.md, "Permissions".
 """
 
 import grp
+import logging
 import os
 import pwd
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..admin import audit, marks
 from ..kernel_registry import registry_dir
 from ..limits import SliceLimits
 from ..slice_file import read_snapshot
@@ -88,23 +101,58 @@ def _device_limits(size, gpus):
     return limits, entered
 
 
-def prepare_user_slice(name, size: SliceSize, uid, gid, root, admin_group=None, gpus=None):
+_log = logging.getLogger("hami_jupyter.hub")
+
+
+def _entry(lim):
+    """One SliceLimits as :mod:`hami_jupyter.admin.marks` keeps it."""
+    return {"memory_limit": lim.memory or 0, "sm_share": lim.sm_share or 0, "mode": lim.mode}
+
+
+def prepare_user_slice(name, size: SliceSize, uid, gid, root, admin_group=None, gpus=None, log=None):
     """Create or update the slice *name* for a user (see the module docstring).
     Returns the slice file's path. Needs the right to chown (the hub runs as
-    root) unless *uid*/*gid* are the hub's own."""
+    root) unless *uid*/*gid* are the hub's own. *log* (a ``logging.Logger``,
+    e.g. the spawner's) hears that an administrator's limits were kept."""
+    log = log or _log
     root = Path(root)
     root.mkdir(mode=0o755, parents=True, exist_ok=True)
     path = slice_path(name, root=root)
     limits = SliceLimits(memory=size.memory, sm_share=size.sm, mode=size.mode)
     device_limits, entered = _device_limits(size, host_gpus() if gpus is None else gpus)
     admin_gid = grp.getgrnam(admin_group).gr_gid if admin_group else -1
+    policy = {"default": _entry(limits),
+              "devices": {uuid: _entry(device_limits[i]) for i, (uuid, _) in enumerate(entered)}}
+    audit_log = _prepare_audit_log(root, admin_gid if admin_group else -1)
 
     # The limits file first: the library looks for it when it maps the slice file.
-    lpath, created = create_limits_file(path, limits, mode=0o664 if admin_group else 0o644,
-                                        device_limits=device_limits)
-    if not created:
-        update_limits(path, lambda s: fill_limit_set(s, limits, _reindexed(path, device_limits, entered)))
-    os.chown(lpath, -1, admin_gid)
+    # Under the audit log's lock: no administrator's change can slip in between
+    # the look at the admin marker and the write.
+    with audit.AuditLog(audit_log) as records:
+        old = marks.limits_state(path) if marks.hub_managed(path) and path.exists() else None
+        lpath, created = create_limits_file(path, limits, mode=0o664 if admin_group else 0o644,
+                                            device_limits=device_limits)
+        os.chown(lpath, -1, admin_gid)
+        marks.write_json(marks.policy_path(path), {"size": size.name, "limits": policy,
+                                                   "when": audit.utc_now()})
+        mark = None if created else marks.admin_mark(path)
+        if created:
+            marks.clear_admin(path)  # a marker left from a slice that was removed: stale
+        if mark is not None and path.exists():
+            kept = marks.limits_state(path)
+            log.info("hami-jupyter: slice %s keeps the limits an administrator set (%s, at %s): "
+                     "%s; the policy's size %s would give %s; `hami-jupyter slice reset %s` "
+                     "returns to the policy", name, mark.get("who"), mark.get("when"),
+                     marks.describe_state(kept), size.name, marks.describe_state(policy), name)
+            records.append(audit.make_record(name, path, None, None, kept, kept, audit.HUB_WHO,
+                                             action="policy-kept", size=size.name, policy=policy,
+                                             admin=mark.get("who")))
+        else:
+            if not created:
+                update_limits(path, lambda s: fill_limit_set(
+                    s, limits, _reindexed(path, device_limits, entered)))
+            records.append(audit.make_record(name, path, None, None, old, policy, audit.HUB_WHO,
+                                             action="policy", size=size.name))
 
     # Usage: the user's to write; the admin group's to read (the panel shows it).
     group = admin_gid if admin_group else gid
@@ -113,21 +161,26 @@ def prepare_user_slice(name, size: SliceSize, uid, gid, root, admin_group=None, 
     reg = registry_dir(path)
     reg.mkdir(mode=0o750 if admin_group else 0o700, exist_ok=True)
     _chown_if_needed(reg, uid, group)
-    _prepare_audit_log(root, admin_gid if admin_group else -1)
     return path
 
 
 def _prepare_audit_log(root, admin_gid):
-    """The admins' audit log lives in the hub's folder, where they cannot create
-    files: make it for them, appendable by the admin group."""
-    log = root / "audit.log"
-    mode = 0o660 if admin_gid >= 0 else 0o600
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, mode)
+    """The audit log lives in the hub's folder: the hub's (root's) to write,
+    the admin group's to read. An older log the admin group could write is
+    put right here. Returns its path."""
+    log = audit.default_path(root)
+    mode = 0o640 if admin_gid >= 0 else 0o600
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
     try:
-        os.fchown(fd, -1, admin_gid)
+        os.fchown(fd, os.geteuid(), admin_gid)
         os.fchmod(fd, mode)  # whatever the umask says
     finally:
         os.close(fd)
+    head = audit.head_path(log)
+    if head.exists():
+        os.chown(head, os.geteuid(), admin_gid)
+        os.chmod(head, 0o640 if admin_gid >= 0 else 0o600)
+    return log
 
 
 def _reindexed(path, device_limits, entered):

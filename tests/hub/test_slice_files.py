@@ -124,7 +124,7 @@ def test_the_admin_group_can_change_limits(world):
     path = prepare_user_slice("alice", SMALL, NOBODY, NOBODY, world.root, admin_group="staff", gpus=GPUS)
     assert mode_owner(world.root / "alice.limits") == (0o664, 0, staff)
     assert mode_owner(path) == (0o640, NOBODY, staff)  # admins see the usage
-    assert mode_owner(world.root / "audit.log") == (0o660, 0, staff)
+    assert mode_owner(world.root / "audit.log") == (0o640, 0, staff)  # admins read it, root writes it
     with effective(NOBODY, staff):
         assert limits_writable(path)
         set_memory_limit(path, None, 2 * GiB)

@@ -1,0 +1,289 @@
+"""``hami-jupyter admin-service``: administrators' changes, applied and logged by root.
+
+Under a hub, the limits files' folder, the audit log and the admin markers
+are root's: an administrator cannot append to the log, cut it short, or
+leave a change unlogged through the toolkit. This small service, run as root
+(by JupyterHub as a managed service, or by systemd), does it for them:
+
+- it listens on a Unix socket, ``<slice root>/admin.sock`` by default,
+  owned by root and the admin group, mode 0660, so that only root and the
+  group can connect at all;
+- for each connection it asks the kernel who the caller is
+  (``SO_PEERCRED``: pid, uid, gid, which the caller cannot fake), and serves
+  only root and members of the admin group (by the group database, the
+  caller's primary group included);
+- it reads one request (one JSON line: ``{"op": "set", "slice": NAME,
+  "device", "memory", "sm", "mode", "overcommit"}`` or ``{"op": "reset",
+  "slice": NAME}``), applies it with :func:`.changes.apply` /
+  :func:`.changes.reset` on the slice of that name under its own root
+  (never a path the caller names), and appends the audit record with the
+  caller's user name and uid from the OS;
+- it answers one JSON line: ``{"ok": true, "change": ...}`` or
+  ``{"ok": false, "error": ..., "change": ...}``.
+
+:func:`.changes.apply` sends a non-root caller's change here when the socket
+exists and the caller may connect to it; root writes directly.
+"""
+
+import grp
+import json
+import os
+import pwd
+import socket
+import socketserver
+import stat
+import struct
+import sys
+import threading
+from pathlib import Path
+
+SOCKET_NAME = "admin.sock"
+MAX_REQUEST = 1 << 16
+TIMEOUT_S = 30.0
+
+
+class ServiceError(Exception):
+    """The service could not be reached or did not answer sensibly."""
+
+
+def socket_path(root):
+    return Path(root) / SOCKET_NAME
+
+
+def usable(sock):
+    """True when *sock* is a socket this process may connect to."""
+    try:
+        st = os.stat(sock)
+    except OSError:
+        return False
+    return stat.S_ISSOCK(st.st_mode) and os.access(sock, os.W_OK)
+
+
+def peer_credentials(conn):
+    """``(pid, uid, gid)`` of the process at the other end of a Unix socket."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", raw)
+
+
+def is_admin(uid, admin_gid):
+    """Root, or a user whose primary or supplementary groups include *admin_gid*."""
+    if uid == 0:
+        return True
+    if admin_gid is None:
+        return False
+    try:
+        pw = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return admin_gid in os.getgrouplist(pw.pw_name, pw.pw_gid)
+
+
+# ---- the client -------------------------------------------------------------------
+
+
+def _call(sock, request):
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(TIMEOUT_S)
+    try:
+        conn.connect(os.fspath(sock))
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        conn.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError as e:
+        raise ServiceError(f"the admin service at {sock} did not answer: {e.strerror or e}") from None
+    finally:
+        conn.close()
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        raise ServiceError(f"the admin service at {sock} gave no answer") from None
+    if not isinstance(reply, dict):
+        raise ServiceError(f"the admin service at {sock} gave no answer")
+    return reply
+
+
+def _change_of(data):
+    from .changes import Change, Limits
+
+    if not data:
+        return None
+    c = Change(Path(data["path"]), data["slice"], data.get("device"), data.get("uuid"))
+    c.old = Limits(**data["old"]) if data.get("old") else None
+    c.new = Limits(**data["new"]) if data.get("new") else None
+    c.fields = tuple(data.get("fields") or ())
+    c.errors, c.warnings = list(data.get("errors") or []), list(data.get("warnings") or [])
+    c.applied = bool(data.get("applied"))
+    return c
+
+
+def _change_data(change):
+    if change is None:
+        return None
+    return {"path": str(change.path), "slice": change.slice, "device": change.device,
+            "uuid": change.uuid, "old": change.old.as_dict() if change.old else None,
+            "new": change.new.as_dict() if change.new else None, "fields": list(change.fields),
+            "errors": change.errors, "warnings": change.warnings, "applied": change.applied}
+
+
+def _raise(reply):
+    from .changes import ChangeError, ReadOnlyError
+
+    kind = ReadOnlyError if reply.get("read_only") else ChangeError
+    raise kind(reply.get("error") or "the admin service refused the change", _change_of(reply.get("change")))
+
+
+def _name(path):
+    from ..slice_paths import slice_name
+
+    return slice_name(path)
+
+
+def remote_apply(sock, path, request):
+    """:func:`.changes.apply` through the service; the same results and errors."""
+    from .changes import ChangeError
+
+    try:
+        reply = _call(sock, {"op": "set", "slice": _name(path), **request})
+    except ServiceError as e:
+        raise ChangeError(f"{e}; nothing was changed") from None
+    if not reply.get("ok"):
+        _raise(reply)
+    return _change_of(reply["change"])
+
+
+def remote_reset(sock, path):
+    from .changes import ChangeError
+
+    try:
+        reply = _call(sock, {"op": "reset", "slice": _name(path)})
+    except ServiceError as e:
+        raise ChangeError(f"{e}; nothing was changed") from None
+    if not reply.get("ok"):
+        _raise(reply)
+    return reply["message"]
+
+
+# ---- the service ------------------------------------------------------------------
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    timeout = TIMEOUT_S
+
+    def handle(self):
+        reply = self.server.service.serve_one(self.connection, self.rfile)
+        try:
+            self.wfile.write(json.dumps(reply).encode() + b"\n")
+        except OSError:
+            pass
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+class AdminService:
+    """The service for the slices under *root*; *admin_group* names who may use it."""
+
+    def __init__(self, root, admin_group=None, sock=None, log=None):
+        self.root = Path(root)
+        self.admin_gid = grp.getgrnam(admin_group).gr_gid if admin_group else None
+        self.sock = Path(sock) if sock else socket_path(self.root)
+        self.log = log or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.server = None
+        self._thread = None
+
+    def serve_one(self, conn, rfile):
+        from .. import slice_paths
+        from . import audit, changes
+        from .gpus import read_gpus
+
+        pid, uid, _gid = peer_credentials(conn)
+        who = audit.user_name(uid)
+        # The request is read whoever asks: closing on unread bytes would reset
+        # the connection, and the caller would never see why it was refused.
+        line = rfile.readline(MAX_REQUEST)
+        if not is_admin(uid, self.admin_gid):
+            self.log(f"hami-jupyter admin-service: refused {who} (uid {uid}, pid {pid}): "
+                     "not root or in the admin group")
+            return {"ok": False, "read_only": True,
+                    "error": f"{changes.READ_ONLY}: {who} (uid {uid}) is not an administrator"}
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise ValueError
+            name = request["slice"]
+            if not isinstance(name, str) or "/" in name:
+                raise ValueError
+            path = slice_paths.slice_path(name, root=self.root)
+        except (ValueError, KeyError, slice_paths.SliceNameError) as e:
+            return {"ok": False, "error": f"a malformed request: {e}"}
+        op = request.get("op")
+        try:
+            if op == "set":
+                fields = {k: request.get(k) for k in ("device", "memory", "sm", "mode")}
+                change = changes.apply(path, **fields, overcommit=bool(request.get("overcommit")),
+                                       gpus=read_gpus()[0], who=who, uid=uid, via="admin-service")
+                self.log(f"hami-jupyter admin-service: {who} (uid {uid}) applied {change.summary()}")
+                return {"ok": True, "change": _change_data(change)}
+            if op == "reset":
+                message = changes.reset(path, who=who, uid=uid, via="admin-service")
+                self.log(f"hami-jupyter admin-service: {who} (uid {uid}): {message}")
+                return {"ok": True, "message": message}
+            return {"ok": False, "error": f"unknown request {op!r}"}
+        except changes.ChangeError as e:
+            return {"ok": False, "error": str(e), "change": _change_data(e.change),
+                    "read_only": isinstance(e, changes.ReadOnlyError)}
+
+    def bind(self):
+        """Make the socket: root's, the admin group's, 0660 (0600 without a group)."""
+        self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        try:
+            if stat.S_ISSOCK(os.lstat(self.sock).st_mode):
+                os.unlink(self.sock)  # a stale socket of an earlier run
+        except FileNotFoundError:
+            pass
+        old = os.umask(0o177)
+        try:
+            self.server = _Server(os.fspath(self.sock), _Handler)
+        finally:
+            os.umask(old)
+        self.server.service = self
+        os.chown(self.sock, -1, self.admin_gid if self.admin_gid is not None else -1)
+        os.chmod(self.sock, 0o660 if self.admin_gid is not None else 0o600)
+        return self
+
+    def serve_forever(self):
+        if self.server is None:
+            self.bind()
+        self.log(f"hami-jupyter admin-service: listening on {self.sock}")
+        try:
+            self.server.serve_forever()
+        finally:
+            self.close()
+
+    def start(self):
+        """Serve from a daemon thread (tests); returns self."""
+        if self.server is None:
+            self.bind()
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True,
+                                        name="hami-admin-service")
+        self._thread.start()
+        return self
+
+    def close(self):
+        if self.server is not None:
+            if self._thread is not None:
+                self.server.shutdown()
+                self._thread.join(5)
+                self._thread = None
+            self.server.server_close()
+            try:
+                os.unlink(self.sock)
+            except FileNotFoundError:
+                pass
+            self.server = None

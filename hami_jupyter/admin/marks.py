@@ -1,0 +1,150 @@
+"""Which limits an administrator set, and which the policy gives, beside the limits file.
+
+The hub rewrites a user's limits from the policy at every server start; an
+administrator's live change must survive that until an administrator resets
+it. The limits file's layout is shared with the C library and has no room
+for a marker, so the facts live in two small JSON files next to it, in the
+hub's folder (root's, 0755), where neither users nor administrators can
+create or change files:
+
+- ``<user>.limits.admin``: written when an administrator's change is applied
+  (by root: the admin service, or root itself): who (from the OS or
+  SO_PEERCRED), when, and the limits as the change left them. While it is
+  there, the hub keeps the limits file as it is.
+- ``<user>.limits.policy``: written by the hub at each server start: the
+  policy's size and the limits it gives. ``slice reset`` restores these.
+
+A marker is believed only when root (or this process's user) owns it, nobody
+else may write it, and it is a regular file (see :func:`read_trusted`); a
+marker a user made elsewhere means nothing.
+
+Limits are kept as ``{"default": {...}, "devices": {uuid: {...}}}``, each
+entry ``{"memory_limit", "sm_share", "mode"}`` (0: none), devices being the
+GPUs with limits of their own.
+"""
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from ..limits import SliceLimits
+from ..slice_file import HAMI_MODE_ELASTIC, limits_file_path, read_snapshot
+from ..slice_limits import update_limits
+
+ADMIN_SUFFIX = ".admin"
+POLICY_SUFFIX = ".policy"
+
+
+def admin_mark_path(slice_path):
+    return Path(limits_file_path(slice_path) + ADMIN_SUFFIX)
+
+
+def policy_path(slice_path):
+    return Path(limits_file_path(slice_path) + POLICY_SUFFIX)
+
+
+def _entry(limit):
+    return {"memory_limit": limit.memory_limit, "sm_share": limit.sm_share,
+            "mode": "elastic" if limit.mode == HAMI_MODE_ELASTIC else "hard"}
+
+
+def limits_state(slice_path):
+    """The slice's limits now, as stored in the marker files."""
+    snap = read_snapshot(slice_path)
+    return {"default": _entry(snap.fallback_limit),
+            "devices": {d.uuid: _entry(d.limit) for d in snap.devices if not d.limit_is_fallback}}
+
+
+def describe_state(state):
+    from ..size import format_size
+
+    def one(e):
+        memory = format_size(e["memory_limit"]) if e["memory_limit"] else "no memory cap"
+        sm = f"SM {e['sm_share']} %" if e["sm_share"] else "no SM share"
+        return f"{memory}, {sm} ({e['mode']})"
+
+    parts = [one(state["default"])]
+    parts += [f"GPU {uuid}: {one(e)}" for uuid, e in sorted(state.get("devices", {}).items())]
+    return "; ".join(parts)
+
+
+def _slice_limits(entry):
+    return SliceLimits(memory=entry["memory_limit"] or None, sm_share=entry["sm_share"] or None,
+                       mode=entry["mode"])
+
+
+def restore(slice_path, state):
+    """Write *state* into the slice's limits (running processes follow)."""
+    from ..slice_setup import fill_limit_set
+
+    index_of = {d.uuid: d.index for d in read_snapshot(slice_path).devices}
+    own = {index_of[u]: _slice_limits(e) for u, e in state.get("devices", {}).items() if u in index_of}
+    update_limits(slice_path, lambda s: fill_limit_set(s, _slice_limits(state["default"]), own))
+
+
+def write_json(path, data):
+    """Write *data* to *path* atomically, 0644, owned by this process's user."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, (json.dumps(data, sort_keys=True) + "\n").encode())
+        os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_trusted(path):
+    """The JSON object at *path*, or None when absent or not to be believed:
+    not a regular file, owned by someone other than root or this process's
+    user, or writable by group or others."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid())
+                or st.st_mode & 0o022):
+            return None
+        folder = os.stat(Path(path).parent)
+        if folder.st_uid not in (0, os.geteuid()) or folder.st_mode & 0o022:
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) and isinstance(data.get("limits"), dict) else None
+
+
+def mark_admin(slice_path, who, uid, when):
+    """Record that an administrator set the slice's limits (as they are now)."""
+    write_json(admin_mark_path(slice_path), {"who": who, "uid": uid, "when": when,
+                                             "limits": limits_state(slice_path)})
+
+
+def admin_mark(slice_path):
+    """The trusted admin marker of the slice, or None."""
+    return read_trusted(admin_mark_path(slice_path))
+
+
+def clear_admin(slice_path):
+    try:
+        os.unlink(admin_mark_path(slice_path))
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def policy_limits(slice_path):
+    """The trusted policy record of the slice (``{"size", "limits", ...}``), or None."""
+    return read_trusted(policy_path(slice_path))
+
+
+def hub_managed(slice_path):
+    """True when the slice's limits live in a separate (hub-owned) limits file."""
+    return os.path.exists(limits_file_path(slice_path))
