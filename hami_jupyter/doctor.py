@@ -43,6 +43,7 @@ from .slice_paths import (
     list_slice_paths,
     skip_message,
     slice_name,
+    user_slice_name,
 )
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
@@ -303,9 +304,7 @@ def check_slice_root(root=None):
             return Check(name, FAIL, e.detail, e.fix)
         if os.access(root, os.W_OK | os.X_OK):
             return Check(name, PASS, f"{root} (writable)")
-        return Check(name, WARN, f"{root} is not writable by this user: kernels can only join "
-                     "slices that already exist there", f"ask whoever manages it (the hub) "
-                     f"to create your slice, or {elsewhere}")
+        return _managed_root(name, root)
     if root.exists():
         return Check(name, FAIL, f"{root} exists but is not a folder", f"remove it, or {elsewhere}")
     parent = _nearest_existing(root)
@@ -313,6 +312,28 @@ def check_slice_root(root=None):
         return Check(name, PASS, f"{root} does not exist yet; the first kernel creates it")
     return Check(name, FAIL, f"{root} does not exist and cannot be created ({parent} is not "
                  "writable)", elsewhere)
+
+
+def _managed_root(name, root):
+    """The check of a slice root this user cannot write: on a hub's set-up
+    (root's folder) that is as it should be. Never advises leaving it: limits
+    are the hub's to set, and a kernel outside its slice escapes them."""
+    try:
+        owner = root.stat().st_uid
+    except OSError:
+        owner = None
+    own = root / f"{user_slice_name()}.slice"
+    if owner != 0:
+        return Check(name, WARN, f"{root} is not writable by this user: kernels can only join "
+                     "slices that already exist there",
+                     f"ask whoever manages it to create your slice ({own.name}) there")
+    managed = f"{root} is managed by the hub (owned by root; you cannot write it)"
+    if own.is_file():
+        return Check(name, PASS, f"{managed}; your slice {own} is there")
+    return Check(name, WARN, f"{managed}, and your slice {own} is not there yet: kernels can "
+                 "only join slices that already exist there",
+                 "the hub makes it when it starts your server: start (or restart) your server "
+                 "from the hub, or ask an administrator to check the hub's log")
 
 
 def explain_slice_error(path, error):
@@ -385,7 +406,23 @@ def check_slices(root=None):
                for p, e in skipped]
     if not paths and not refused:
         return [Check("slices", PASS, f"none under {root} yet (created when kernels start)")]
-    return refused + [check_slice(p) for p in paths]
+    others = [p for p in paths if _not_yours(p)]
+    checks = refused + [check_slice(p) for p in paths if p not in others]
+    if others:
+        # Other users' slices in a shared root (the hub's): theirs, not a fault.
+        checks.append(Check("other slices", PASS, f"{len(others)} slice(s) of other users, which "
+                            f"you cannot read: not yours, skipped "
+                            f"({', '.join(slice_name(p) for p in others)})"))
+    return checks
+
+
+def _not_yours(path):
+    """True for a slice file another user owns that this user may not read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid != os.geteuid() and not os.access(path, os.R_OK)
 
 
 def run_checks(slice_path=None):

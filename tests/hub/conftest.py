@@ -87,6 +87,8 @@ def find_chp():
 
 
 class Hub:
+    python = sys.executable  # runs the hub (a subclass may pick another)
+
     def __init__(self, tmp):
         self.tmp = tmp
         self.slice_root = tmp / "slices"
@@ -163,7 +165,7 @@ class Hub:
         env.update({TAG_ENV: self.tag, "PYTHONUNBUFFERED": "1"})
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+                [self.python, "-m", "jupyterhub", "-f", str(config)],
                 cwd=self.tmp, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         deadline = time.monotonic() + HUB_START_TIMEOUT
         while True:

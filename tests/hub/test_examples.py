@@ -1,6 +1,8 @@
 """The example configurations in examples/ load, and say what the README says."""
 
 import grp
+import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,6 +36,19 @@ def test_single_host_example(monkeypatch):
     assert policy.size_of("carol").name == "small"
     assert callable(c.Spawner.pre_spawn_hook) and callable(c.Spawner.options_form)
     assert "Large: 24 GiB" in c.Spawner.options_form(user("dave", "research"))
+
+
+def test_single_host_example_runs_servers_from_the_hubs_venv(monkeypatch):
+    # LocalProcessSpawner finds `jupyterhub-singleuser` on PATH, which under
+    # sudo or systemd lacks the hub's venv: the example names it by sys.prefix.
+    c = run_config(EXAMPLES / "jupyterhub_config.py", monkeypatch)
+    bin_dir = os.path.join(sys.prefix, "bin")
+    assert c.Spawner.cmd == [os.path.join(bin_dir, "jupyterhub-singleuser")]
+    assert c.Spawner.environment["PATH"].split(":")[0] == bin_dir
+    if sys.prefix != sys.base_prefix:  # run from a venv, as the guide installs it
+        assert os.access(c.Spawner.cmd[0], os.X_OK), f"{c.Spawner.cmd[0]} is not in this venv"
+    assert c.JupyterHub.spawner_class == "jupyterhub.spawner.LocalProcessSpawner"
+    assert c.SlicePolicy.admin_group == "hami-admin"
 
 
 def test_z2jh_values_profiles_are_what_the_policy_produces(monkeypatch):

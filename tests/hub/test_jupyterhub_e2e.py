@@ -9,13 +9,21 @@ GPU's total memory through the driver (the preload library enforcing it).
 A spawn asking for a size the policy does not have must start no server.
 """
 
+import grp
 import json
 import os
+import pwd
 import stat
+import subprocess
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
+from conftest import SERVER_START_TIMEOUT, SERVICE, TAG_ENV, Hub, _require_jupyterhub
+from unix_users import UnixUsers, require_root_users, shared_tmpdir, user_python
 
+from hami_jupyter import native
 from hami_jupyter.slice_file import HAMI_MODE_ELASTIC, read_snapshot
 
 GIB = 1 << 30
@@ -98,3 +106,196 @@ def test_a_size_nobody_offers_starts_no_server(hub):
     assert "no slice size named 'huge'" in str(reply)
     assert hub.wait_spawn("mallory") is None, "a server started with a size nobody offers"
     assert not (hub.slice_root / "mallory.slice").exists()
+
+
+# ---- real Unix users, the single-host example, a root hub ---------------------
+#
+# What docs/single-host.md sets up: a root JupyterHub with LocalProcessSpawner
+# and examples/jupyterhub_config.py as it stands (its Spawner.cmd from
+# sys.prefix, the hami-admin group), servers spawned as the Unix users alice
+# and bob on the simulated GPU, whose one state file all users share.
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jupyterhub_config.py"
+
+
+class RealUsersHub(Hub):
+    """The example config, loaded unchanged, then pointed at loopback ports,
+    a private database, the dummy authenticator and the simulated GPU."""
+
+    def __init__(self, tmp, shared, python):
+        super().__init__(tmp)
+        self.python = python
+        self.slice_root = shared / "slices"
+        self.sim_state = shared / "sim" / "state"
+
+    def make_sim_state(self):
+        # One state for every user's processes: made once, by root, 0666
+        # (the simulated GPU creates it with 0666 less the umask).
+        self.sim_state.parent.mkdir(mode=0o755)
+        env = native.sim_env(self.sim_state, base={"PATH": "/usr/bin:/bin"},
+                             HAMI_SIM_DEVICES="2", HAMI_SIM_MEMORY="80g",
+                             HAMI_SIM_CONTEXT_BYTES="64m")
+        old = os.umask(0)
+        try:
+            subprocess.run([str(native.simctl_path()), "--state", str(self.sim_state), "status"],
+                           env=env, check=True, capture_output=True)
+        finally:
+            os.umask(old)
+
+    def write_config(self, chp):
+        self.make_sim_state()
+        sim = native.sim_env(self.sim_state, base={}, HAMI_SIM_DEVICES="2",
+                             HAMI_SIM_MEMORY="80g", HAMI_SIM_CONTEXT_BYTES="64m")
+        extra = {**sim, TAG_ENV: self.tag, "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+        config = textwrap.dedent(f"""\
+            # Written by tests/hub/test_jupyterhub_e2e.py: the example, then test plumbing.
+            c = get_config()  # noqa: F821
+            c.SlicePolicy.slice_root = {str(self.slice_root)!r}  # before the policy is built
+            # The example runs in this file's namespace, on this same config
+            # (load_subconfig would give it a config of its own, without slice_root).
+            with open({str(EXAMPLE)!r}) as example:
+                exec(compile(example.read(), {str(EXAMPLE)!r}, "exec"), {{"get_config": get_config}})  # noqa: F821
+            c.JupyterHub.ip = "127.0.0.1"
+            c.JupyterHub.port = {self.port}
+            c.JupyterHub.hub_ip = "127.0.0.1"
+            c.JupyterHub.hub_port = {self.hub_port}
+            c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
+            c.ConfigurableHTTPProxy.command = [{chp!r}]
+            c.ConfigurableHTTPProxy.pid_file = {str(self.tmp / "proxy.pid")!r}
+            c.JupyterHub.db_url = {"sqlite:///" + str(self.tmp / "jupyterhub.sqlite")!r}
+            c.JupyterHub.cookie_secret_file = {str(self.tmp / "cookie_secret")!r}
+            c.JupyterHub.pid_file = {str(self.tmp / "jupyterhub.pid")!r}
+            c.JupyterHub.authenticator_class = "dummy"
+            c.Spawner.environment.update({extra!r})
+            c.Spawner.start_timeout = {SERVER_START_TIMEOUT}
+            c.Spawner.http_timeout = {SERVER_START_TIMEOUT}
+            c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0, "slow_stop_timeout": 0}}
+            c.JupyterHub.services = [{{"name": {SERVICE!r}, "api_token": {self.token!r}}}]
+            c.JupyterHub.load_roles = [{{
+                "name": {SERVICE!r},
+                "scopes": ["admin:users", "admin:servers", "access:servers", "read:users"],
+                "services": [{SERVICE!r}],
+            }}]
+            """)
+        path = self.tmp / "jupyterhub_config.py"
+        path.write_text(config)
+        return path
+
+
+@pytest.fixture(scope="module")
+def real_hub(tmp_path_factory):
+    _require_jupyterhub()
+    require_root_users()
+    users = UnixUsers().create()
+    shared = shared_tmpdir("hami-hub-e2e-")
+    system_root = Path("/run/hami-jupyter")  # the example's default: the test must not touch it
+    had_system_root = system_root.exists()
+    h = None
+    try:
+        python, why = user_python(shared)
+        if python is None:
+            pytest.skip(why)
+        h = RealUsersHub(tmp_path_factory.mktemp("realhub"), shared, python)
+        h.start()
+        yield h
+    finally:
+        left = h.stop() if h is not None else []
+        users.remove()
+        subprocess.run(["rm", "-rf", str(shared)])
+        touched = not had_system_root and system_root.exists()
+        if touched:
+            subprocess.run(["rm", "-rf", str(system_root)])
+    assert not touched, f"the hub made slices in {system_root}, not in the test's slice root"
+    if left:
+        pytest.fail("processes of the hub outlived it and were killed: "
+                    + "; ".join(f"{pid}: {cmd}" for pid, cmd in left), pytrace=False)
+
+
+REAL = {
+    # user: memory cap in the example (alice has her own size; bob gets "small")
+    "alice": (40 * GIB, 60, "hard"),
+    "bob": (8 * GIB, 20, "elastic"),
+}
+
+
+def test_real_users_kernels_land_in_the_hubs_slices(real_hub):
+    hub = real_hub
+    assert stat.S_IMODE(hub.sim_state.stat().st_mode) == 0o666
+    for user in REAL:
+        hub.spawn(user)
+    for user in REAL:
+        hub.wait_ready(user)
+    admin_gid = grp.getgrnam("hami-admin").gr_gid
+    for user, (memory, sm, mode) in REAL.items():
+        pw = pwd.getpwnam(user)
+        slice_file = hub.slice_root / f"{user}.slice"
+        limits_file = hub.slice_root / f"{user}.limits"
+        st = slice_file.stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (pw.pw_uid, admin_gid, 0o640)
+        st = limits_file.stat()
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, admin_gid, 0o664)
+
+        kernel_id = hub.start_kernel(user)
+        where = f"{user}'s kernel {kernel_id}"
+        who = hub.execute(user, kernel_id, "import os; print(os.getuid())")
+        assert who.error is None and who.stdout.split() == [str(pw.pw_uid)], f"{where}: {who}"
+        mem = hub.execute(user, kernel_id, MEM_CHECK)
+        assert mem.error is None, f"{where}: {mem.error}\n{hub.log_tail()}"
+        assert mem.stdout.split() == [str(memory)], f"{where}: stdout {mem.stdout!r}"
+        status = _status_json(hub.execute(user, kernel_id, "%hami status --json"), where)
+        assert status["path"] == str(slice_file), status
+        assert status["default_limit"] == {"memory_limit": memory, "sm_share": sm, "mode": mode}
+        listed = {k["kernel_id"]: k for k in status["kernels"]}
+        assert listed.get(kernel_id, {}).get("processes"), f"{where}: not in its slice: {status}"
+    # Both users' processes met on the one simulated GPU.
+    assert json.loads(subprocess.run(
+        [str(native.simctl_path()), "--state", str(hub.sim_state), "status"],
+        capture_output=True, text=True, check=True).stdout)
+
+
+# Run by the user in their own kernel: the escape issue 12 found, then two
+# kernelspecs written by hand, as any user may.
+ESCAPE = (
+    "import subprocess, sys\n"
+    "r = subprocess.run([sys.executable, '-m', 'hami_jupyter', 'kernelspec', 'install', '--user',\n"
+    "                    '--name', 'big', '--memory', '64g', '--slice', '/tmp/mine/big.slice'],\n"
+    "                   capture_output=True, text=True)\n"
+    "print(r.returncode)\n"
+    "print(r.stderr.replace(chr(10), ' '))\n"
+)
+HAND_MADE = (
+    "import json, pathlib, sys\n"
+    "base = pathlib.Path.home() / '.local/share/jupyter/kernels'\n"
+    "for name, env, prov in [('plain64', {'CUDA_DEVICE_MEMORY_LIMIT': '64g'}, 'local-provisioner'),\n"
+    "                        ('elsewhere', {'HAMI_SLICE': '/tmp/mine/big.slice'}, None)]:\n"
+    "    d = base / name\n"
+    "    d.mkdir(parents=True, exist_ok=True)\n"
+    "    spec = {'argv': [sys.executable, '-m', 'ipykernel_launcher', '-f', '{connection_file}'],\n"
+    "            'display_name': name, 'language': 'python', 'env': env}\n"
+    "    if prov:\n"
+    "        spec['metadata'] = {'kernel_provisioner': {'provisioner_name': prov}}\n"
+    "    (d / 'kernel.json').write_text(json.dumps(spec))\n"
+)
+
+
+def test_no_kernelspec_leaves_the_hubs_slice(real_hub):
+    """Issue 12, items 1 and 2, as alice would try them on her own server."""
+    hub, user = real_hub, "alice"
+    memory = REAL[user][0]
+    if user not in hub.users:
+        hub.spawn(user)
+    hub.wait_ready(user)
+    kernel_id = hub.start_kernel(user)
+    out = hub.execute(user, kernel_id, ESCAPE)
+    assert out.error is None, out.error
+    rc, _, why = out.stdout.partition("\n")
+    assert rc.strip() != "0" and "hub" in why, f"kernelspec install --slice was not refused: {out.stdout}"
+    assert hub.execute(user, kernel_id, HAND_MADE).error is None
+    for name in ("python3", "plain64"):  # no provisioner named, and local-provisioner with 64g in env
+        kid = hub.start_kernel(user, name)
+        mem = hub.execute(user, kid, MEM_CHECK)
+        assert mem.error is None and mem.stdout.split() == [str(memory)], f"kernelspec {name}: {mem}"
+        status = _status_json(hub.execute(user, kid, "%load_ext hami_jupyter.magic\n%hami status --json"), name)
+        assert status["path"] == str(hub.slice_root / f"{user}.slice"), status
+    status, reply = hub.request("POST", f"{hub.url}/user/{user}/api/kernels", {"name": "elsewhere"})
+    assert status >= 400, f"a kernelspec naming another slice started: {status} {reply}"

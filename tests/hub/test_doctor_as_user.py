@@ -1,0 +1,90 @@
+"""``hami-jupyter doctor`` run by a user on a correct hub set-up.
+
+Issue 12, item 7(b): alice's doctor said ``FAIL slice bob: Permission denied``
+for bob's slice (0640 bob:hami-admin in the hub's root) and advised setting
+HAMI_SLICE_ROOT to leave the hub's root. Another user's slice that alice
+cannot read is not a failure (it is skipped, "not yours"), and the doctor
+never advises leaving the root the hub manages. Real Unix users: run as root.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from unix_users import RUNUSER, UnixUsers, require_root_users, shared_tmpdir, user_python
+
+from hami_jupyter.hub.policy import parse_size_spec
+from hami_jupyter.hub.slice_files import owner_of, prepare_user_slice
+
+REPO = Path(__file__).resolve().parents[2]
+
+DOCTOR = """
+import dataclasses, json, sys
+from hami_jupyter import doctor
+root = sys.argv[1]
+checks = [doctor.check_slice_root(root)] + doctor.check_slices(root)
+print(json.dumps([dataclasses.asdict(c) for c in checks]))
+"""
+
+
+@pytest.fixture(scope="module")
+def hub_root():
+    require_root_users()
+    users = UnixUsers().create()
+    work = shared_tmpdir("hami-doctor-")
+    try:
+        python, why = user_python(work)
+        if python is None:
+            pytest.skip(why)
+        root = work / "slices"  # the hub's: root-owned, 0755
+        size = parse_size_spec("small", {"memory": "1g", "sm": 25})
+        for name in ("alice", "bob"):
+            uid, gid = owner_of(name)
+            prepare_user_slice(name, size, uid, gid, root, admin_group="hami-admin", gpus=[])
+        yield python, root
+    finally:
+        subprocess.run(["rm", "-rf", str(work)])
+        users.remove()
+
+
+def doctor_as(user, python, root):
+    env = {"PATH": "/usr/bin:/bin", "JUPYTERHUB_USER": user, "PYTHONPATH": str(REPO),
+           "HOME": f"/home/{user}"}
+    done = subprocess.run([RUNUSER, "-u", user, "--", python, "-c", DOCTOR, str(root)],
+                          env=env, cwd="/", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return {c["name"]: c for c in json.loads(done.stdout)}
+
+
+def test_others_slices_are_skipped_not_failed(hub_root):
+    python, root = hub_root
+    assert oct(os.stat(root / "bob.slice").st_mode & 0o777) == "0o640"
+    checks = doctor_as("alice", python, root)
+    said = json.dumps(checks)
+    assert not [c for c in checks.values() if c["status"] == "FAIL"], said
+    assert checks["slice alice"]["status"] == "PASS", said
+    assert "slice bob" not in checks, said
+    other = checks["other slices"]
+    assert other["status"] == "PASS" and "not yours" in other["detail"] and "bob" in other["detail"]
+    # The hub's root, not writable by alice, is as it should be; never "leave it".
+    assert checks["slice root"]["status"] == "PASS", said
+    assert "managed by the hub" in checks["slice root"]["detail"]
+    assert "HAMI_SLICE_ROOT" not in said
+
+
+def test_an_administrator_sees_every_slice(hub_root):
+    python, root = hub_root
+    checks = doctor_as("carol", python, root)  # in hami-admin: may read usage
+    assert checks["slice alice"]["status"] == "PASS" and checks["slice bob"]["status"] == "PASS"
+    assert "HAMI_SLICE_ROOT" not in json.dumps(checks)
+
+
+def test_no_slice_of_ones_own_yet_says_to_start_the_server(hub_root):
+    python, root = hub_root
+    checks = doctor_as("carol", python, root)
+    root_check = checks["slice root"]
+    assert root_check["status"] == "WARN", root_check
+    assert "start (or restart) your server from the hub" in root_check["advice"]
+    assert "HAMI_SLICE_ROOT" not in json.dumps(root_check)
