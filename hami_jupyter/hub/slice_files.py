@@ -4,8 +4,10 @@ Under the slice root (``/run/hami-jupyter``, owned by the hub, 0755), a user's
 slice is:
 
 - ``<user>.limits``: the limits, owned by the hub (group: the admin group
-  when one is configured, then mode 0664, else 0644). The user's processes
-  can read it but not change it.
+  when one is configured), mode 0644: only root writes it, the hub at a
+  server start and the admin service (:mod:`hami_jupyter.admin.admin_service`)
+  for administrators, so every write is in the audit log. The user's
+  processes can read it but not change it.
 - ``<user>.slice``: usage, owned by the user, mode 0600 (0640 with the admin
   group, so that administrators can see it): written by the user's kernels. GPUs with limits of their own are entered up front, so that
   the limits file can name them before any kernel has met them.
@@ -130,7 +132,7 @@ def prepare_user_slice(name, size: SliceSize, uid, gid, root, admin_group=None, 
     # the look at the admin marker and the write.
     with audit.AuditLog(audit_log) as records:
         old = marks.limits_state(path) if marks.hub_managed(path) and path.exists() else None
-        lpath, created = create_limits_file(path, limits, mode=0o664 if admin_group else 0o644,
+        lpath, created = create_limits_file(path, limits, mode=0o644,
                                             device_limits=device_limits)
         os.chown(lpath, -1, admin_gid)
         marks.write_json(marks.policy_path(path), {"size": size.name, "limits": policy,

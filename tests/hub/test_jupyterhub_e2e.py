@@ -233,7 +233,7 @@ def test_real_users_kernels_land_in_the_hubs_slices(real_hub):
         st = slice_file.stat()
         assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (pw.pw_uid, admin_gid, 0o640)
         st = limits_file.stat()
-        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, admin_gid, 0o664)
+        assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, admin_gid, 0o644)
 
         kernel_id = hub.start_kernel(user)
         where = f"{user}'s kernel {kernel_id}"

@@ -119,16 +119,20 @@ def test_the_user_cannot_raise_their_limits(world):
         assert read_snapshot(path).fallback_limit.memory_limit == GiB  # readable, unchanged
 
 
-def test_the_admin_group_can_change_limits(world):
+def test_only_root_writes_limits_so_every_change_is_audited(world):
+    # The admin group reads usage and the audit log; its changes go through the
+    # root admin service (tests/hub/test_admin_audit.py), never straight into
+    # the limits file, where they would leave no line in the log.
     staff = 50
     path = prepare_user_slice("alice", SMALL, NOBODY, NOBODY, world.root, admin_group="staff", gpus=GPUS)
-    assert mode_owner(world.root / "alice.limits") == (0o664, 0, staff)
+    assert mode_owner(world.root / "alice.limits") == (0o644, 0, staff)
     assert mode_owner(path) == (0o640, NOBODY, staff)  # admins see the usage
     assert mode_owner(world.root / "audit.log") == (0o640, 0, staff)  # admins read it, root writes it
     with effective(NOBODY, staff):
-        assert limits_writable(path)
-        set_memory_limit(path, None, 2 * GiB)
-    assert read_snapshot(path).fallback_limit.memory_limit == 2 * GiB
+        assert not limits_writable(path)
+        with pytest.raises(OSError):
+            set_memory_limit(path, None, 2 * GiB)
+    assert read_snapshot(path).fallback_limit.memory_limit == GiB
 
 
 def test_per_gpu_limits_name_gpus_before_any_process_met_them(world):
