@@ -12,12 +12,13 @@ can set for one kernel, decides that the server is hub-managed. Then:
 - a kernel never gets more than the slice holds: the hub's limits file is the
   authority, and the preload library enforces it whatever the kernel's
   environment asks;
-- a kernel cannot get less either, for now: the slice file holds one cap per
-  slice, and the preload library holds every process to the slice's cap (its
-  environment's limits only seed a slice file that does not exist yet), so a
-  stricter cap for one kernel inside the slice (a nested cap) cannot be
-  enforced. Such a kernel is refused rather than started with a cap it
-  would not have.
+- a kernel may ask for a smaller memory cap (for every GPU): each of its
+  processes is then held to it by the preload library
+  (``HAMI_PROCESS_MEMORY_LIMIT``), nested inside the slice's cap, which still
+  holds for all of them together. Anything else stricter (an SM share, a
+  mode, decoders, one GPU's limit) cannot be nested yet: the slice file holds
+  those once per slice. Such a kernel is refused rather than started with a
+  limit it would not have.
 
 This module holds what the provisioner, the server extension and
 ``hami-jupyter kernelspec install`` share: where the hub's slice is, whether
@@ -35,9 +36,10 @@ from .slice_paths import SliceNameError, slice_path
 VARIABLE = "HAMI_HUB_SLICE"
 
 APPLIES = "the hub's slice applies to every kernel of this server"
-NESTED = ("nested caps are not supported yet: the slice file holds one cap per slice and the "
-          "preload library holds every process of the slice to it, so one kernel cannot have a "
-          "smaller cap than its slice")
+NESTED = ("nested caps are not supported yet for this: a kernel may ask for a smaller memory cap "
+          "for every GPU (each of its processes is held to it), but an SM share, a mode, decoders "
+          "or one GPU's limit are held once per slice")
+PROCESS_CAP = "HAMI_PROCESS_MEMORY_LIMIT"
 
 
 class HubSliceError(ValueError):
@@ -156,9 +158,18 @@ def compare(asked, held, fields=None):
               f"{asked.max_decoders} decoders" if asked.max_decoders else "decoders unlimited",
               source("max_decoders", "decoders"))
     for n, v in sorted(asked.memory_per_gpu.items()):
-        weigh("memory", v, [h.memory for h in held], f"GPU {n}: memory {format_size(v)}",
+        weigh("memory_per_gpu", v, [h.memory for h in held], f"GPU {n}: memory {format_size(v)}",
               source(f"CUDA_DEVICE_MEMORY_LIMIT_{n}", f"CUDA_DEVICE_MEMORY_LIMIT_{n}"))
     for n, v in sorted(asked.sm_per_gpu.items()):
-        weigh("sm_share", v % 100 or float("inf"), [h.sm_share for h in held],
+        weigh("sm_per_gpu", v % 100 or float("inf"), [h.sm_share for h in held],
               f"GPU {n}: SM {v} %", source(f"CUDA_DEVICE_SM_LIMIT_{n}", f"CUDA_DEVICE_SM_LIMIT_{n}"))
     return stricter, looser
+
+
+def nested_memory_cap(stricter, asked):
+    """The cap that nests *asked* inside the slice, when the only stricter
+    limit it asks for (*stricter*, from :func:`compare`) is a memory cap for
+    every GPU: each process of the kernel is held to it. None otherwise."""
+    if stricter and all(field == "memory" for field, _, _ in stricter):
+        return asked.memory
+    return None

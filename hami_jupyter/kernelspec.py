@@ -205,8 +205,8 @@ def check_under_hub(config, environ=None):
         raise KernelspecError(
             f"{_OPTION[field]}: {text} is more than the hub's slice holds ({holds}): {why}, so "
             f"its kernels would not get it; leave {_OPTION[field]} out")
-    if stricter:
-        field, text, _ = stricter[0]
+    if stricter and not hub_slice.nested_memory_cap(stricter, asked):
+        field, text, _ = next(s for s in stricter if s[0] != "memory")
         raise KernelspecError(
             f"{_OPTION[field]}: {text} is stricter than the hub's slice holds ({holds}), and "
             f"{why}: {hub_slice.NESTED}; leave {_OPTION[field]} out")

@@ -13,9 +13,11 @@ kernel process starts,
   one slice; a kernelspec that sets limits of its own gets its own). Under
   JupyterHub (``HAMI_HUB_SLICE`` in the server's environment, see
   :mod:`hami_jupyter.hub_slice`) it is always the hub's slice: a kernel that
-  names another one, or asks for a stricter cap than the slice holds (nested
-  caps are not supported yet), is refused; one that asks for more is started
-  under the hub's limits, with a warning;
+  names another one is refused; one asking for a smaller memory cap gets it
+  for each of its processes (``HAMI_PROCESS_MEMORY_LIMIT``), nested in the
+  slice's; one asking for another stricter limit is refused (it cannot be
+  nested yet); one that asks for more is started under the hub's limits,
+  with a warning;
 - makes sure the slice file exists and, while no process of it runs, carries
   those limits (:mod:`hami_jupyter.slice_setup`). A slice that keeps other
   limits (it is in use and an administrator may have resized it, or the hub
@@ -229,16 +231,26 @@ class HamiProvisioner(LocalProvisioner):
             ) from None
 
     def _check_hub_limits(self, path, env):
-        """Under the hub: refuse a kernel asking for a stricter cap than the slice
-        at *path* holds (nested caps are not supported yet); warn once that more
-        than it holds is not applied."""
+        """Under the hub: a smaller memory cap for every GPU is nested (returned:
+        each process of the kernel is held to it); anything else stricter than
+        the slice at *path* holds is refused (it cannot be nested yet); more
+        than it holds is not applied, with one warning. Returns None when no
+        nested cap applies."""
         try:
             held = hub_slice.held_by(read_snapshot(path))
         except (OSError, SliceFileError) as e:
             raise SliceSetupError(f"hami-jupyter: cannot read the hub's slice {path}: {e}") from None
-        stricter, looser = hub_slice.compare(self._kernel_asks(env), held)
+        asked = self._kernel_asks(env)
+        stricter, looser = hub_slice.compare(asked, held)
         holds = hub_slice.describe_held(held)
-        if stricter:
+        nested = hub_slice.nested_memory_cap(stricter, asked)
+        if nested:
+            self.log.info(
+                "hami-jupyter: kernel %s asks for %s, inside the hub's slice %s (%s): each of its "
+                "processes is held to it (%s), and the slice's cap holds for all of them",
+                self.kernel_id, "; ".join(f"{text} ({source})" for _, text, source in stricter),
+                path, holds, hub_slice.PROCESS_CAP)
+        elif stricter:
             asks = "; ".join(f"{text} ({source})" for _, text, source in stricter)
             raise SliceSetupError(
                 f"hami-jupyter: the kernel was not started: it asks for {asks}, stricter than "
@@ -251,6 +263,7 @@ class HamiProvisioner(LocalProvisioner):
                 "hub's limits apply", self.kernel_id,
                 "; ".join(f"{text} ({source})" for _, text, source in looser),
                 hub_slice.APPLIES, path, holds)
+        return nested
 
     def _limits_in_force(self, path, asked, outcome, hub=False):
         """The limits the slice at *path* holds its processes to, after
@@ -367,8 +380,9 @@ class HamiProvisioner(LocalProvisioner):
                     f"hami-jupyter: the kernel was not started: the hub's slice {path} does not "
                     f"exist, and {hub_slice.APPLIES}. Stop and start your server from the hub's "
                     "control panel: the hub makes the slice when the server starts.")
+            nested = None
             if hub is not None:  # before ensure_slice could apply any limit of the kernel's
-                self._check_hub_limits(path, env)
+                nested = self._check_hub_limits(path, env)
             try:
                 outcome = ensure_slice(path, slice_name(path), asked)
                 limits = self._limits_in_force(path, asked, outcome, hub=hub is not None)
@@ -379,6 +393,8 @@ class HamiProvisioner(LocalProvisioner):
                 ) from None
             self._kernel_environment(env, limits, self._limit_sources(env, server_env),
                                      creates=outcome == "deferred")
+            if nested:
+                env[hub_slice.PROCESS_CAP] = str(nested)
         except SliceSetupError:
             await self._abandon_launch()
             raise

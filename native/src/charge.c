@@ -32,6 +32,23 @@ static void report_oom(int sdev, uint64_t want, uint64_t used, uint64_t limit, c
 		 hami_human(used, b), (unsigned long long)limit, hami_human(limit, c));
 }
 
+/* A refusal by the process's own cap (once a second at most, as the slice's). */
+static void report_process_oom(int sdev, uint64_t want, uint64_t held, const char *what)
+{
+	uint64_t now = hami_monotonic_ns();
+	uint64_t last = __atomic_load_n(&last_oom_report, __ATOMIC_RELAXED);
+	if ((last && now - last < OOM_REPORT_INTERVAL_NS) ||
+	    !__atomic_compare_exchange_n(&last_oom_report, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		return;
+	struct hami_slice_file *f = hami_slice();
+	char a[32], b[32], c[32];
+	hami_log(HAMI_LOG_ERROR,
+		 "slice \"%s\" GPU %s: out of memory: %s of %s refused, this process holds %s of its own "
+		 "%s cap (HAMI_PROCESS_MEMORY_LIMIT, inside the slice's)", hami_slice_name(),
+		 f ? f->device[sdev].uuid : "?", what, hami_human(want, a), hami_human(held, b),
+		 hami_human(hami_process_limit(), c));
+}
+
 uint64_t hami_device_limit_bytes(int sdev)
 {
 	struct hami_device_limit l;
@@ -116,10 +133,15 @@ int hami_charge(int sdev, uint64_t bytes, const char *what)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	struct hami_slice_device *d = &f->device[sdev];
 	uint64_t limit = hami_device_limit_bytes(sdev), used = 0;
+	if (hami_process_take(sdev, bytes, &used) < 0) {
+		report_process_oom(sdev, bytes, used, what);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
 	if (reserve(s, d, sdev, bytes, limit, &used) < 0) {
 		/* Room held by a process that just died comes back before we say no. */
 		hami_slice_sweep();
 		if (reserve(s, d, sdev, bytes, limit, &used) < 0) {
+			hami_process_give(sdev, bytes);
 			report_oom(sdev, bytes, used, limit, what);
 			return CUDA_ERROR_OUT_OF_MEMORY;
 		}
@@ -133,8 +155,10 @@ void hami_charge_force(int sdev, uint64_t bytes)
 	struct hami_slice_file *f = hami_slice();
 	struct hami_slot *s = f && sdev >= 0 && bytes ? own_slot(f) : NULL;
 	uint64_t unused;
-	if (s)
+	if (s) {
+		hami_process_force(sdev, bytes);
 		reserve(s, &f->device[sdev], sdev, bytes, 0, &unused);
+	}
 }
 
 /* Subtract from the slice total only: for reclaiming a dead slot. */
@@ -151,6 +175,7 @@ void hami_credit(int sdev, uint64_t bytes)
 	struct hami_slot *s = f && sdev >= 0 && bytes ? own_slot(f) : NULL;
 	if (!s)
 		return;
+	hami_process_give(sdev, bytes);
 	txn_begin(s);
 	sub_saturating(&s->memory_used[sdev], bytes);
 	sub_saturating(&f->device[sdev].memory_used, bytes);

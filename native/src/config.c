@@ -245,6 +245,7 @@ static void read_config(void)
 	check_ordinal_names();
 	read_mode();
 	read_size("HAMI_CONTEXT_OVERHEAD", &config.has_context_overhead, &config.context_overhead);
+	read_limit("HAMI_PROCESS_MEMORY_LIMIT", &config.has_process_limit, &config.process_limit);
 
 	const char *slice_var = getenv("HAMI_SLICE") ? "HAMI_SLICE" : "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 	const char *slice = getenv(slice_var);

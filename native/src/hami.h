@@ -45,6 +45,8 @@ struct hami_config {
 	uint32_t decoders_ordinal[HAMI_SLICE_MAX_DEVICES]; /* HAMI_MAX_DECODERS_<n> */
 	int has_context_overhead;
 	uint64_t context_overhead; /* HAMI_CONTEXT_OVERHEAD */
+	int has_process_limit;
+	uint64_t process_limit;    /* HAMI_PROCESS_MEMORY_LIMIT: this process's own cap per GPU, inside the slice's */
 	const char *slice_path;    /* HAMI_SLICE or CUDA_DEVICE_MEMORY_SHARED_CACHE; NULL: private */
 	char slice_name[HAMI_SLICE_NAME_LEN];
 	char kernel_id[HAMI_SLICE_KERNEL_ID_LEN];
@@ -112,6 +114,14 @@ void hami_credit(int sdev, uint64_t bytes);
 void hami_credit_device(int sdev, uint64_t bytes);
 uint64_t hami_device_used(int sdev);
 uint64_t hami_device_limit_bytes(int sdev);
+
+/* process_cap.c: this process's own cap inside the slice (HAMI_PROCESS_MEMORY_LIMIT) */
+uint64_t hami_process_limit(void);
+uint64_t hami_process_held(int sdev);
+int hami_process_take(int sdev, uint64_t bytes, uint64_t *now);
+void hami_process_force(int sdev, uint64_t bytes);
+void hami_process_give(int sdev, uint64_t bytes);
+void hami_process_after_fork(void);
 
 /* sm_share.c: the SM-share gate (launch path) and controller (housekeeper) */
 extern int hami_sm_watch;

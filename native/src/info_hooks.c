@@ -29,13 +29,20 @@ HAMI_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 		return rc;
 	int sdev = hami_current_device(NULL);
 	uint64_t limit = sdev >= 0 ? hami_device_limit_bytes(sdev) : 0;
-	if (!limit)
-		return rc;
-	uint64_t slice_total = min_u64(limit, *total);
-	uint64_t used = hami_device_used(sdev);
-	uint64_t left = slice_total > used ? slice_total - used : 0;
-	*total = (size_t)slice_total;
-	*free = (size_t)min_u64(left, *free);
+	if (limit) {
+		uint64_t slice_total = min_u64(limit, *total);
+		uint64_t used = hami_device_used(sdev);
+		uint64_t left = slice_total > used ? slice_total - used : 0;
+		*total = (size_t)slice_total;
+		*free = (size_t)min_u64(left, *free);
+	}
+	/* A process with a cap of its own inside the slice sees that cap. */
+	uint64_t cap = sdev >= 0 ? hami_process_limit() : 0;
+	if (cap) {
+		uint64_t held = hami_process_held(sdev);
+		*total = (size_t)min_u64(cap, *total);
+		*free = (size_t)min_u64(cap > held ? cap - held : 0, *free);
+	}
 	return rc;
 }
 
@@ -56,5 +63,8 @@ HAMI_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 	uint64_t limit = sdev >= 0 ? hami_device_limit_bytes(sdev) : 0;
 	if (limit)
 		*bytes = (size_t)min_u64(limit, *bytes);
+	uint64_t cap = sdev >= 0 ? hami_process_limit() : 0;
+	if (cap)
+		*bytes = (size_t)min_u64(cap, *bytes);
 	return rc;
 }

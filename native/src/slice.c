@@ -746,6 +746,7 @@ static void after_fork_child(void)
 		map_fd = fd; /* -1: no slot for this child, its charges are refused */
 	}
 	pthread_mutex_unlock(&slot_lock);
+	hami_process_after_fork();
 	hami_contexts_after_fork();
 	hami_schedule_after_fork();
 }

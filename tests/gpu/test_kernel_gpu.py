@@ -44,10 +44,14 @@ def test_provisioned_kernel_runs_torch_under_its_cap(hami_kernel):
     assert [k["kernel_id"] for k in status["kernels"]] == [km.kernel_id]
 
 
-def test_plain_kernelspec_under_the_hub_runs_torch_in_the_hubs_slice(tmp_path, monkeypatch, preload_lib):
+@pytest.mark.parametrize("asks,cap,tensors", [("64g", 4 * GiB, (8, 16)), ("2g", 2 * GiB, (4, 8))],
+                         ids=["more", "less-nested"])
+def test_plain_kernelspec_under_the_hub_runs_torch_in_the_hubs_slice(tmp_path, monkeypatch, preload_lib,
+                                                                     asks, cap, tensors):
     """Under a hub slice every kernel goes through the provisioner: a kernelspec
     with no provisioner metadata, as ipykernel installs it, asking for 64 GiB
-    in its env, still gets the hub's 4 GiB slice (issue 12, items 1 and 2)."""
+    in its env, still gets the hub's 4 GiB slice; one asking for 2 GiB gets
+    that cap nested inside the slice (issue 12, items 1 and 2)."""
     jupyter_client = pytest.importorskip("jupyter_client")
     import os
     import sys
@@ -66,7 +70,7 @@ def test_plain_kernelspec_under_the_hub_runs_torch_in_the_hubs_slice(tmp_path, m
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "plain", "language": "python", "env": {"CUDA_DEVICE_MEMORY_LIMIT": "64g"}}))
+        "display_name": "plain", "language": "python", "env": {"CUDA_DEVICE_MEMORY_LIMIT": asks}}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "kernels"))
     monkeypatch.setenv("HAMI_SLICE_ROOT", str(root))
     monkeypatch.setenv("HAMI_SLICE", str(path))
@@ -79,9 +83,10 @@ def test_plain_kernelspec_under_the_hub_runs_torch_in_the_hubs_slice(tmp_path, m
         kc.start_channels()
         kc.wait_for_ready(timeout=120)
         r = json.loads(run_in_kernel(kc, FILL).strip().splitlines()[-1])
-        print(f"plain kernelspec under the hub: torch total {r['total']}, {r['tensors']} x 256 MiB before OOM")
-        assert r["total"] == 4 * GiB
-        assert r["oom"] and 8 <= r["tensors"] <= 16
+        print(f"plain kernelspec asking {asks} under a 4 GiB hub slice: torch total {r['total']}, "
+              f"{r['tensors']} x 256 MiB before OOM")
+        assert r["total"] == cap
+        assert r["oom"] and tensors[0] <= r["tensors"] <= tensors[1]
         kc.stop_channels()
     finally:
         km.shutdown_kernel(now=True)

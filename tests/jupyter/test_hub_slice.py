@@ -158,23 +158,37 @@ def test_kernel_asking_more_gets_the_hubs_cap(hub, start_kernel, kernelspec, cel
     assert read_snapshot(hub).fallback_limit.memory_limit == 2 * GiB
 
 
-@pytest.mark.parametrize("spec,server_config,words", [
-    ({"config": {"memory_limit": "1g"}}, None,
-     ["memory 1.0 GiB (memory_limit (kernelspec 'small' provisioner config))"]),
-    ({"env": {"CUDA_DEVICE_MEMORY_LIMIT": "512m"}}, None, ["memory 512.0 MiB"]),
-    ({"config": {"sm_limit": 10}}, None, ["SM 10 %"]),
-    ({}, {"memory_limit": "1g"}, ["c.HamiProvisioner"]),
-], ids=["spec-config-memory", "spec-env-memory", "spec-config-sm", "server-config-memory"])
-def test_kernel_asking_less_is_refused_no_nested_caps(hub, start_kernel, kernelspec, hami_env,
-                                                     spec, server_config, words):
+@pytest.mark.parametrize("spec,server_config", [
+    ({"config": {"memory_limit": "1g"}}, None),
+    ({"env": {"CUDA_DEVICE_MEMORY_LIMIT": "1g"}}, None),
+    ({}, {"memory_limit": "1g"}),
+], ids=["spec-config-memory", "spec-env-memory", "server-config-memory"])
+def test_kernel_asking_a_smaller_memory_cap_gets_it_nested(hub, start_kernel, kernelspec, cell,
+                                                           spec, server_config):
+    name = kernelspec("small", **spec)
+    km, kc = start_kernel(kernel_name=name, server_config=server_config)
+    env = kernel_env(kc, cell, "HAMI_SLICE", "HAMI_PROCESS_MEMORY_LIMIT")
+    assert env == {"HAMI_SLICE": str(hub), "HAMI_PROCESS_MEMORY_LIMIT": str(GiB)}
+    assert total_seen(kc, cell) == GiB
+    # 1 GiB less the 64 MiB context: 3072 and 1900 MiB are refused, 100 MiB fits.
+    assert cell(kc, ASK).stdout.split() == ["refused", "3072", "refused", "1900", "ok", "100"]
+    # The hub's slice is left as it was: the cap is the kernel's processes' own.
+    fallback = read_snapshot(hub).fallback_limit
+    assert (fallback.memory_limit, fallback.sm_share) == (2 * GiB, 30)
+
+
+@pytest.mark.parametrize("spec,words", [
+    ({"config": {"sm_limit": 10}}, ["SM 10 %"]),
+    ({"env": {"CUDA_DEVICE_MEMORY_LIMIT_0": "512m"}}, ["GPU 0: memory 512.0 MiB"]),
+], ids=["spec-config-sm", "spec-env-one-gpu"])
+def test_kernel_asking_a_limit_that_cannot_nest_is_refused(hub, start_kernel, kernelspec, spec, words):
     name = kernelspec("small", **spec)
     with pytest.raises(SliceSetupError) as info:
-        start_kernel(kernel_name=name, server_config=server_config)
+        start_kernel(kernel_name=name)
     message = str(info.value)
     assert NESTED in message and str(hub) in message and "memory 2.0 GiB, SM 30 % (hard)" in message
     for w in words:
         assert w in message
-    # The hub's slice is left as it was.
     fallback = read_snapshot(hub).fallback_limit
     assert (fallback.memory_limit, fallback.sm_share) == (2 * GiB, 30)
 
@@ -264,8 +278,8 @@ def run(capsys, *argv):
     (["--memory", "64g", "--user"], ["--memory: memory 64.0 GiB is more than the hub's slice holds",
                                      "memory 2.0 GiB", APPLIES]),
     (["--sm", "90", "--user"], ["--sm: SM 90 % is more than", APPLIES]),
-    (["--memory", "1g", "--user"], ["--memory: memory 1.0 GiB is stricter than", NESTED]),
-], ids=["issue-command", "slice-name", "more-memory", "more-sm", "less-memory"])
+    (["--sm", "10", "--user"], ["--sm: SM 10 % is stricter than", NESTED]),
+], ids=["issue-command", "slice-name", "more-memory", "more-sm", "less-sm"])
 def test_kernelspec_install_under_the_hub_refuses(hub, kernelspec, hami_env, capsys, args, words):
     code, out, err = run(capsys, "kernelspec", "install", "--name", "big", *args)
     assert code == 2 and out == ""
@@ -280,3 +294,10 @@ def test_kernelspec_install_under_the_hub_may_repeat_its_limits(hub, kernelspec,
                          "--slice", str(hub), "--user")
     assert code == 0, err
     assert (hami_env.tmp / "user-data" / "kernels" / "same" / "kernel.json").exists()
+
+
+def test_kernelspec_install_under_the_hub_may_ask_a_smaller_memory_cap(hub, kernelspec, hami_env, capsys):
+    code, out, err = run(capsys, "kernelspec", "install", "--name", "small", "--memory", "1g", "--user")
+    assert code == 0, err
+    spec = json.loads((hami_env.tmp / "user-data" / "kernels" / "small" / "kernel.json").read_text())
+    assert spec["metadata"]["kernel_provisioner"]["config"]["memory_limit"] in ("1g", GiB, str(GiB))
