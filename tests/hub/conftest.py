@@ -119,17 +119,7 @@ class Hub:
             from hami_jupyter.hub import SlicePolicy
 
             c = get_config()  # noqa: F821
-            c.JupyterHub.ip = "127.0.0.1"
-            c.JupyterHub.port = {self.port}
-            c.JupyterHub.hub_ip = "127.0.0.1"
-            c.JupyterHub.hub_port = {self.hub_port}
-            c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
-            c.ConfigurableHTTPProxy.command = [{chp!r}]
-            c.ConfigurableHTTPProxy.pid_file = {str(self.tmp / "proxy.pid")!r}
-            c.JupyterHub.db_url = {"sqlite:///" + str(self.tmp / "jupyterhub.sqlite")!r}
-            c.JupyterHub.cookie_secret_file = {str(self.tmp / "cookie_secret")!r}
-            c.JupyterHub.pid_file = {str(self.tmp / "jupyterhub.pid")!r}
-            c.JupyterHub.authenticator_class = "dummy"
+            """) + self.plumbing(chp) + textwrap.dedent(f"""\
             c.JupyterHub.spawner_class = "simple"
             c.SimpleLocalProcessSpawner.home_dir_template = {str(self.tmp / "home" / "{username}")!r}
             c.Spawner.cmd = {cmd!r}
@@ -156,6 +146,23 @@ class Hub:
         path = self.tmp / "jupyterhub_config.py"
         path.write_text(config)
         return path
+
+    def plumbing(self, chp):
+        """Config lines every test hub has: loopback ports, the proxy, a
+        private database and secrets, the dummy authenticator."""
+        return textwrap.dedent(f"""\
+            c.JupyterHub.ip = "127.0.0.1"
+            c.JupyterHub.port = {self.port}
+            c.JupyterHub.hub_ip = "127.0.0.1"
+            c.JupyterHub.hub_port = {self.hub_port}
+            c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
+            c.ConfigurableHTTPProxy.command = [{chp!r}]
+            c.ConfigurableHTTPProxy.pid_file = {str(self.tmp / "proxy.pid")!r}
+            c.JupyterHub.db_url = {"sqlite:///" + str(self.tmp / "jupyterhub.sqlite")!r}
+            c.JupyterHub.cookie_secret_file = {str(self.tmp / "cookie_secret")!r}
+            c.JupyterHub.pid_file = {str(self.tmp / "jupyterhub.pid")!r}
+            c.JupyterHub.authenticator_class = "dummy"
+            """)
 
     def start(self):
         config = self.write_config(find_chp())

@@ -155,17 +155,7 @@ class RealUsersHub(Hub):
             # (load_subconfig would give it a config of its own, without slice_root).
             with open({str(EXAMPLE)!r}) as example:
                 exec(compile(example.read(), {str(EXAMPLE)!r}, "exec"), {{"get_config": get_config}})  # noqa: F821
-            c.JupyterHub.ip = "127.0.0.1"
-            c.JupyterHub.port = {self.port}
-            c.JupyterHub.hub_ip = "127.0.0.1"
-            c.JupyterHub.hub_port = {self.hub_port}
-            c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.api_port}"
-            c.ConfigurableHTTPProxy.command = [{chp!r}]
-            c.ConfigurableHTTPProxy.pid_file = {str(self.tmp / "proxy.pid")!r}
-            c.JupyterHub.db_url = {"sqlite:///" + str(self.tmp / "jupyterhub.sqlite")!r}
-            c.JupyterHub.cookie_secret_file = {str(self.tmp / "cookie_secret")!r}
-            c.JupyterHub.pid_file = {str(self.tmp / "jupyterhub.pid")!r}
-            c.JupyterHub.authenticator_class = "dummy"
+            """) + self.plumbing(chp) + textwrap.dedent(f"""\
             c.Spawner.environment.update({extra!r})
             c.Spawner.start_timeout = {SERVER_START_TIMEOUT}
             c.Spawner.http_timeout = {SERVER_START_TIMEOUT}

@@ -14,6 +14,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from test_provisioner import ASK  # the same three allocations, 3072, 1900, 100 MiB
 from traitlets.config import Config, LoggingConfigurable
 
 from hami_jupyter import native
@@ -29,17 +30,6 @@ USER = getpass.getuser()
 APPLIES = "the hub's slice applies to every kernel of this server"
 NESTED = "nested caps are not supported yet"
 
-ASK = """
-from hami_jupyter import driver_memory as cuda
-cuda.init()
-held = []
-for mib in (3072, 1900, 100):
-    try:
-        held.append(cuda.DeviceBuffer(mib << 20))
-        print("ok", mib)
-    except cuda.CudaError as e:
-        print("refused", mib)
-"""
 
 # A process the kernel starts, whose environment asks for 64 GiB, in the kernel's slice.
 CHILD_ASKS_MORE = """
