@@ -84,8 +84,8 @@ class HamiProvisioner(LocalProvisioner):
     )
     sm_limit = Union(
         [Int(), Unicode()], default_value=None, allow_none=True, config=True,
-        help="""Compute (SM) share of the slice in percent of each GPU, 1-99
-        (0 or 100: none). HAMI_SM_LIMIT, CUDA_DEVICE_SM_LIMIT and a kernelspec's
+        help="""Compute (SM) share of the slice: a whole percent of each GPU,
+        1-99; 0 or 100: no share. HAMI_SM_LIMIT, CUDA_DEVICE_SM_LIMIT and a kernelspec's
         sm_limit count too: the smallest share holds.""",
     )
     sm_mode = Unicode(

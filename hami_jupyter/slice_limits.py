@@ -146,7 +146,7 @@ def set_sm_share(path, device, percent, mode=None):
     """Set the SM share in percent (0 or 100 = none) and optionally the mode
     ("hard" or "elastic") of *device*; running processes follow within 100 ms."""
     if isinstance(percent, bool) or not isinstance(percent, int) or not 0 <= percent <= 100:
-        raise ValueError(f"SM share must be a whole percent 0..100, not {percent!r}")
+        raise ValueError(f"SM share must be a whole percent of each GPU (1-99; 0 or 100: no share), not {percent!r}")
     fields = {"sm_share": percent}
     if mode is not None:
         if mode not in MODES:

@@ -192,7 +192,7 @@ def add_slice_commands(subparsers):
     sp.add_argument("--device", metavar="N|UUID",
                     help="one GPU the slice has used: its index in `slice list`, or its UUID")
     sp.add_argument("--memory", metavar="SIZE", help="memory cap, e.g. 4g or 4096m; none for no cap")
-    sp.add_argument("--sm", metavar="PERCENT", help="SM share, a whole percent 1-100; none for no share")
+    sp.add_argument("--sm", metavar="PERCENT", help="SM share: a whole percent of each GPU, 1-99; 0 or 100: no share (or none)")
     sp.add_argument("--mode", metavar="MODE", help="how the SM share is held: hard or elastic")
     sp.add_argument("--overcommit", action="store_true",
                     help="allow hard slices to be promised more memory than a GPU has")

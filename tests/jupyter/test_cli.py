@@ -271,7 +271,7 @@ def test_kernelspec_install_writes_limits_and_starts_a_kernel_in_them(
 @pytest.mark.parametrize("args, message", [
     (["--memory", "4x"], "--memory: memory limit '4x' is not a size"),
     (["--memory", "0"], "--memory: a memory limit of 0 would refuse every allocation"),
-    (["--sm", "150"], "--sm: SM share '150' is not a whole percent 0..100"),
+    (["--sm", "150"], "--sm: SM share '150' is not a whole percent of each GPU (1-99; 0 or 100: no share)"),
     (["--sm", "half"], "--sm: SM share 'half' is not a whole percent"),
     (["--sm", " 25"], "--sm: SM share ' 25' is not a whole percent"),
     (["--sm", "\u0665\u0660"], "--sm: SM share '\u0665\u0660' is not a whole percent"),

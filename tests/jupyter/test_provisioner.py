@@ -298,7 +298,7 @@ def test_hub_limits_file_is_in_force(hami_env, start_kernel, cell, caplog):
 @pytest.mark.parametrize("kwargs,words", [
     ({"config": {"memory_limit": "4x"}}, ["memory limit '4x' is not a size", "kernelspec"]),
     ({"config": {"memory_limit": "0"}}, ["would refuse every allocation"]),
-    ({"config": {"sm_limit": 150}}, ["SM share 150", "0..100"]),
+    ({"config": {"sm_limit": 150}}, ["SM share 150", "1-99; 0 or 100: no share"]),
     ({"config": {"sm_mode": "soft"}}, ["SM mode 'soft'", "hard, elastic"]),
     ({"env": {"HAMI_MEMORY_LIMIT": "lots"}}, ["HAMI_MEMORY_LIMIT", "not a size"]),
     ({"env": {"CUDA_DEVICE_SM_LIMIT_1": "-5"}}, ["CUDA_DEVICE_SM_LIMIT_1"]),
