@@ -15,14 +15,19 @@
 
 static uint64_t last_oom_report;
 
-static void report_oom(int sdev, uint64_t want, uint64_t used, uint64_t limit, const char *what)
+/* Whether an out-of-memory line may be logged now: once a second at most. */
+static int oom_report_due(void)
 {
 	uint64_t now = hami_monotonic_ns();
 	uint64_t last = __atomic_load_n(&last_oom_report, __ATOMIC_RELAXED);
 	if (last && now - last < OOM_REPORT_INTERVAL_NS)
-		return;
-	if (!__atomic_compare_exchange_n(&last_oom_report, &last, now, 0, __ATOMIC_RELAXED,
-					 __ATOMIC_RELAXED))
+		return 0;
+	return __atomic_compare_exchange_n(&last_oom_report, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
+static void report_oom(int sdev, uint64_t want, uint64_t used, uint64_t limit, const char *what)
+{
+	if (!oom_report_due())
 		return;
 	struct hami_slice_file *f = hami_slice();
 	char a[32], b[32], c[32];
@@ -32,13 +37,10 @@ static void report_oom(int sdev, uint64_t want, uint64_t used, uint64_t limit, c
 		 hami_human(used, b), (unsigned long long)limit, hami_human(limit, c));
 }
 
-/* A refusal by the process's own cap (once a second at most, as the slice's). */
+/* A refusal by the process's own cap, inside the slice's. */
 static void report_process_oom(int sdev, uint64_t want, uint64_t held, const char *what)
 {
-	uint64_t now = hami_monotonic_ns();
-	uint64_t last = __atomic_load_n(&last_oom_report, __ATOMIC_RELAXED);
-	if ((last && now - last < OOM_REPORT_INTERVAL_NS) ||
-	    !__atomic_compare_exchange_n(&last_oom_report, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+	if (!oom_report_due())
 		return;
 	struct hami_slice_file *f = hami_slice();
 	char a[32], b[32], c[32];

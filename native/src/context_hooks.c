@@ -63,17 +63,10 @@ static int nvml_process_used(int sdev, uint64_t *used)
 	return -1;
 }
 
-static int need_measure(void)
+/* Measure what a context just created on slice device sdev cost (its cost was
+ * not known before; another thread may have measured one meanwhile). */
+static uint64_t measure_context(int sdev, int have_before, uint64_t device_used_before)
 {
-	return !hami_config()->has_context_overhead && !__atomic_load_n(&measured_overhead, __ATOMIC_RELAXED);
-}
-
-/* The bytes to charge for a context just created on slice device sdev. */
-static uint64_t context_bytes(int sdev, int have_before, uint64_t device_used_before)
-{
-	const struct hami_config *c = hami_config();
-	if (c->has_context_overhead)
-		return c->context_overhead;
 	uint64_t known = __atomic_load_n(&measured_overhead, __ATOMIC_RELAXED);
 	if (known)
 		return known;
@@ -114,10 +107,48 @@ static int known_context_bytes(uint64_t *bytes)
 	return *bytes != 0;
 }
 
-/* Before creating: a device-wide reading to measure against, when needed. */
-static int reading_before(int sdev, uint64_t *used)
+/* A context about to be made on slice device sdev: its known cost, reserved,
+ * or a device-wide reading to measure it against afterwards. */
+struct ctx_cost {
+	int sdev;
+	int reserved;
+	uint64_t bytes;
+	int have_before;
+	uint64_t before;
+};
+
+/* Before the real call: CUDA_ERROR_OUT_OF_MEMORY when the slice has no room. */
+static CUresult reserve_context(struct ctx_cost *c, int sdev)
 {
-	return sdev >= 0 && need_measure() && nvml_device_used(sdev, used) == 0;
+	c->sdev = sdev;
+	c->before = 0;
+	c->reserved = known_context_bytes(&c->bytes);
+	if (c->reserved && hami_charge(sdev, c->bytes, "a CUDA context") != CUDA_SUCCESS)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	c->have_before = !c->reserved && nvml_device_used(sdev, &c->before) == 0;
+	return CUDA_SUCCESS;
+}
+
+/*
+ * After it (rc): CUDA_SUCCESS with *bytes charged for the new context; the
+ * call's own error with the reservation handed back; or
+ * CUDA_ERROR_OUT_OF_MEMORY when the measured cost does not fit (the caller
+ * undoes the context).
+ */
+static CUresult settle_context(CUresult rc, const struct ctx_cost *c, uint64_t *bytes)
+{
+	if (rc != CUDA_SUCCESS) {
+		if (c->reserved)
+			hami_credit(c->sdev, c->bytes);
+		return rc;
+	}
+	if (c->reserved) {
+		*bytes = c->bytes;
+		return CUDA_SUCCESS;
+	}
+	*bytes = measure_context(c->sdev, c->have_before, c->before);
+	return hami_charge(c->sdev, *bytes, "a CUDA context") == CUDA_SUCCESS ? CUDA_SUCCESS
+									      : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 static int ready_device(CUdevice dev, CUresult *err)
@@ -145,35 +176,33 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 	if (sdev < 0 || dev < 0 || dev >= HAMI_MAX_ORDINALS)
 		return fn(pctx, dev);
 	pthread_mutex_lock(&lock);
-	int first = primary_retains[dev] == 0;
-	uint64_t bytes = 0, before = 0;
-	int reserved = first && known_context_bytes(&bytes);
-	if (reserved && hami_charge(sdev, bytes, "a CUDA context") != CUDA_SUCCESS) {
+	if (primary_retains[dev] > 0) { /* charged once, at the first retain */
+		CUresult rc = fn(pctx, dev);
+		if (rc == CUDA_SUCCESS)
+			primary_retains[dev]++;
+		pthread_mutex_unlock(&lock);
+		return rc;
+	}
+	struct ctx_cost cost;
+	if (reserve_context(&cost, sdev) != CUDA_SUCCESS) {
 		pthread_mutex_unlock(&lock);
 		*pctx = NULL;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	int have_before = first && !reserved && reading_before(sdev, &before);
 	CUresult rc = fn(pctx, dev);
-	if (rc != CUDA_SUCCESS) {
-		if (reserved)
-			hami_credit(sdev, bytes);
-	} else if (primary_retains[dev]++ == 0) {
-		if (!reserved)
-			bytes = context_bytes(sdev, have_before, before);
-		if (!reserved && hami_charge(sdev, bytes, "a CUDA context") != CUDA_SUCCESS) {
-			release_fn rel = HAMI_REAL(release_fn, "cuDevicePrimaryCtxRelease_v2");
-			if (rel)
-				rel(dev);
-			primary_retains[dev] = 0;
-			*pctx = NULL;
-			rc = CUDA_ERROR_OUT_OF_MEMORY;
-		} else {
-			primary_charge[dev] = bytes;
-		}
+	uint64_t bytes = 0;
+	CUresult settled = settle_context(rc, &cost, &bytes);
+	if (settled == CUDA_SUCCESS) {
+		primary_retains[dev] = 1;
+		primary_charge[dev] = bytes;
+	} else if (rc == CUDA_SUCCESS) {
+		release_fn rel = HAMI_REAL(release_fn, "cuDevicePrimaryCtxRelease_v2");
+		if (rel)
+			rel(dev);
+		*pctx = NULL;
 	}
 	pthread_mutex_unlock(&lock);
-	return rc;
+	return settled;
 }
 
 /* The real release, then the credit when the last retain is gone. */
@@ -205,17 +234,7 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 	return release_primary(HAMI_REAL(release_fn, "cuDevicePrimaryCtxRelease"), dev);
 }
 
-/* What cuCtxCreate* needs before the real call: the slice device, and either
- * the context's known cost, reserved, or a reading to measure it against. */
-struct ctx_create {
-	int sdev;
-	int reserved;
-	uint64_t bytes;
-	int have_before;
-	uint64_t before;
-};
-
-static CUresult begin_create(CUcontext *pctx, void *fn, CUdevice dev, struct ctx_create *c)
+static CUresult begin_create(CUcontext *pctx, void *fn, CUdevice dev, struct ctx_cost *c)
 {
 	if (!pctx)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -223,37 +242,30 @@ static CUresult begin_create(CUcontext *pctx, void *fn, CUdevice dev, struct ctx
 		return CUDA_ERROR_NOT_FOUND;
 	CUresult err;
 	c->sdev = ready_device(dev, &err);
-	c->before = c->bytes = 0;
-	c->reserved = c->have_before = 0;
 	if (err != CUDA_SUCCESS || c->sdev < 0)
 		return err;
-	c->reserved = known_context_bytes(&c->bytes);
-	if (c->reserved && hami_charge(c->sdev, c->bytes, "a CUDA context") != CUDA_SUCCESS) {
+	if (reserve_context(c, c->sdev) != CUDA_SUCCESS) {
 		*pctx = NULL;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	c->have_before = !c->reserved && reading_before(c->sdev, &c->before);
 	return CUDA_SUCCESS;
 }
 
-/* Charge a context created by cuCtxCreate* (or hand back its reservation if
- * none was made), or destroy it if the slice is full. */
-static CUresult finish_create(CUresult rc, CUcontext *pctx, const struct ctx_create *c)
+/* Charge a context created by cuCtxCreate*, or destroy it if the slice is full. */
+static CUresult finish_create(CUresult rc, CUcontext *pctx, const struct ctx_cost *c)
 {
 	if (c->sdev < 0)
 		return rc;
-	if (rc != CUDA_SUCCESS) {
-		if (c->reserved)
-			hami_credit(c->sdev, c->bytes);
-		return rc;
-	}
-	uint64_t bytes = c->reserved ? c->bytes : context_bytes(c->sdev, c->have_before, c->before);
-	if (!c->reserved && hami_charge(c->sdev, bytes, "a CUDA context") != CUDA_SUCCESS) {
-		destroy_fn d = HAMI_REAL(destroy_fn, "cuCtxDestroy_v2");
-		if (d)
-			d(*pctx);
-		*pctx = NULL;
-		return CUDA_ERROR_OUT_OF_MEMORY;
+	uint64_t bytes = 0;
+	CUresult settled = settle_context(rc, c, &bytes);
+	if (settled != CUDA_SUCCESS) {
+		if (rc == CUDA_SUCCESS) {
+			destroy_fn d = HAMI_REAL(destroy_fn, "cuCtxDestroy_v2");
+			if (d)
+				d(*pctx);
+			*pctx = NULL;
+		}
+		return settled;
 	}
 	struct hami_record r = { .key = (uint64_t)(uintptr_t)*pctx, .bytes = bytes, .sdev = c->sdev,
 				 .kind = HAMI_KIND_CONTEXT };
@@ -264,7 +276,7 @@ static CUresult finish_create(CUresult rc, CUcontext *pctx, const struct ctx_cre
 HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
 	create2_fn fn = HAMI_REAL(create2_fn, "cuCtxCreate_v2");
-	struct ctx_create c;
+	struct ctx_cost c;
 	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
 	return err != CUDA_SUCCESS ? err : finish_create(fn(pctx, flags, dev), pctx, &c);
 }
@@ -273,7 +285,7 @@ HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams
 				    CUdevice dev)
 {
 	create3_fn fn = HAMI_REAL(create3_fn, "cuCtxCreate_v3");
-	struct ctx_create c;
+	struct ctx_cost c;
 	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
 	return err != CUDA_SUCCESS ? err : finish_create(fn(pctx, params, numParams, flags, dev), pctx, &c);
 }
@@ -281,7 +293,7 @@ HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams
 HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev)
 {
 	create4_fn fn = HAMI_REAL(create4_fn, "cuCtxCreate_v4");
-	struct ctx_create c;
+	struct ctx_cost c;
 	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
 	return err != CUDA_SUCCESS ? err : finish_create(fn(pctx, params, flags, dev), pctx, &c);
 }
