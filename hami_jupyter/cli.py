@@ -178,7 +178,8 @@ def build_parser(with_demo_options=False):
     i.add_argument("--display-name", metavar="TEXT",
                    help='name shown in Jupyter (default e.g. "Python 3 (HAMi vGPU, 4.0 GiB, SM 25 %%)")')
     i.add_argument("--memory", metavar="SIZE", help="GPU memory cap per GPU, e.g. 4g, 4096m")
-    i.add_argument("--sm", metavar="PERCENT", help="SM share: a whole percent of each GPU, 1-99; 0 or 100: no share")
+    i.add_argument("--sm", metavar="PERCENT",
+                   help="SM share: a whole percent of each GPU, 1-99; 0 or 100: no share")
     i.add_argument("--mode", metavar="MODE", help="how the SM share is held: hard or elastic")
     i.add_argument("--slice", metavar="SLICE",
                    help='slice name or absolute path (default: "<user>-<name>" when limits are set)')

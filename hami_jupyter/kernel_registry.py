@@ -36,6 +36,7 @@ from .slice_paths import (
     folder_of,
     open_trusted,
     refuse_dangling_link,
+    replace_file,
 )
 
 log = logging.getLogger("hami_jupyter")
@@ -210,21 +211,10 @@ def register(slice_path, entry: KernelEntry):
         os.mkdir(d, 0o700)
     except FileExistsError:
         pass
-    d, _ = _checked_dir(slice_path)
-    tmp = d / f".{target.name}.{os.getpid()}"
-    try:
-        tmp.unlink()  # left by a process of our PID that died mid-write
-    except FileNotFoundError:
-        pass
+    _checked_dir(slice_path)
     # 0644 whatever the umask: readable by administrators the registry folder
     # lets in, never writable by other users (readers would refuse it).
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        os.fchmod(fd, 0o644)
-        os.write(fd, json.dumps(asdict(entry)).encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
+    replace_file(target, json.dumps(asdict(entry)).encode(), 0o644)
 
 
 def unregister(slice_path, kernel_id):

@@ -296,6 +296,28 @@ def open_trusted(path, flags=os.O_RDONLY, what="slice file", *, owner_only=False
     return fd, st, folder
 
 
+def replace_file(path, data, mode=0o644, owner=None):
+    """Write *data* (bytes) to *path* whole: a temporary file beside it (never a
+    link that was planted there) with *mode* whatever the umask, and *owner*
+    (``(uid, gid)``) when given, then renamed over *path*. Readers see the old
+    file or the new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.unlink()  # left by a process of our PID that died mid-write
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, data)
+        if owner is not None:
+            os.fchown(fd, *owner)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
 def _make_folders(folder):
     """Make *folder* and its missing parents, each with mode 0700 (native/src/slice.c's
     make_parent_dir)."""

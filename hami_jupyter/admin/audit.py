@@ -43,6 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..slice_file import F_OFD_SETLK, flock_bytes
+from ..slice_paths import replace_file
 
 FILE_NAME = "audit.log"
 HEAD_SUFFIX = ".head"
@@ -196,19 +197,9 @@ class AuditLog:
     def _write_head(self, last_hash):
         """``audit.log.head``: line count and last hash, so that a log cut short shows."""
         lines = sum(chunk.count(b"\n") for chunk in _chunks(self._fd))
-        head = head_path(self.path)
-        tmp = head.with_name(head.name + f".{os.getpid()}.tmp")
-        st = os.fstat(self._fd)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW,
-                     st.st_mode & 0o644)
-        try:
-            os.write(fd, json.dumps({"lines": lines, "last": last_hash}).encode() + b"\n")
-            if os.geteuid() == 0:
-                os.fchown(fd, st.st_uid, st.st_gid)
-            os.fchmod(fd, st.st_mode & 0o644)
-        finally:
-            os.close(fd)
-        os.replace(tmp, head)
+        st = os.fstat(self._fd)  # the head is owned and readable as the log is
+        replace_file(head_path(self.path), json.dumps({"lines": lines, "last": last_hash}).encode() + b"\n",
+                     st.st_mode & 0o644, (st.st_uid, st.st_gid) if os.geteuid() == 0 else None)
 
     def __exit__(self, *exc):
         os.close(self._fd)  # drops the lock

@@ -1,4 +1,5 @@
-"""``hami-jupyter slice list|set|reset``, ``audit verify``, ``admin-service``: the admin panel's operations from a shell.
+"""``hami-jupyter slice list|set|reset``, ``audit verify``, ``admin-service``: the admin
+panel's operations from a shell.
 
 ``hami_jupyter.cli`` registers them with :func:`add_slice_commands`;
 :func:`main` runs them alone (tests, or ``python -m hami_jupyter.admin.cli``).
@@ -166,6 +167,14 @@ def service_command(args):
 # ---- registration -------------------------------------------------------------------
 
 
+def _slice_arguments(parser):
+    """What every change names: the slice, where it is, and the log it goes to."""
+    parser.add_argument("slice", metavar="SLICE", help="slice name or path")
+    parser.add_argument("--audit-log", metavar="FILE",
+                        help="audit log to append to (default: audit.log beside the slice file)")
+    parser.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
+
+
 def add_slice_commands(subparsers):
     """Register ``slice list`` and ``slice set`` on *subparsers* (of the ``hami-jupyter`` parser)."""
     p = subparsers.add_parser(
@@ -188,17 +197,15 @@ def add_slice_commands(subparsers):
         description="Change one entry of a slice's limits; running kernels follow at their next "
                     "allocation. Without --device the slice's default entry changes: the limits "
                     "of every GPU without limits of its own.")
-    sp.add_argument("slice", metavar="SLICE", help="slice name or path")
+    _slice_arguments(sp)
     sp.add_argument("--device", metavar="N|UUID",
                     help="one GPU the slice has used: its index in `slice list`, or its UUID")
     sp.add_argument("--memory", metavar="SIZE", help="memory cap, e.g. 4g or 4096m; none for no cap")
-    sp.add_argument("--sm", metavar="PERCENT", help="SM share: a whole percent of each GPU, 1-99; 0 or 100: no share (or none)")
+    sp.add_argument("--sm", metavar="PERCENT",
+                    help="SM share: a whole percent of each GPU, 1-99; 0 or 100: no share (or none)")
     sp.add_argument("--mode", metavar="MODE", help="how the SM share is held: hard or elastic")
     sp.add_argument("--overcommit", action="store_true",
                     help="allow hard slices to be promised more memory than a GPU has")
-    sp.add_argument("--audit-log", metavar="FILE",
-                    help="audit log to append to (default: audit.log beside the slice file)")
-    sp.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
     sp.set_defaults(func=set_command, cli_prog=sp.prog)
 
     rp = actions.add_parser(
@@ -206,10 +213,7 @@ def add_slice_commands(subparsers):
         description="An administrator's change is kept when the user's server restarts; this "
                     "puts the limits the hub's policy gives back at once, and lets the hub "
                     "apply the policy at later server starts. Logged like every change.")
-    rp.add_argument("slice", metavar="SLICE", help="slice name or path")
-    rp.add_argument("--audit-log", metavar="FILE",
-                    help="audit log to append to (default: audit.log beside the slice file)")
-    rp.add_argument("--root", metavar="DIR", help=_ROOT_HELP)
+    _slice_arguments(rp)
     rp.set_defaults(func=reset_command, cli_prog=rp.prog)
     return p
 

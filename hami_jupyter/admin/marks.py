@@ -31,6 +31,7 @@ from pathlib import Path
 from ..limits import SliceLimits
 from ..slice_file import HAMI_MODE_ELASTIC, limits_file_path, read_snapshot
 from ..slice_limits import update_limits
+from ..slice_paths import replace_file
 
 ADMIN_SUFFIX = ".admin"
 POLICY_SUFFIX = ".policy"
@@ -85,15 +86,7 @@ def restore(slice_path, state):
 
 def write_json(path, data):
     """Write *data* to *path* atomically, 0644, owned by this process's user."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-    try:
-        os.write(fd, (json.dumps(data, sort_keys=True) + "\n").encode())
-        os.fchmod(fd, 0o644)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    replace_file(path, (json.dumps(data, sort_keys=True) + "\n").encode(), 0o644)
 
 
 def read_trusted(path):

@@ -74,7 +74,8 @@ def pre_spawn_hook(policy):
             return
         name = user_slice_name({"JUPYTERHUB_USER": user})
         uid, gid = owner_of(user)
-        path = prepare_user_slice(name, size, uid, gid, policy.slice_root, policy.admin_group, log=spawner.log)
+        path = prepare_user_slice(name, size, uid, gid, policy.slice_root, policy.admin_group,
+                                  log=spawner.log)
         env = dict(size.environment())
         env.update({"HAMI_SLICE": str(path), "HAMI_SLICE_ROOT": policy.slice_root})
         env["HAMI_HUB_SLICE"] = str(path)  # every kernel runs in it (hami_jupyter.hub_slice)

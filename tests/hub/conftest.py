@@ -114,7 +114,7 @@ class Hub:
         }
         cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
         args = ["--allow-root"] if os.geteuid() == 0 else []
-        config = textwrap.dedent(f"""\
+        config = textwrap.dedent("""\
             # Written by tests/hub/conftest.py for one test run.
             from hami_jupyter.hub import SlicePolicy
 
@@ -125,17 +125,6 @@ class Hub:
             c.Spawner.cmd = {cmd!r}
             c.Spawner.args = {args!r}
             c.Spawner.environment = {environment!r}
-            c.Spawner.start_timeout = {SERVER_START_TIMEOUT}
-            c.Spawner.http_timeout = {SERVER_START_TIMEOUT}
-            # Answer spawn and stop requests at once (202): both users' servers
-            # start side by side, and the test polls.
-            c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0, "slow_stop_timeout": 0}}
-            c.JupyterHub.services = [{{"name": {SERVICE!r}, "api_token": {self.token!r}}}]
-            c.JupyterHub.load_roles = [{{
-                "name": {SERVICE!r},
-                "scopes": ["admin:users", "admin:servers", "access:servers", "read:users"],
-                "services": [{SERVICE!r}],
-            }}]
 
             c.SlicePolicy.sizes = {SIZES!r}
             c.SlicePolicy.default = "small"
@@ -149,7 +138,8 @@ class Hub:
 
     def plumbing(self, chp):
         """Config lines every test hub has: loopback ports, the proxy, a
-        private database and secrets, the dummy authenticator."""
+        private database and secrets, the dummy authenticator, the test's
+        service and its token, and the servers' time limits."""
         return textwrap.dedent(f"""\
             c.JupyterHub.ip = "127.0.0.1"
             c.JupyterHub.port = {self.port}
@@ -162,6 +152,17 @@ class Hub:
             c.JupyterHub.cookie_secret_file = {str(self.tmp / "cookie_secret")!r}
             c.JupyterHub.pid_file = {str(self.tmp / "jupyterhub.pid")!r}
             c.JupyterHub.authenticator_class = "dummy"
+            c.Spawner.start_timeout = {SERVER_START_TIMEOUT}
+            c.Spawner.http_timeout = {SERVER_START_TIMEOUT}
+            # Answer spawn and stop requests at once (202): both users' servers
+            # start side by side, and the test polls.
+            c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0, "slow_stop_timeout": 0}}
+            c.JupyterHub.services = [{{"name": {SERVICE!r}, "api_token": {self.token!r}}}]
+            c.JupyterHub.load_roles = [{{
+                "name": {SERVICE!r},
+                "scopes": ["admin:users", "admin:servers", "access:servers", "read:users"],
+                "services": [{SERVICE!r}],
+            }}]
             """)
 
     def start(self):

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SERVER_START_TIMEOUT, SERVICE, TAG_ENV, Hub, _require_jupyterhub
+from conftest import TAG_ENV, Hub, _require_jupyterhub
 from unix_users import UnixUsers, require_root_users, shared_tmpdir, user_python
 
 from hami_jupyter import native
@@ -157,15 +157,6 @@ class RealUsersHub(Hub):
                 exec(compile(example.read(), {str(EXAMPLE)!r}, "exec"), {{"get_config": get_config}})  # noqa: F821
             """) + self.plumbing(chp) + textwrap.dedent(f"""\
             c.Spawner.environment.update({extra!r})
-            c.Spawner.start_timeout = {SERVER_START_TIMEOUT}
-            c.Spawner.http_timeout = {SERVER_START_TIMEOUT}
-            c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0, "slow_stop_timeout": 0}}
-            c.JupyterHub.services = [{{"name": {SERVICE!r}, "api_token": {self.token!r}}}]
-            c.JupyterHub.load_roles = [{{
-                "name": {SERVICE!r},
-                "scopes": ["admin:users", "admin:servers", "access:servers", "read:users"],
-                "services": [{SERVICE!r}],
-            }}]
             """)
         path = self.tmp / "jupyterhub_config.py"
         path.write_text(config)

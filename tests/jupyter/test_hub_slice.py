@@ -14,7 +14,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from test_provisioner import ASK  # the same three allocations, 3072, 1900, 100 MiB
+from test_provisioner import ASK, kernel_env, total_seen
 from traitlets.config import Config, LoggingConfigurable
 
 from hami_jupyter import native
@@ -39,18 +39,6 @@ child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=T
                        env={**os.environ, "CUDA_DEVICE_MEMORY_LIMIT": "64g", "HAMI_MEMORY_LIMIT": "64g"})
 print(child.stdout.split()[0], "CUDA_ERROR_OUT_OF_MEMORY" in child.stderr, child.returncode != 0)
 """
-
-
-def kernel_env(kc, cell, *names):
-    r = cell(kc, f"import os, json; print(json.dumps({{n: os.environ.get(n) for n in {list(names)!r}}}))")
-    assert r.error is None, r.error
-    return json.loads(r.stdout)
-
-
-def total_seen(kc, cell):
-    r = cell(kc, "from hami_jupyter import driver_memory as cuda; cuda.init(); print(cuda.mem_get_info()[1])")
-    assert r.error is None, r.error
-    return int(r.stdout)
 
 
 @pytest.fixture
