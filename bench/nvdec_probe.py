@@ -62,7 +62,7 @@ d = Drive(env)
 d.cmd("init"); d.cmd("ctx 0")
 rcs = [d.cmd(f"decoder d{i} 1920 1080 8")["rc"] for i in range(4)]
 sys.path.insert(0, REPO)
-from hami_jupyter.slice_file import read_snapshot
+from hami_jupyter.slice.file import read_snapshot
 snap = read_snapshot(f"{tmp}/v.slice")
 dev = snap.devices[0]
 out["cap"] = {"rcs": rcs, "slice_decoders": dev.decoders, "slice_used": dev.memory_used}

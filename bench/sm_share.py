@@ -215,7 +215,7 @@ def slice_snapshot(path):
 
         if str(REPO) not in sys.path:
             sys.path.insert(0, str(REPO))
-        from hami_jupyter.slice_file import SliceFile
+        from hami_jupyter.slice.file import SliceFile
 
         with SliceFile(path) as sf:
             snap = sf.snapshot()

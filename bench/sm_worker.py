@@ -26,7 +26,7 @@ measures [T0, T0 + seconds]. So two workers started together measure the
 same stretch of time while both are warm and busy.
 
 Live change. With --change-at T the worker itself calls
-hami_jupyter.slice_limits.set_sm_share(slice, device, P, mode) at the first
+hami_jupyter.slice.change.set_sm_share(slice, device, P, mode) at the first
 batch boundary at or after T0 + T (right after launching that batch, while the
 GPU is busy) and records when the call began and returned.
 """
@@ -75,10 +75,10 @@ def parse_args(argv=None):
 
 def load_set_sm_share():
     try:
-        from hami_jupyter.slice_limits import set_sm_share
+        from hami_jupyter.slice.change import set_sm_share
     except ImportError:
         sys.path.insert(0, REPO)
-        from hami_jupyter.slice_limits import set_sm_share
+        from hami_jupyter.slice.change import set_sm_share
     return set_sm_share
 
 

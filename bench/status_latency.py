@@ -23,11 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hami_jupyter import kernel_registry, native  # noqa: E402
-from hami_jupyter.limits import SliceLimits  # noqa: E402
-from hami_jupyter.slice_setup import ensure_slice  # noqa: E402
-from hami_jupyter.slice_status import format_text, slice_status  # noqa: E402
-from hami_jupyter.status_html import format_html  # noqa: E402
+from hami_jupyter import native  # noqa: E402
+from hami_jupyter.slice import registry as kernel_registry
+from hami_jupyter.slice.limits import Limits  # noqa: E402
+from hami_jupyter.slice.settings import AskedLimits  # noqa: E402
+from hami_jupyter.slice.create import ensure_slice  # noqa: E402
+from hami_jupyter.slice.status import format_text, slice_status  # noqa: E402
+from hami_jupyter.slice.status_html import format_html  # noqa: E402
 
 KERNELS = ("bench-kernel-a", "bench-kernel-b")
 MAX_PROCESSES = 64
@@ -86,7 +88,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="hami-bench-") as tmp:
         tmp = Path(tmp)
         path = tmp / "bench.slice"
-        ensure_slice(path, "bench", SliceLimits(memory=12 << 30, sm_share=50))
+        ensure_slice(path, "bench", AskedLimits(Limits(memory_limit=12 << 30, sm_share=50)))
         procs = []
         try:
             for i in range(args.processes):

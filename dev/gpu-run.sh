@@ -13,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 dist="$site/hami_jupyter-0+checkout.dist-info"
 mkdir -p "$dist"
 printf 'Metadata-Version: 2.1\nName: hami-jupyter\nVersion: 0+checkout\n' >"$dist/METADATA"
-printf '[jupyter_client.kernel_provisioners]\nhami-provisioner = hami_jupyter.provisioner:HamiProvisioner\n' \
+printf '[jupyter_client.kernel_provisioners]\nhami-provisioner = hami_jupyter.provisioning.provisioner:HamiProvisioner\n' \
     >"$dist/entry_points.txt"
 export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$site/bin:$PATH"

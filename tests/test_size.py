@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hami_jupyter.size import format_size, parse_size
+from hami_jupyter.slice.size import format_size, parse_size
 
 REPO = Path(__file__).resolve().parent.parent
 GiB = 1024**3

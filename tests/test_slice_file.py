@@ -17,29 +17,31 @@ import textwrap
 
 import pytest
 
-from hami_jupyter import slice_file as sf
-from hami_jupyter.slice_paths import UntrustedPath
+from hami_jupyter.slice import file as sf
+from hami_jupyter.slice import layout, locks
+from hami_jupyter.slice.limits import Limits
+from hami_jupyter.slice.paths import UntrustedPath
 
 GiB = 1024**3
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
 UUID2 = "GPU-22222222-1111-2222-3333-444444444444"
 
 
-def build_slice(name="alice", version=(sf.HAMI_SLICE_VERSION_MAJOR, sf.HAMI_SLICE_VERSION_MINOR)):
+def build_slice(name="alice", version=(layout.HAMI_SLICE_VERSION_MAJOR, layout.HAMI_SLICE_VERSION_MINOR)):
     """A valid, empty version-1 slice file image."""
-    f = sf.HamiSliceFile()
+    f = layout.HamiSliceFile()
     h = f.header
-    h.magic = sf.HAMI_SLICE_MAGIC
+    h.magic = layout.HAMI_SLICE_MAGIC
     h.version_major, h.version_minor = version
-    h.file_size = sf.FILE_SIZE
-    h.header_size = ctypes.sizeof(sf.HamiSliceHeader)
-    h.max_devices = sf.HAMI_SLICE_MAX_DEVICES
-    h.max_slots = sf.HAMI_SLICE_MAX_SLOTS
-    h.device_size = ctypes.sizeof(sf.HamiSliceDevice)
-    h.slot_size = ctypes.sizeof(sf.HamiSlot)
-    h.limits_offset = sf.LIMITS_OFFSET
-    h.devices_offset = sf.DEVICES_OFFSET
-    h.slots_offset = sf.SLOTS_OFFSET
+    h.file_size = layout.FILE_SIZE
+    h.header_size = ctypes.sizeof(layout.HamiSliceHeader)
+    h.max_devices = layout.HAMI_SLICE_MAX_DEVICES
+    h.max_slots = layout.HAMI_SLICE_MAX_SLOTS
+    h.device_size = ctypes.sizeof(layout.HamiSliceDevice)
+    h.slot_size = ctypes.sizeof(layout.HamiSlot)
+    h.limits_offset = layout.LIMITS_OFFSET
+    h.devices_offset = layout.DEVICES_OFFSET
+    h.slots_offset = layout.SLOTS_OFFSET
     h.created_unix_ns = 1_700_000_000_000_000_000
     h.name = name.encode()
     return f
@@ -54,25 +56,25 @@ def populated_slice():
     f.limits.changed_unix_ns = 1_700_000_001_000_000_000
     old, new = f.limits.copy
     old.device[0].memory_limit = 1 * GiB  # the copy not in force: must not be read
-    old.device[0].flags = sf.HAMI_LIMIT_SET
+    old.device[0].flags = layout.HAMI_LIMIT_SET
     new.device[0].memory_limit = 4 * GiB
     new.device[0].sm_share = 50
-    new.device[0].mode = sf.HAMI_MODE_ELASTIC
-    new.device[0].flags = sf.HAMI_LIMIT_SET
+    new.device[0].mode = layout.HAMI_MODE_ELASTIC
+    new.device[0].flags = layout.HAMI_LIMIT_SET
     new.device[2].max_decoders = 2  # no HAMI_LIMIT_SET: the fallback applies
     new.fallback.memory_limit = 2 * GiB
     for i, uuid, used in ((0, UUID0, 3 * GiB), (2, UUID2, 0)):
         d = f.device[i]
-        d.state = sf.HAMI_DEVICE_READY
+        d.state = layout.HAMI_DEVICE_READY
         d.uuid = uuid.encode()
         d.sm_count = 132
         d.memory_total = 80 * GiB
         d.memory_used = used
         d.memory_peak = used + GiB
         d.sm_util = 37
-    f.device[1].state = sf.HAMI_DEVICE_CLAIMING
+    f.device[1].state = layout.HAMI_DEVICE_CLAIMING
     s = f.slot[0]
-    s.state = sf.HAMI_SLOT_LIVE
+    s.state = layout.HAMI_SLOT_LIVE
     s.pid = 4242
     s.pid_ns = 4026531836
     s.uid = 1000
@@ -94,7 +96,7 @@ def write(path, image):
 def lock_slot(path, index):
     """Take slot *index*'s OFD write lock as its owner would; returns the fd holding it."""
     fd = os.open(path, os.O_RDWR)
-    fcntl.fcntl(fd, sf.F_OFD_SETLK, sf.flock_bytes(fcntl.F_WRLCK, sf.slot_offset(index)))
+    fcntl.fcntl(fd, locks.F_OFD_SETLK, locks.flock_bytes(fcntl.F_WRLCK, layout.slot_offset(index)))
     return fd
 
 
@@ -112,18 +114,18 @@ def test_snapshot_of_a_valid_file(slice_path):
 
     assert snap.name == "alice"
     assert snap.path == str(slice_path)
-    assert snap.version == (1, sf.HAMI_SLICE_VERSION_MINOR)
+    assert snap.version == (1, layout.HAMI_SLICE_VERSION_MINOR)
     assert snap.flags == 0
     assert snap.limits_generation == 3
     assert snap.limits_changed_unix_ns == 1_700_000_001_000_000_000
-    assert snap.fallback_limit == sf.Limit(2 * GiB, 0, sf.HAMI_MODE_HARD, 0)
+    assert snap.fallback_limit == Limits(2 * GiB, 0, "hard", 0)
 
     assert [d.index for d in snap.devices] == [0, 2]  # the CLAIMING device is not shown
     d0, d2 = snap.devices
     assert d0.uuid == UUID0 and d2.uuid == UUID2
     assert (d0.memory_total, d0.memory_used, d0.memory_peak) == (80 * GiB, 3 * GiB, 4 * GiB)
     assert d0.sm_count == 132 and d0.sm_util == 37
-    assert d0.limit == sf.Limit(4 * GiB, 50, sf.HAMI_MODE_ELASTIC, 0)  # from copy[1]
+    assert d0.limit == Limits(4 * GiB, 50, "elastic", 0)  # from copy[1]
     assert not d0.limit_is_fallback
     assert d2.limit == snap.fallback_limit
     assert d2.limit_is_fallback
@@ -146,7 +148,7 @@ def test_limits_follow_the_generation(slice_path):
         # A writer fills the copy not in force, then bumps the generation.
         image = populated_slice()
         image.limits.copy[0].device[0].memory_limit = 6 * GiB
-        image.limits.copy[0].device[0].flags = sf.HAMI_LIMIT_SET
+        image.limits.copy[0].device[0].flags = layout.HAMI_LIMIT_SET
         image.limits.generation = 4
         with open(slice_path, "r+b") as f:
             f.write(bytes(image))
@@ -186,7 +188,7 @@ def test_slot_locked_by_a_child_is_live_until_it_is_killed(slice_path):
         """
     )
     child = subprocess.Popen(
-        [sys.executable, "-c", child_code, str(slice_path), str(sf.slot_offset(0))],
+        [sys.executable, "-c", child_code, str(slice_path), str(layout.slot_offset(0))],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -231,7 +233,7 @@ def test_newer_minor_version_is_read(tmp_path):
     assert snap.name == "bob"
 
 
-@pytest.mark.parametrize("length", [0, 7, 100, 255, 256, 1000, sf.SLOTS_OFFSET, sf.FILE_SIZE - 1])
+@pytest.mark.parametrize("length", [0, 7, 100, 255, 256, 1000, layout.SLOTS_OFFSET, layout.FILE_SIZE - 1])
 def test_truncated_file_is_refused(tmp_path, length):
     path = tmp_path / "short.slice"
     path.write_bytes(bytes(populated_slice())[:length])
@@ -241,7 +243,7 @@ def test_truncated_file_is_refused(tmp_path, length):
 
 def test_file_shorter_than_its_header_says_is_refused(tmp_path):
     image = build_slice()
-    image.header.file_size = sf.FILE_SIZE + 4096
+    image.header.file_size = layout.FILE_SIZE + 4096
     path = write(tmp_path / "short.slice", image)
     with pytest.raises(sf.TruncatedSliceFile, match="truncated"):
         sf.SliceFile(path)
@@ -272,7 +274,7 @@ def test_garbage_never_crashes(tmp_path):
     valid_header = bytes(build_slice())[:256]
     path = tmp_path / "garbage"
     for trial in range(200):
-        size = rng.choice([0, 1, 255, 256, 4096, sf.FILE_SIZE, sf.FILE_SIZE + 10])
+        size = rng.choice([0, 1, 255, 256, 4096, layout.FILE_SIZE, layout.FILE_SIZE + 10])
         data = bytearray(rng.getrandbits(8) for _ in range(min(size, 512))) + bytes(max(0, size - 512))
         if trial % 2 and size >= 256:
             data[:256] = valid_header

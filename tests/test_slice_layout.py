@@ -4,7 +4,7 @@ A small C program, compiled here against ``native/include/hami/slice_file.h``
 with the system compiler, prints (one JSON object per line) the size and
 alignment of every struct, the offset, size, element count and type check of
 every field, and the value of every ``#define``. The tests compare each figure
-with the ctypes classes of :mod:`hami_jupyter.slice_file`.
+with the ctypes classes of :mod:`hami_jupyter.slice.layout`.
 
 Two witnesses keep a field from being added on one side only:
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from hami_jupyter import slice_file
+from hami_jupyter.slice import layout
 
 REPO = Path(__file__).resolve().parent.parent
 INCLUDE = REPO / "native" / "include"
@@ -62,7 +62,7 @@ C_FIELDS = {
     "hami_limits_file": ["magic[]", "version_major", "version_minor", "file_size", "reserved[]", "limits"],
 }
 
-PY_STRUCTS = {cls._c_name_: cls for cls in slice_file.STRUCTS}
+PY_STRUCTS = {cls._c_name_: cls for cls in layout.STRUCTS}
 
 _SCALAR_C_TYPES = {
     ctypes.c_char: "char",
@@ -93,8 +93,8 @@ def header_defines():
 def python_constants():
     return {
         name: value
-        for name, value in vars(slice_file).items()
-        if re.fullmatch(r"HAMI_[A-Z0-9_]+", name) and isinstance(value, (int, bytes))
+        for name, value in vars(layout).items()
+        if re.fullmatch(r"HAMI_[A-Z0-9_]+", name) and isinstance(value, (int, bytes, str))
     }
 
 
@@ -172,7 +172,7 @@ def c_layout(tmp_path_factory):
 
 def _fail_on(problems):
     if problems:
-        pytest.fail("slice_file.h and hami_jupyter/slice_file.py disagree:\n  " + "\n  ".join(problems), pytrace=False)
+        pytest.fail("slice_file.h and hami_jupyter/slice/layout.py disagree:\n  " + "\n  ".join(problems), pytrace=False)
 
 
 def test_same_structs():
@@ -262,9 +262,9 @@ def test_same_defines(c_layout):
     c_defines = c_layout["defines"]
     py_constants = python_constants()
     for name in sorted(set(c_defines) - set(py_constants)):
-        problems.append(f"#define {name} has no twin in hami_jupyter/slice_file.py")
+        problems.append(f"#define {name} has no twin in hami_jupyter/slice/layout.py")
     for name in sorted(set(py_constants) - set(c_defines)):
-        problems.append(f"{name} in hami_jupyter/slice_file.py has no #define in slice_file.h")
+        problems.append(f"{name} in hami_jupyter/slice/layout.py has no #define in slice_file.h")
     for name in sorted(set(c_defines) & set(py_constants)):
         py_value = py_constants[name]
         if isinstance(py_value, bytes):
@@ -275,12 +275,12 @@ def test_same_defines(c_layout):
 
 
 def test_header_geometry_matches_layout(c_layout):
-    """The offsets the header records are those of struct hami_slice_file."""
+    """The offsets the header records are those of struct hami_layout."""
     fields = c_layout["fields"]["hami_slice_file"]
-    assert slice_file.LIMITS_OFFSET == fields["limits"]["offset"]
-    assert slice_file.DEVICES_OFFSET == fields["device"]["offset"]
-    assert slice_file.SLOTS_OFFSET == fields["slot"]["offset"]
-    assert slice_file.FILE_SIZE == c_layout["structs"]["hami_slice_file"]["size"]
+    assert layout.LIMITS_OFFSET == fields["limits"]["offset"]
+    assert layout.DEVICES_OFFSET == fields["device"]["offset"]
+    assert layout.SLOTS_OFFSET == fields["slot"]["offset"]
+    assert layout.FILE_SIZE == c_layout["structs"]["hami_slice_file"]["size"]
 
 
 def test_docs_tables_match(c_layout):

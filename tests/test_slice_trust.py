@@ -20,16 +20,18 @@ from pathlib import Path
 
 import pytest
 
-from hami_jupyter import kernel_registry
-from hami_jupyter.limits import SliceLimits
-from hami_jupyter.slice_file import SliceFile, SliceFileError, limits_file_path, read_snapshot
-from hami_jupyter.slice_paths import UntrustedPath, list_slice_paths
-from hami_jupyter.slice_setup import create_limits_file, create_slice, ensure_slice
+from hami_jupyter.slice import registry as kernel_registry
+from hami_jupyter.slice.limits import Limits
+from hami_jupyter.slice.settings import AskedLimits
+from hami_jupyter.slice.layout import limits_file_path
+from hami_jupyter.slice.file import SliceFile, SliceFileError, read_snapshot
+from hami_jupyter.slice.paths import UntrustedPath, list_slice_paths
+from hami_jupyter.slice.create import create_limits_file, create_slice, ensure_slice
 
 GiB = 1 << 30
 OTHER_UID = 1001  # "mallory": any uid that is neither root nor the test's user
 NOBODY = 65534
-ONE_GIB = SliceLimits(memory=GiB)
+ONE_GIB = Limits(memory_limit=GiB)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to give files to another user")
 
 
@@ -53,7 +55,7 @@ def test_a_slice_folder_another_user_made_is_refused(tmp_path):
     """/tmp/hami-jupyter-<uid> is easy to guess: whoever makes it first must be us or root."""
     planted = folder(tmp_path / "hami-jupyter-0", 0o755, uid=OTHER_UID)
     with pytest.raises(UntrustedPath) as info:
-        ensure_slice(planted / "alice.slice", "alice", ONE_GIB)
+        ensure_slice(planted / "alice.slice", "alice", AskedLimits(ONE_GIB))
     message = str(info.value)
     assert f"slice folder {planted} is owned by uid {OTHER_UID}, not by you (uid 0) or root" in message
     assert "remove it" in message and "HAMI_SLICE_ROOT" in message
@@ -68,11 +70,11 @@ def test_a_slice_folder_another_user_made_is_refused(tmp_path):
 def test_a_folder_everyone_may_write_is_refused_unless_sticky(tmp_path):
     open_folder = folder(tmp_path / "open", 0o777)
     with pytest.raises(UntrustedPath, match=r"is writable by every user \(mode 777\).*chmod o-w"):
-        ensure_slice(open_folder / "alice.slice", "alice", ONE_GIB)
+        ensure_slice(open_folder / "alice.slice", "alice", AskedLimits(ONE_GIB))
     assert os.listdir(open_folder) == []
 
     sticky = folder(tmp_path / "sticky", 0o1777)  # as /tmp: nobody can swap another's files
-    assert ensure_slice(sticky / "alice.slice", "alice", ONE_GIB) == "created"
+    assert ensure_slice(sticky / "alice.slice", "alice", AskedLimits(ONE_GIB)) == "created"
     assert read_snapshot(sticky / "alice.slice").fallback_limit.memory_limit == GiB
 
 
@@ -86,7 +88,7 @@ def test_a_slice_file_everyone_may_write_is_refused(tmp_path):
     with pytest.raises(UntrustedPath, match=r"slice file .*alice.slice is writable by every user \(mode 666\)"):
         SliceFile(path)
     with pytest.raises(UntrustedPath):
-        ensure_slice(path, "alice", ONE_GIB)
+        ensure_slice(path, "alice", AskedLimits(ONE_GIB))
 
 
 def test_a_dangling_link_is_refused_naming_its_target(tmp_path):
@@ -95,14 +97,14 @@ def test_a_dangling_link_is_refused_naming_its_target(tmp_path):
     with pytest.raises(UntrustedPath, match=r"is a symbolic link to .*gone.slice, which does not exist"):
         SliceFile(path)
     with pytest.raises(UntrustedPath, match="symbolic link"):
-        ensure_slice(path, "alice", ONE_GIB)  # never "kept" as if it were a slice
+        ensure_slice(path, "alice", AskedLimits(ONE_GIB))  # never "kept" as if it were a slice
     assert not (tmp_path / "gone.slice").exists()
 
 
 def test_a_fifo_in_place_of_a_slice_is_refused_at_once(tmp_path):
     path = tmp_path / "alice.slice"
     os.mkfifo(path)
-    for attempt in (lambda: SliceFile(path), lambda: ensure_slice(path, "alice", ONE_GIB)):
+    for attempt in (lambda: SliceFile(path), lambda: ensure_slice(path, "alice", AskedLimits(ONE_GIB))):
         with pytest.raises(UntrustedPath, match=r"is a FIFO \(named pipe\), not a regular file"):
             attempt()
 
@@ -142,7 +144,7 @@ def test_a_limits_file_that_cannot_be_looked_for_fails_closed(tmp_path):
     with pytest.raises(UntrustedPath, match="limits file .* is a symbolic link to .*gone, which does not exist"):
         read_snapshot(path)
     with pytest.raises(UntrustedPath):
-        ensure_slice(path, "alice", ONE_GIB)
+        ensure_slice(path, "alice", AskedLimits(ONE_GIB))
 
     # A slice name of 249 characters fits NAME_MAX; its limits file's name does not.
     long = tmp_path / ("x" * 249 + ".slice")
@@ -151,7 +153,7 @@ def test_a_limits_file_that_cannot_be_looked_for_fails_closed(tmp_path):
                                              r"\(File name too long\)"):
         read_snapshot(long)
     with pytest.raises(SliceFileError, match="cannot be looked for"):
-        ensure_slice(long, "long", ONE_GIB)
+        ensure_slice(long, "long", AskedLimits(ONE_GIB))
 
 
 @needs_root
@@ -172,7 +174,7 @@ def test_what_python_creates_is_private_to_the_user(tmp_path):
     old = os.umask(0)  # the modes must not depend on a lenient umask
     try:
         path = tmp_path / "a" / "b" / "alice.slice"
-        assert ensure_slice(path, "alice", ONE_GIB) == "created"
+        assert ensure_slice(path, "alice", AskedLimits(ONE_GIB)) == "created"
         kernel_registry.register(path, kernel_registry.new_entry(path, "k-1", "alice", "py", os.getpid()))
     finally:
         os.umask(old)
@@ -186,10 +188,11 @@ def test_what_python_creates_is_private_to_the_user(tmp_path):
 
 AS_NOBODY = textwrap.dedent("""
     import contextlib, io, json, os, sys
-    from hami_jupyter.cli import main
-    from hami_jupyter.limits import SliceLimits
-    from hami_jupyter.slice_file import read_snapshot
-    from hami_jupyter.slice_setup import ensure_slice
+    from hami_jupyter.commands.cli import main
+    from hami_jupyter.slice.file import read_snapshot
+    from hami_jupyter.slice.create import ensure_slice
+    from hami_jupyter.slice.limits import Limits
+    from hami_jupyter.slice.settings import AskedLimits
 
     os.setgroups([])
     os.setgid(65534)
@@ -209,7 +212,7 @@ AS_NOBODY = textwrap.dedent("""
             code = main(["status", "--root", root])
         return [code, out.getvalue(), err.getvalue()]
 
-    attempt("ensure", lambda: ensure_slice(os.path.join(planted, "me.slice"), "me", SliceLimits(memory=1 << 30)))
+    attempt("ensure", lambda: ensure_slice(os.path.join(planted, "me.slice"), "me", AskedLimits(Limits(memory_limit=1 << 30))))
     attempt("read_planted", lambda: read_snapshot(os.path.join(mine, "evil.slice")).name)
     attempt("read_own", lambda: read_snapshot(os.path.join(mine, "good.slice")).name)
     seen["status_planted"] = status(planted)
@@ -229,7 +232,7 @@ def test_a_user_refuses_what_another_user_planted():
         # victim's tools write there; its owner can still remove or swap anything.
         planted = folder(base / "planted", 0o1777, uid=OTHER_UID)
         mine = folder(base / "mine", 0o755)
-        create_slice(mine / "evil.slice", "evil", SliceLimits(memory=1 << 20), mode=0o644)
+        create_slice(mine / "evil.slice", "evil", Limits(memory_limit=1 << 20), mode=0o644)
         os.chown(mine / "evil.slice", OTHER_UID, OTHER_UID)
         create_slice(mine / "good.slice", "good", ONE_GIB)
         os.chown(mine / "good.slice", NOBODY, NOBODY)

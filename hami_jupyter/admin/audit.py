@@ -9,7 +9,7 @@ changed and the limits before and after. By default the log is
 Who is taken from the operating system, never from the environment: the
 user name of the effective uid, with the real and effective uids beside it
 (``JUPYTERHUB_USER`` is only a variable any process can set). A change made
-through the admin service (:mod:`.admin_service`) is recorded with the uid
+through the admin service (:mod:`.service`) is recorded with the uid
 the kernel reported for the caller's socket (``SO_PEERCRED``).
 
 Who may write it: under a hub-managed slice root the log is root's, mode
@@ -33,17 +33,15 @@ lock on the log while a change is checked and applied, so two admins (or an
 admin and the hub) cannot interleave their checks and writes.
 """
 
-import fcntl
 import hashlib
 import json
 import os
 import pwd
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..slice_file import F_OFD_SETLK, flock_bytes
-from ..slice_paths import replace_file
+from ..slice.locks import LockTimeout, lock_byte
+from ..slice.paths import replace_file
 
 FILE_NAME = "audit.log"
 HEAD_SUFFIX = ".head"
@@ -171,16 +169,11 @@ class AuditLog:
         return self
 
     def _lock(self, fd):
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.fcntl(fd, F_OFD_SETLK, flock_bytes(fcntl.F_WRLCK, 0))
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise AuditLogError(f"another administrator has held {self.path} for over "
-                                        f"{LOCK_WAIT_S:g} s; try again") from None
-                time.sleep(0.002)
+        try:
+            lock_byte(fd, 0, LOCK_WAIT_S)
+        except LockTimeout:
+            raise AuditLogError(f"another administrator has held {self.path} for over "
+                                f"{LOCK_WAIT_S:g} s; try again") from None
 
     def append(self, record):
         """Write *record* as one line, in one ``write(2)``, chained to the line before."""

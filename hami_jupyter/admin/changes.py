@@ -16,7 +16,7 @@ memory, SM share and mode (None keeps a field as it is):
 
 The checks, in the order an admin meets them:
 
-1. Values are parsed by :mod:`hami_jupyter.limits`; a negative or malformed
+1. Values are parsed by :mod:`hami_jupyter.slice.limits`; a negative or malformed
    value is refused, never read as "no limit".
 2. Hard slices must fit their GPU. A GPU's *promised* memory is the sum of
    the memory caps in force on it of every slice in the same folder whose
@@ -33,28 +33,37 @@ The checks, in the order an admin meets them:
    processes keep what they hold, and new allocations fail until usage falls
    below the cap.
 
-The GPUs are those NVML reports (:mod:`.gpus`) plus any GPU a slice file
-records; sizes come from NVML where it answers, else from the slice file.
+The GPUs are those NVML reports (:mod:`hami_jupyter.gpus`) plus any GPU a
+slice file records; sizes come from NVML where it answers, else from the
+slice file.
 
-Applying (:func:`apply`) happens with the audit log's lock held (see
+Applying (:func:`apply_here`) happens with the audit log's lock held (see
 :mod:`.audit`): the checks are repeated there against the files as they are
-then, the limits are written through :mod:`hami_jupyter.slice_limits` (every
+then, the limits are written through :mod:`hami_jupyter.slice.change` (every
 running process sees them at its next allocation; no restart), and one
-record with the limits before and after is appended.
+record with the limits before and after is appended. This module applies in
+this process; :mod:`.actions` decides whether a change is applied here or by
+the root admin service (:mod:`.service`).
 """
 
-import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import slice_limits
-from ..doctor import explain_slice_error
-from ..limits import LimitError, parse_memory_limit, parse_mode, parse_ordinal, parse_sm_share
-from ..size import format_size, parse_size
-from ..slice_file import HAMI_MODE_ELASTIC, SliceFileError, read_snapshot
-from ..slice_paths import list_slice_paths, log, skip_message, slice_name
-from ..slice_status import slice_status
-from . import admin_service, audit, marks
+from ..advice import advice
+from ..gpus import HostGpu
+from ..slice import change as slice_change
+from ..slice.file import SliceFileError, read_snapshot
+from ..slice.limits import (
+    LimitError,
+    Limits,
+    parse_memory_limit,
+    parse_mode,
+    parse_ordinal,
+    parse_sm_share,
+)
+from ..slice.paths import list_slice_paths, skip_message, slice_name
+from ..slice.size import format_size, parse_size
+from . import audit, marks
 
 DEFAULT_ENTRY = "default (every GPU without limits of its own)"
 READ_ONLY = "read-only: you cannot change limits"
@@ -70,29 +79,6 @@ class ChangeError(Exception):
 
 class ReadOnlyError(ChangeError):
     """This user may look at the slice but not change its limits."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """One entry's limits; 0 means "none" for memory and SM share."""
-
-    memory_limit: int = 0
-    sm_share: int = 0
-    mode: str = "hard"
-
-    @classmethod
-    def of(cls, limit):
-        """From a :class:`hami_jupyter.slice_file.Limit`."""
-        mode = "elastic" if limit.mode == HAMI_MODE_ELASTIC else "hard"
-        return cls(limit.memory_limit, limit.sm_share, mode)
-
-    def as_dict(self):
-        return asdict(self)
-
-    def describe(self):
-        memory = format_size(self.memory_limit) if self.memory_limit else "no memory cap"
-        sm = f"SM {self.sm_share} %" if self.sm_share else "no SM share"
-        return f"{memory}, {sm} ({self.mode})"
 
 
 @dataclass
@@ -124,74 +110,41 @@ class Change:
             return head
         return f"{head}: {self.old.describe()} -> {self.new.describe()}"
 
+    def as_dict(self):
+        """Plain data (JSON), as the admin service answers with it."""
+        return {"path": str(self.path), "slice": self.slice, "device": self.device,
+                "uuid": self.uuid, "old": self.old.as_dict() if self.old else None,
+                "new": self.new.as_dict() if self.new else None, "fields": list(self.fields),
+                "errors": self.errors, "warnings": self.warnings, "applied": self.applied}
+
+    @classmethod
+    def from_dict(cls, data):
+        """The inverse of :meth:`as_dict`; None for no data."""
+        if not data:
+            return None
+        c = cls(Path(data["path"]), data["slice"], data.get("device"), data.get("uuid"))
+        c.old = Limits.from_dict(data["old"]) if data.get("old") else None
+        c.new = Limits.from_dict(data["new"]) if data.get("new") else None
+        c.fields = tuple(data.get("fields") or ())
+        c.errors, c.warnings = list(data.get("errors") or []), list(data.get("warnings") or [])
+        c.applied = bool(data.get("applied"))
+        return c
+
 
 # ---- reading the host ------------------------------------------------------------
 
 
-@dataclass
-class SliceView:
-    """One slice as the panel and ``slice list`` show it (*error* when unreadable)."""
-
-    path: Path
-    name: str
-    writable: bool
-    snapshot: object = None  # a SliceSnapshot
-    status: dict | None = None  # slice_status(): usage, limits, kernels and their users
-    error: str | None = None
-
-
 def _explain(path, error):
-    detail, advice = explain_slice_error(path, error)
-    return f"{detail}; {advice}"
-
-
-def read_slice(path):
-    path = Path(path)
-    # Administrators who are not root change hub slices through the admin service.
-    writable = slice_limits.limits_writable(path) or _use_service(path, None) is not None
-    view = SliceView(path, slice_name(path), writable)
-    try:
-        view.snapshot = read_snapshot(path)
-        view.status = slice_status(path)
-    except (SliceFileError, OSError) as e:
-        view.error = _explain(path, e)
-    return view
-
-
-def read_slices(root, skipped=None):
-    """Every slice under *root*, sorted by name. Slices the trust rule refuses
-    (another user's file, a folder everyone may write: see
-    :mod:`hami_jupyter.slice_paths`) are left out; *skipped*, when given,
-    gets one line for each."""
-    found = []
-    paths = list_slice_paths(root, skipped=found)
-    if skipped is not None:
-        skipped.extend(skip_message(p, e) for p, e in found)
-    else:
-        for p, e in found:
-            log.warning("hami-jupyter: %s", skip_message(p, e))
-    return [read_slice(p) for p in paths]
-
-
-@dataclass(frozen=True)
-class HostGpu:
-    uuid: str
-    name: str
-    memory_total: int
-
-    @property
-    def label(self):
-        return f"{self.name} {self.uuid}" if self.name else self.uuid
+    return advice(error, path)
 
 
 def host_gpus(snapshots, gpus):
-    """Every GPU known: NVML's (*gpus*, dicts of :func:`.gpus.read_gpus`), then
+    """Every GPU known: NVML's (*gpus*, :class:`~hami_jupyter.gpus.HostGpu`), then
     those the slice files record, with the size the slice file recorded."""
-    known = {g["uuid"]: HostGpu(g["uuid"], g.get("name") or "", g.get("memory_total") or 0)
-             for g in gpus}
+    known = {g.uuid: g for g in gpus}
     for snap in snapshots:
         for d in snap.devices:
-            known.setdefault(d.uuid, HostGpu(d.uuid, "", d.memory_total))
+            known.setdefault(d.uuid, HostGpu(None, d.uuid, "", d.memory_total))
     return list(known.values())
 
 
@@ -199,8 +152,8 @@ def in_force(snap, uuid):
     """The limits slice *snap* is held to on GPU *uuid* (its default if it never used it)."""
     for d in snap.devices:
         if d.uuid == uuid:
-            return Limits.of(d.limit)
-    return Limits.of(snap.fallback_limit)
+            return d.limit
+    return snap.fallback_limit
 
 
 def _promised(holders):
@@ -209,12 +162,12 @@ def _promised(holders):
             if lim.mode == "hard" and lim.memory_limit]
 
 
-def commitments(views, gpus):
-    """Per known GPU, the memory its hard slices are promised (rule 2 of the module docstring).
+def commitments(snaps, gpus):
+    """Per known GPU, the memory its hard slices are promised (rule 2 of the module
+    docstring); *snaps* are ``(slice name, snapshot)``.
 
     Returns dicts: uuid, name, memory_total, promised (bytes), holders ({slice: bytes}).
     """
-    snaps = [(v.name, v.snapshot) for v in views if v.snapshot is not None]
     out = []
     for g in host_gpus([s for _, s in snaps], gpus):
         holders = _promised([(name, in_force(s, g.uuid)) for name, s in snaps])
@@ -234,14 +187,14 @@ def _is_zero(text):
 
 
 # What an admin writes for "no cap" / "no share": the one word this form adds
-# to the grammar every other reader shares (hami_jupyter.limits).
+# to the grammar every other reader shares (hami_jupyter.slice.limits).
 NONE = "none"
 
 
 def parse_memory(value):
     """Bytes for *value* (0: no cap); LimitError for a negative, zero or malformed size.
 
-    The grammar is :func:`hami_jupyter.limits.parse_memory_limit`'s, as the
+    The grammar is :func:`hami_jupyter.slice.limits.parse_memory_limit`'s, as the
     preload library reads it: no spaces around the value, no sign."""
     if isinstance(value, str) and value.lower() == NONE:
         return 0
@@ -254,7 +207,7 @@ def parse_memory(value):
 
 def parse_sm(value):
     """Percent for *value* (0: no share); LimitError unless a whole percent 0..100 or none
-    (:func:`hami_jupyter.limits.parse_sm_share`'s grammar: ASCII digits only)."""
+    (:func:`hami_jupyter.slice.limits.parse_sm_share`'s grammar: ASCII digits only)."""
     if isinstance(value, str) and value.lower() == NONE:
         return 0
     if isinstance(value, str) and value.startswith("-"):
@@ -263,7 +216,7 @@ def parse_sm(value):
 
 
 def _new_limits(old, memory, sm, mode, errors):
-    values = old.as_dict()
+    values = {}
     for name, raw, parse in (("memory_limit", memory, parse_memory), ("sm_share", sm, parse_sm),
                              ("mode", mode, lambda v: parse_mode(v, "mode"))):
         if raw is None:
@@ -272,7 +225,7 @@ def _new_limits(old, memory, sm, mode, errors):
             values[name] = parse(raw)
         except LimitError as e:
             errors.append(str(e))
-    return Limits(**values)
+    return old.replace(**values)
 
 
 def _find_device(snap, name, device):
@@ -360,7 +313,7 @@ def propose(path, device=None, memory=None, sm=None, mode=None, *, overcommit=Fa
     except (SliceFileError, OSError) as e:
         change.errors.append(_explain(path, e))
         return change
-    if not slice_limits.limits_writable(path):
+    if not slice_change.limits_writable(path):
         change.errors.append(f"{READ_ONLY} of slice {change.slice!r}")
     found = None
     if device is not None:
@@ -370,7 +323,7 @@ def propose(path, device=None, memory=None, sm=None, mode=None, *, overcommit=Fa
             change.errors.append(str(e))
             return change
         change.device, change.uuid = found.index, found.uuid
-    change.old = Limits.of(found.limit if found else snap.fallback_limit)
+    change.old = found.limit if found else snap.fallback_limit
     change.new = _new_limits(change.old, memory, sm, mode, change.errors)
     if found is not None and found.limit_is_fallback:
         change.warnings.append(f"GPU {found.index} gets limits of its own: later changes of the "
@@ -384,17 +337,13 @@ def propose(path, device=None, memory=None, sm=None, mode=None, *, overcommit=Fa
 
 
 def _write(change):
-    """Publish the new limits: processes of the slice apply them at their next allocation.
-
-    Memory and SM share are two publications when both change; a process may
-    meet the first alone for an instant, which is harmless. *old* came from a
-    snapshot taken with the administrators' lock held, so no admin's change
-    can slip in between and be missing from the audit log.
+    """Publish the new limits, the edited fields alone, in one publication:
+    processes of the slice apply them at their next allocation. *old* came
+    from a snapshot taken with the administrators' lock held, so no admin's
+    change can slip in between and be missing from the audit log.
     """
-    if "memory_limit" in change.fields:
-        slice_limits.set_memory_limit(change.path, change.device, change.new.memory_limit)
-    if "sm_share" in change.fields or "mode" in change.fields:
-        slice_limits.set_sm_share(change.path, change.device, change.new.sm_share, change.new.mode)
+    slice_change.set_limits(change.path, change.device,
+                            **{f: getattr(change.new, f) for f in change.fields})
 
 
 def _mark(change, log_record):
@@ -410,40 +359,21 @@ def _mark(change, log_record):
                                "the hub will put the policy's limits back at the next server start")
 
 
-def _use_service(path, audit_path):
-    """Whether this change goes through the admin service: not root, the default
-    audit log, and a service socket beside the slice that this user may use."""
-    if os.geteuid() == 0:
-        return None
-    if audit_path is not None and Path(audit_path) != audit.default_path(path.parent):
-        return None  # a log of the caller's own choosing: a slice no hub manages
-    sock = admin_service.socket_path(path.parent)
-    return sock if admin_service.usable(sock) else None
-
-
-def apply(path, device=None, memory=None, sm=None, mode=None, *, overcommit=False, gpus=(),
-          audit_path=None, who=None, uid=None, via=None):
-    """Check and apply a change (arguments as :func:`propose`) and log it.
+def apply_here(path, device=None, memory=None, sm=None, mode=None, *, overcommit=False, gpus=(),
+               audit_path=None, who=None, uid=None, via=None):
+    """Check and apply a change (arguments as :func:`propose`) in this process,
+    and log it.
 
     Returns the applied :class:`Change`. Raises :class:`ReadOnlyError` when
     this user may not change the slice, and :class:`ChangeError` when the
     change is refused or the audit log cannot be opened (nothing changed), or,
     should the disk fill between the two, when it was applied but could not
     be logged (the message says which). *audit_path* defaults to
-    ``audit.log`` beside the slice file.
-
-    A process that is not root, with the admin service's socket beside the
-    slice (see :mod:`.admin_service`), sends the change there: the service
-    (root) checks the caller's uid, applies the change and logs it. *who* and
-    *uid* are for that service: the caller it acts for; anyone else's name
-    comes from the OS.
+    ``audit.log`` beside the slice file. *who* and *uid* are for the admin
+    service: the caller it acts for; anyone else's name comes from the OS.
     """
     path = Path(path)
-    sock = _use_service(path, audit_path)
-    if sock is not None:
-        return admin_service.remote_apply(sock, path, dict(
-            device=device, memory=memory, sm=sm, mode=mode, overcommit=overcommit))
-    if path.exists() and not slice_limits.limits_writable(path):
+    if path.exists() and not slice_change.limits_writable(path):
         raise ReadOnlyError(f"{READ_ONLY} of slice {slice_name(path)!r} "
                             "(its limits are not writable for you)")
     request = dict(device=device, memory=memory, sm=sm, mode=mode, overcommit=overcommit, gpus=gpus)
@@ -476,23 +406,20 @@ def apply(path, device=None, memory=None, sm=None, mode=None, *, overcommit=Fals
     return change
 
 
-def reset(path, *, audit_path=None, who=None, uid=None, via=None):
-    """Drop an administrator's limits: the slice goes back to the policy's.
+def reset_here(path, *, audit_path=None, who=None, uid=None, via=None):
+    """Drop an administrator's limits, in this process: the slice goes back to
+    the policy's.
 
     The policy's limits are those the hub recorded at the last server start
     (:func:`.marks.policy_limits`); they are written at once, the marker is
     removed and a ``reset`` record is logged. Returns a line saying what was
     done. Raises :class:`ChangeError` when there is nothing to reset.
-    Non-root callers go through the admin service, as with :func:`apply`.
     """
     path = Path(path)
-    sock = _use_service(path, audit_path)
-    if sock is not None:
-        return admin_service.remote_reset(sock, path)
     name = slice_name(path)
     if not path.exists():
         raise ChangeError(f"slice {name!r} does not exist")
-    if not slice_limits.limits_writable(path):
+    if not slice_change.limits_writable(path):
         raise ReadOnlyError(f"{READ_ONLY} of slice {name!r} (its limits are not writable for you)")
     try:
         with audit.AuditLog(audit_path or audit.default_path(path.parent)) as log:

@@ -1,7 +1,7 @@
 """``hami-jupyter slice list|set|reset``, ``audit verify``, ``admin-service``: the admin
 panel's operations from a shell.
 
-``hami_jupyter.cli`` registers them with :func:`add_slice_commands`;
+``hami_jupyter.commands.cli`` registers them with :func:`add_slice_commands`;
 :func:`main` runs them alone (tests, or ``python -m hami_jupyter.admin.cli``).
 They share every check and message with the panel through :mod:`.changes`.
 
@@ -11,7 +11,7 @@ read or the change was refused (a malformed or negative value, hard slices
 that would not fit a GPU, a slice this user may only read); 2 for a usage
 error (a bad slice name, nothing to change), as argparse does. ``slice
 list`` skips, with a warning, a slice file the trust rule refuses (see
-:mod:`hami_jupyter.slice_paths`) and shows the others.
+:mod:`hami_jupyter.slice.paths`) and shows the others.
 """
 
 import argparse
@@ -19,11 +19,11 @@ import json
 import sys
 from pathlib import Path
 
-from ..size import format_size
-from ..slice_paths import SliceNameError, default_root, slice_path
-from ..slice_status import format_text
-from . import changes
-from .gpus import read_gpus
+from ..gpus import read_gpus
+from ..slice.paths import SliceNameError, default_root, slice_path
+from ..slice.size import format_size
+from ..slice.status import format_text
+from . import actions, changes
 
 _ROOT_HELP = ("slice root (default: HAMI_SLICE_ROOT, /run/hami-jupyter, "
               "$XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>)")
@@ -50,7 +50,7 @@ def list_command(args):
     """Show every slice with its usage, kernels, limits and whether this user may change them."""
     root = Path(args.root) if args.root else default_root()
     skipped = []
-    views = changes.read_slices(root, skipped=skipped)
+    views = actions.read_slices(root, skipped=skipped)
     gpus, message = read_gpus()
     for line in skipped:  # another user's or unsafe: never read, the others still show
         print(f"{args.cli_prog}: warning: {line}", file=sys.stderr)
@@ -58,7 +58,7 @@ def list_command(args):
         if v.error:
             _error(args, v.error, 1)
     shown = [v for v in views if not v.error]
-    promised = changes.commitments(views, gpus)
+    promised = actions.commitments(views, gpus)
     if args.json:
         print(json.dumps({"gpus": promised,
                           "slices": [dict(v.status, writable=v.writable) for v in shown]}, indent=2))
@@ -87,7 +87,7 @@ def set_command(args):
     except SliceNameError as e:
         return _error(args, str(e), 2)
     try:
-        change = changes.apply(path, args.device, args.memory, args.sm, args.mode,
+        change = actions.apply(path, args.device, args.memory, args.sm, args.mode,
                                overcommit=args.overcommit, gpus=read_gpus()[0],
                                audit_path=args.audit_log)
     except changes.ChangeError as e:
@@ -113,7 +113,7 @@ def reset_command(args):
     except SliceNameError as e:
         return _error(args, str(e), 2)
     try:
-        message = changes.reset(path, audit_path=args.audit_log)
+        message = actions.reset(path, audit_path=args.audit_log)
     except changes.ChangeError as e:
         return _error(args, str(e), 1)
     print(message)
@@ -145,7 +145,7 @@ def verify_command(args):
 def service_command(args):
     import os
 
-    from .admin_service import AdminService
+    from .service import AdminService
 
     if os.geteuid() != 0:
         return _error(args, "the admin service writes root's files: run it as root "

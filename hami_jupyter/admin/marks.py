@@ -19,8 +19,9 @@ else may write it, and it is a regular file (see :func:`read_trusted`); a
 marker a user made elsewhere means nothing.
 
 Limits are kept as ``{"default": {...}, "devices": {uuid: {...}}}``, each
-entry ``{"memory_limit", "sm_share", "mode"}`` (0: none), devices being the
-GPUs with limits of their own.
+entry a :class:`~hami_jupyter.slice.limits.Limits` as a dict
+(``memory_limit``, ``sm_share``, ``mode``, ``max_decoders``; 0: none),
+devices being the GPUs with limits of their own.
 """
 
 import json
@@ -28,10 +29,12 @@ import os
 import stat
 from pathlib import Path
 
-from ..limits import SliceLimits
-from ..slice_file import HAMI_MODE_ELASTIC, limits_file_path, read_snapshot
-from ..slice_limits import update_limits
-from ..slice_paths import replace_file
+from ..slice.change import update_limits
+from ..slice.create import fill_limit_set
+from ..slice.file import read_snapshot
+from ..slice.layout import limits_file_path
+from ..slice.limits import Limits
+from ..slice.paths import replace_file
 
 ADMIN_SUFFIX = ".admin"
 POLICY_SUFFIX = ".policy"
@@ -45,43 +48,37 @@ def policy_path(slice_path):
     return Path(limits_file_path(slice_path) + POLICY_SUFFIX)
 
 
-def _entry(limit):
-    return {"memory_limit": limit.memory_limit, "sm_share": limit.sm_share,
-            "mode": "elastic" if limit.mode == HAMI_MODE_ELASTIC else "hard"}
+def state_of(default, devices=None):
+    """The markers' form of limits: *default* and *devices* ({uuid: Limits})."""
+    return {"default": default.as_dict(),
+            "devices": {uuid: limits.as_dict() for uuid, limits in (devices or {}).items()}}
 
 
 def limits_state(slice_path):
     """The slice's limits now, as stored in the marker files."""
     snap = read_snapshot(slice_path)
-    return {"default": _entry(snap.fallback_limit),
-            "devices": {d.uuid: _entry(d.limit) for d in snap.devices if not d.limit_is_fallback}}
+    return state_of(snap.fallback_limit,
+                    {d.uuid: d.limit for d in snap.devices if not d.limit_is_fallback})
 
 
 def describe_state(state):
-    from ..size import format_size
-
-    def one(e):
-        memory = format_size(e["memory_limit"]) if e["memory_limit"] else "no memory cap"
-        sm = f"SM {e['sm_share']} %" if e["sm_share"] else "no SM share"
-        return f"{memory}, {sm} ({e['mode']})"
-
-    parts = [one(state["default"])]
-    parts += [f"GPU {uuid}: {one(e)}" for uuid, e in sorted(state.get("devices", {}).items())]
+    parts = [Limits.from_dict(state["default"]).describe()]
+    parts += [f"GPU {uuid}: {Limits.from_dict(e).describe()}"
+              for uuid, e in sorted(state.get("devices", {}).items())]
     return "; ".join(parts)
 
 
-def _slice_limits(entry):
-    return SliceLimits(memory=entry["memory_limit"] or None, sm_share=entry["sm_share"] or None,
-                       mode=entry["mode"])
-
-
 def restore(slice_path, state):
-    """Write *state* into the slice's limits (running processes follow)."""
-    from ..slice_setup import fill_limit_set
+    """Write *state* into the slice's limits (running processes follow). A GPU
+    the slice file does not list yet follows the default."""
 
-    index_of = {d.uuid: d.index for d in read_snapshot(slice_path).devices}
-    own = {index_of[u]: _slice_limits(e) for u, e in state.get("devices", {}).items() if u in index_of}
-    update_limits(slice_path, lambda s: fill_limit_set(s, _slice_limits(state["default"]), own))
+    def change(limit_set, snapshot):
+        index_of = {d.uuid: d.index for d in snapshot.devices}
+        own = {index_of[u]: Limits.from_dict(e) for u, e in state.get("devices", {}).items()
+               if u in index_of}
+        fill_limit_set(limit_set, Limits.from_dict(state["default"]), own)
+
+    update_limits(slice_path, change)
 
 
 def write_json(path, data):

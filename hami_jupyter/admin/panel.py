@@ -6,8 +6,8 @@ section per slice: its usage, kernels and their users (the same view as
 ``%hami status``), and a form. The form edits one *entry* of the slice's
 limits, chosen in its first selector: the default entry (every GPU without
 limits of its own) or one GPU the slice has used. Apply checks the change
-(:mod:`.changes`), writes it so that running kernels follow at their next
-allocation, and logs it (:mod:`.audit`); the outcome, errors and warnings
+(:mod:`.changes`, through :mod:`.actions`), writes it so that running
+kernels follow at their next allocation, and logs it (:mod:`.audit`); the outcome, errors and warnings
 appear under the form. Editing a field shows the check's verdict before
 Apply.
 
@@ -18,11 +18,11 @@ admin edited, so changing a memory cap never writes back an SM share that
 another admin changed meanwhile.
 
 Refreshing (about once a second) runs in a daemon thread, for the reason
-:mod:`hami_jupyter.status_watch` gives: the kernel's event loop is busy while
+:mod:`hami_jupyter.magic.watch` gives: the kernel's event loop is busy while
 a cell runs. A lock keeps a refresh and an Apply from interleaving.
 
 A user who may not change a slice's limits (see
-:func:`hami_jupyter.slice_limits.limits_writable`) sees that slice with a
+:func:`.actions.writable`) sees that slice with a
 "read-only: you cannot change limits" banner and disabled inputs; Apply then
 refuses without touching anything. When no slice is writable, the panel says
 so at the top.
@@ -32,7 +32,7 @@ name) with their input widgets, :attr:`SliceForm.errors`,
 :attr:`SliceForm.warnings`, :attr:`SliceForm.last_change`,
 :attr:`AdminPanel.refresh_count`, :attr:`AdminPanel.running` and
 :attr:`AdminPanel.skipped` (slice files the trust rule of
-:mod:`hami_jupyter.slice_paths` refused: another user's, or one anyone may
+:mod:`hami_jupyter.slice.paths` refused: another user's, or one anyone may
 change; the banner names them, and they are never read).
 """
 
@@ -43,12 +43,12 @@ from pathlib import Path
 
 import ipywidgets as widgets
 
-from ..size import format_size
-from ..slice_paths import default_root
-from ..status_html import LEVEL_COLOUR, format_html
-from . import audit, changes, marks
+from ..gpus import read_gpus
+from ..slice.paths import default_root
+from ..slice.size import format_size
+from ..slice.status_html import LEVEL_COLOUR, format_html
+from . import actions, audit, changes, marks
 from .changes import READ_ONLY
-from .gpus import read_gpus
 
 DEFAULT = -1  # the entry selector's value for the slice's default entry
 
@@ -80,21 +80,21 @@ def _lines(items, colour):
 
 
 def _gpu_table(gpus, message, promised):
-    """The host's GPUs; *promised* is :func:`.changes.commitments`."""
-    by_uuid = {g["uuid"]: g for g in gpus}
+    """The host's GPUs; *promised* is :func:`.actions.commitments`."""
+    by_uuid = {g.uuid: g for g in gpus}
     head = "".join(f'<th style="{_CELL}">{h}</th>' for h in
                    ("GPU", "name", "memory used", "utilization", "promised to hard slices"))
     rows = [f"<tr>{head}</tr>"]
     for p in promised:
-        g = by_uuid.get(p["uuid"], {})
-        used = g.get("memory_used")
+        g = by_uuid.get(p["uuid"])
+        used = g.memory_used if g else None
         memory = f"{format_size(used)} / " if used is not None else ""
         memory += format_size(p["memory_total"]) if p["memory_total"] else "?"
-        util = g.get("utilization")
+        util = g.utilization if g else None
         over = p["memory_total"] and p["promised"] > p["memory_total"]
         style = f"; color: {LEVEL_COLOUR['critical']}" if over else ""
         shares = ", ".join(f"{name} {format_size(b)}" for name, b in p["holders"].items())
-        cells = [f'{g["index"]} <span style="{_MUTED}">{escape(p["uuid"])}</span>'
+        cells = [f'{g.index} <span style="{_MUTED}">{escape(p["uuid"])}</span>'
                  if g else escape(p["uuid"]),
                  escape(p["name"] or "(from the slice files)"), memory,
                  f"{util} %" if util is not None else "?",
@@ -201,7 +201,7 @@ class SliceForm:
         self._loaded = texts
 
     def pending(self):
-        """The edited fields as keyword arguments of :func:`.changes.apply`."""
+        """The edited fields as keyword arguments of :func:`.actions.apply`."""
         now = dict(zip(_FIELDS, (self.memory.value, self.sm.value, self.mode.value)))
         keys = {"memory_limit": "memory", "sm_share": "sm", "mode": "mode"}
         return {keys[f]: now[f] for f in _FIELDS if self._loaded and now[f] != self._loaded[f]}
@@ -250,7 +250,7 @@ class SliceForm:
             return None
         with self.panel._lock:
             try:
-                change = changes.apply(self.path, self._device_ref(), **fields,
+                change = actions.apply(self.path, self._device_ref(), **fields,
                                        overcommit=self.panel.overcommit.value, gpus=self.panel.gpus,
                                        audit_path=self.panel.audit_path)
             except changes.ChangeError as e:
@@ -258,27 +258,27 @@ class SliceForm:
                 errors = e.change.errors if e.change is not None and e.change.errors else [str(e)]
                 warnings = e.change.warnings if e.change is not None else []
                 self._show("not applied:", LEVEL_COLOUR["critical"], errors, warnings)
-                self.update(changes.read_slice(self.path))  # e.g. now read-only
+                self.update(actions.read_slice(self.path))  # e.g. now read-only
                 return None
             self.last_change = change
             self._loaded = {}  # applied: the inputs follow the file again
-            self.update(changes.read_slice(self.path))
+            self.update(actions.read_slice(self.path))
         self._show(f"applied: {change.summary()}", LEVEL_COLOUR["ok"], (), change.warnings)
         return change
 
     def reset(self):
-        """Back to the policy's limits (:func:`.changes.reset`); returns the message, or None."""
+        """Back to the policy's limits (:func:`.actions.reset`); returns the message, or None."""
         if self.read_only:
             self._show("not reset:", LEVEL_COLOUR["critical"], [READ_ONLY])
             return None
         with self.panel._lock:
             try:
-                text = changes.reset(self.path, audit_path=self.panel.audit_path)
+                text = actions.reset(self.path, audit_path=self.panel.audit_path)
             except changes.ChangeError as e:
                 self._show("not reset:", LEVEL_COLOUR["critical"], [str(e)])
                 return None
             self._loaded = {}
-            self.update(changes.read_slice(self.path))
+            self.update(actions.read_slice(self.path))
         self._show(text, LEVEL_COLOUR["ok"])
         return text
 
@@ -289,7 +289,7 @@ class SliceForm:
 class AdminPanel:
     """Every GPU and slice under *root* (default: the slice root), editable by an admin.
 
-    *gpu_source* returns ``(gpus, message)`` like :func:`.gpus.read_gpus` (the
+    *gpu_source* returns ``(gpus, message)`` like :func:`hami_jupyter.gpus.read_gpus` (the
     default); *audit_path* defaults to ``<root>/audit.log``; *overcommit*
     is the initial state of the "allow memory overcommit" box. With
     ``start=False`` nothing refreshes by itself (call :meth:`refresh`).
@@ -343,9 +343,9 @@ class AdminPanel:
             except Exception as e:  # a broken source must not stop the slices from showing
                 gpus, message = [], f"GPU facts unavailable: {e}"
             skipped = []
-            views = changes.read_slices(self.root, skipped=skipped)
+            views = actions.read_slices(self.root, skipped=skipped)
             self.gpus, self.gpu_message, self.skipped = gpus, message, skipped
-            self.gpu_table.value = _gpu_table(gpus, message, changes.commitments(views, gpus))
+            self.gpu_table.value = _gpu_table(gpus, message, actions.commitments(views, gpus))
             self._update_forms(views)
             if not views and not skipped:
                 self.banner.value = (f"<div>No slices under {escape(str(self.root))} yet: a slice "

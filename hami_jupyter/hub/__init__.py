@@ -1,5 +1,6 @@
 """JupyterHub integration: the hub decides each user's slice.
 
+- :mod:`.sizes`: slice sizes as a policy writes them;
 - :mod:`.policy`: ``SlicePolicy``, users and groups to slice sizes;
 - :mod:`.slice_files`: the hub makes each user's slice files (single host);
 - :mod:`.spawner`: ``pre_spawn_hook`` and the size-picking options form;
@@ -7,6 +8,7 @@
 """
 
 from .kubernetes import kubespawner_profiles
-from .policy import PolicyError, SlicePolicy, SliceSize
+from .policy import SlicePolicy
+from .sizes import PolicyError, SliceSize
 
 __all__ = ["SlicePolicy", "SliceSize", "PolicyError", "kubespawner_profiles"]

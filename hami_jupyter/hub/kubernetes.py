@@ -14,7 +14,7 @@ Set ``c.KubeSpawner.profile_list = kubespawner_profiles(policy)``: a callable,
 so each user sees the sizes offered to them.
 """
 
-from .policy import SliceSize
+from .sizes import SliceSize
 
 MiB = 1 << 20
 
@@ -25,10 +25,10 @@ def profile(size: SliceSize, hami_resources=True, default=False):
     override["environment"].pop("CUDA_VISIBLE_DEVICES", None)  # the device plugin decides
     if hami_resources:
         limits = {"nvidia.com/gpu": str(len(size.gpus) if size.gpus else 1)}
-        if size.memory:
-            limits["nvidia.com/gpumem"] = str(size.memory // MiB)
-        if size.sm:
-            limits["nvidia.com/gpucores"] = str(size.sm)
+        if size.limits.memory_limit:
+            limits["nvidia.com/gpumem"] = str(size.limits.memory_limit // MiB)
+        if size.limits.sm_share:
+            limits["nvidia.com/gpucores"] = str(size.limits.sm_share)
         override["extra_resource_limits"] = limits
     entry = {
         "display_name": size.display_name or f"GPU slice {size.name}",

@@ -33,116 +33,12 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-from dataclasses import dataclass, field
 
 from traitlets import Dict, Unicode, Union
 from traitlets.config import LoggingConfigurable
 
-from ..limits import LimitError, MAX_ORDINALS, parse_memory_limit, parse_mode, parse_sm_share
-from ..size import format_size
-
-_SPEC_KEYS = {"memory", "sm", "mode", "gpus", "per_gpu", "display_name", "description"}
-
-
-class PolicyError(ValueError):
-    """The policy in jupyterhub_config.py cannot be applied; the message says where."""
-
-
-@dataclass(frozen=True)
-class GpuLimit:
-    memory: int | None = None
-    sm: int | None = None
-
-
-@dataclass(frozen=True)
-class SliceSize:
-    """One slice size: limits per GPU, and which GPUs.
-
-    *gpus* are host GPU indices (NVML order) or UUIDs; None means every GPU.
-    *per_gpu* overrides *memory*/*sm* for single GPUs (same keys as *gpus*).
-    """
-
-    name: str
-    memory: int | None = None
-    sm: int | None = None
-    mode: str = "hard"
-    gpus: tuple | None = None
-    per_gpu: dict = field(default_factory=dict)
-    display_name: str = ""
-    description: str = ""
-
-    def describe(self):
-        parts = [format_size(self.memory) if self.memory else "no memory cap",
-                 f"SM {self.sm} %{' elastic' if self.mode == 'elastic' else ''}" if self.sm
-                 else "no SM limit"]
-        if self.gpus is not None:
-            parts.append("GPU " + ", ".join(str(g) for g in self.gpus))
-        return ", ".join(parts)
-
-    def limit_for(self, gpu_index, gpu_uuid=None):
-        """The :class:`GpuLimit` of one host GPU (its own entry, else the size's)."""
-        own = self.per_gpu.get(gpu_index) or (self.per_gpu.get(gpu_uuid) if gpu_uuid else None)
-        if own is None:
-            return GpuLimit(self.memory, self.sm)
-        return GpuLimit(own.memory if own.memory is not None else self.memory,
-                        own.sm if own.sm is not None else self.sm)
-
-    def environment(self):
-        """What the single-user server's environment says of this size (the
-        provisioner's third source; a hub-made limits file overrides it)."""
-        env = {"HAMI_SM_MODE": self.mode, "HAMI_SLICE_SIZE": self.name}
-        if self.memory:
-            env["HAMI_MEMORY_LIMIT"] = str(self.memory)
-        if self.sm:
-            env["HAMI_SM_LIMIT"] = str(self.sm)
-        if self.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
-        return env
-
-
-def _gpu_key(value, where):
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise PolicyError(f"{where}: GPU {value!r} is neither an index nor a UUID")
-    if isinstance(value, int) and not 0 <= value < MAX_ORDINALS:
-        raise PolicyError(f"{where}: GPU index {value} is out of range 0..{MAX_ORDINALS - 1}")
-    if isinstance(value, str) and not value.startswith(("GPU-", "MIG-")):
-        raise PolicyError(f"{where}: GPU {value!r} is not a UUID (GPU-...); use an index or a UUID")
-    return value
-
-
-def parse_size_spec(name, spec):
-    """A :class:`SliceSize` from its dict form; PolicyError naming the problem."""
-    where = f"slice size {name!r}"
-    if not isinstance(spec, dict):
-        raise PolicyError(f"{where}: expected a dict such as {{'memory': '4g', 'sm': 25}}, "
-                          f"not {spec!r}")
-    unknown = set(spec) - _SPEC_KEYS
-    if unknown:
-        raise PolicyError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
-                          f"known: {', '.join(sorted(_SPEC_KEYS))}")
-    try:
-        memory = parse_memory_limit(spec.get("memory"), f"{where} memory")
-        sm = parse_sm_share(spec.get("sm"), f"{where} sm")
-        mode = parse_mode(spec.get("mode"), f"{where} mode") or "hard"
-        per_gpu = {}
-        for key, own in (spec.get("per_gpu") or {}).items():
-            gwhere = f"{where} per_gpu[{key!r}]"
-            if not isinstance(own, dict) or set(own) - {"memory", "sm"}:
-                raise PolicyError(f"{gwhere}: expected {{'memory': ..., 'sm': ...}}, not {own!r}")
-            per_gpu[_gpu_key(key, gwhere)] = GpuLimit(
-                parse_memory_limit(own.get("memory"), f"{gwhere} memory"),
-                parse_sm_share(own.get("sm"), f"{gwhere} sm"))
-    except LimitError as e:
-        raise PolicyError(str(e)) from None
-    gpus = spec.get("gpus")
-    if gpus is not None:
-        if not isinstance(gpus, (list, tuple)) or not gpus:
-            raise PolicyError(f"{where}: gpus must be a non-empty list of GPU indices or UUIDs")
-        gpus = tuple(_gpu_key(g, f"{where} gpus") for g in gpus)
-    return SliceSize(name=name, memory=memory, sm=sm, mode=mode, gpus=gpus, per_gpu=per_gpu,
-                     display_name=str(spec.get("display_name") or ""),
-                     description=str(spec.get("description") or ""))
-
+from . import spawner
+from .sizes import PolicyError, parse_size_spec
 
 class SlicePolicy(LoggingConfigurable):
     """Maps users and groups to slice sizes (see the module docstring)."""
@@ -314,12 +210,10 @@ class SlicePolicy(LoggingConfigurable):
     def configure_spawner(self, c):
         """Wire this policy into a single-host hub's config: the slice files and
         server environment before each spawn, and the size-picking form."""
-        from .spawner import apply_user_options, options_form, options_from_form, pre_spawn_hook
-
-        c.Spawner.pre_spawn_hook = pre_spawn_hook(self)
-        c.Spawner.apply_user_options = apply_user_options(self)
-        c.Spawner.options_form = options_form(self)
-        c.Spawner.options_from_form = options_from_form(self)
+        c.Spawner.pre_spawn_hook = spawner.pre_spawn_hook(self)
+        c.Spawner.apply_user_options = spawner.apply_user_options(self)
+        c.Spawner.options_form = spawner.options_form(self)
+        c.Spawner.options_from_form = spawner.options_from_form(self)
 
 
 def unix_groups(user_name):

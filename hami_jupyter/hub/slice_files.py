@@ -5,7 +5,7 @@ slice is:
 
 - ``<user>.limits``: the limits, owned by the hub (group: the admin group
   when one is configured), mode 0644: only root writes it, the hub at a
-  server start and the admin service (:mod:`hami_jupyter.admin.admin_service`)
+  server start and the admin service (:mod:`hami_jupyter.admin.service`)
   for administrators, so every write is in the audit log. The user's
   processes can read it but not change it.
 - ``<user>.slice``: usage, owned by the user, mode 0600 (0640 with the admin
@@ -34,43 +34,15 @@ import grp
 import logging
 import os
 import pwd
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..admin import audit, marks
-from ..kernel_registry import registry_dir
-from ..limits import SliceLimits
-from ..slice_file import read_snapshot
-from ..slice_limits import update_limits
-from ..slice_paths import slice_path
-from ..slice_setup import create_limits_file, create_slice, fill_limit_set
-from .policy import PolicyError, SliceSize
-
-
-@dataclass(frozen=True)
-class HostGpu:
-    index: int
-    uuid: str
-    memory_total: int
-
-
-def host_gpus():
-    """The host's GPUs from NVML, in NVML order; [] when NVML is unavailable."""
-    try:
-        import pynvml
-        pynvml.nvmlInit()
-    except Exception:
-        return []
-    try:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            uuid = pynvml.nvmlDeviceGetUUID(h)
-            out.append(HostGpu(i, uuid.decode() if isinstance(uuid, bytes) else uuid,
-                               pynvml.nvmlDeviceGetMemoryInfo(h).total))
-        return out
-    finally:
-        pynvml.nvmlShutdown()
+from ..gpus import read_gpus
+from ..slice.change import update_limits
+from ..slice.create import create_limits_file, create_slice, fill_limit_set
+from ..slice.paths import slice_path
+from ..slice.registry import registry_dir
+from .sizes import PolicyError, SliceSize
 
 
 def owner_of(user_name):
@@ -84,8 +56,9 @@ def owner_of(user_name):
 
 
 def _device_limits(size, gpus):
-    """Slice device index -> SliceLimits for GPUs with limits of their own, and
-    the ``(uuid, memory_total)`` list to enter them up front, in that order."""
+    """Slice device index -> Limits for GPUs with limits of their own, and
+    the ``(uuid, memory_total)`` list to enter them up front, in that order.
+    *gpus*: the host's (:class:`~hami_jupyter.gpus.HostGpu`)."""
     if not size.per_gpu:
         return {}, []
     by_key = {}
@@ -97,18 +70,12 @@ def _device_limits(size, gpus):
         if g is None:
             raise PolicyError(f"slice size {size.name!r}: per_gpu names GPU {key!r}, which this "
                               f"host does not have (GPUs: {', '.join(str(x.index) for x in gpus) or 'none'})")
-        own = size.limit_for(g.index, g.uuid)
-        limits[len(entered)] = SliceLimits(memory=own.memory, sm_share=own.sm, mode=size.mode)
+        limits[len(entered)] = size.limits_for(g.index, g.uuid)
         entered.append((g.uuid, g.memory_total))
     return limits, entered
 
 
 _log = logging.getLogger("hami_jupyter.hub")
-
-
-def _entry(lim):
-    """One SliceLimits as :mod:`hami_jupyter.admin.marks` keeps it."""
-    return {"memory_limit": lim.memory or 0, "sm_share": lim.sm_share or 0, "mode": lim.mode}
 
 
 def prepare_user_slice(name, size: SliceSize, uid, gid, root, admin_group=None, gpus=None, log=None):
@@ -120,11 +87,10 @@ def prepare_user_slice(name, size: SliceSize, uid, gid, root, admin_group=None, 
     root = Path(root)
     root.mkdir(mode=0o755, parents=True, exist_ok=True)
     path = slice_path(name, root=root)
-    limits = SliceLimits(memory=size.memory, sm_share=size.sm, mode=size.mode)
-    device_limits, entered = _device_limits(size, host_gpus() if gpus is None else gpus)
+    limits = size.limits
+    device_limits, entered = _device_limits(size, read_gpus()[0] if gpus is None else gpus)
     admin_gid = grp.getgrnam(admin_group).gr_gid if admin_group else -1
-    policy = {"default": _entry(limits),
-              "devices": {uuid: _entry(device_limits[i]) for i, (uuid, _) in enumerate(entered)}}
+    policy = marks.state_of(limits, {uuid: device_limits[i] for i, (uuid, _) in enumerate(entered)})
     audit_log = _prepare_audit_log(root, admin_gid if admin_group else -1)
 
     # The limits file first: the library looks for it when it maps the slice file.
@@ -151,8 +117,8 @@ def prepare_user_slice(name, size: SliceSize, uid, gid, root, admin_group=None, 
                                              admin=mark.get("who")))
         else:
             if not created:
-                update_limits(path, lambda s: fill_limit_set(
-                    s, limits, _reindexed(path, device_limits, entered)))
+                update_limits(path, lambda s, snap: fill_limit_set(
+                    s, limits, _reindexed(snap, device_limits, entered)))
             records.append(audit.make_record(name, path, None, None, old, policy, audit.HUB_WHO,
                                              action="policy", size=size.name))
 
@@ -185,13 +151,13 @@ def _prepare_audit_log(root, admin_gid):
     return log
 
 
-def _reindexed(path, device_limits, entered):
-    """Per-GPU limits of an existing slice, at the indices its file gave the GPUs.
-    A GPU the file does not list yet follows the fallback until the slice is
-    made anew (a warning is the caller's business: limits still hold)."""
+def _reindexed(snapshot, device_limits, entered):
+    """Per-GPU limits of an existing slice (*snapshot*), at the indices its file
+    gave the GPUs. A GPU the file does not list yet follows the fallback until
+    the slice is made anew (a warning is the caller's business: limits still hold)."""
     if not device_limits:
         return {}
-    index_of = {d.uuid: d.index for d in read_snapshot(path).devices}
+    index_of = {d.uuid: d.index for d in snapshot.devices}
     return {index_of[uuid]: device_limits[i] for i, (uuid, _) in enumerate(entered) if uuid in index_of}
 
 

@@ -14,8 +14,9 @@ start gets the user's own size instead of the same 400 again.
 
 import html
 
-from ..slice_paths import user_slice_name
-from .policy import PolicyError
+from ..provisioning.hub_slice import VARIABLE as HUB_SLICE_VARIABLE
+from ..slice.paths import user_slice_name
+from .sizes import PolicyError
 from .slice_files import owner_of, prepare_user_slice
 
 FORM_FIELD = "slice_size"
@@ -78,7 +79,7 @@ def pre_spawn_hook(policy):
                                   log=spawner.log)
         env = dict(size.environment())
         env.update({"HAMI_SLICE": str(path), "HAMI_SLICE_ROOT": policy.slice_root})
-        env["HAMI_HUB_SLICE"] = str(path)  # every kernel runs in it (hami_jupyter.hub_slice)
+        env[HUB_SLICE_VARIABLE] = str(path)  # every kernel runs in it (provisioning.hub_slice)
         spawner.environment.update(env)
         spawner.log.info("hami-jupyter: %s gets slice %s (%s, size %s)", user, path,
                          size.describe(), size.name)

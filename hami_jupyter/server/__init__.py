@@ -10,16 +10,19 @@ Enabled by ``jupyter-config/jupyter_server_config.d/hami_jupyter.json``
 - under JupyterHub (``HAMI_HUB_SLICE`` in the server's environment), the
   rule that every kernel runs in the hub's slice: every kernelspec starts
   through ``hami-provisioner``, whatever provisioner it names or none
-  (:mod:`hami_jupyter.hub_kernels`).
+  (:mod:`hami_jupyter.provisioning.factory`).
+
+Its configuration is :class:`.config.SliceDisplay` (the memory levels' thresholds).
 """
 
 import os
 
 from jupyter_server.utils import url_path_join
 
-from ..hub_slice import HubSliceError, hub_slice
-from .. import hub_kernels
+from ..provisioning import factory
+from ..provisioning.hub_slice import HubSliceError, hub_slice
 from . import metrics
+from .config import SliceDisplay
 from .handlers import KernelHandler, SlicesHandler
 
 # Any id reaches the handler, so an unknown one gets its JSON 404, not a page.
@@ -28,6 +31,13 @@ _KERNEL_ID = r"(?P<kernel_id>[^/]+)"
 
 def _load_jupyter_server_extension(serverapp):
     web_app = serverapp.web_app
+    display = SliceDisplay(parent=serverapp)
+    try:
+        fractions = display.fractions
+    except ValueError as e:
+        serverapp.log.error("hami-jupyter: %s; the default thresholds apply", e)
+        fractions = SliceDisplay().fractions
+    web_app.settings["hami_fractions"] = fractions
     api = url_path_join(web_app.settings["base_url"], "hami", "v1")
     web_app.add_handlers(".*$", [
         (url_path_join(api, "slices"), SlicesHandler),
@@ -46,7 +56,7 @@ def _route_kernels_under_hub(serverapp):
         serverapp.log.error("hami-jupyter: %s; no kernel can start until it names the hub's slice", e)
     if hub is None:
         return
-    hub_kernels.route_every_kernel(parent=serverapp)
+    factory.route_every_kernel(parent=serverapp)
     serverapp.log.info("hami-jupyter: JupyterHub gave this server the slice %s: every kernel runs "
                        "in it, through %s, whatever its kernelspec names", hub,
-                       hub_kernels.PROVISIONER)
+                       factory.PROVISIONER)

@@ -19,6 +19,11 @@ AUTH_RESOURCE = "kernels"
 class _SliceAPIHandler(APIHandler):
     auth_resource = AUTH_RESOURCE
 
+    @property
+    def fractions(self):
+        """The memory levels' thresholds the server is configured with."""
+        return self.settings["hami_fractions"]
+
 
 class SlicesHandler(_SliceAPIHandler):
     """``GET hami/v1/slices``: every slice of this server's kernels."""
@@ -26,7 +31,7 @@ class SlicesHandler(_SliceAPIHandler):
     @web.authenticated
     @authorized
     def get(self):
-        self.finish(json.dumps(slices_body(self.kernel_manager)))
+        self.finish(json.dumps(slices_body(self.kernel_manager, self.fractions)))
 
 
 class KernelHandler(_SliceAPIHandler):
@@ -36,7 +41,7 @@ class KernelHandler(_SliceAPIHandler):
     @authorized
     def get(self, kernel_id):
         try:
-            body = kernel_body(self.kernel_manager, kernel_id)
+            body = kernel_body(self.kernel_manager, kernel_id, self.fractions)
         except UnknownKernel:
             raise web.HTTPError(404, f"no kernel with id {kernel_id}") from None
         self.finish(json.dumps(body))

@@ -2,19 +2,21 @@
 
 Plain functions of the server's kernel manager, so they can be tested without
 a server. A kernel is in a slice when the HAMi provisioner started it; the
-slice's state comes from :func:`hami_jupyter.slice_status.slice_status`, the
-same reading ``%hami status`` shows, summed up for a status bar. A slice file
-that cannot be read is one line of advice (the ``%hami`` magic's), never an
-error of the whole answer: the other slices and kernels still show.
+slice's state comes from :func:`hami_jupyter.slice.status.slice_status`, the
+same reading ``%hami status`` shows, summed up for a status bar, with memory
+levels by the server's configured thresholds (:class:`.config.SliceDisplay`).
+A slice file that cannot be read is one line of advice
+(:mod:`hami_jupyter.advice`), never an error of the whole answer: the other
+slices and kernels still show.
 """
 
 import os
 
-from ..magic import advice
-from ..provisioner import HamiProvisioner
-from ..slice_file import SliceFileError
-from ..slice_paths import SliceNameError, slice_name, slice_path
-from ..slice_status import CRITICAL_FRACTION, WARN_FRACTION, slice_status
+from ..advice import advice
+from ..provisioning.provisioner import HamiProvisioner
+from ..slice.file import SliceFileError
+from ..slice.paths import SliceNameError, slice_name, slice_path
+from ..slice.status import CRITICAL_FRACTION, WARNING_FRACTION, slice_status
 
 NOT_HAMI = ("the kernel was not started by the HAMi provisioner (its kernelspec does not "
             "use hami-provisioner), so no GPU slice limits it")
@@ -69,24 +71,25 @@ def server_slices(kernel_manager):
     return by_kernel, list(unique.values())
 
 
-def read_slice(path, server_kernels):
-    """``slice_status`` of *path* with each kernel flagged ``this_server``, or the
-    ``{"slice", "path", "error"}`` advice when the file cannot be read."""
+def read_slice(path, server_kernels, fractions=(WARNING_FRACTION, CRITICAL_FRACTION)):
+    """``slice_status`` of *path* (memory levels by *fractions*: warning,
+    critical) with each kernel flagged ``this_server``, or the ``{"slice",
+    "path", "error"}`` advice when the file cannot be read."""
     try:
-        status = slice_status(path)
+        status = slice_status(path, *fractions)
     except (OSError, SliceFileError) as e:
         return {"slice": slice_name(path), "path": os.path.abspath(path),
-                "error": advice(e, path)}
+                "error": f"hami: {advice(e, path)}"}
     for k in status["kernels"]:
         k["this_server"] = k["kernel_id"] in server_kernels
     return status
 
 
-def slices_body(kernel_manager):
+def slices_body(kernel_manager, fractions=(WARNING_FRACTION, CRITICAL_FRACTION)):
     """The body of ``GET hami/v1/slices``."""
     by_kernel, paths = server_slices(kernel_manager)
     return {
-        "slices": [read_slice(p, set(by_kernel)) for p in paths],
+        "slices": [read_slice(p, set(by_kernel), fractions) for p in paths],
         "kernels": {k: (slice_name(p) if p is not None else None) for k, p in by_kernel.items()},
     }
 
@@ -117,19 +120,19 @@ def summary(status, kernel_id):
         },
         "gpus": gpus,
         "kernels": status["kernels"],
-        "warning_fraction": WARN_FRACTION,
-        "critical_fraction": CRITICAL_FRACTION,
+        "warning_fraction": status["warning_fraction"],
+        "critical_fraction": status["critical_fraction"],
     }
 
 
-def kernel_body(kernel_manager, kernel_id):
+def kernel_body(kernel_manager, kernel_id, fractions=(WARNING_FRACTION, CRITICAL_FRACTION)):
     """The body of ``GET hami/v1/kernels/<kernel_id>``; raises :class:`UnknownKernel`."""
     provisioner = _provisioner(kernel_manager, kernel_id)
     path = provisioner.slice_path if isinstance(provisioner, HamiProvisioner) else None
     if path is None:
         reason = NOT_LAUNCHED if isinstance(provisioner, HamiProvisioner) else NOT_HAMI
         return {"kernel_id": kernel_id, "in_slice": False, "reason": reason}
-    status = read_slice(path, set(kernel_manager.list_kernel_ids()))
+    status = read_slice(path, set(kernel_manager.list_kernel_ids()), fractions)
     body = {"kernel_id": kernel_id, "in_slice": True,
             "slice": status["slice"], "path": status["path"]}
     if "error" in status:

@@ -16,7 +16,7 @@ import os
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 
-from ..slice_status import slice_status
+from ..slice.status import slice_status
 from .kernel_slices import server_slices
 
 SLICE_LABELS = ("slice", "user", "gpu_uuid")

@@ -55,7 +55,7 @@ static void read_limit(const char *name, int *has, uint64_t *value)
 /*
  * A small whole number as settings are written: one to three ASCII digits and
  * nothing else (no sign, no spaces, no tabs), at most max. The grammar is
- * hami_jupyter/limits.py's too; tests/test_grammar.py runs both on one table.
+ * hami_jupyter/slice/limits.py's too; tests/native/test_grammar.py runs both on one table.
  */
 static int parse_small(const char *v, uint32_t max, uint32_t *out)
 {
@@ -135,7 +135,7 @@ static void check_ordinal_names(void)
 }
 
 /* A slice name: 1-63 of letters, digits and . _ @ + -, starting with a letter
- * or digit, not ending in ".slice" (hami_jupyter/slice_paths.py's rule). */
+ * or digit, not ending in ".slice" (hami_jupyter/slice/paths.py's rule). */
 static int valid_slice_name(const char *name)
 {
 	size_t n = strlen(name);
@@ -147,7 +147,8 @@ static int valid_slice_name(const char *name)
 		if (!alnum && (i == 0 || !strchr("._@+-", c)))
 			return 0;
 	}
-	return !(n >= 6 && strcmp(name + n - 6, ".slice") == 0);
+	const size_t suffix = sizeof(HAMI_SLICE_SUFFIX) - 1;
+	return !(n >= suffix && strcmp(name + n - suffix, HAMI_SLICE_SUFFIX) == 0);
 }
 
 static const char name_rule[] = "not a slice name (1-63 letters, digits and . _ @ + -, starting with a "
@@ -172,11 +173,9 @@ static void copy_bounded(char *dst, size_t cap, const char *src)
 	dst[n] = '\0';
 }
 
-#define HUB_SLICE_ROOT "/run/hami-jupyter"
-
 /* A slice given by name lives under the slice root; a value with '/' is a path.
- * The root's order is hami_jupyter/slice_paths.py's: keep the two in step.
- * NULL: the path would not fit. */
+ * The root's order is slice_file.h's, which hami_jupyter/slice/paths.py follows
+ * too (tests/test_slice_root.py runs both). NULL: the path would not fit. */
 static const char *resolve_slice_path(const char *value)
 {
 	if (strchr(value, '/'))
@@ -184,19 +183,19 @@ static const char *resolve_slice_path(const char *value)
 	const char *root = getenv("HAMI_SLICE_ROOT");
 	char fallback[128];
 	struct stat st;
-	if ((!root || !*root) && stat(HUB_SLICE_ROOT, &st) == 0 && S_ISDIR(st.st_mode))
-		root = HUB_SLICE_ROOT; /* the hub manages slices on this host */
+	if ((!root || !*root) && stat(HAMI_HUB_SLICE_ROOT, &st) == 0 && S_ISDIR(st.st_mode))
+		root = HAMI_HUB_SLICE_ROOT; /* the hub manages slices on this host */
 	if (!root || !*root) {
 		const char *xdg = getenv("XDG_RUNTIME_DIR");
 		if (xdg && *xdg) {
-			int w = snprintf(slice_path_buf, sizeof(slice_path_buf), "%s/hami-jupyter/%s.slice", xdg,
-					 value);
+			int w = snprintf(slice_path_buf, sizeof(slice_path_buf),
+					 "%s/" HAMI_SLICE_ROOT_SUBDIR "/%s" HAMI_SLICE_SUFFIX, xdg, value);
 			return w > 0 && (size_t)w < sizeof(slice_path_buf) ? slice_path_buf : NULL;
 		}
-		snprintf(fallback, sizeof(fallback), "/tmp/hami-jupyter-%u", (unsigned)getuid());
+		snprintf(fallback, sizeof(fallback), HAMI_SLICE_ROOT_TMP_PREFIX "%u", (unsigned)getuid());
 		root = fallback;
 	}
-	int w = snprintf(slice_path_buf, sizeof(slice_path_buf), "%s/%s.slice", root, value);
+	int w = snprintf(slice_path_buf, sizeof(slice_path_buf), "%s/%s" HAMI_SLICE_SUFFIX, root, value);
 	return w > 0 && (size_t)w < sizeof(slice_path_buf) ? slice_path_buf : NULL;
 }
 
@@ -208,8 +207,9 @@ static int slice_name_from_path(const char *path)
 	base = base ? base + 1 : path;
 	copy_bounded(name, sizeof(name), base);
 	size_t n = strlen(name);
-	if (n > 6 && strcmp(name + n - 6, ".slice") == 0)
-		name[n - 6] = '\0';
+	const size_t suffix = sizeof(HAMI_SLICE_SUFFIX) - 1;
+	if (n > suffix && strcmp(name + n - suffix, HAMI_SLICE_SUFFIX) == 0)
+		name[n - suffix] = '\0';
 	if (!valid_slice_name(name))
 		return -1;
 	copy_bounded(config.slice_name, sizeof(config.slice_name), name);

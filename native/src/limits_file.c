@@ -22,10 +22,10 @@ static const struct hami_limits_file *mapped;
 static int limits_path(const char *slice_path, char *out, size_t cap)
 {
 	size_t n = strlen(slice_path);
-	const size_t suffix = sizeof(".slice") - 1;
-	if (n > suffix && strcmp(slice_path + n - suffix, ".slice") == 0)
+	const size_t suffix = sizeof(HAMI_SLICE_SUFFIX) - 1;
+	if (n > suffix && strcmp(slice_path + n - suffix, HAMI_SLICE_SUFFIX) == 0)
 		n -= suffix;
-	int w = snprintf(out, cap, "%.*s.limits", (int)n, slice_path);
+	int w = snprintf(out, cap, "%.*s" HAMI_LIMITS_SUFFIX, (int)n, slice_path);
 	return w > 0 && (size_t)w < cap ? 0 : -1;
 }
 

@@ -2,7 +2,7 @@
  * Sizes as HAMi and Kubernetes users write them: plain bytes, or a decimal
  * number with a binary unit: 4g, 4096m, 4Gi, 1.5g, 1536MiB. Every unit is a
  * power of 1024 (HAMi's meaning of "g"). Zero is a size; whether it makes
- * sense (not as a memory limit) is the caller's call. hami_jupyter/size.py
+ * sense (not as a memory limit) is the caller's call. hami_jupyter/slice/size.py
  * mirrors this.
  */
 #include <ctype.h>

@@ -2,7 +2,7 @@
  * Whether a slice folder or file may be trusted before it is used. Another
  * local user must not be able to make our slice folder first (the fallback
  * /tmp/hami-jupyter-<uid> is guessable), plant a slice file with a tiny cap,
- * read our slots, or swap a file under us. hami_jupyter/slice_paths.py holds
+ * read our slots, or swap a file under us. hami_jupyter/slice/paths.py holds
  * the same rule for the Python side:
  *
  *  - a folder is owned by this user or root, and is not writable by others

@@ -37,18 +37,19 @@ from adversarial_helpers import (
 )
 from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, SIM_CONTEXT
 
-from hami_jupyter import slice_file as sf
+from hami_jupyter.slice import file as sf
+from hami_jupyter.slice import layout
 
 CAP = GiB
 RUN_TIMEOUT = 10.0
 FILL = "fill 64m"
 
-HEADER = sf.HamiSliceHeader
-LIMITS = sf.LIMITS_OFFSET
-SET_SIZE = ctypes.sizeof(sf.HamiLimitSet)
-LIMIT_SIZE = ctypes.sizeof(sf.HamiDeviceLimit)
-COPY0 = LIMITS + sf.HamiSliceLimits.copy.offset
-LIMITS_END = LIMITS + ctypes.sizeof(sf.HamiSliceLimits)
+HEADER = layout.HamiSliceHeader
+LIMITS = layout.LIMITS_OFFSET
+SET_SIZE = ctypes.sizeof(layout.HamiLimitSet)
+LIMIT_SIZE = ctypes.sizeof(layout.HamiDeviceLimit)
+COPY0 = LIMITS + layout.HamiSliceLimits.copy.offset
+LIMITS_END = LIMITS + ctypes.sizeof(layout.HamiSliceLimits)
 
 
 def _field(name):
@@ -65,8 +66,8 @@ def _memory_limit_bytes():
     out = set()
     for copy in range(2):
         base = COPY0 + copy * SET_SIZE
-        for entry in range(sf.HAMI_SLICE_MAX_DEVICES + 1):  # 16 devices, then the fallback
-            start = base + entry * LIMIT_SIZE + sf.HamiDeviceLimit.memory_limit.offset
+        for entry in range(layout.HAMI_SLICE_MAX_DEVICES + 1):  # 16 devices, then the fallback
+            start = base + entry * LIMIT_SIZE + layout.HamiDeviceLimit.memory_limit.offset
             out.update(range(start, start + 8))
     return out
 
@@ -85,14 +86,14 @@ def _flip(rng, data, lo, hi, count, avoid=frozenset()):
 
 def _limits_file(memory_limit):
     """A well-formed companion limits file holding *memory_limit* in force, as bytes."""
-    lf = sf.HamiLimitsFile()
-    lf.magic = sf.HAMI_LIMITS_MAGIC
-    lf.version_major = sf.HAMI_LIMITS_VERSION_MAJOR
-    lf.version_minor = sf.HAMI_LIMITS_VERSION_MINOR
-    lf.file_size = sf.LIMITS_FILE_SIZE
+    lf = layout.HamiLimitsFile()
+    lf.magic = layout.HAMI_LIMITS_MAGIC
+    lf.version_major = layout.HAMI_LIMITS_VERSION_MAJOR
+    lf.version_minor = layout.HAMI_LIMITS_VERSION_MINOR
+    lf.file_size = layout.LIMITS_FILE_SIZE
     for copy in range(2):
         lf.limits.copy[copy].fallback.memory_limit = memory_limit
-        lf.limits.copy[copy].fallback.flags = sf.HAMI_LIMIT_SET
+        lf.limits.copy[copy].fallback.flags = layout.HAMI_LIMIT_SET
     return bytearray(bytes(lf))
 
 
@@ -111,12 +112,12 @@ def _cases(rng, base):
         add("flip-header", d)
     for _ in range(40):
         d = bytearray(base)
-        _flip(rng, d, sf.DEVICES_OFFSET, sf.DEVICES_OFFSET + 2 * ctypes.sizeof(sf.HamiSliceDevice),
+        _flip(rng, d, layout.DEVICES_OFFSET, layout.DEVICES_OFFSET + 2 * ctypes.sizeof(layout.HamiSliceDevice),
               rng.randint(1, 8))
         add("flip-devices", d)
     for _ in range(40):
         d = bytearray(base)
-        _flip(rng, d, sf.SLOTS_OFFSET, sf.SLOTS_OFFSET + 4 * ctypes.sizeof(sf.HamiSlot), rng.randint(1, 8))
+        _flip(rng, d, layout.SLOTS_OFFSET, layout.SLOTS_OFFSET + 4 * ctypes.sizeof(layout.HamiSlot), rng.randint(1, 8))
         add("flip-slots", d)
     for _ in range(40):
         d = bytearray(base)
@@ -133,19 +134,19 @@ def _cases(rng, base):
         "magic": [b"\0" * 8, b"HAMISLCF", b"hamislce", b"HAMILIMT"],
         "version_major": [0, 2, 3, 0x80000001, (1 << 32) - 1],
         "version_minor": [0, 4, 99, (1 << 32) - 1],
-        "file_size": [0, 1, 256, sf.FILE_SIZE - 1, sf.FILE_SIZE + 1, sf.FILE_SIZE * 2, 1 << 40, big],
+        "file_size": [0, 1, 256, layout.FILE_SIZE - 1, layout.FILE_SIZE + 1, layout.FILE_SIZE * 2, 1 << 40, big],
         "header_size": [0, 255, 257, 4096, (1 << 32) - 1],
-        "flags": [sf.HAMI_SLICE_FLAG_PRIVATE, 0xFFFFFFFF, 0x80000000],
+        "flags": [layout.HAMI_SLICE_FLAG_PRIVATE, 0xFFFFFFFF, 0x80000000],
         "max_devices": [0, 1, 15, 17, 64, (1 << 32) - 1],
         "max_slots": [0, 1, 255, 257, 1 << 20, (1 << 32) - 1],
         "device_size": [0, 64, 127, 129, 256],
         "slot_size": [0, 512, 1023, 1025, 2048],
-        "limits_offset": [0, 8, 255, 257, 264, sf.DEVICES_OFFSET, sf.SLOTS_OFFSET, sf.FILE_SIZE,
-                          sf.FILE_SIZE - 8, 1 << 32, big],
-        "devices_offset": [0, 256, sf.DEVICES_OFFSET - 8, sf.DEVICES_OFFSET + 8, sf.SLOTS_OFFSET,
-                           sf.FILE_SIZE, sf.FILE_SIZE - 128, 1 << 40, big],
-        "slots_offset": [0, sf.DEVICES_OFFSET, sf.SLOTS_OFFSET - 1024, sf.SLOTS_OFFSET + 1024,
-                         sf.FILE_SIZE, sf.FILE_SIZE - 1024, big],
+        "limits_offset": [0, 8, 255, 257, 264, layout.DEVICES_OFFSET, layout.SLOTS_OFFSET, layout.FILE_SIZE,
+                          layout.FILE_SIZE - 8, 1 << 32, big],
+        "devices_offset": [0, 256, layout.DEVICES_OFFSET - 8, layout.DEVICES_OFFSET + 8, layout.SLOTS_OFFSET,
+                           layout.FILE_SIZE, layout.FILE_SIZE - 128, 1 << 40, big],
+        "slots_offset": [0, layout.DEVICES_OFFSET, layout.SLOTS_OFFSET - 1024, layout.SLOTS_OFFSET + 1024,
+                         layout.FILE_SIZE, layout.FILE_SIZE - 1024, big],
         "created_unix_ns": [0, big],
     }
     for name, values in crafted.items():
@@ -171,7 +172,7 @@ def _cases(rng, base):
         add("header-several", d)
 
     # Limits block fields other than the memory limits.
-    gen_at = LIMITS + sf.HamiSliceLimits.generation.offset
+    gen_at = LIMITS + layout.HamiSliceLimits.generation.offset
     for value in [1, 2, 3, (1 << 64) - 1, (1 << 63) + 1, rng.randrange(1 << 64)]:
         d = bytearray(base)
         _put(d, gen_at, 8, value)
@@ -179,18 +180,18 @@ def _cases(rng, base):
     for field, values in [("mode", [2, 7, 0xFFFFFFFF]), ("sm_share", [101, 255, 0xFFFFFFFF]),
                           ("max_decoders", [256, 0xFFFFFFFF]), ("flags", [0, 2, 0xFFFFFFFE, 0xFFFFFFFF]),
                           ("reserved", [(1 << 64) - 1])]:
-        f = getattr(sf.HamiDeviceLimit, field)
+        f = getattr(layout.HamiDeviceLimit, field)
         for value in values:
-            for entry in (0, sf.HAMI_SLICE_MAX_DEVICES):  # device 0's entry, the fallback
+            for entry in (0, layout.HAMI_SLICE_MAX_DEVICES):  # device 0's entry, the fallback
                 d = bytearray(base)
                 for copy in range(2):
                     _put(d, COPY0 + copy * SET_SIZE + entry * LIMIT_SIZE + f.offset, f.size, value)
                 add(f"limits-{field}", d)
 
     # Truncated and oversized.
-    cuts = [0, 1, 7, 8, 16, 255, 256, LIMITS + 8, sf.DEVICES_OFFSET, sf.DEVICES_OFFSET + 64, sf.SLOTS_OFFSET,
-            sf.SLOTS_OFFSET + 1024, sf.FILE_SIZE // 2, sf.FILE_SIZE - 1024, sf.FILE_SIZE - 1]
-    cuts += [rng.randrange(1, sf.FILE_SIZE) for _ in range(25)]
+    cuts = [0, 1, 7, 8, 16, 255, 256, LIMITS + 8, layout.DEVICES_OFFSET, layout.DEVICES_OFFSET + 64, layout.SLOTS_OFFSET,
+            layout.SLOTS_OFFSET + 1024, layout.FILE_SIZE // 2, layout.FILE_SIZE - 1024, layout.FILE_SIZE - 1]
+    cuts += [rng.randrange(1, layout.FILE_SIZE) for _ in range(25)]
     for cut in cuts:
         add("truncated", base[:cut])
     for extra in (1, 8, 4096, 1 << 20):
@@ -201,22 +202,22 @@ def _cases(rng, base):
 
     # Garbage.
     for _ in range(12):
-        add("garbage", rng.randbytes(sf.FILE_SIZE))
+        add("garbage", rng.randbytes(layout.FILE_SIZE))
     for _ in range(12):
-        d = bytearray(rng.randbytes(sf.FILE_SIZE))
+        d = bytearray(rng.randbytes(layout.FILE_SIZE))
         d[:ctypes.sizeof(HEADER)] = base[:ctypes.sizeof(HEADER)]
         add("garbage-behind-header", d)
 
     # Garbage limits files beside a good slice file.
     good = _limits_file(CAP)
-    limits_cases = [b"", b"HAMILIMT", bytes(good[:64]), bytes(good[:-1]), rng.randbytes(sf.LIMITS_FILE_SIZE),
+    limits_cases = [b"", b"HAMILIMT", bytes(good[:64]), bytes(good[:-1]), rng.randbytes(layout.LIMITS_FILE_SIZE),
                     "dir", "fifo", "dangling"]
     for _ in range(20):
         limits_cases.append(rng.randbytes(rng.randrange(1, 8192)))
     for field, value in [("magic", b"HAMISLCE"), ("magic", b"\0" * 8), ("version_major", 0),
                          ("version_major", 2), ("version_major", (1 << 32) - 1), ("file_size", 0),
-                         ("file_size", sf.LIMITS_FILE_SIZE - 1)]:
-        f = getattr(sf.HamiLimitsFile, field)
+                         ("file_size", layout.LIMITS_FILE_SIZE - 1)]:
+        f = getattr(layout.HamiLimitsFile, field)
         d = bytearray(good)
         if isinstance(value, bytes):
             d[f.offset:f.offset + f.size] = value
@@ -225,7 +226,7 @@ def _cases(rng, base):
         limits_cases.append(bytes(d))
     for _ in range(20):
         d = bytearray(good)
-        _flip(rng, d, 0, sf.LIMITS_FILE_BLOCK_OFFSET, rng.randint(1, 3))
+        _flip(rng, d, 0, layout.LIMITS_FILE_BLOCK_OFFSET, rng.randint(1, 3))
         limits_cases.append(bytes(d))
     for limits in limits_cases:
         add("limits-file-garbage", base, limits)
@@ -244,7 +245,7 @@ def _make_base(cudrive, make_slice, gpu):
     keeper.ok("alloc 100m")
     keeper.kill9()  # leaves a stale slot holding its context and 100 MiB
     data = bytearray(s.path.read_bytes())
-    assert len(data) == sf.FILE_SIZE
+    assert len(data) == layout.FILE_SIZE
     # Both limit copies equal, every device entry holding the fallback's limit:
     # a flip of the generation or of a flag then lands on the same cap.
     gen = struct.unpack_from("=Q", data, LIMITS)[0]
@@ -252,11 +253,11 @@ def _make_base(cudrive, make_slice, gpu):
     other = COPY0 + ((gen & 1) ^ 1) * SET_SIZE
     fallback = bytes(data[live + 16 * LIMIT_SIZE:live + 17 * LIMIT_SIZE])
     assert struct.unpack_from("=Q", fallback, 0)[0] == CAP
-    for entry in range(sf.HAMI_SLICE_MAX_DEVICES):
+    for entry in range(layout.HAMI_SLICE_MAX_DEVICES):
         at = live + entry * LIMIT_SIZE
-        if not struct.unpack_from("=I", data, at + sf.HamiDeviceLimit.flags.offset)[0] & sf.HAMI_LIMIT_SET:
-            data[at:at + LIMIT_SIZE] = fallback[:sf.HamiDeviceLimit.flags.offset] + b"\0" * 4 + \
-                fallback[sf.HamiDeviceLimit.flags.offset + 4:]
+        if not struct.unpack_from("=I", data, at + layout.HamiDeviceLimit.flags.offset)[0] & layout.HAMI_LIMIT_SET:
+            data[at:at + LIMIT_SIZE] = fallback[:layout.HamiDeviceLimit.flags.offset] + b"\0" * 4 + \
+                fallback[layout.HamiDeviceLimit.flags.offset + 4:]
     data[other:other + SET_SIZE] = data[live:live + SET_SIZE]
     return s, bytes(data)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from adversarial_helpers import CAPPED, CRASH, FAIL_OPEN, HANG, REFUSED, Tally, hami_lines, run_fill, sanitizer_report
 from native_helpers import GiB, SIM_CONTEXT, slice_device, slice_env
 
-from hami_jupyter.size import parse_size
+from hami_jupyter.slice.size import parse_size
 
 RUN_TIMEOUT = 10.0
 RANDOM_CASES = 200
@@ -89,7 +89,7 @@ class Verdict:
     memory: dict     # "default" / ordinal -> bytes
     sm: dict
     decoders: dict
-    mode: int
+    mode: str
     overhead: int
 
     def limit(self, table, ordinal):
@@ -126,7 +126,7 @@ def judge(env):
     slice_var = SLICE if SLICE in env else SHARED_CACHE
     if slice_var in env and not _slice_value(env[slice_var]):
         bad.append(slice_var)
-    return Verdict(bad, tables[MEMORY], tables[SM], tables[DECODERS], 1 if mode == "elastic" else 0,
+    return Verdict(bad, tables[MEMORY], tables[SM], tables[DECODERS], mode,
                    overhead if overhead is not None else SIM_CONTEXT)
 
 
@@ -228,7 +228,7 @@ def _slice_path(env):
 
 def _less_limited(verdict, dev):
     """How the slice file's limit for CUDA ordinal 0 is less than asked, or ''."""
-    from hami_jupyter.slice_file import read_snapshot
+    from hami_jupyter.slice.file import read_snapshot
 
     asked_mem = verdict.limit(verdict.memory, 0)
     asked_sm = verdict.limit(verdict.sm, 0)
@@ -250,7 +250,7 @@ def _less_limited(verdict, dev):
 
 
 def test_malformed_environments_fail_closed(cudrive, gpu, seed, report, tmp_path):
-    from hami_jupyter.slice_file import read_snapshot
+    from hami_jupyter.slice.file import read_snapshot
 
     base_seed, rng_seed = seed
     rng = random.Random(rng_seed)

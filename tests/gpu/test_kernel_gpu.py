@@ -58,7 +58,7 @@ def test_plain_kernelspec_under_the_hub_runs_torch_in_the_hubs_slice(tmp_path, m
 
     from hami_jupyter.hub.policy import parse_size_spec
     from hami_jupyter.hub.slice_files import prepare_user_slice
-    from hami_jupyter.hub_kernels import route_every_kernel, stop_routing
+    from hami_jupyter.provisioning.factory import route_every_kernel, stop_routing
 
     for name in list(os.environ):
         if name.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "CUDA_DEVICE_SM")):

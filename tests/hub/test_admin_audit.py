@@ -21,16 +21,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from hami_jupyter.admin import audit, changes
+from hami_jupyter.admin import actions, audit, changes
 from hami_jupyter.admin.cli import main
-from hami_jupyter.hub.policy import parse_size_spec
-from hami_jupyter.hub.slice_files import HostGpu, prepare_user_slice
-from hami_jupyter.slice_file import read_snapshot
+from hami_jupyter.hub.sizes import parse_size_spec
+from hami_jupyter.gpus import HostGpu
+from hami_jupyter.hub.slice_files import prepare_user_slice
+from hami_jupyter.slice.file import read_snapshot
 
 GiB = 1 << 30
 NOBODY = 65534
 UUIDS = ["GPU-5a1f0000-0000-4000-8000-000000000000"]
-GPUS = [HostGpu(0, UUIDS[0], 16 * GiB)]
+GPUS = [HostGpu(0, UUIDS[0], memory_total=16 * GiB)]
 SMALL = parse_size_spec("small", {"memory": "1g", "sm": 25})
 LARGE = parse_size_spec("large", {"memory": "2g", "sm": 50})
 WAIT_S = 30
@@ -89,7 +90,7 @@ def _has_group(name):
 # live where that user cannot read), then runs one step and prints JSON.
 CHILD = textwrap.dedent("""
     import json, os, sys
-    from hami_jupyter.admin import admin_service, audit, changes
+    from hami_jupyter.admin import actions, audit, changes, service
     from hami_jupyter.admin import marks  # noqa: F401  imported before dropping privileges
 
     uid, gid, groups, step, arg = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4], sys.argv[5]
@@ -109,10 +110,10 @@ CHILD = textwrap.dedent("""
     elif step in ("set", "reset"):
         try:
             if step == "set":
-                c = changes.apply(arg, memory="4g")
+                c = actions.apply(arg, memory="4g")
                 out["applied"] = c.summary()
             else:
-                out["reset"] = changes.reset(arg)
+                out["reset"] = actions.reset(arg)
         except changes.ChangeError as e:
             out["error"] = str(e)
             out["read_only"] = isinstance(e, changes.ReadOnlyError)
@@ -186,7 +187,7 @@ def test_audit_verify_finds_edits_removals_and_truncation(tmp_path, capsys):
 
 @needs_root
 def test_the_service_applies_an_admins_change_and_refuses_anyone_else(base, admins):
-    from hami_jupyter.admin.admin_service import AdminService
+    from hami_jupyter.admin.service import AdminService
 
     root = base / "slices"
     path = prepare_user_slice("alice", SMALL, NOBODY, NOBODY, root, admin_group=admins.group, gpus=GPUS)
@@ -234,7 +235,7 @@ def test_the_service_applies_an_admins_change_and_refuses_anyone_else(base, admi
 def test_a_server_restart_keeps_an_admins_change_and_logs_it(base, caplog):
     root = base / "slices"
     path = prepare_user_slice("alice", SMALL, NOBODY, NOBODY, root, gpus=GPUS)
-    changes.apply(path, memory="3g")  # root: written directly
+    actions.apply(path, memory="3g")  # root: written directly
     assert memory(path) == 3 * GiB
     with caplog.at_level(logging.INFO, logger="hami_jupyter.hub"):
         prepare_user_slice("alice", LARGE, NOBODY, NOBODY, root, gpus=GPUS)  # the server restarts
@@ -254,7 +255,7 @@ def test_a_server_restart_keeps_an_admins_change_and_logs_it(base, caplog):
 def test_reset_returns_to_the_policy_and_the_hub_applies_it_again(base, capsys):
     root = base / "slices"
     path = prepare_user_slice("alice", SMALL, NOBODY, NOBODY, root, gpus=GPUS)
-    changes.apply(path, memory="3g", sm="10")
+    actions.apply(path, memory="3g", sm="10")
     prepare_user_slice("alice", SMALL, NOBODY, NOBODY, root, gpus=GPUS)
     assert memory(path) == 3 * GiB
     assert main(["slice", "reset", "alice", "--root", str(root)]) == 0
@@ -274,7 +275,7 @@ def test_a_marker_the_admin_did_not_write_through_root_is_ignored(base):
     """An admin-set marker must come from root: a user's file of that name means nothing."""
     root = base / "slices"
     path = prepare_user_slice("alice", SMALL, NOBODY, NOBODY, root, gpus=GPUS)
-    changes.apply(path, memory="3g")
+    actions.apply(path, memory="3g")
     os.chown(root / "alice.limits.admin", NOBODY, NOBODY)  # as if someone else had made it
     prepare_user_slice("alice", SMALL, NOBODY, NOBODY, root, gpus=GPUS)
     assert memory(path) == GiB

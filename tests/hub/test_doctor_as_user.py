@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from unix_users import RUNUSER, UnixUsers, require_root_users, shared_tmpdir, user_python
 
-from hami_jupyter.hub.policy import parse_size_spec
+from hami_jupyter.hub.sizes import parse_size_spec
 from hami_jupyter.hub.slice_files import owner_of, prepare_user_slice
 
 REPO = Path(__file__).resolve().parents[2]
 
 DOCTOR = """
 import dataclasses, json, sys
-from hami_jupyter import doctor
+from hami_jupyter.commands import doctor
 root = sys.argv[1]
 checks = [doctor.check_slice_root(root)] + doctor.check_slices(root)
 print(json.dumps([dataclasses.asdict(c) for c in checks]))

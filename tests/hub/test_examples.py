@@ -31,7 +31,7 @@ def user(name, *groups):
 def test_single_host_example(monkeypatch):
     c = run_config(EXAMPLES / "jupyterhub_config.py", monkeypatch)
     policy = SlicePolicy(config=c)
-    assert policy.size_of("alice").memory == 40 << 30
+    assert policy.size_of("alice").limits.memory_limit == 40 << 30
     assert policy.size_of("bob", ["ml-course"]).gpus == (1,)
     assert policy.size_of("carol").name == "small"
     assert callable(c.Spawner.pre_spawn_hook) and callable(c.Spawner.options_form)

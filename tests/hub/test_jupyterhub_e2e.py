@@ -24,7 +24,7 @@ from conftest import TAG_ENV, Hub, _require_jupyterhub
 from unix_users import UnixUsers, require_root_users, shared_tmpdir, user_python
 
 from hami_jupyter import native
-from hami_jupyter.slice_file import HAMI_MODE_ELASTIC, read_snapshot
+from hami_jupyter.slice.file import read_snapshot
 
 GIB = 1 << 30
 
@@ -71,7 +71,7 @@ def test_each_user_kernel_holds_its_own_slice(hub):
         assert snap.limits_file == str(limits_file)
         fallback = snap.fallback_limit
         assert (fallback.memory_limit, fallback.sm_share) == (memory, sm)
-        assert (fallback.mode == HAMI_MODE_ELASTIC) == (mode == "elastic")
+        assert fallback.mode == mode
 
     kernels = {user: hub.start_kernel(user) for user in EXPECTED}
     assert kernels["alice"] != kernels["bob"]
@@ -88,7 +88,7 @@ def test_each_user_kernel_holds_its_own_slice(hub):
         status = _status_json(hub.execute(user, kernel_id, "%hami status --json"), where)
         assert status["slice"] == user, status
         assert status["path"] == str(hub.slice_root / f"{user}.slice"), status
-        assert status["default_limit"] == {"memory_limit": memory, "sm_share": sm, "mode": mode}
+        assert status["default_limit"] == {"memory_limit": memory, "sm_share": sm, "mode": mode, "max_decoders": 0}
         assert [g["memory_limit"] for g in status["gpus"]] == [memory], status["gpus"]
         listed = {k["kernel_id"]: k for k in status["kernels"]}
         assert kernel_id in listed, status["kernels"]
@@ -225,7 +225,7 @@ def test_real_users_kernels_land_in_the_hubs_slices(real_hub):
         assert mem.stdout.split() == [str(memory)], f"{where}: stdout {mem.stdout!r}"
         status = _status_json(hub.execute(user, kernel_id, "%hami status --json"), where)
         assert status["path"] == str(slice_file), status
-        assert status["default_limit"] == {"memory_limit": memory, "sm_share": sm, "mode": mode}
+        assert status["default_limit"] == {"memory_limit": memory, "sm_share": sm, "mode": mode, "max_decoders": 0}
         listed = {k["kernel_id"]: k for k in status["kernels"]}
         assert listed.get(kernel_id, {}).get("processes"), f"{where}: not in its slice: {status}"
     # Both users' processes met on the one simulated GPU.

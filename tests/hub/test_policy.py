@@ -35,7 +35,7 @@ def spawner(name, groups=(), options=None):
 def test_user_over_group_over_default():
     p = policy()
     alice = p.size_of("alice", ["researchers"])
-    assert (alice.memory, alice.sm) == (8 * GiB, 30)  # her own entry beats her group
+    assert (alice.limits.memory_limit, alice.limits.sm_share) == (8 * GiB, 30)  # her own entry beats her group
     assert p.size_of("carol", ["researchers"]).name == "large"
     assert p.size_of("dave").name == "small"  # no entry, no group: the default
 

@@ -18,7 +18,7 @@ import pytest
 from traitlets.config import Config
 
 from hami_jupyter.hub import SlicePolicy
-from hami_jupyter.slice_file import read_snapshot
+from hami_jupyter.slice.file import read_snapshot
 
 jupyterhub = pytest.importorskip("jupyterhub")
 from jupyterhub import orm  # noqa: E402

@@ -17,11 +17,12 @@ from types import SimpleNamespace
 import pytest
 
 from hami_jupyter import native
-from hami_jupyter.hub.policy import parse_size_spec
-from hami_jupyter.hub.slice_files import HostGpu, prepare_user_slice
+from hami_jupyter.hub.sizes import parse_size_spec
+from hami_jupyter.gpus import HostGpu
+from hami_jupyter.hub.slice_files import prepare_user_slice
 from hami_jupyter.hub.spawner import pre_spawn_hook
-from hami_jupyter.slice_file import read_snapshot
-from hami_jupyter.slice_limits import limits_writable, set_memory_limit
+from hami_jupyter.slice.file import read_snapshot
+from hami_jupyter.slice.change import limits_writable, set_memory_limit
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand files to another user")
 
@@ -29,7 +30,7 @@ GiB, MiB = 1 << 30, 1 << 20
 NOBODY = 65534
 OOM = 2
 SIM_UUIDS = ["GPU-5a1f0000-0000-4000-8000-000000000000", "GPU-5a1f0000-0000-4000-8000-000000000001"]
-GPUS = [HostGpu(i, u, 16 * GiB) for i, u in enumerate(SIM_UUIDS)]
+GPUS = [HostGpu(i, u, memory_total=16 * GiB) for i, u in enumerate(SIM_UUIDS)]
 
 
 @pytest.fixture
@@ -151,7 +152,7 @@ def test_preparing_again_changes_limits_and_keeps_usage(world):
     assert prepare_user_slice("alice", larger, 0, 0, world.root, gpus=GPUS) == path
     snap = read_snapshot(path)
     fallback = snap.fallback_limit
-    assert (fallback.memory_limit, fallback.sm_share, fallback.mode) == (2 * GiB, 50, 1)
+    assert (fallback.memory_limit, fallback.sm_share, fallback.mode) == (2 * GiB, 50, "elastic")
     assert snap.devices[0].memory_peak == 256 * MiB  # the same usage file
 
 

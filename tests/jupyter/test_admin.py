@@ -26,12 +26,15 @@ from pathlib import Path
 
 import pytest
 
-from hami_jupyter import kernel_registry, native, slice_limits
-from hami_jupyter.admin import AdminPanel, audit, changes, gpus
+from hami_jupyter import native
+from hami_jupyter.slice import registry as kernel_registry
+from hami_jupyter.slice import change as slice_limits
+from hami_jupyter import gpus
+from hami_jupyter.admin import AdminPanel, actions, audit, changes
 from hami_jupyter.admin.cli import main
-from hami_jupyter.limits import resolve_limits
-from hami_jupyter.slice_file import HAMI_MODE_ELASTIC, HAMI_MODE_HARD, read_snapshot
-from hami_jupyter.slice_setup import create_limits_file, create_slice, ensure_slice
+from hami_jupyter.slice.settings import resolve_limits
+from hami_jupyter.slice.file import read_snapshot
+from hami_jupyter.slice.create import create_limits_file, create_slice, ensure_slice
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -49,8 +52,8 @@ def make_slice(root, name, **configured):
 
 def fake_gpus(*specs):
     """A panel's gpu_source: ``(uuid, name, memory_total)`` per GPU."""
-    facts = [{"index": i, "uuid": u, "name": n, "memory_total": t, "memory_used": GiB,
-              "utilization": 7} for i, (u, n, t) in enumerate(specs)]
+    facts = [gpus.HostGpu(i, u, n, t, memory_used=GiB, utilization=7)
+             for i, (u, n, t) in enumerate(specs)]
     return lambda: (facts, None)
 
 
@@ -200,15 +203,15 @@ def test_panel_apply_writes_the_slice_and_the_audit_log(hami_env, panels, monkey
     assert form.errors == [] and "applied: slice 'alice'" in message(form)
     assert form.last_change.applied
     fallback = read_snapshot(path).fallback_limit
-    assert (fallback.memory_limit, fallback.sm_share, fallback.mode) == (4 * GiB, 25, HAMI_MODE_ELASTIC)
+    assert (fallback.memory_limit, fallback.sm_share, fallback.mode) == (4 * GiB, 25, "elastic")
     [record] = audit_log(hami_env.root)
     # Who comes from the OS, never from JUPYTERHUB_USER (any process can set that).
     assert record["who"] == pwd.getpwuid(os.geteuid()).pw_name != "admin-ann"
     assert record["uid"] == os.getuid() and record["euid"] == os.geteuid()
     assert record["slice"] == "alice" and record["path"] == str(path)
     assert record["device"] is None and record["uuid"] is None
-    assert record["old"] == {"memory_limit": 2 * GiB, "sm_share": 0, "mode": "hard"}
-    assert record["new"] == {"memory_limit": 4 * GiB, "sm_share": 25, "mode": "elastic"}
+    assert record["old"] == {"memory_limit": 2 * GiB, "sm_share": 0, "mode": "hard", "max_decoders": 0}
+    assert record["new"] == {"memory_limit": 4 * GiB, "sm_share": 25, "mode": "elastic", "max_decoders": 0}
     assert datetime.fromisoformat(record["when"].replace("Z", "+00:00")).utcoffset().total_seconds() == 0
     assert form.pending() == {} and (form.memory.value, form.sm.value) == ("4g", "25")
 
@@ -314,7 +317,7 @@ def test_lowering_the_sm_share_is_in_the_file_at_once(hami_env, panels, charge):
     form.apply_button.click()
     snap = read_snapshot(path)
     assert snap.limits_generation > generation
-    assert snap.fallback_limit.sm_share == 20 and snap.fallback_limit.mode == HAMI_MODE_HARD
+    assert snap.fallback_limit.sm_share == 20 and snap.fallback_limit.mode == "hard"
     assert snap.devices[0].limit.sm_share == 20  # the GPU the process uses follows the default
 
 
@@ -335,7 +338,7 @@ def test_a_slice_this_user_cannot_write_is_read_only(hami_env, panels, monkeypat
     b.apply_button.click()
     assert b.errors == [changes.READ_ONLY]
     with pytest.raises(changes.ReadOnlyError, match="read-only: you cannot change limits"):
-        changes.apply(bob, memory="8g")
+        actions.apply(bob, memory="8g")
     assert read_snapshot(bob).limits_generation == 0
     assert not audit.default_path(hami_env.root).exists()
 
@@ -343,8 +346,8 @@ def test_a_slice_this_user_cannot_write_is_read_only(hami_env, panels, monkeypat
 # The child starts as root and becomes user nobody once its imports are done: the
 # interpreter may live where nobody cannot read it (a pyenv under /root).
 READ_ONLY_CHILD = textwrap.dedent("""
-    import contextlib, io, json, os, sys
-    from hami_jupyter.admin import AdminPanel, changes
+    import contextlib, io, json, os, shutil, sys  # shutil: argparse imports it when it prints
+    from hami_jupyter.admin import AdminPanel, actions, changes
     from hami_jupyter.admin.cli import main
 
     os.setgroups([])
@@ -358,7 +361,7 @@ READ_ONLY_CHILD = textwrap.dedent("""
         form.memory.value = "8g"
         form.apply_button.click()
         try:
-            changes.apply(form.path, memory="8g")
+            actions.apply(form.path, memory="8g")
             raised = None
         except changes.ReadOnlyError as e:
             raised = str(e)
@@ -384,7 +387,7 @@ def test_another_user_sees_read_only_and_cannot_write(hami_env):
         alice = make_slice(root, "alice", memory_limit="2g")
         alice.chmod(0o644)
         bob = root / "bob.slice"
-        two_gib = resolve_limits({"memory_limit": "2g"}, {})
+        two_gib = resolve_limits({"memory_limit": "2g"}, {}).limits
         create_limits_file(bob, two_gib)  # root's, 0644
         create_slice(bob, "bob", two_gib, mode=0o600)
         os.chown(bob, 65534, 65534)
@@ -418,7 +421,7 @@ def test_an_admin_changes_hub_owned_limits_live(hami_env, panels, charge):
     and the slice's running process follows at its next allocation."""
     path = hami_env.root / "alice.slice"
     hami_env.root.mkdir(mode=0o755)
-    two_gib = resolve_limits({"memory_limit": "2g"}, {})
+    two_gib = resolve_limits({"memory_limit": "2g"}, {}).limits
     limits_file, _ = create_limits_file(path, two_gib)
     create_slice(path, "alice", two_gib)
     holder = charge(path, 300)
@@ -502,7 +505,7 @@ def test_cli_list_as_text_and_json(hami_env, capsys, charge, no_nvml):
     assert [s["slice"] for s in shown["slices"]] == ["alice", "bob"]
     assert all(s["writable"] for s in shown["slices"])
     assert shown["slices"][0]["gpus"][0]["memory_used"] == 100 * MiB + CONTEXT
-    assert shown["slices"][1]["default_limit"] == {"memory_limit": GiB, "sm_share": 30, "mode": "hard"}
+    assert shown["slices"][1]["default_limit"] == {"memory_limit": GiB, "sm_share": 30, "mode": "hard", "max_decoders": 0}
     assert shown["gpus"] == [{"uuid": uuid, "name": "", "memory_total": 16 * GiB,
                               "promised": 3 * GiB, "holders": {"alice": 2 * GiB, "bob": GiB}}]
 
@@ -551,9 +554,9 @@ def test_cli_set_applies_and_logs(hami_env, capsys, monkeypatch, no_nvml):
     code, out, err = run(capsys, "set", "alice", "--memory", "4g", "--sm", "40", "--mode", "elastic")
     assert code == 0, err
     assert out.startswith("applied: slice 'alice', default (every GPU without limits of its own): "
-                          "2.0 GiB, no SM share (hard) -> 4.0 GiB, SM 40 % (elastic)")
+                          "memory 2.0 GiB, SM unlimited -> memory 4.0 GiB, SM 40 % (elastic)")
     fallback = read_snapshot(path).fallback_limit
-    assert (fallback.memory_limit, fallback.sm_share, fallback.mode) == (4 * GiB, 40, HAMI_MODE_ELASTIC)
+    assert (fallback.memory_limit, fallback.sm_share, fallback.mode) == (4 * GiB, 40, "elastic")
     [record] = audit_log(hami_env.root)
     assert record["who"] == pwd.getpwuid(os.geteuid()).pw_name != "admin-bo"
     assert record["new"]["sm_share"] == 40
@@ -713,10 +716,12 @@ def test_two_admins_at_once_lose_nothing(hami_env, panels):
 
 NVML_CHILD = textwrap.dedent("""
     import json, sys
+    from dataclasses import asdict
     from hami_jupyter.admin import AdminPanel
-    from hami_jupyter.admin.gpus import read_gpus
+    from hami_jupyter.gpus import read_gpus
     panel = AdminPanel(sys.argv[1], start=False)
-    print(json.dumps({"read": read_gpus(), "table": panel.gpu_table.value}))
+    found, message = read_gpus()
+    print(json.dumps({"read": [[asdict(g) for g in found], message], "table": panel.gpu_table.value}))
 """)
 
 

@@ -6,7 +6,8 @@ import sys
 
 from hami_jupyter import native
 
-READ = "import json; from hami_jupyter.admin.gpus import read_gpus; print(json.dumps(read_gpus()))"
+READ = ("import json; from dataclasses import asdict; from hami_jupyter.gpus import read_gpus; "
+        "found, message = read_gpus(); print(json.dumps([[asdict(g) for g in found], message]))")
 PLAIN = ("import json, pynvml; pynvml.nvmlInit(); "
          "print(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total)")
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from hami_jupyter import kernel_registry
-from hami_jupyter.cli import main
-from hami_jupyter.doctor import DRIVER_VERSION_FILE
-from hami_jupyter.limits import resolve_limits
-from hami_jupyter.slice_paths import list_slice_paths
-from hami_jupyter.slice_setup import ensure_slice
-from hami_jupyter.slice_status import slice_status
+from hami_jupyter.slice import registry as kernel_registry
+from hami_jupyter.commands.cli import main
+from hami_jupyter.commands.doctor import DRIVER_VERSION_FILE
+from hami_jupyter.slice.settings import resolve_limits
+from hami_jupyter.slice.paths import list_slice_paths
+from hami_jupyter.slice.create import ensure_slice
+from hami_jupyter.slice.status import slice_status
 
 GiB = 1 << 30
 
@@ -66,7 +66,7 @@ def test_status_shows_a_slice_as_text_and_json(hami_env, capsys):
     [status] = json.loads(out)
     assert status["slice"] == "alice"
     assert status["path"] == str(path)
-    assert status["default_limit"] == {"memory_limit": GiB, "sm_share": 30, "mode": "hard"}
+    assert status["default_limit"] == {"memory_limit": GiB, "sm_share": 30, "mode": "hard", "max_decoders": 0}
     assert status["gpus"] == [] and status["kernels"] == []
 
 
@@ -260,7 +260,7 @@ def test_kernelspec_install_writes_limits_and_starts_a_kernel_in_them(
     _, kc = start_kernel("gpu-small")
     [path] = list_slice_paths(hami_env.root)
     assert path.name.endswith("-gpu-small.slice")  # a kernelspec with limits: a slice of its own
-    assert slice_status(path)["default_limit"] == {"memory_limit": GiB, "sm_share": 25, "mode": "hard"}
+    assert slice_status(path)["default_limit"] == {"memory_limit": GiB, "sm_share": 25, "mode": "hard", "max_decoders": 0}
     result = cell(kc, "from hami_jupyter import driver_memory as d\n"
                       "d.init()\n"
                       "print(d.mem_get_info()[1])")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hami_jupyter.demo import nvidia_driver_present
+from hami_jupyter.commands.demo import nvidia_driver_present
 
 
 @pytest.mark.skipif(nvidia_driver_present(), reason="this machine has a real GPU: see tests/gpu")

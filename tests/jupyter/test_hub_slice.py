@@ -18,11 +18,11 @@ from test_provisioner import ASK, kernel_env, total_seen
 from traitlets.config import Config, LoggingConfigurable
 
 from hami_jupyter import native
-from hami_jupyter.cli import main
-from hami_jupyter.limits import resolve_limits
-from hami_jupyter.provisioner import HamiProvisioner, SliceSetupError
-from hami_jupyter.slice_file import read_snapshot
-from hami_jupyter.slice_setup import create_limits_file, create_slice
+from hami_jupyter.commands.cli import main
+from hami_jupyter.slice.settings import resolve_limits
+from hami_jupyter.provisioning.provisioner import HamiProvisioner, SliceSetupError
+from hami_jupyter.slice.file import read_snapshot
+from hami_jupyter.slice.create import create_limits_file, create_slice
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -46,7 +46,7 @@ def hub(hami_env, monkeypatch):
     """The user's hub-made slice (2 GiB, SM 30 %, hard; a limits file) and the
     server environment the hub gives; returns the slice's path."""
     path = hami_env.root / f"{USER}.slice"
-    held = resolve_limits({"memory_limit": "2g", "sm_limit": 30}, {})
+    held = resolve_limits({"memory_limit": "2g", "sm_limit": 30}, {}).limits
     hami_env.root.mkdir(mode=0o755, parents=True)
     create_limits_file(path, held)  # first, as the hub makes them
     create_slice(path, USER, held)

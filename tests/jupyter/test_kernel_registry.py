@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from hami_jupyter import kernel_registry as reg
-from hami_jupyter.slice_paths import UntrustedPath
+from hami_jupyter.slice import registry as reg
+from hami_jupyter.slice.paths import UntrustedPath
 
 
 def test_entries_of_dead_or_recycled_processes_are_dropped_and_deleted(tmp_path):
@@ -125,7 +125,7 @@ def test_a_fifo_in_the_registry_never_blocks_a_reader(tmp_path):
     slice_file = tmp_path / "alice.slice"
     _good(slice_file)
     os.mkfifo(reg.registry_dir(slice_file) / "k-fifo.json")
-    code = ("import sys; from hami_jupyter import kernel_registry as reg; "
+    code = ("import sys; from hami_jupyter.slice import registry as reg; "
             "print([e.kernel_id for e in reg.kernels(sys.argv[1])])")
     child = subprocess.run([sys.executable, "-c", code, str(slice_file)], capture_output=True,
                            text=True, timeout=30)

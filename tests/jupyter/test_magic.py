@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from hami_jupyter import framework_release, status_watch
-from hami_jupyter.limits import SliceLimits
-from hami_jupyter.slice_setup import create_slice
-from hami_jupyter.slice_status import slice_status
-from hami_jupyter.status_html import format_html
+from hami_jupyter.magic import release as framework_release
+from hami_jupyter.magic import watch as status_watch
+from hami_jupyter.slice.limits import Limits
+from hami_jupyter.slice.create import create_slice
+from hami_jupyter.slice.status import slice_status
+from hami_jupyter.slice.status_html import format_html
 
 MiB = 1 << 20
 CONTEXT = 64 * MiB
@@ -156,7 +157,7 @@ def test_damaged_or_missing_slice_file_is_one_line_of_advice(start_kernel, cell)
             assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     r = ok(kc, cell, "%hami watch --interval 0.2")
     assert only_output(r, WIDGET_MIME)
-    r = ok(kc, cell, "from hami_jupyter import status_watch\n"
+    r = ok(kc, cell, "from hami_jupyter.magic import watch as status_watch\n"
                      "print(status_watch.running_watches()[-1].error)\n"
                      "%hami watch stop")
     assert "does not exist" in r.stdout
@@ -168,7 +169,7 @@ def test_watch_refreshes_until_stopped(start_kernel, cell):
     assert only_output(r, WIDGET_MIME)["model_id"]
     # Counting while this cell itself runs: the refresh does not need an idle kernel.
     r = ok(kc, cell, "import time\n"
-                     "from hami_jupyter import status_watch\n"
+                     "from hami_jupyter.magic import watch as status_watch\n"
                      "w = status_watch.running_watches()[-1]\n"
                      "n0 = w.refresh_count; time.sleep(1.5); n1 = w.refresh_count\n"
                      "print(w.running, n0, n1)")
@@ -196,7 +197,7 @@ def test_watch_shows_errors_and_recovers(tmp_path):
     try:
         assert "does not exist" in watch.error and watch.running
         assert escape(str(path)) in watch.html.value
-        create_slice(path, "later", SliceLimits(memory=1 << 30))
+        create_slice(path, "later", Limits(memory_limit=1 << 30))
         deadline = time.monotonic() + 10
         while watch.error is not None and time.monotonic() < deadline:
             time.sleep(0.05)

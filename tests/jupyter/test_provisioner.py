@@ -15,13 +15,14 @@ import time
 
 import pytest
 
-from hami_jupyter import kernel_registry, native
-from hami_jupyter.limits import resolve_limits
-from hami_jupyter.provisioner import SliceSetupError
-from hami_jupyter.slice_file import read_snapshot
-from hami_jupyter.slice_limits import set_memory_limit
-from hami_jupyter.slice_setup import create_limits_file, create_slice
-from hami_jupyter.slice_status import slice_status
+from hami_jupyter import native
+from hami_jupyter.slice import registry as kernel_registry
+from hami_jupyter.slice.settings import resolve_limits
+from hami_jupyter.provisioning.provisioner import SliceSetupError
+from hami_jupyter.slice.file import read_snapshot
+from hami_jupyter.slice.change import set_memory_limit
+from hami_jupyter.slice.create import create_limits_file, create_slice
+from hami_jupyter.slice.status import slice_status
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -134,7 +135,7 @@ def test_sm_share_and_mode_reach_the_slice(hami_env, start_kernel, cell):
     km, kc = start_kernel(sm_limit=25, sm_mode="elastic")
     path = kernel_env(kc, cell, "HAMI_SLICE")["HAMI_SLICE"]
     fallback = read_snapshot(path).fallback_limit
-    assert (fallback.sm_share, fallback.mode, fallback.memory_limit) == (25, 1, 0)
+    assert (fallback.sm_share, fallback.mode, fallback.memory_limit) == (25, "elastic", 0)
 
 
 @pytest.fixture
@@ -214,7 +215,7 @@ def test_strictest_sm_share_and_mode_win(hami_env, start_kernel, kernelspec, cel
     km, kc = start_kernel(kernel_name=name, env={"HAMI_SM_LIMIT": "25", "HAMI_SM_MODE": "hard"})
     env = kernel_env(kc, cell, "HAMI_SLICE", "CUDA_DEVICE_SM_LIMIT", "HAMI_SM_MODE")
     fallback = read_snapshot(env["HAMI_SLICE"]).fallback_limit
-    assert (fallback.sm_share, fallback.mode) == (25, 0)  # 25 %, hard
+    assert (fallback.sm_share, fallback.mode) == (25, "hard")
     assert (env["CUDA_DEVICE_SM_LIMIT"], env["HAMI_SM_MODE"]) == ("25", "hard")
 
 
@@ -224,7 +225,7 @@ def test_per_gpu_limit_never_loosens_the_limit_of_every_gpu():
         ("kernelspec 'k' env", "env", {"CUDA_DEVICE_MEMORY_LIMIT_0": "8g", "CUDA_DEVICE_MEMORY_LIMIT_1": "1g"}),
         ("server environment", "env", {"CUDA_DEVICE_MEMORY_LIMIT": "2g", "CUDA_DEVICE_MEMORY_LIMIT_1": "512m"}),
     ])
-    assert (limits.memory, limits.memory_per_gpu) == (2 * GiB, {1: 512 * MiB})
+    assert (limits.limits.memory_limit, limits.memory_per_gpu) == (2 * GiB, {1: 512 * MiB})
     assert limits.sources["CUDA_DEVICE_MEMORY_LIMIT_1"] == "CUDA_DEVICE_MEMORY_LIMIT_1 (server environment)"
 
 
@@ -280,7 +281,7 @@ def test_live_slice_keeps_its_limits_and_the_kernel_is_told(hami_env, start_kern
 
 def test_hub_limits_file_is_in_force(hami_env, start_kernel, cell, caplog):
     path = hami_env.root / f"{USER}.slice"
-    held = resolve_limits({"memory_limit": "2g", "sm_limit": 30}, {})
+    held = resolve_limits({"memory_limit": "2g", "sm_limit": 30}, {}).limits
     create_slice(path, USER, held)
     create_limits_file(path, held)
     km, kc = start_kernel(env={"HAMI_MEMORY_LIMIT": "1g"})

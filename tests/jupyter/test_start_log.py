@@ -9,8 +9,8 @@ its processes to, every GPU with a limit of its own, and whose they are.
 import getpass
 import logging
 
-from hami_jupyter.limits import SliceLimits
-from hami_jupyter.slice_setup import create_limits_file, create_slice
+from hami_jupyter.slice.limits import Limits
+from hami_jupyter.slice.create import create_limits_file, create_slice
 
 GiB = 1 << 30
 USER = getpass.getuser()
@@ -26,9 +26,9 @@ def start_lines(caplog):
 def test_start_line_gives_the_hubs_per_gpu_cap(hami_env, start_kernel, cell, caplog):
     caplog.set_level(logging.INFO)
     path = hami_env.root / f"{USER}.slice"
-    default = SliceLimits(memory=8 * GiB, sm_share=60, mode="hard")
+    default = Limits(memory_limit=8 * GiB, sm_share=60, mode="hard")
     create_slice(path, USER, default, devices=[(SIM_GPU0, 16 * GiB)])
-    create_limits_file(path, default, device_limits={0: SliceLimits(memory=5 * GiB, sm_share=60)})
+    create_limits_file(path, default, device_limits={0: Limits(memory_limit=5 * GiB, sm_share=60)})
 
     km, kc = start_kernel(env={"HAMI_MEMORY_LIMIT": "8g", "HAMI_SM_LIMIT": "60"})
     (line,) = start_lines(caplog)
@@ -45,7 +45,7 @@ def test_start_line_gives_the_hubs_per_gpu_cap(hami_env, start_kernel, cell, cap
 def test_start_line_names_the_limits_file_in_force(hami_env, start_kernel, caplog):
     caplog.set_level(logging.INFO)
     path = hami_env.root / f"{USER}.slice"
-    held = SliceLimits(memory=2 * GiB)
+    held = Limits(memory_limit=2 * GiB)
     create_slice(path, USER, held)
     create_limits_file(path, held)
     start_kernel(env={"HAMI_MEMORY_LIMIT": "1g"})

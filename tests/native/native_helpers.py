@@ -246,7 +246,7 @@ class SimGpu:
 
 def read_slice(path):
     """A snapshot of the slice file at *path* (the one place that reads it)."""
-    from hami_jupyter.slice_file import read_snapshot
+    from hami_jupyter.slice.file import read_snapshot
 
     return read_snapshot(path)
 

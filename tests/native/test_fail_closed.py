@@ -17,9 +17,9 @@ import textwrap
 
 import pytest
 
-from hami_jupyter.limits import SliceLimits
-from hami_jupyter.slice_file import HAMI_DEVICE_CLAIMING, HAMI_DEVICE_READY, HamiSliceDevice, HamiSliceFile
-from hami_jupyter.slice_setup import create_limits_file
+from hami_jupyter.slice.limits import Limits
+from hami_jupyter.slice.layout import HAMI_DEVICE_CLAIMING, HAMI_DEVICE_READY, HamiSliceDevice, HamiSliceFile
+from hami_jupyter.slice.create import create_limits_file
 
 from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GiB, NATIVE
 
@@ -220,7 +220,7 @@ def test_a_limits_file_of_another_user_fails_closed(cudrive, make_slice, tmp_pat
     if os.geteuid() != 0:
         pytest.skip("needs root to hand a file to another user")
     s = made_slice(cudrive, make_slice, limit="1g")
-    lpath, _ = create_limits_file(s.path, SliceLimits(memory=GiB))
+    lpath, _ = create_limits_file(s.path, Limits(memory_limit=GiB))
     os.chown(lpath, NOBODY, NOBODY)
     res = cudrive.run("init ctx 0 alloc 2g", s.env)
     assert res.one("init")["rc"] != CUDA_SUCCESS
@@ -231,7 +231,7 @@ def test_a_limits_file_that_cannot_be_looked_for_fails_closed(cudrive, make_slic
     """The slice path fits PATH_MAX, "<path>.limits" does not: the hub's limits
     must not be traded for the user-owned block in the slice file."""
     s = made_slice(cudrive, make_slice, name="team.slice", limit=None)  # in-file block: no limit
-    create_limits_file(s.path, SliceLimits(memory=GiB))  # the hub's: 1 GiB
+    create_limits_file(s.path, Limits(memory_limit=GiB))  # the hub's: 1 GiB
     padding = 4095 - len(f"{tmp_path}/team.slice")
     long_path = f"{tmp_path}/{'./' * (padding // 2)}{'/' * (padding % 2)}team.slice"
     assert len(long_path) == 4095 and os.path.samefile(long_path, s.path)

@@ -2,7 +2,7 @@
 
 The preload library (native/src/config.c, size.c) reads limits and slice names
 from a process's environment; the Jupyter side (hami_jupyter.limits,
-hami_jupyter.slice_paths) reads the same settings before it starts a kernel.
+hami_jupyter.slice.paths) reads the same settings before it starts a kernel.
 If the two disagree, a value Python accepts can make a kernel whose CUDA is
 refused, or, worse, a value C ignores can leave a GPU less limited than the
 kernel was promised. Every case below runs through both, and both must give
@@ -11,8 +11,9 @@ the answer in the table.
 
 import pytest
 
-from hami_jupyter.limits import LimitError, resolve_limits
-from hami_jupyter.slice_paths import SliceNameError, slice_path
+from hami_jupyter.slice.limits import LimitError
+from hami_jupyter.slice.settings import resolve_limits
+from hami_jupyter.slice.paths import SliceNameError, slice_path
 
 from native_helpers import CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS
 
@@ -128,5 +129,5 @@ def test_both_sides_read_a_slice_name_alike(cudrive, make_slice, tmp_path, ref, 
         python = False
     env = make_slice(limit="1g").env
     env.update(HAMI_SLICE=ref, HAMI_SLICE_ROOT=str(tmp_path / "slices"))
-    assert python is accepted, "hami_jupyter.slice_paths"
+    assert python is accepted, "hami_jupyter.slice.paths"
     assert c_accepts(cudrive, env) is accepted, "libvgpu.so"

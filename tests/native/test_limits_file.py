@@ -4,17 +4,18 @@ import os
 
 from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB
 
-from hami_jupyter.limits import SliceLimits
-from hami_jupyter.slice_file import limits_file_path, read_snapshot
-from hami_jupyter.slice_limits import limits_target, set_memory_limit
-from hami_jupyter.slice_setup import create_limits_file, create_slice
+from hami_jupyter.slice.limits import Limits
+from hami_jupyter.slice.layout import limits_file_path
+from hami_jupyter.slice.file import read_snapshot
+from hami_jupyter.slice.change import limits_target, set_memory_limit
+from hami_jupyter.slice.create import create_limits_file, create_slice
 
 
 def hub_slice(s, memory, in_file=None):
     """The slice file with its own limits block at *in_file* (or none) and a
     limits file at *memory*, as the hub makes them."""
-    create_slice(s.path, "team", SliceLimits(memory=in_file))
-    create_limits_file(s.path, SliceLimits(memory=memory))
+    create_slice(s.path, "team", Limits(memory_limit=in_file or 0))
+    create_limits_file(s.path, Limits(memory_limit=memory))
 
 
 def test_limits_file_wins_over_the_slice_files_own_block(cudrive, make_slice):
@@ -45,7 +46,7 @@ def test_a_change_to_the_limits_file_applies_live(cudrive, make_slice):
 
 def test_a_damaged_limits_file_fails_closed(cudrive, make_slice):
     s = make_slice(name="team.slice", limit="4g", overhead="0")
-    create_slice(s.path, "team", SliceLimits(memory=4 * GiB))
+    create_slice(s.path, "team", Limits(memory_limit=4 * GiB))
     with open(limits_file_path(s.path), "wb") as f:
         f.write(b"garbage" * 10)
     res = cudrive.run("init ctx 0 alloc 1m", s.env)
@@ -56,8 +57,8 @@ def test_a_damaged_limits_file_fails_closed(cudrive, make_slice):
 
 def test_a_limits_file_of_an_unknown_version_is_refused(cudrive, make_slice):
     s = make_slice(name="team.slice", limit="4g", overhead="0")
-    create_slice(s.path, "team", SliceLimits(memory=4 * GiB))
-    path, _ = create_limits_file(s.path, SliceLimits(memory=GiB))
+    create_slice(s.path, "team", Limits(memory_limit=4 * GiB))
+    path, _ = create_limits_file(s.path, Limits(memory_limit=GiB))
     data = bytearray(path.read_bytes())
     data[8:12] = (2).to_bytes(4, "little")
     os.unlink(path)

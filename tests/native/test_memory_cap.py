@@ -127,7 +127,7 @@ def test_out_of_memory_message_is_rate_limited(cudrive, make_slice):
 
 
 def test_raised_limit_applies_to_a_running_process(cudrive, make_slice, gpu):
-    from hami_jupyter.slice_limits import set_memory_limit
+    from hami_jupyter.slice.change import set_memory_limit
 
     s = make_slice(limit="1g", overhead="0")
     p = cudrive.start(s.env)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hami_jupyter.slice_limits import set_memory_limit
+from hami_jupyter.slice.change import set_memory_limit
 
 from native_helpers import (
     CUDA_ERROR_INVALID_VALUE,

@@ -135,14 +135,14 @@ def test_a_malformed_decoder_cap_fails_closed(cudrive, make_slice):
 
 
 def test_decoder_cap_changes_live(cudrive, make_slice):
-    from hami_jupyter.slice_limits import update_limits
+    from hami_jupyter.slice.change import update_limits
 
     s = make_slice(limit="4g", overhead="0", HAMI_MAX_DECODERS=1)
     p = started(cudrive, s.env)
     p.ok(f"decoder a {HD}")
     assert p.cmd(f"decoder b {HD}")["rc"] == CUDA_ERROR_OUT_OF_MEMORY
 
-    def raise_cap(limits):
+    def raise_cap(limits, _snapshot):
         limits.fallback.max_decoders = 2
 
     update_limits(s.path, raise_cap)
@@ -150,7 +150,7 @@ def test_decoder_cap_changes_live(cudrive, make_slice):
 
 
 def test_status_shows_decoders_and_frames(cudrive, make_slice):
-    from hami_jupyter.slice_status import format_text, slice_status
+    from hami_jupyter.slice.status import format_text, slice_status
 
     s = make_slice(limit="4g", overhead="0", HAMI_MAX_DECODERS=2, HAMI_KERNEL_ID="k-video")
     p = started(cudrive, s.env)

@@ -87,7 +87,7 @@ def test_elastic_slice_takes_idle_time_hard_does_not(cudrive, make_slice):
 
 
 def test_share_changes_live_up_and_down(cudrive, make_slice, gpu):
-    from hami_jupyter.slice_limits import set_sm_share
+    from hami_jupyter.slice.change import set_sm_share
 
     s = _sm_slice(make_slice, "team", 25)
     p = _burner(cudrive, s.env)
@@ -105,7 +105,7 @@ def test_share_changes_live_up_and_down(cudrive, make_slice, gpu):
 
 
 def test_share_set_on_a_slice_that_had_none(cudrive, make_slice, gpu):
-    from hami_jupyter.slice_limits import set_sm_share
+    from hami_jupyter.slice.change import set_sm_share
 
     s = make_slice(limit=None, overhead="0")
     p = _burner(cudrive, s.env)

@@ -7,8 +7,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami_jupyter.server import _load_jupyter_server_extension
-from hami_jupyter.slice_paths import user_slice_name
-from hami_jupyter.slice_status import slice_status
+from hami_jupyter.slice.paths import user_slice_name
+from hami_jupyter.slice.status import slice_status
 
 MiB = 1 << 20
 CONTEXT = 64 * MiB  # the simulated GPU's context

@@ -8,8 +8,8 @@ import uuid
 import pytest
 from jupyter_server.utils import url_path_join
 
-from hami_jupyter import kernel_registry
-from hami_jupyter.slice_status import slice_status
+from hami_jupyter.slice import registry as kernel_registry
+from hami_jupyter.slice.status import slice_status
 
 MiB = 1 << 20
 CONTEXT = 64 * MiB  # the simulated GPU's context

@@ -3,7 +3,7 @@
  * a slice (the preload library in each kernel), the Jupyter side (magic, CLI,
  * server extension) and whoever sets the limits (hub, admin).
  *
- * This header is the source of truth. hami_jupyter/slice_file.py mirrors it
+ * This header is the source of truth. hami_jupyter/slice/layout.py mirrors it
  * and tests/test_slice_layout.py fails if any offset or size disagrees.
  * docs/slice-file.md explains the rules; in short:
  *
@@ -45,6 +45,19 @@
 #define HAMI_SLICE_UUID_LEN 48
 #define HAMI_SLICE_KERNEL_ID_LEN 48
 #define HAMI_SLICE_COMM_LEN 16
+
+/*
+ * Where a slice named without a path (HAMI_SLICE=alice) lives: the first of
+ * $HAMI_SLICE_ROOT; HAMI_HUB_SLICE_ROOT when it is a directory (the hub
+ * manages the slices of this host); $XDG_RUNTIME_DIR/HAMI_SLICE_ROOT_SUBDIR;
+ * HAMI_SLICE_ROOT_TMP_PREFIX<uid>. There the slice is <name>HAMI_SLICE_SUFFIX
+ * and its limits file, when a hub owns the limits, <name>HAMI_LIMITS_SUFFIX.
+ */
+#define HAMI_HUB_SLICE_ROOT "/run/hami-jupyter"
+#define HAMI_SLICE_ROOT_SUBDIR "hami-jupyter"
+#define HAMI_SLICE_ROOT_TMP_PREFIX "/tmp/hami-jupyter-"
+#define HAMI_SLICE_SUFFIX ".slice"
+#define HAMI_LIMITS_SUFFIX ".limits"
 
 /* hami_slice_header.flags */
 #define HAMI_SLICE_FLAG_PRIVATE 0x1u /* anonymous slice of one process tree */

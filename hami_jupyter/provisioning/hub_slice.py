@@ -7,7 +7,7 @@ can set for one kernel, decides that the server is hub-managed. Then:
 
 - every kernel of the server runs in that slice, whatever its kernelspec
   says: the server extension routes every kernelspec through
-  ``hami-provisioner`` (:mod:`hami_jupyter.hub_kernels`), and the
+  ``hami-provisioner`` (:mod:`.factory`), and the
   provisioner refuses a kernel that names another slice;
 - a kernel never gets more than the slice holds: the hub's limits file is the
   authority, and the preload library enforces it whatever the kernel's
@@ -26,12 +26,10 @@ a reference names it, and how asked limits compare with the slice's.
 """
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
-from .size import format_size
-from .slice_file import HAMI_MODE_ELASTIC
-from .slice_paths import SliceNameError, slice_path
+from ..slice.paths import SliceNameError, slice_path
+from ..slice.size import format_size
 
 VARIABLE = "HAMI_HUB_SLICE"
 
@@ -77,46 +75,22 @@ def refers_elsewhere(ref, hub, root=None, env=None):
         return True
 
 
-@dataclass(frozen=True)
-class Held:
-    """One entry of what a slice holds its processes to (0: no limit)."""
-
-    memory: int = 0
-    sm_share: int = 0
-    elastic: bool = False
-    max_decoders: int = 0
-    gpu: str = ""  # "" for every GPU (the fallback); else a GPU's UUID
-
-
 def held_by(snapshot):
-    """The entries a slice file's *snapshot* holds: its fallback, then each GPU's own."""
-
-    def entry(limit, gpu=""):
-        share = limit.sm_share % 100
-        return Held(limit.memory_limit, share, bool(share) and limit.mode == HAMI_MODE_ELASTIC,
-                    limit.max_decoders, gpu)
-
-    return [entry(snapshot.fallback_limit)] + [
-        entry(d.limit, d.uuid) for d in snapshot.devices if not d.limit_is_fallback]
+    """What a slice file's *snapshot* holds its processes to: ``[(gpu, Limits)]``,
+    its default first (gpu ""), then each GPU with limits of its own (its UUID)."""
+    return [("", snapshot.fallback_limit)] + [
+        (d.uuid, d.limit) for d in snapshot.devices if not d.limit_is_fallback]
 
 
-def held_by_limits(limits):
-    """The entry a :class:`~hami_jupyter.limits.SliceLimits` stands for (the
-    hub's limits as the server's environment carries them)."""
-    share = (limits.sm_share or 0) % 100
-    return [Held(limits.memory or 0, share, bool(share) and limits.mode == "elastic",
-                 limits.max_decoders or 0)]
+def held_by_limits(asked):
+    """What :class:`~hami_jupyter.slice.settings.AskedLimits` stand for as held
+    limits (the hub's limits as the server's environment carries them)."""
+    return [("", asked.limits)]
 
 
 def describe_held(held):
-    def one(h):
-        text = (f"memory {format_size(h.memory) if h.memory else 'unlimited'}, "
-                + (f"SM {h.sm_share} % ({'elastic' if h.elastic else 'hard'})" if h.sm_share
-                   else "SM unlimited")
-                + (f", {h.max_decoders} decoders" if h.max_decoders else ""))
-        return f"GPU {h.gpu}: {text}" if h.gpu else text
-
-    return "; ".join(one(h) for h in held)
+    return "; ".join(f"GPU {gpu}: {limits.describe()}" if gpu else limits.describe()
+                     for gpu, limits in held)
 
 
 def _cap(value):
@@ -124,13 +98,15 @@ def _cap(value):
 
 
 def compare(asked, held, fields=None):
-    """How the limits *asked* (a :class:`~hami_jupyter.limits.SliceLimits`;
+    """How the limits *asked* (:class:`~hami_jupyter.slice.settings.AskedLimits`;
     only the fields its ``sources`` name, or *fields*, count as asked) stand
-    against the entries *held*: ``(stricter, looser)``, each a list of
-    ``(field, asked text, source)``. A value is stricter when it is below what
-    the slice holds on some GPU, looser when above it on some GPU and
-    stricter on none."""
+    against the entries *held* (:func:`held_by`): ``(stricter, looser)``, each
+    a list of ``(field, asked text, source)``. A value is stricter when it is
+    below what the slice holds on some GPU, looser when above it on some GPU
+    and stricter on none."""
     fields = set(asked.sources if fields is None else fields)
+    limits = asked.limits
+    entries = [h for _, h in held]
     stricter, looser = [], []
 
     def weigh(field, value, held_values, text, source):
@@ -140,28 +116,30 @@ def compare(asked, held, fields=None):
             looser.append((field, text, source))
 
     source = asked.sources.get
-    if "memory" in fields and asked.memory:
-        weigh("memory", asked.memory, [h.memory for h in held],
-              f"memory {format_size(asked.memory)}", source("memory", "memory"))
-    if "sm_share" in fields:  # 0 or 100: no share, which is more than any share
-        share = (asked.sm_share or 0) % 100
-        weigh("sm_share", share or float("inf"), [h.sm_share for h in held],
+    if "memory_limit" in fields and limits.memory_limit:
+        weigh("memory_limit", limits.memory_limit, [h.memory_limit for h in entries],
+              f"memory {format_size(limits.memory_limit)}", source("memory_limit", "memory"))
+    if "sm_share" in fields:  # 0: no share, which is more than any share
+        share = limits.sm_share
+        weigh("sm_share", share or float("inf"), [h.sm_share for h in entries],
               f"SM {share} %" if share else "SM unlimited", source("sm_share", "SM share"))
     if "mode" in fields:
-        want_elastic = asked.mode == "elastic"
-        if not want_elastic and any(h.elastic for h in held):
+        want_elastic = limits.mode == "elastic"
+        if not want_elastic and any(h.elastic for h in entries):
             stricter.append(("mode", "SM mode hard", source("mode", "SM mode")))
-        elif want_elastic and any(h.sm_share and not h.elastic for h in held):
+        elif want_elastic and any(h.sm_share and not h.elastic for h in entries):
             looser.append(("mode", "SM mode elastic", source("mode", "SM mode")))
     if "max_decoders" in fields:  # 0: no cap
-        weigh("max_decoders", asked.max_decoders or float("inf"), [h.max_decoders for h in held],
-              f"{asked.max_decoders} decoders" if asked.max_decoders else "decoders unlimited",
+        weigh("max_decoders", limits.max_decoders or float("inf"),
+              [h.max_decoders for h in entries],
+              f"{limits.max_decoders} decoders" if limits.max_decoders else "decoders unlimited",
               source("max_decoders", "decoders"))
     for n, v in sorted(asked.memory_per_gpu.items()):
-        weigh("memory_per_gpu", v, [h.memory for h in held], f"GPU {n}: memory {format_size(v)}",
+        weigh("memory_per_gpu", v, [h.memory_limit for h in entries],
+              f"GPU {n}: memory {format_size(v)}",
               source(f"CUDA_DEVICE_MEMORY_LIMIT_{n}", f"CUDA_DEVICE_MEMORY_LIMIT_{n}"))
     for n, v in sorted(asked.sm_per_gpu.items()):
-        weigh("sm_per_gpu", v % 100 or float("inf"), [h.sm_share for h in held],
+        weigh("sm_per_gpu", v % 100 or float("inf"), [h.sm_share for h in entries],
               f"GPU {n}: SM {v} %", source(f"CUDA_DEVICE_SM_LIMIT_{n}", f"CUDA_DEVICE_SM_LIMIT_{n}"))
     return stricter, looser
 
@@ -170,6 +148,6 @@ def nested_memory_cap(stricter, asked):
     """The cap that nests *asked* inside the slice, when the only stricter
     limit it asks for (*stricter*, from :func:`compare`) is a memory cap for
     every GPU: each process of the kernel is held to it. None otherwise."""
-    if stricter and all(field == "memory" for field, _, _ in stricter):
-        return asked.memory
+    if stricter and all(field == "memory_limit" for field, _, _ in stricter):
+        return asked.limits.memory_limit
     return None

@@ -22,9 +22,9 @@ from html import escape
 
 import ipywidgets as widgets
 
-from .magic import advice
-from .slice_status import slice_status
-from .status_html import LEVEL_COLOUR, format_html
+from ..advice import advice
+from ..slice.status import slice_status
+from ..slice.status_html import LEVEL_COLOUR, format_html
 
 _lock = threading.Lock()
 _running = []  # watches started and not stopped, oldest first
@@ -62,7 +62,7 @@ class Watch:
             self.html.value = format_html(slice_status(self.path), self.current_kernel)
             self.error = None
         except Exception as e:  # anything: the widget is the only place it can go
-            self.error = advice(e, self.path)
+            self.error = f"hami: {advice(e, self.path)}"
             self.html.value = (f'<div style="color: {LEVEL_COLOUR["critical"]}">'
                                f"{escape(self.error)}</div>")
         self.refresh_count += 1

@@ -2,8 +2,15 @@
 
 One function, :func:`slice_status`, reads a slice file and its kernel
 registry and returns a dict that is the same for every viewer: ``%hami
-status`` (text, HTML, ``--json``), ``hami-jupyter status``, and later the
-server extension. Only plain types are in it, so ``json.dumps`` takes it as is.
+status`` (text, HTML, ``--json``), ``hami-jupyter status``, the admin panel
+and the server extension's REST API. Only plain types are in it, so
+``json.dumps`` takes it as is. :func:`format_text` renders it for terminals;
+:mod:`.status_html` for notebooks.
+
+Each GPU's memory level ("ok", "warning", "critical") is worked out here with
+the fractions of the cap the caller gives (the server extension's
+configuration; 0.8 and 0.95 by default), and the dict carries them, so that
+every rendering of it words the same thresholds.
 
 Memory a dead process still holds in the file (its slot not yet reclaimed by
 a process of the slice) is left out of ``memory_used``: it is no longer in
@@ -13,44 +20,43 @@ use, and the slice's next allocation at the cap returns it to the counter.
 import os
 import time
 
-from . import kernel_registry
+from . import registry
+from .file import read_snapshot
 from .size import format_size
-from .slice_file import HAMI_MODE_ELASTIC, read_snapshot
 
-WARN_FRACTION = 0.80  # of the memory cap: a warning
+WARNING_FRACTION = 0.80  # of the memory cap: a warning, unless configured otherwise
 CRITICAL_FRACTION = 0.95  # of the memory cap: nearly out
 
-_MODE_NAMES = {HAMI_MODE_ELASTIC: "elastic"}
+
+def check_fractions(warning, critical):
+    """ValueError unless 0 < *warning* <= *critical* <= 1."""
+    for name, value in (("warning", warning), ("critical", critical)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            raise ValueError(f"the {name} fraction of the memory cap must be a number above 0 "
+                             f"and at most 1, not {value!r}")
+    if warning > critical:
+        raise ValueError(f"the warning fraction ({warning}) must not be above the critical "
+                         f"fraction ({critical})")
 
 
-def _mode(limit):
-    return _MODE_NAMES.get(limit.mode, "hard")
-
-
-def memory_level(used, limit):
-    """"ok", "warning" (80 %) or "critical" (95 %) for *used* of *limit* (0 = none)."""
+def memory_level(used, limit, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
+    """"ok", "warning" or "critical" for *used* of *limit* (0 = none), by the
+    fractions of the cap *warning* and *critical*."""
     if not limit:
         return "ok"
-    if used >= CRITICAL_FRACTION * limit:
+    if used >= critical * limit:
         return "critical"
-    if used >= WARN_FRACTION * limit:
+    if used >= warning * limit:
         return "warning"
     return "ok"
 
 
-def _limit_dict(limit):
-    return {
-        "memory_limit": limit.memory_limit,
-        "sm_share": limit.sm_share,
-        "mode": _mode(limit),
-    }
+def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
+    """The slice at *path* now, as a dict (see the module docstring); memory
+    levels by the fractions of the cap *warning* and *critical*.
 
-
-def slice_status(path):
-    """The slice at *path* now, as a dict (see the module docstring).
-
-    Raises the slice-file errors of :mod:`hami_jupyter.slice_file` (missing,
-    corrupt, unsupported version) unchanged: callers turn them into advice.
+    Raises the slice-file errors of :mod:`.file` (missing, corrupt,
+    unsupported version) unchanged: callers turn them into advice.
     """
     snap = read_snapshot(path)
     stale_by_device = {}
@@ -70,17 +76,17 @@ def slice_status(path):
             "memory_used": used,
             "memory_peak": d.memory_peak,
             "memory_limit": limit,
-            "memory_level": memory_level(used, cap if limit else 0),
+            "memory_level": memory_level(used, cap if limit else 0, warning, critical),
             "sm_count": d.sm_count,
             "sm_share": d.limit.sm_share,
             "sm_util": d.sm_util,
-            "mode": _mode(d.limit),
+            "mode": d.limit.mode,
             "limit_is_fallback": d.limit_is_fallback,
             "decoders": d.decoders,
             "max_decoders": d.limit.max_decoders,
         })
 
-    registered = {k.kernel_id: k for k in kernel_registry.kernels(snap.path)}
+    registered = {k.kernel_id: k for k in registry.kernels(snap.path)}
     uuid_of = {d.index: d.uuid for d in snap.devices}
     kernels, others = {}, []
     for s in snap.slots:
@@ -128,7 +134,9 @@ def slice_status(path):
         "read_unix": time.time(),
         "limits_generation": snap.limits_generation,
         "limits_changed_unix": snap.limits_changed_unix_ns / 1e9,
-        "default_limit": _limit_dict(snap.fallback_limit),
+        "default_limit": snap.fallback_limit.as_dict(),
+        "warning_fraction": warning,
+        "critical_fraction": critical,
         "gpus": gpus,
         "kernels": list(kernels.values()),
         "other_processes": others,
@@ -156,11 +164,12 @@ def _sm_line(gpu):
     return f"SM {gpu['sm_util']} % now, {share}"
 
 
-_LEVEL_WORDS = {
-    "warning": "WARNING: over 80 % of the memory cap is in use",
-    "critical": "CRITICAL: over 95 % of the memory cap is in use; allocations will fail soon "
-                "(`%hami release` returns framework caches)",
-}
+def level_words(level, status):
+    """What a memory level means, with the thresholds *status* was read with."""
+    if level == "warning":
+        return f"over {status['warning_fraction'] * 100:.0f} % of the memory cap is in use"
+    return (f"over {status['critical_fraction'] * 100:.0f} % of the memory cap is in use; "
+            "allocations will fail soon")
 
 
 def _video(p):
@@ -187,8 +196,11 @@ def format_text(status):
         if g["decoders"] or g["max_decoders"]:
             cap = f" of {g['max_decoders']}" if g["max_decoders"] else ""
             lines.append(f"    NVDEC {g['decoders']}{cap} video decoder(s) in use")
-        if g["memory_level"] != "ok":
-            lines.append(f"    {_LEVEL_WORDS[g['memory_level']]}")
+        if g["memory_level"] == "warning":
+            lines.append(f"    WARNING: {level_words('warning', status)}")
+        elif g["memory_level"] == "critical":
+            lines.append(f"    CRITICAL: {level_words('critical', status)} "
+                         "(`%hami release` returns framework caches)")
     if status["kernels"]:
         lines.append("  kernels:")
     for k in status["kernels"]:

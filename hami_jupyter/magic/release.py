@@ -21,10 +21,10 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from .size import format_size
-from .slice_file import SliceFileError
-from .slice_paths import SliceNameError, slice_path
-from .slice_status import slice_status
+from ..slice.file import SliceFileError
+from ..slice.paths import SliceNameError, slice_path
+from ..slice.size import format_size
+from ..slice.status import slice_status
 
 
 @dataclass

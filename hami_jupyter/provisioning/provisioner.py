@@ -6,27 +6,27 @@ kernel process starts,
 - works out the kernel's limits from every place one can be set: the
   kernelspec's provisioner ``config`` and ``env``, ``c.HamiProvisioner.*``,
   the server's environment (``HAMI_*``, HAMi's ``CUDA_DEVICE_*``). The
-  strictest value of each field wins (see :mod:`hami_jupyter.limits` for
-  why); this happens after jupyter_client has merged the kernelspec's
+  strictest value of each field wins (see :mod:`hami_jupyter.slice.settings`
+  for why); this happens after jupyter_client has merged the kernelspec's
   ``env`` into the kernel's environment, so no source is missed;
 - works out the slice (by default the user's: every kernel of one user shares
   one slice; a kernelspec that sets limits of its own gets its own). Under
   JupyterHub (``HAMI_HUB_SLICE`` in the server's environment, see
-  :mod:`hami_jupyter.hub_slice`) it is always the hub's slice: a kernel that
+  :mod:`.hub_slice`) it is always the hub's slice: a kernel that
   names another one is refused; one asking for a smaller memory cap gets it
   for each of its processes (``HAMI_PROCESS_MEMORY_LIMIT``), nested in the
   slice's; one asking for another stricter limit is refused (it cannot be
   nested yet); one that asks for more is started under the hub's limits,
   with a warning;
 - makes sure the slice file exists and, while no process of it runs, carries
-  those limits (:mod:`hami_jupyter.slice_setup`). A slice that keeps other
+  those limits (:mod:`hami_jupyter.slice.create`). A slice that keeps other
   limits (it is in use and an administrator may have resized it, or the hub
   owns its limits file) is the authority: the kernel's environment is given
   the limits in force, and one warning names what was asked and what holds;
 - appends the packaged ``libvgpu.so`` to the kernel's ``LD_PRELOAD`` and
   passes the slice's path and the kernel id in its environment, so every
   process the kernel starts is held to the slice and attributable to it;
-- records the kernel in the slice's registry (:mod:`hami_jupyter.kernel_registry`).
+- records the kernel in the slice's registry (:mod:`hami_jupyter.slice.registry`).
 
 A bad limit raises :class:`SliceSetupError` before anything starts; Jupyter
 shows its message to the user, and no unlimited kernel is ever started in
@@ -52,12 +52,14 @@ from pathlib import Path
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Int, Unicode, Union
 
-from . import hub_slice, kernel_registry, native
-from .limits import LimitError, SliceLimits, parse_decoders, resolve_limits
-from .size import format_size
-from .slice_file import HAMI_MODE_ELASTIC, SliceFileError, read_snapshot
-from .slice_paths import SliceNameError, check_name, slice_name, slice_path, user_slice_name
-from .slice_setup import ensure_slice
+from .. import native
+from ..slice import registry
+from ..slice.create import ensure_slice
+from ..slice.file import SliceFileError, read_snapshot
+from ..slice.limits import LimitError, parse_decoders
+from ..slice.paths import SliceNameError, check_name, slice_name, slice_path, user_slice_name
+from ..slice.settings import AskedLimits, resolve_limits
+from . import hub_slice
 
 # Limit traits that, set by a kernelspec, give that kernelspec a slice of its own.
 _LIMIT_TRAITS = ("memory_limit", "sm_limit", "sm_mode", "max_decoders")
@@ -150,7 +152,7 @@ class HamiProvisioner(LocalProvisioner):
 
     def _limit_sources(self, env, server_env):
         """Every place a limit may come from, most specific first, for
-        :func:`~hami_jupyter.limits.resolve_limits`."""
+        :func:`~hami_jupyter.slice.settings.resolve_limits`."""
         spec = f"kernelspec '{self._kernelspec_name()}'"
         return [
             (f"{spec} provisioner config", "config", self._kernelspec_config()),
@@ -235,7 +237,8 @@ class HamiProvisioner(LocalProvisioner):
         each process of the kernel is held to it); anything else stricter than
         the slice at *path* holds is refused (it cannot be nested yet); more
         than it holds is not applied, with one warning. Returns None when no
-        nested cap applies."""
+        nested cap applies. Runs before :func:`ensure_slice`, so that nothing
+        of the kernel's is applied before it is checked."""
         try:
             held = hub_slice.held_by(read_snapshot(path))
         except (OSError, SliceFileError) as e:
@@ -266,42 +269,24 @@ class HamiProvisioner(LocalProvisioner):
         return nested
 
     def _limits_in_force(self, path, asked, outcome, hub=False):
-        """The limits the slice at *path* holds its processes to, after
-        :func:`ensure_slice` said *outcome*; warns once when they are not *asked*
-        (under the *hub*, where :meth:`_check_hub_limits` has said what counts
-        to the user, only at info level: an administrator's change is no news)."""
+        """``(limits, snapshot)``: the limits the slice at *path* holds its
+        processes to, after :func:`ensure_slice` said *outcome*, and the slice
+        as read then (None when the kernel creates it). Warns once when they
+        are not *asked* (under the *hub*, where :meth:`_check_hub_limits` has
+        said what counts to the user, only at info level: an administrator's
+        change is no news)."""
         if outcome == "deferred":  # the kernel creates the file from its environment
-            return asked
+            return asked, None
         snap = read_snapshot(path)
-        fb = snap.fallback_limit
+        held = snap.fallback_limit
         authority = f"the hub's limits file {snap.limits_file}" if snap.limits_file else "the slice file"
-        in_force = SliceLimits(
-            memory=fb.memory_limit or None, sm_share=fb.sm_share % 100 or None,
-            mode="elastic" if fb.mode == HAMI_MODE_ELASTIC else "hard",
-            max_decoders=fb.max_decoders or None,
-            sources={"memory": authority, "sm_share": authority, "mode": authority,
-                     "max_decoders": authority})
-
-        def entry(memory, sm, mode, decoders):
-            return (memory or 0, sm % 100 if sm else 0, mode if sm % 100 else None, decoders or 0)
-
-        want = entry(asked.memory, asked.sm_share or 0, asked.mode, asked.max_decoders)
-        held = entry(fb.memory_limit, fb.sm_share, in_force.mode, fb.max_decoders)
-        own = [d for d in snap.devices if not d.limit_is_fallback and entry(
-            d.limit.memory_limit, d.limit.sm_share,
-            "elastic" if d.limit.mode == HAMI_MODE_ELASTIC else "hard", d.limit.max_decoders) != want]
-        if want == held and not own and not asked.memory_per_gpu and not asked.sm_per_gpu:
-            return in_force
-
-        def describe(limits):
-            text = limits.describe()
-            return text + (f", {limits.max_decoders} decoders" if limits.max_decoders else "")
-
-        holds = describe(in_force) + "".join(
-            f"; GPU {d.uuid}: memory "
-            f"{format_size(d.limit.memory_limit) if d.limit.memory_limit else 'unlimited'}, "
-            f"SM {f'{d.limit.sm_share % 100} %' if d.limit.sm_share % 100 else 'unlimited'}"
-            for d in own)
+        in_force = AskedLimits(held, sources=dict.fromkeys(
+            ("memory_limit", "sm_share", "mode", "max_decoders"), authority))
+        want = asked.limits.in_effect()
+        own = [d for d in snap.devices if not d.limit_is_fallback and d.limit.in_effect() != want]
+        if want == held.in_effect() and not own and not asked.per_gpu:
+            return in_force, snap
+        holds = held.describe() + "".join(f"; GPU {d.uuid}: {d.limit.describe()}" for d in own)
         if snap.limits_file:
             why = "the hub owns its limits"
         elif snap.slots:
@@ -309,15 +294,15 @@ class HamiProvisioner(LocalProvisioner):
                    "does not undo limits an administrator may have set live")
         elif not os.access(path, os.W_OK):
             why = "this server cannot write the slice file"
-        elif asked.memory_per_gpu or asked.sm_per_gpu:
+        elif asked.per_gpu:
             why = "per-GPU limits (_<n> variables) only reach a slice that a kernel creates"
         else:
             why = "the slice file kept them"
         (self.log.info if hub else self.log.warning)(
             "hami-jupyter: kernel %s asked for %s, but slice %s holds %s (%s); the slice's "
             "limits apply, and the kernel's environment carries them", self.kernel_id,
-            describe(asked), path, holds, why)
-        return in_force
+            asked.describe(), path, holds, why)
+        return in_force, snap
 
     # ---- the launch -------------------------------------------------------------
 
@@ -341,8 +326,8 @@ class HamiProvisioner(LocalProvisioner):
         for name in [k for k in env if _LIMIT_VARIABLE.fullmatch(k) or _DECODERS_PER_GPU.fullmatch(k)]:
             del env[name]
         env.update(limits.environment())
-        env.update({k: str(v) for k, v in per_gpu.items()
-                    if not limits.max_decoders or v < limits.max_decoders})
+        cap = limits.limits.max_decoders
+        env.update({k: str(v) for k, v in per_gpu.items() if not cap or v < cap})
 
     async def _abandon_launch(self):
         """Undo what jupyter_client's part of a first launch prepared (the
@@ -385,7 +370,7 @@ class HamiProvisioner(LocalProvisioner):
                 nested = self._check_hub_limits(path, env)
             try:
                 outcome = ensure_slice(path, slice_name(path), asked)
-                limits = self._limits_in_force(path, asked, outcome, hub=hub is not None)
+                limits, snap = self._limits_in_force(path, asked, outcome, hub=hub is not None)
             except (OSError, ValueError, SliceFileError) as e:
                 raise SliceSetupError(
                     f"hami-jupyter: cannot prepare slice file {path}: {e}. "
@@ -399,7 +384,7 @@ class HamiProvisioner(LocalProvisioner):
             await self._abandon_launch()
             raise
         self.log.info("hami-jupyter: kernel %s starts in slice %s under %s",
-                      self.kernel_id, path, _in_force_text(path, limits, outcome))
+                      self.kernel_id, path, _in_force_text(snap, limits, outcome))
 
         preload = env.get("LD_PRELOAD", "")
         entries = [p for p in preload.replace(" ", ":").split(":") if p]
@@ -415,7 +400,7 @@ class HamiProvisioner(LocalProvisioner):
     async def launch_kernel(self, cmd, **kwargs):
         info = await super().launch_kernel(cmd, **kwargs)
         try:
-            kernel_registry.register(self._slice_path, kernel_registry.new_entry(
+            registry.register(self._slice_path, registry.new_entry(
                 self._slice_path, str(self.kernel_id),
                 os.environ.get("JUPYTERHUB_USER") or getpass.getuser(),
                 self._kernelspec_name(), self.pid))
@@ -428,7 +413,7 @@ class HamiProvisioner(LocalProvisioner):
         await super().cleanup(restart=restart)
         path = getattr(self, "_slice_path", None)
         if path is not None and not restart:
-            kernel_registry.unregister(path, str(self.kernel_id))
+            registry.unregister(path, str(self.kernel_id))
 
     @property
     def slice_path(self):
@@ -446,23 +431,17 @@ class HamiProvisioner(LocalProvisioner):
             self._slice_path = Path(provisioner_info["hami_slice"])
 
 
-def _in_force_text(path, limits, outcome):
-    """For a kernel start's log line: the limits in force in the slice at
-    *path* (*limits*, from ``_limits_in_force``), the GPUs with limits of their
-    own, and whose they are (the hub's limits file, or the slice file and what
-    :func:`ensure_slice` did with it: *outcome*)."""
+def _in_force_text(snap, limits, outcome):
+    """For a kernel start's log line: the limits in force in the slice (*limits*
+    and the snapshot *snap* that ``_limits_in_force`` read), the GPUs with
+    limits of their own, and whose they are (the hub's limits file, or the
+    slice file and what :func:`ensure_slice` did with it: *outcome*)."""
     if outcome == "deferred":
         return f"{limits.describe()} (from its environment; the kernel creates the slice file)"
-    try:
-        own = [d for d in read_snapshot(path).devices if not d.limit_is_fallback]
-    except (OSError, SliceFileError):
-        own = []
+    own = [d for d in snap.devices if not d.limit_is_fallback]
     text = limits.describe() + (" by default" if own else "") + "".join(
-        f"; GPU {d.uuid}: memory "
-        f"{format_size(d.limit.memory_limit) if d.limit.memory_limit else 'unlimited'}, "
-        f"SM {f'{d.limit.sm_share % 100} %' if d.limit.sm_share % 100 else 'unlimited'}"
-        for d in own)
-    source = limits.sources.get("memory") or "the slice file"
+        f"; GPU {d.uuid}: {d.limit.describe()}" for d in own)
+    source = limits.sources.get("memory_limit") or "the slice file"
     if source == "the slice file":
         source += {"created": ", created now", "updated": ", updated now"}.get(
             outcome, ", whose limits stand")

@@ -1,8 +1,9 @@
 """``%hami``: the slice of this kernel, from inside the kernel.
 
 Loaded by the ``hami-python3`` kernelspec (``--ext=hami_jupyter.magic``), or
-by hand in any IPython with ``%load_ext hami_jupyter.magic``. Loading costs
-next to nothing: ipywidgets is imported only by ``%hami watch``.
+by hand in any IPython with ``%load_ext hami_jupyter.magic`` (the package
+:mod:`hami_jupyter.magic` hands this module's extension hooks on). Loading
+costs next to nothing: ipywidgets is imported only by ``%hami watch``.
 
 Problems a user can fix (no slice, a missing or damaged slice file, a typo)
 are one line of advice, never a traceback: the magic is what people run when
@@ -19,10 +20,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.display import display
 
-from .slice_file import LimitsBusy, SliceFileError, UnsupportedVersion
-from .slice_paths import SliceNameError, UntrustedPath, slice_path
-from .slice_status import format_text, slice_status
-from .status_html import format_html
+from ..advice import advice as slice_advice
+from ..slice.file import SliceFileError
+from ..slice.paths import SliceNameError, slice_path
+from ..slice.status import format_text, slice_status
+from ..slice.status_html import format_html
 
 USAGE = """\
 Usage: %hami status [--json] [--slice NAME_OR_PATH]
@@ -43,22 +45,7 @@ MAX_INTERVAL = 3600.0
 
 def advice(error, path):
     """One line saying what is wrong with the slice at *path* and what to do."""
-    if isinstance(error, SliceNameError):
-        return f"hami: {error}"
-    if isinstance(error, FileNotFoundError):
-        return (f"hami: slice file {path} does not exist. Restarting the kernel creates it "
-                "again; with --slice, check the name or path.")
-    if isinstance(error, UntrustedPath):
-        return f"hami: {error}"  # names the path, the owner found and the fix
-    if isinstance(error, PermissionError):
-        return (f"hami: no permission to read slice file {path}. Slices of other users "
-                "are readable only by their owner and the administrators.")
-    if isinstance(error, (UnsupportedVersion, LimitsBusy)):
-        return f"hami: {error}"  # these messages already say what to do
-    if isinstance(error, SliceFileError):
-        return (f"hami: {error}. The slice file is damaged: shut down this slice's kernels "
-                "and delete it (the next kernel creates a new one), or ask your administrator.")
-    return f"hami: cannot read slice file {path}: {error}"
+    return f"hami: {slice_advice(error, path)}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -184,21 +171,21 @@ class HamiMagics(Magics):
 
     @staticmethod
     def _watch(args):
-        from . import status_watch  # imports ipywidgets: only when asked for
+        from . import watch  # imports ipywidgets: only when asked for
 
         if args.action == "stop":
-            print(f"hami: stopped {status_watch.stop_all()} watch(es)")
+            print(f"hami: stopped {watch.stop_all()} watch(es)")
             return
         if not MIN_INTERVAL <= args.interval <= MAX_INTERVAL:  # also refuses nan
             raise UsageError(f"--interval must be {MIN_INTERVAL} to {MAX_INTERVAL:g} seconds\n{USAGE}")
         path = _slice_file(args.slice)
         if path is not None:
-            watch = status_watch.start(path, args.interval, os.environ.get("HAMI_KERNEL_ID"))
-            display(watch.widget)
+            view = watch.start(path, args.interval, os.environ.get("HAMI_KERNEL_ID"))
+            display(view.widget)
 
     @staticmethod
     def _release():
-        from .framework_release import release
+        from .release import release
 
         print(release().text())
 
@@ -208,6 +195,6 @@ def load_ipython_extension(ipython):
 
 
 def unload_ipython_extension(ipython):
-    watch_module = sys.modules.get(f"{__package__}.status_watch")
+    watch_module = sys.modules.get(f"{__package__}.watch")
     if watch_module is not None:
         watch_module.stop_all()

@@ -13,7 +13,7 @@ cannot be read, a failed check), 2 for a usage error (a bad argument), as
 argparse does. An expected failure prints one line that says what to do,
 never a traceback. A slice file another user owns or could change, met
 while listing every slice, is skipped with a warning (see
-:mod:`hami_jupyter.slice_paths`); the others still show.
+:mod:`hami_jupyter.slice.paths`); the others still show.
 """
 
 import argparse
@@ -22,11 +22,14 @@ import json
 import sys
 from pathlib import Path
 
-from . import __version__, doctor, kernelspec
-from .admin.cli import add_audit_commands, add_slice_commands
-from .slice_file import SliceFileError
-from .slice_paths import SliceNameError, default_root, list_slice_paths, skip_message, slice_path
-from .slice_status import format_text, slice_status
+from .. import __version__
+from ..admin.cli import add_audit_commands, add_slice_commands
+from ..advice import advice
+from ..provisioning import kernelspec
+from ..slice.file import SliceFileError
+from ..slice.paths import SliceNameError, default_root, list_slice_paths, skip_message, slice_path
+from ..slice.status import format_text, slice_status
+from . import doctor
 
 PROG = "hami-jupyter"
 
@@ -62,8 +65,7 @@ def _status(args):
         try:
             shown.append(slice_status(path))
         except (SliceFileError, OSError) as e:
-            detail, advice = doctor.explain_slice_error(path, e)
-            print(f"{args.cli_prog}: error: {detail}; {advice}", file=sys.stderr)
+            print(f"{args.cli_prog}: error: {advice(e, path)}", file=sys.stderr)
             failed += 1
     if args.json:
         print(json.dumps(shown, indent=2))

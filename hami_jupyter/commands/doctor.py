@@ -22,19 +22,15 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
-import pynvml
-
-from . import kernelspec, native
-from .limits import LimitError, resolve_limits
-from .size import format_size
-from .slice_file import (
-    HAMI_MODE_ELASTIC,
-    HAMI_MODE_HARD,
-    SliceFileError,
-    UnsupportedVersion,
-    read_snapshot,
-)
-from .slice_paths import (
+from .. import gpus, native
+from ..advice import explain
+from ..provisioning import kernelspec
+from ..slice.file import SliceFile, SliceFileError
+from ..slice.layout import HAMI_SLICE_MAX_DEVICES
+from ..slice.limits import MODE_NUMBERS, LimitError
+from ..slice.settings import resolve_limits
+from ..slice.size import format_size
+from ..slice.paths import (
     SliceNameError,
     UntrustedPath,
     check_folder,
@@ -147,31 +143,27 @@ def check_nvml():
     """Does NVML answer, and with which GPUs?"""
     name = "NVML"
     try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as e:
+        found, version = gpus.host_gpus(), gpus.driver_version()
+    except gpus.GpuFactsError as e:
+        if e.stage == "missing":
+            return Check(name, FAIL, str(e), "reinstall hami-jupyter: it depends on nvidia-ml-py")
+        if e.stage == "list":
+            return Check(name, FAIL, str(e),
+                         "run nvidia-smi: if it fails too, the driver needs fixing first")
         if not has_driver():
             return Check(name, WARN, f"NVML unavailable ({e})", _COMES_WITH_DRIVER)
         return Check(name, FAIL, f"the driver is loaded but NVML does not start: {e}",
                      "install libnvidia-ml.so.1 of your driver version; after a driver upgrade, "
                      "reboot so the kernel module and the library match")
-    try:
-        count = pynvml.nvmlDeviceGetCount()
-        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
-        version = pynvml.nvmlSystemGetDriverVersion()
-    except pynvml.NVMLError as e:
-        return Check(name, FAIL, f"NVML started but cannot list the GPUs: {e}",
-                     "run nvidia-smi: if it fails too, the driver needs fixing first")
-    finally:
-        pynvml.nvmlShutdown()
     path = _mapped_path("libnvidia-ml.so")
     if _is_simulated(path):
         return _simulated_check(name, path)
-    if not count:
+    if not found:
         return Check(name, FAIL, f"driver {version} sees no GPU",
                      "check CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES and that the GPUs "
                      "are passed to this container")
-    listed = ", ".join(f"{i}: {n}" for i, n in enumerate(names))
-    return Check(name, PASS, f"driver {version}, {count} GPU(s): {listed}")
+    listed = ", ".join(f"{g.index}: {g.name}" for g in found)
+    return Check(name, PASS, f"driver {version}, {len(found)} GPU(s): {listed}")
 
 
 def _probe_env(tmp):
@@ -336,32 +328,19 @@ def _managed_root(name, root):
                  "from the hub, or ask an administrator to check the hub's log")
 
 
-def explain_slice_error(path, error):
-    """``(detail, advice)`` for a slice file that cannot be read."""
-    if isinstance(error, FileNotFoundError):
-        return (f"slice {slice_name(path)!r} does not exist ({path})",
-                "a slice file is created when its first kernel starts; check the name, and "
-                "HAMI_SLICE_ROOT or --root for the folder")
-    if isinstance(error, UntrustedPath):
-        return error.detail, error.fix
-    if isinstance(error, UnsupportedVersion):
-        return str(error), "a newer hami-jupyter wrote it: upgrade hami-jupyter on this host"
-    if isinstance(error, SliceFileError):
-        return (str(error), "when no kernel of the slice runs, remove the file: the next "
-                "kernel start recreates it with the configured limits")
-    return (f"cannot read {path}: {error.strerror or error}",
-            "the user running Jupyter must be able to read the slice file; check its permissions")
-
-
-def _limit_problems(snap):
-    """(status, text) for each limit in the file that is invalid or has no effect."""
+def _limit_problems(snap, raw):
+    """(status, text) for each limit in the file that is invalid or has no effect.
+    *raw* is the limit set in force as the file holds it: the snapshot's limits
+    already read an unknown mode as the library does (hard), a share over 100
+    as none."""
     problems = []
-    entries = [("default", snap.fallback_limit, 0)] + [
-        (f"GPU {d.index}", d.limit, d.memory_total) for d in snap.devices]
+    entries = [("default", raw.fallback, 0)] + [
+        (f"GPU {d.index}", raw.device[d.index] if not d.limit_is_fallback else raw.fallback,
+         d.memory_total) for d in snap.devices if d.index < HAMI_SLICE_MAX_DEVICES]
     for label, limit, total in entries:
         if limit.sm_share > 100:
             problems.append((FAIL, f"{label}: SM share {limit.sm_share} % is over 100"))
-        if limit.mode not in (HAMI_MODE_HARD, HAMI_MODE_ELASTIC):
+        if limit.mode not in MODE_NUMBERS.values():
             problems.append((FAIL, f"{label}: unknown SM mode {limit.mode}"))
         if limit.memory_limit and total and limit.memory_limit > total:
             problems.append((WARN, f"{label}: memory cap {format_size(limit.memory_limit)} is "
@@ -369,24 +348,20 @@ def _limit_problems(snap):
     return problems
 
 
-def _limit_text(limit):
-    memory = format_size(limit.memory_limit) if limit.memory_limit else "no memory cap"
-    mode = "elastic" if limit.mode == HAMI_MODE_ELASTIC else "hard"
-    sm = f"SM {limit.sm_share} % ({mode})" if limit.sm_share else "no SM limit"
-    return f"{memory}, {sm}"
-
-
 def check_slice(path):
     """Is the slice file readable, and are its limits valid?"""
     name = f"slice {slice_name(path)}"
     try:
-        snap = read_snapshot(path)
+        with SliceFile(path) as sf:
+            snap = sf.snapshot()
+            _, _, raw = sf.read_limits()
     except (SliceFileError, OSError) as e:
-        detail, advice = explain_slice_error(path, e)
-        return Check(name, FAIL, detail, advice)
-    detail = (f"{path}: layout {snap.version[0]}.{snap.version[1]}, {_limit_text(snap.fallback_limit)}, "
-              f"{len(snap.devices)} GPU(s) seen, {len(snap.slots)} live process(es)")
-    problems = _limit_problems(snap)
+        detail, fix = explain(e, path)
+        return Check(name, FAIL, detail, fix)
+    problems = _limit_problems(snap, raw)
+    detail = (f"{path}: layout {snap.version[0]}.{snap.version[1]}, "
+              f"{snap.fallback_limit.describe()}, {len(snap.devices)} GPU(s) seen, "
+              f"{len(snap.slots)} live process(es)")
     if not problems:
         return Check(name, PASS, detail)
     status = FAIL if any(s == FAIL for s, _ in problems) else WARN

@@ -5,7 +5,7 @@ name none and get jupyter_client's default, ``local-provisioner``, which
 starts the kernel with no preload library at all: the default ``python3``
 kernel of a hub-started server would run outside the user's slice. When the
 hub manages the server's slice (``HAMI_HUB_SLICE``, see
-:mod:`hami_jupyter.hub_slice`), the server extension installs
+:mod:`.hub_slice`), the server extension installs
 :class:`HubSliceProvisionerFactory` as jupyter_client's provisioner factory
 (a singleton every ``KernelManager`` asks): it gives every kernelspec,
 whatever provisioner it names or none, ``hami-provisioner``, which starts

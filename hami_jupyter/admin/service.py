@@ -14,14 +14,14 @@ leave a change unlogged through the toolkit. This small service, run as root
   caller's primary group included);
 - it reads one request (one JSON line: ``{"op": "set", "slice": NAME,
   "device", "memory", "sm", "mode", "overcommit"}`` or ``{"op": "reset",
-  "slice": NAME}``), applies it with :func:`.changes.apply` /
-  :func:`.changes.reset` on the slice of that name under its own root
+  "slice": NAME}``), applies it with :func:`.changes.apply_here` /
+  :func:`.changes.reset_here` on the slice of that name under its own root
   (never a path the caller names), and appends the audit record with the
   caller's user name and uid from the OS;
 - it answers one JSON line: ``{"ok": true, "change": ...}`` or
   ``{"ok": false, "error": ..., "change": ...}``.
 
-:func:`.changes.apply` sends a non-root caller's change here when the socket
+:func:`.actions.apply` sends a non-root caller's change here when the socket
 exists and the caller may connect to it; root writes directly.
 """
 
@@ -36,6 +36,11 @@ import struct
 import sys
 import threading
 from pathlib import Path
+
+from ..gpus import read_gpus
+from ..slice import paths as slice_paths
+from . import audit, changes
+from .changes import Change, ChangeError, ReadOnlyError
 
 SOCKET_NAME = "admin.sock"
 MAX_REQUEST = 1 << 16
@@ -107,60 +112,27 @@ def _call(sock, request):
     return reply
 
 
-def _change_of(data):
-    from .changes import Change, Limits
-
-    if not data:
-        return None
-    c = Change(Path(data["path"]), data["slice"], data.get("device"), data.get("uuid"))
-    c.old = Limits(**data["old"]) if data.get("old") else None
-    c.new = Limits(**data["new"]) if data.get("new") else None
-    c.fields = tuple(data.get("fields") or ())
-    c.errors, c.warnings = list(data.get("errors") or []), list(data.get("warnings") or [])
-    c.applied = bool(data.get("applied"))
-    return c
-
-
-def _change_data(change):
-    if change is None:
-        return None
-    return {"path": str(change.path), "slice": change.slice, "device": change.device,
-            "uuid": change.uuid, "old": change.old.as_dict() if change.old else None,
-            "new": change.new.as_dict() if change.new else None, "fields": list(change.fields),
-            "errors": change.errors, "warnings": change.warnings, "applied": change.applied}
-
-
 def _raise(reply):
-    from .changes import ChangeError, ReadOnlyError
-
     kind = ReadOnlyError if reply.get("read_only") else ChangeError
-    raise kind(reply.get("error") or "the admin service refused the change", _change_of(reply.get("change")))
-
-
-def _name(path):
-    from ..slice_paths import slice_name
-
-    return slice_name(path)
+    raise kind(reply.get("error") or "the admin service refused the change",
+               Change.from_dict(reply.get("change")))
 
 
 def remote_apply(sock, path, request):
-    """:func:`.changes.apply` through the service; the same results and errors."""
-    from .changes import ChangeError
-
+    """:func:`.changes.apply_here` through the service; the same results and errors."""
     try:
-        reply = _call(sock, {"op": "set", "slice": _name(path), **request})
+        reply = _call(sock, {"op": "set", "slice": slice_paths.slice_name(path), **request})
     except ServiceError as e:
         raise ChangeError(f"{e}; nothing was changed") from None
     if not reply.get("ok"):
         _raise(reply)
-    return _change_of(reply["change"])
+    return Change.from_dict(reply["change"])
 
 
 def remote_reset(sock, path):
-    from .changes import ChangeError
-
+    """:func:`.changes.reset_here` through the service."""
     try:
-        reply = _call(sock, {"op": "reset", "slice": _name(path)})
+        reply = _call(sock, {"op": "reset", "slice": slice_paths.slice_name(path)})
     except ServiceError as e:
         raise ChangeError(f"{e}; nothing was changed") from None
     if not reply.get("ok"):
@@ -198,10 +170,6 @@ class AdminService:
         self._thread = None
 
     def serve_one(self, conn, rfile):
-        from .. import slice_paths
-        from . import audit, changes
-        from .gpus import read_gpus
-
         pid, uid, _gid = peer_credentials(conn)
         who = audit.user_name(uid)
         # The request is read whoever asks: closing on unread bytes would reset
@@ -226,18 +194,19 @@ class AdminService:
         try:
             if op == "set":
                 fields = {k: request.get(k) for k in ("device", "memory", "sm", "mode")}
-                change = changes.apply(path, **fields, overcommit=bool(request.get("overcommit")),
-                                       gpus=read_gpus()[0], who=who, uid=uid, via="admin-service")
+                change = changes.apply_here(path, **fields, overcommit=bool(request.get("overcommit")),
+                                            gpus=read_gpus()[0], who=who, uid=uid, via="admin-service")
                 self.log(f"hami-jupyter admin-service: {who} (uid {uid}) applied {change.summary()}")
-                return {"ok": True, "change": _change_data(change)}
+                return {"ok": True, "change": change.as_dict()}
             if op == "reset":
-                message = changes.reset(path, who=who, uid=uid, via="admin-service")
+                message = changes.reset_here(path, who=who, uid=uid, via="admin-service")
                 self.log(f"hami-jupyter admin-service: {who} (uid {uid}): {message}")
                 return {"ok": True, "message": message}
             return {"ok": False, "error": f"unknown request {op!r}"}
-        except changes.ChangeError as e:
-            return {"ok": False, "error": str(e), "change": _change_data(e.change),
-                    "read_only": isinstance(e, changes.ReadOnlyError)}
+        except ChangeError as e:
+            return {"ok": False, "error": str(e),
+                    "change": e.change.as_dict() if e.change is not None else None,
+                    "read_only": isinstance(e, ReadOnlyError)}
 
     def bind(self):
         """Make the socket: root's, the admin group's, 0660 (0600 without a group)."""

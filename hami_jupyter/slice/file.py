@@ -1,217 +1,59 @@
-"""Read a slice file: the Python mirror of ``native/include/hami/slice_file.h``.
-
-The C header is the source of truth. The ctypes classes below repeat it field
-for field (same names, types, array sizes and constants);
-``tests/test_slice_layout.py`` compiles a program against the header and fails
-if any offset or size disagrees. ``docs/slice-file.md`` explains the rules.
+"""Read a slice file: what its processes use and the limits that hold them.
 
 :class:`SliceFile` only reads. It maps the file read-only, never takes a lock,
 never waits and never writes, so it cannot disturb the kernels of the slice
 and cannot hang on one that died mid-update. Opening and reading a slice of a
 few processes takes about 0.15 ms; with all 256 slots in use, about 1-2 ms
-(one ``fcntl`` per used slot dominates).
+(one ``fcntl`` per used slot dominates). The layout it reads is :mod:`.layout`.
 
 Which processes are alive is decided exactly as the C side decides it: a slot
 belongs to a live process while some open file description holds an OFD write
-lock (``fcntl(F_OFD_SETLK)``) on the slot's first byte. The kernel drops that
-lock when the owner dies, whatever PID namespace it ran in, so a recycled PID
-cannot make a dead slot look alive. The reader asks with ``F_OFD_GETLK`` on its
-own read-only descriptor; being a separate open file description, it also sees
-locks held by other descriptors of its own process (a kernel that reads its own
-slice). A slot whose state says live while nobody holds its lock belongs to a
-process that died: it is reported as *stale* until a process of the slice
-reclaims it.
+lock on the slot's first byte (:mod:`.locks`). The kernel drops that lock when
+the owner dies, whatever PID namespace it ran in, so a recycled PID cannot
+make a dead slot look alive. A slot whose state says live while nobody holds
+its lock belongs to a process that died: it is reported as *stale* until a
+process of the slice reclaims it.
+
+A slice whose limits a hub owns keeps them in a companion limits file; the
+reader maps it too, and fails closed when it cannot be looked for.
 """
 
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import mmap
 import os
 import struct
 from dataclasses import dataclass
 
-from .slice_paths import UntrustedPath, open_trusted
-
-# ---- constants: the #defines of slice_file.h, same names -------------------
-
-HAMI_SLICE_MAGIC = b"HAMISLCE"  # 8 bytes, no terminator
-HAMI_SLICE_VERSION_MAJOR = 1
-HAMI_SLICE_VERSION_MINOR = 3
-
-HAMI_LIMITS_MAGIC = b"HAMILIMT"  # the companion limits file, 8 bytes
-HAMI_LIMITS_VERSION_MAJOR = 1
-HAMI_LIMITS_VERSION_MINOR = 0
-
-HAMI_SLICE_MAX_DEVICES = 16
-HAMI_SLICE_MAX_SLOTS = 256
-HAMI_SLICE_NAME_LEN = 64
-HAMI_SLICE_UUID_LEN = 48
-HAMI_SLICE_KERNEL_ID_LEN = 48
-HAMI_SLICE_COMM_LEN = 16
-
-HAMI_SLICE_FLAG_PRIVATE = 0x1  # anonymous slice of one process tree
-
-HAMI_MODE_HARD = 0
-HAMI_MODE_ELASTIC = 1
-
-HAMI_LIMIT_SET = 0x1  # hami_device_limit.flags: this entry is in force (else: the fallback)
-
-HAMI_DEVICE_EMPTY = 0
-HAMI_DEVICE_CLAIMING = 1
-HAMI_DEVICE_READY = 2
-
-HAMI_SLOT_FREE = 0
-HAMI_SLOT_LIVE = 1
-
-
-# ---- layout: the structs of slice_file.h, same names and order -------------
-# Each class names its C struct in _c_name_ so the layout test can pair them.
-
-
-class HamiSliceHeader(ctypes.Structure):
-    _c_name_ = "hami_slice_header"
-    _fields_ = [
-        ("magic", ctypes.c_char * 8),
-        ("version_major", ctypes.c_uint32),
-        ("version_minor", ctypes.c_uint32),
-        ("file_size", ctypes.c_uint64),
-        ("header_size", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("max_devices", ctypes.c_uint32),
-        ("max_slots", ctypes.c_uint32),
-        ("device_size", ctypes.c_uint32),
-        ("slot_size", ctypes.c_uint32),
-        ("limits_offset", ctypes.c_uint64),
-        ("devices_offset", ctypes.c_uint64),
-        ("slots_offset", ctypes.c_uint64),
-        ("created_unix_ns", ctypes.c_uint64),
-        ("name", ctypes.c_char * HAMI_SLICE_NAME_LEN),
-        ("reserved", ctypes.c_uint8 * 112),
-    ]
-
-
-class HamiDeviceLimit(ctypes.Structure):
-    _c_name_ = "hami_device_limit"
-    _fields_ = [
-        ("memory_limit", ctypes.c_uint64),
-        ("sm_share", ctypes.c_uint32),
-        ("mode", ctypes.c_uint32),
-        ("max_decoders", ctypes.c_uint32),
-        ("flags", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64),
-    ]
-
-
-class HamiLimitSet(ctypes.Structure):
-    _c_name_ = "hami_limit_set"
-    _fields_ = [
-        ("device", HamiDeviceLimit * HAMI_SLICE_MAX_DEVICES),
-        ("fallback", HamiDeviceLimit),
-    ]
-
-
-class HamiSliceLimits(ctypes.Structure):
-    _c_name_ = "hami_slice_limits"
-    _fields_ = [
-        ("generation", ctypes.c_uint64),
-        ("changed_unix_ns", ctypes.c_uint64),
-        ("copy", HamiLimitSet * 2),
-    ]
-
-
-class HamiSliceDevice(ctypes.Structure):
-    _c_name_ = "hami_slice_device"
-    _fields_ = [
-        ("state", ctypes.c_uint32),
-        ("sm_count", ctypes.c_uint32),
-        ("uuid", ctypes.c_char * HAMI_SLICE_UUID_LEN),
-        ("memory_total", ctypes.c_uint64),
-        ("memory_used", ctypes.c_uint64),
-        ("memory_peak", ctypes.c_uint64),
-        ("sm_util", ctypes.c_uint32),
-        ("decoders", ctypes.c_uint32),
-        ("sm_sample_us", ctypes.c_uint64),
-        ("sm_open_ppm", ctypes.c_uint32),
-        ("sm_tuned_for", ctypes.c_uint32),
-        ("sm_others_util", ctypes.c_uint32),
-        ("sm_waits", ctypes.c_uint32),
-        ("sm_waits_steered", ctypes.c_uint32),
-        ("reserved0", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64),
-    ]
-
-
-class HamiSlot(ctypes.Structure):
-    _c_name_ = "hami_slot"
-    _fields_ = [
-        ("state", ctypes.c_uint32),
-        ("pid", ctypes.c_int32),
-        ("pid_ns", ctypes.c_uint64),
-        ("uid", ctypes.c_uint32),
-        ("txn", ctypes.c_uint32),
-        ("started_unix_ns", ctypes.c_uint64),
-        ("active_unix_ns", ctypes.c_uint64),
-        ("kernel_id", ctypes.c_char * HAMI_SLICE_KERNEL_ID_LEN),
-        ("comm", ctypes.c_char * HAMI_SLICE_COMM_LEN),
-        ("memory_used", ctypes.c_uint64 * HAMI_SLICE_MAX_DEVICES),
-        ("sm_util", ctypes.c_uint32 * HAMI_SLICE_MAX_DEVICES),
-        ("decoders", ctypes.c_uint8 * HAMI_SLICE_MAX_DEVICES),
-        ("frames_decoded", ctypes.c_uint64),
-        ("frames_mapped", ctypes.c_uint64),
-        ("decode_ns", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint8 * 688),
-    ]
-
-
-class HamiSliceFile(ctypes.Structure):
-    _c_name_ = "hami_slice_file"
-    _fields_ = [
-        ("header", HamiSliceHeader),
-        ("limits", HamiSliceLimits),
-        ("device", HamiSliceDevice * HAMI_SLICE_MAX_DEVICES),
-        ("slot", HamiSlot * HAMI_SLICE_MAX_SLOTS),
-    ]
-
-
-class HamiLimitsFile(ctypes.Structure):
-    _c_name_ = "hami_limits_file"
-    _fields_ = [
-        ("magic", ctypes.c_char * 8),
-        ("version_major", ctypes.c_uint32),
-        ("version_minor", ctypes.c_uint32),
-        ("file_size", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint8 * 40),
-        ("limits", HamiSliceLimits),
-    ]
-
-
-STRUCTS = (
-    HamiSliceHeader,
-    HamiDeviceLimit,
+from .layout import (
+    FILE_SIZE,
+    HAMI_DEVICE_READY,
+    HAMI_LIMITS_MAGIC,
+    HAMI_LIMITS_VERSION_MAJOR,
+    HAMI_SLICE_MAGIC,
+    HAMI_SLICE_MAX_DEVICES,
+    HAMI_SLICE_MAX_SLOTS,
+    HAMI_SLICE_VERSION_MAJOR,
+    HAMI_SLOT_LIVE,
+    HAMI_LIMIT_SET,
+    DEVICES_OFFSET,
+    LIMITS_FILE_BLOCK_OFFSET,
+    LIMITS_FILE_SIZE,
+    LIMITS_OFFSET,
+    SLOTS_OFFSET,
     HamiLimitSet,
-    HamiSliceLimits,
-    HamiSliceDevice,
-    HamiSlot,
-    HamiSliceFile,
     HamiLimitsFile,
+    HamiSliceDevice,
+    HamiSliceHeader,
+    HamiSliceLimits,
+    HamiSlot,
+    limits_file_path,
+    slot_offset,
 )
-
-LIMITS_OFFSET = HamiSliceFile.limits.offset
-DEVICES_OFFSET = HamiSliceFile.device.offset
-SLOTS_OFFSET = HamiSliceFile.slot.offset
-FILE_SIZE = ctypes.sizeof(HamiSliceFile)
-
-
-LIMITS_FILE_SIZE = ctypes.sizeof(HamiLimitsFile)
-LIMITS_FILE_BLOCK_OFFSET = HamiLimitsFile.limits.offset
-
-
-def limits_file_path(slice_path):
-    """The companion limits file of a slice: ``x/alice.slice`` -> ``x/alice.limits``."""
-    p = os.fspath(slice_path)
-    return (p[: -len(".slice")] if p.endswith(".slice") and len(p) > 6 else p) + ".limits"
+from .limits import Limits
+from .locks import write_locked
+from .paths import UntrustedPath, open_trusted
 
 
 def limits_lookup_error(path, error):
@@ -221,11 +63,6 @@ def limits_lookup_error(path, error):
         f"{os.fspath(path)}: the limits file of this slice cannot be looked for "
         f"({error.strerror or error}), so the slice is refused rather than read without its "
         "limits; use a shorter slice path, or let this user search the slice folder")
-
-
-def slot_offset(index):
-    """File offset of slot *index*; its first byte is the one its owner locks."""
-    return SLOTS_OFFSET + index * ctypes.sizeof(HamiSlot)
 
 
 # ---- errors -----------------------------------------------------------------
@@ -251,16 +88,6 @@ class LimitsBusy(SliceFileError):
 
 
 @dataclass
-class Limit:
-    """Limits of one device; 0 means "no limit" in every field."""
-
-    memory_limit: int
-    sm_share: int
-    mode: int
-    max_decoders: int
-
-
-@dataclass
 class Device:
     """One GPU the slice has met; *index* is its slice device index."""
 
@@ -272,7 +99,7 @@ class Device:
     memory_peak: int
     sm_util: int
     decoders: int
-    limit: Limit  # the limit in force: the device's own entry, else the fallback
+    limit: Limits  # the limits in force: the device's own entry, else the fallback
     limit_is_fallback: bool
 
 
@@ -312,41 +139,11 @@ class SliceSnapshot:
     created_unix_ns: int
     limits_generation: int
     limits_changed_unix_ns: int
-    fallback_limit: Limit
+    fallback_limit: Limits  # every GPU without an entry of its own
     devices: tuple[Device, ...]
     slots: tuple[Slot, ...]
     stale_slots: tuple[Slot, ...]
     limits_file: str | None = None  # the hub-owned limits file in force, if any
-
-
-# ---- locks --------------------------------------------------------------------
-
-# Linux fcntl commands for open-file-description locks (<asm-generic/fcntl.h>).
-# Python 3.9+ exposes them when it was built against headers that have them;
-# the numbers are fixed by the kernel ABI either way.
-F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)
-F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
-
-# struct flock on 64-bit Linux: short l_type, short l_whence, off_t l_start,
-# off_t l_len, pid_t l_pid (then 4 bytes of padding, which the kernel writes
-# into the 1024-byte buffer fcntl() passes, so the short pack is safe).
-# OFD commands require l_pid == 0.
-_FLOCK = "hhqqi"
-
-
-def flock_bytes(lock_type, start, length=1):
-    """A ``struct flock`` for an OFD lock command on bytes [start, start+length)."""
-    return struct.pack(_FLOCK, lock_type, os.SEEK_SET, start, length, 0)
-
-
-def _write_locked(fd, offset):
-    """True when some open file description holds a write lock on byte *offset*.
-
-    Asking about a read lock conflicts only with write locks, and works on a
-    read-only descriptor. F_OFD_GETLK never blocks.
-    """
-    answer = fcntl.fcntl(fd, F_OFD_GETLK, flock_bytes(fcntl.F_RDLCK, offset))
-    return struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK
 
 
 # ---- reader -----------------------------------------------------------------
@@ -358,10 +155,6 @@ def _text(raw):
     return raw.decode("utf-8", errors="replace")
 
 
-def _limit(dl):
-    return Limit(dl.memory_limit, dl.sm_share, dl.mode, dl.max_decoders)
-
-
 class SliceFile:
     """A slice file opened for reading.
 
@@ -371,7 +164,7 @@ class SliceFile:
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        # Who owns what (slice_paths): the folder and the file are looked at
+        # Who owns what (.paths): the folder and the file are looked at
         # before the open (a FIFO must not hang us, a planted file must not be
         # read), and what was opened is checked again.
         fd, st, _ = open_trusted(self.path, os.O_RDONLY, "slice file")
@@ -523,7 +316,7 @@ class SliceFile:
                 memory_peak=d.memory_peak,
                 sm_util=d.sm_util,
                 decoders=d.decoders,
-                limit=_limit(own if own_set else limits.fallback),
+                limit=Limits.of_entry(own if own_set else limits.fallback),
                 limit_is_fallback=not own_set,
             ))
         indexes = [d.index for d in devices]
@@ -552,7 +345,7 @@ class SliceFile:
                 frames_mapped=s.frames_mapped,
                 decode_ns=s.decode_ns,
             )
-            (live if _write_locked(self._fd, offset) else stale).append(slot)
+            (live if write_locked(self._fd, offset) else stale).append(slot)
         h = self.header
         return SliceSnapshot(
             path=self.path,
@@ -562,7 +355,7 @@ class SliceFile:
             created_unix_ns=h.created_unix_ns,
             limits_generation=generation,
             limits_changed_unix_ns=changed,
-            fallback_limit=_limit(limits.fallback),
+            fallback_limit=Limits.of_entry(limits.fallback),
             devices=tuple(devices),
             slots=tuple(live),
             stale_slots=tuple(stale),

@@ -13,7 +13,7 @@ kernel back.
 The registry belongs to the slice's user, and root's tools (``hami-jupyter
 status``, ``slice list``, the admin panel) read it: so everything read is
 checked. The folder and each entry must pass the trust rule of
-:mod:`hami_jupyter.slice_paths` (an entry may also belong to the registry
+:mod:`.paths` (an entry may also belong to the registry
 folder's owner: the user the hub gave the slice to), an entry is a regular
 file of at most :data:`MAX_ENTRY_BYTES`, and its fields must have the types
 and ranges of :class:`KernelEntry` (see :func:`entry_from_json`). An entry
@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .slice_paths import (
+from .paths import (
     UntrustedPath,
     check_file,
     check_folder,

@@ -9,9 +9,10 @@ and a value containing ``/`` is a path. The root is, in order:
 3. ``$XDG_RUNTIME_DIR/hami-jupyter``;
 4. ``/tmp/hami-jupyter-<uid>``.
 
-``native/src/config.c`` resolves a bare ``HAMI_SLICE`` name in the same
-order, so a kernel and this module agree on the file whichever way it was
-named.
+The order and the names are the C header's (``slice_file.h``, mirrored in
+:mod:`.layout`), and ``native/src/config.c`` resolves a bare ``HAMI_SLICE``
+name by them, so a kernel and this module agree on the file whichever way it
+was named (``tests/test_slice_root.py`` runs both).
 
 Who owns what (docs/slice-file.md, "Who owns what"). Another local user must
 not be able to make our slice folder first (``/tmp/hami-jupyter-<uid>`` is
@@ -44,8 +45,10 @@ import re
 import stat
 from pathlib import Path
 
-SUFFIX = ".slice"
-HUB_ROOT = Path("/run/hami-jupyter")
+from .layout import HAMI_HUB_SLICE_ROOT, HAMI_SLICE_ROOT_SUBDIR, HAMI_SLICE_ROOT_TMP_PREFIX, HAMI_SLICE_SUFFIX
+
+SUFFIX = HAMI_SLICE_SUFFIX
+HUB_ROOT = Path(HAMI_HUB_SLICE_ROOT)
 ROOT_VARIABLE = "HAMI_SLICE_ROOT"
 
 log = logging.getLogger("hami_jupyter")
@@ -87,8 +90,8 @@ def default_root(env=None):
         return HUB_ROOT
     xdg = env.get("XDG_RUNTIME_DIR")
     if xdg:
-        return Path(xdg) / "hami-jupyter"
-    return Path(f"/tmp/hami-jupyter-{os.getuid()}")
+        return Path(xdg) / HAMI_SLICE_ROOT_SUBDIR
+    return Path(f"{HAMI_SLICE_ROOT_TMP_PREFIX}{os.getuid()}")
 
 
 def valid_name(name):

@@ -4,15 +4,15 @@ The package ships one kernelspec, ``hami-python3``, whose kernels take their
 limits from the server. ``hami-jupyter kernelspec install`` writes more, one
 per slice size (``gpu-small``: 4 GiB, SM 25 %), so that a user picks a size by
 picking a kernel. The limits go into the provisioner's ``config`` in
-``kernel.json`` (see :mod:`hami_jupyter.provisioner`).
+``kernel.json`` (see :mod:`.provisioner`).
 
-Every value is checked here, with the rules of :mod:`hami_jupyter.limits`,
+Every value is checked here, with the rules of :mod:`hami_jupyter.slice.limits`,
 before anything is written: a bad value in a kernelspec would otherwise only
 show when a kernel fails to start, far from the mistake. Errors name the
 values by the ``hami-jupyter kernelspec install`` options that carry them.
 
 Under JupyterHub (``HAMI_HUB_SLICE`` in the environment, see
-:mod:`hami_jupyter.hub_slice`) every kernel of the server runs in the hub's
+:mod:`.hub_slice`) every kernel of the server runs in the hub's
 slice, under its limits: ``install`` refuses ``--slice`` naming another slice
 and limits other than the slice's (more would not be applied; less, a
 nested cap, is not supported yet), saying why.
@@ -27,11 +27,12 @@ from pathlib import Path
 
 from jupyter_client.kernelspec import KernelSpecManager
 
+from ..slice.file import SliceFileError, read_snapshot
+from ..slice.limits import LimitError, Limits, parse_memory_limit, parse_mode, parse_sm_share
+from ..slice.paths import SliceNameError, check_name, slice_path
+from ..slice.settings import resolve_limits
+from ..slice.size import format_size
 from . import hub_slice
-from .limits import LimitError, parse_memory_limit, parse_mode, parse_sm_share, resolve_limits
-from .size import format_size
-from .slice_file import SliceFileError, read_snapshot
-from .slice_paths import SliceNameError, check_name, slice_path
 
 PROVISIONER = "hami-provisioner"
 SHIPPED = "hami-python3"
@@ -102,19 +103,20 @@ def provisioner_config(memory=None, sm=None, mode=None, slice=None):
 
 
 def _config_limits(config):
-    """The limits a provisioner config sets; LimitError if one is invalid."""
+    """The :class:`~hami_jupyter.slice.settings.AskedLimits` a provisioner config
+    sets; LimitError if one is invalid."""
     return resolve_limits(
         {k: config.get(k) for k in ("memory_limit", "sm_limit", "sm_mode")}, env={})
 
 
 def default_display_name(config):
     """``Python 3 (HAMi vGPU, 4.0 GiB, SM 25 %)``: what the launcher shows."""
-    limits = _config_limits(config)
+    limits = _config_limits(config).limits
     parts = []
-    if limits.memory:
-        parts.append(format_size(limits.memory))
+    if limits.memory_limit:
+        parts.append(format_size(limits.memory_limit))
     if limits.sm_share:
-        parts.append(f"SM {limits.sm_share} %" + (" elastic" if limits.mode == "elastic" else ""))
+        parts.append(f"SM {limits.sm_share} %" + (" elastic" if limits.elastic else ""))
     return "Python 3 (HAMi vGPU" + "".join(f", {p}" for p in parts) + ")"
 
 
@@ -124,10 +126,11 @@ def describe_config(config):
     An unset field is not "unlimited": the kernel then takes the server's
     setting (HamiProvisioner config, then HAMI_* variables).
     """
-    limits = _config_limits(config)
-    memory = (f"memory {format_size(limits.memory)}" if "memory" in limits.sources
+    asked = _config_limits(config)
+    limits = asked.limits
+    memory = (f"memory {format_size(limits.memory_limit)}" if "memory_limit" in asked.sources
               else "memory: server's setting")
-    if "sm_share" not in limits.sources:
+    if "sm_share" not in asked.sources:
         sm = "SM: server's setting"
     elif limits.sm_share:
         sm = f"SM {limits.sm_share} % ({limits.mode})"
@@ -171,7 +174,7 @@ def write_kernelspec(dest_dir, name, display_name=None, memory=None, sm=None, mo
     return path
 
 
-_OPTION = {"memory": "--memory", "sm_share": "--sm", "mode": "--mode"}
+_OPTION = {"memory_limit": "--memory", "sm_share": "--sm", "mode": "--mode"}
 
 
 def check_under_hub(config, environ=None):
@@ -197,7 +200,7 @@ def check_under_hub(config, environ=None):
         try:
             held = hub_slice.held_by_limits(resolve_limits({}, environ))
         except LimitError:
-            held = [hub_slice.Held()]
+            held = [("", Limits())]
     stricter, looser = hub_slice.compare(asked, held)
     holds = hub_slice.describe_held(held)
     if looser:
@@ -206,7 +209,7 @@ def check_under_hub(config, environ=None):
             f"{_OPTION[field]}: {text} is more than the hub's slice holds ({holds}): {why}, so "
             f"its kernels would not get it; leave {_OPTION[field]} out")
     if stricter and not hub_slice.nested_memory_cap(stricter, asked):
-        field, text, _ = next(s for s in stricter if s[0] != "memory")
+        field, text, _ = next(s for s in stricter if s[0] != "memory_limit")
         raise KernelspecError(
             f"{_OPTION[field]}: {text} is stricter than the hub's slice holds ({holds}), and "
             f"{why}: {hub_slice.NESTED}; leave {_OPTION[field]} out")

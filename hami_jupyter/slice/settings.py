@@ -1,4 +1,4 @@
-"""A slice's limits, where they come from, and how they are checked.
+"""The limits that settings ask of a slice: every source, and the strictest wins.
 
 Limits reach a kernel from several places:
 
@@ -21,10 +21,10 @@ cap, and a limit in one place would silently vanish because another place
 merely mentions the field. So a limit set anywhere never yields a less
 limited kernel; a place that leaves a field unset loosens nothing. (Only the
 slice file itself outranks them: a live slice keeps the limits an
-administrator gave it, see :mod:`hami_jupyter.slice_setup`.)
+administrator gave it, see :mod:`.create`.)
 
-Every value of every place is checked here, before a kernel starts: a
-malformed limit is an error naming its source, never "no limit", even where
+Every value of every place is checked here (with :mod:`.limits`' grammar),
+before a kernel starts: a malformed limit is an error naming its source, never "no limit", even where
 a stricter value elsewhere would have won. The preload library checks again
 (it reads the same variables), so a process started by hand is held to the
 same rules.
@@ -33,158 +33,71 @@ same rules.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
-from .size import ACCEPTED_FORMS, format_size, parse_size
-
-MODES = ("hard", "elastic")
-MAX_ORDINALS = 16  # HAMI_SLICE_MAX_DEVICES
+from .limits import (
+    PER_GPU_ORDINALS,
+    LimitError,
+    Limits,
+    parse_decoders,
+    parse_memory_limit,
+    parse_mode,
+    parse_ordinal,
+    parse_sm_share,
+)
+from .size import format_size
 
 # Per-GPU variables: <prefix><n>, n a CUDA ordinal 0..15 without leading zeros.
 PER_GPU_PREFIXES = ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_", "HAMI_MAX_DECODERS_")
-_ORDINAL_RE = re.compile(r"0|[1-9][0-9]?", re.ASCII)
-
-
-class LimitError(ValueError):
-    """A limit that cannot be applied; the message names its source and the fix."""
 
 
 @dataclass(frozen=True)
-class SliceLimits:
-    """What a slice is held to. ``None`` (or an empty mapping) means no limit.
+class AskedLimits:
+    """What the settings ask a slice to hold.
 
-    *memory* and *sm_share* apply to every GPU; *memory_per_gpu* and
-    *sm_per_gpu* (CUDA ordinal -> value, from HAMi's ``_<n>`` variables)
-    override them for one GPU. *sources* says where each field came from.
+    *limits* hold on every GPU; *memory_per_gpu* and *sm_per_gpu* (CUDA
+    ordinal -> value, from HAMi's ``_<n>`` variables) where one GPU is asked
+    for less. *sources* says where each field came from: a :class:`Limits`
+    field name, or a per-GPU variable's name, -> the source's label.
     """
 
-    memory: int | None = None
-    sm_share: int | None = None
-    mode: str = "hard"
+    limits: Limits = Limits()
     memory_per_gpu: dict = field(default_factory=dict)
     sm_per_gpu: dict = field(default_factory=dict)
     sources: dict = field(default_factory=dict)
-    max_decoders: int | None = None  # concurrent NVDEC decoders per GPU
+
+    @property
+    def per_gpu(self):
+        """Whether some GPU is asked for limits of its own."""
+        return bool(self.memory_per_gpu or self.sm_per_gpu)
 
     @property
     def unlimited(self):
-        return not (self.memory or self.sm_share or self.memory_per_gpu or self.sm_per_gpu)
+        return self.limits.unlimited and not self.per_gpu
 
     def describe(self):
         """One line for logs and messages: ``memory 4.0 GiB, SM 25 % (hard)``."""
-        parts = [f"memory {format_size(self.memory)}" if self.memory else "memory unlimited"]
+        parts = [self.limits.describe()]
         parts += [f"GPU {n}: memory {format_size(v)}" for n, v in sorted(self.memory_per_gpu.items())]
-        parts.append(f"SM {self.sm_share} % ({self.mode})" if self.sm_share else "SM unlimited")
         parts += [f"GPU {n}: SM {v} %" for n, v in sorted(self.sm_per_gpu.items())]
-        return ", ".join(parts)
+        return "; ".join(parts)
 
     def environment(self):
         """The variables that give a process started outside a slice file the
         same limits (the preload library reads them when it creates the file)."""
-        env = {"HAMI_SM_MODE": self.mode}
-        if self.memory:
-            env["CUDA_DEVICE_MEMORY_LIMIT"] = str(self.memory)
-        if self.sm_share:
-            env["CUDA_DEVICE_SM_LIMIT"] = str(self.sm_share)
+        limits = self.limits
+        env = {"HAMI_SM_MODE": limits.mode}
+        if limits.memory_limit:
+            env["CUDA_DEVICE_MEMORY_LIMIT"] = str(limits.memory_limit)
+        if limits.sm_share:
+            env["CUDA_DEVICE_SM_LIMIT"] = str(limits.sm_share)
         for n, v in self.memory_per_gpu.items():
             env[f"CUDA_DEVICE_MEMORY_LIMIT_{n}"] = str(v)
         for n, v in self.sm_per_gpu.items():
             env[f"CUDA_DEVICE_SM_LIMIT_{n}"] = str(v)
-        if self.max_decoders:
-            env["HAMI_MAX_DECODERS"] = str(self.max_decoders)
+        if limits.max_decoders:
+            env["HAMI_MAX_DECODERS"] = str(limits.max_decoders)
         return env
-
-
-def _text(value, source, what, forms):
-    """*value* as the text to parse: a str as it is (no stripping: the preload
-    library reads the same variable byte for byte), an int as its digits."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    raise LimitError(f"{source}: {what} {value!r} is not {forms}")
-
-
-def parse_memory_limit(value, source):
-    """Bytes for a memory limit written as ``4g``, ``4096m``, ``4294967296``...
-
-    ``None`` means "not set here". The grammar is :func:`hami_jupyter.size.parse_size`'s
-    (``native/src/size.c``): no spaces, no sign. Zero is refused: it would
-    refuse every allocation, so it is surely a mistake (leave the setting out
-    for no limit).
-    """
-    if value is None:
-        return None
-    text = _text(value, source, "memory limit", f"a size; expected {ACCEPTED_FORMS}")
-    try:
-        size = parse_size(text)
-    except ValueError:
-        raise LimitError(f"{source}: memory limit {value!r} is not a size; expected {ACCEPTED_FORMS}") from None
-    if size == 0:
-        raise LimitError(f"{source}: a memory limit of 0 would refuse every allocation; "
-                         "leave it unset for no limit")
-    return size
-
-
-# A small whole number as settings are written: 1-3 ASCII digits, nothing else
-# (config.c's parse_small). re.ASCII keeps out other scripts' digits, which
-# str.isdigit() accepts; fullmatch keeps out a trailing newline, which $ allows.
-_SMALL_RE = re.compile(r"[0-9]{1,3}", re.ASCII)
-
-
-def parse_small(value, maximum):
-    """The number 0..*maximum* that *value* (1-3 ASCII digits, or an int) stands
-    for, or None when it is not one."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value if 0 <= value <= maximum else None
-    if not isinstance(value, str) or not _SMALL_RE.fullmatch(value):
-        return None
-    n = int(value)
-    return n if n <= maximum else None
-
-
-def parse_sm_share(value, source):
-    """A whole percent 0..100 (0 and 100 mean no limit, HAMi's meaning) or None:
-    1-3 ASCII digits, no sign, no spaces."""
-    if value is None:
-        return None
-    n = parse_small(value, 100)
-    if n is None:
-        raise LimitError(f"{source}: SM share {value!r} is not a whole percent of each GPU (1-99; 0 or 100: no share), digits "
-                         "only (0 or 100 = no limit), e.g. 25")
-    return None if n in (0, 100) else n
-
-
-def parse_decoders(value, source):
-    """Concurrent NVDEC decoders per GPU, 1..255 (0: no cap), or None: 1-3 ASCII digits."""
-    if value is None:
-        return None
-    n = parse_small(value, 255)
-    if n is None:
-        raise LimitError(f"{source}: decoder count {value!r} is not a whole number 0..255, "
-                         "digits only (0 = no cap)")
-    return n or None
-
-
-def parse_mode(value, source):
-    """"hard" or "elastic", exactly (lower case, no spaces), or None."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or value not in MODES:
-        raise LimitError(f"{source}: SM mode {value!r} is not one of {', '.join(MODES)}")
-    return value
-
-
-def parse_ordinal(text):
-    """The CUDA ordinal 0..15 a per-GPU variable's suffix names, or None: written
-    plainly, without leading zeros (config.c's check_ordinal_names)."""
-    if not isinstance(text, str) or not _ORDINAL_RE.fullmatch(text):
-        return None
-    n = int(text)
-    return n if n < MAX_ORDINALS else None
 
 
 def check_per_gpu_names(env):
@@ -200,7 +113,7 @@ def check_per_gpu_names(env):
                 continue
             if parse_ordinal(name[len(prefix):]) is None:
                 raise LimitError(f"{name}: set for a GPU the preload library cannot name: the "
-                                 f"suffix must be a GPU ordinal 0-{MAX_ORDINALS - 1} written "
+                                 f"suffix must be a GPU ordinal 0-{PER_GPU_ORDINALS - 1} written "
                                  "without leading zeros")
             if prefix == "HAMI_MAX_DECODERS_":
                 parse_decoders(value, name)
@@ -228,14 +141,14 @@ _TRAIT_VARIABLES = {  # trait -> the variables that set the same field
 
 
 def resolve_limits(configured=None, env=None, *, layers=()):
-    """Combine every source of limits into one :class:`SliceLimits`; the strictest wins.
+    """Combine every source of limits into one :class:`AskedLimits`; the strictest wins.
 
     *configured* holds provisioner trait values (``memory_limit``,
     ``sm_limit``, ``sm_mode``, ``max_decoders``; None = unset) and *env* an
     environment (default ``os.environ``). *layers* are more sources, each
     ``(label, kind, mapping)``: *kind* ``"config"`` (trait names) or
     ``"env"`` (variable names); their messages and
-    :attr:`SliceLimits.sources` carry *label* (``"kernelspec 'gpu' env"``).
+    :attr:`AskedLimits.sources` carry *label* (``"kernelspec 'gpu' env"``).
     List the most specific first: it is named when two sources say the same.
 
     Field by field the strictest value any source sets wins: the smallest
@@ -280,7 +193,7 @@ def resolve_limits(configured=None, env=None, *, layers=()):
             sources[field_name] = min(limits, key=lambda vs: vs[0])[1] if limits else found[0][1]
         return min(v for v, _ in limits) if limits else None
 
-    memory = strictest("memory", "memory_limit")
+    memory = strictest("memory_limit", "memory_limit")
     sm_share = strictest("sm_share", "sm_limit")
     max_decoders = strictest("max_decoders", "max_decoders")
     modes = list(settings("sm_mode"))
@@ -300,11 +213,8 @@ def resolve_limits(configured=None, env=None, *, layers=()):
         sources.update({f"{prefix}_{n}": s for n, (_, s) in out.items()})
         return {n: v for n, (v, _) in out.items()}
 
-    return SliceLimits(
-        max_decoders=max_decoders,
-        memory=memory,
-        sm_share=sm_share,
-        mode=mode,
+    return AskedLimits(
+        Limits(memory or 0, sm_share or 0, mode, max_decoders or 0),
         memory_per_gpu=per_gpu("CUDA_DEVICE_MEMORY_LIMIT", parse_memory_limit, memory),
         sm_per_gpu=per_gpu("CUDA_DEVICE_SM_LIMIT", parse_sm_share, sm_share),
         sources=sources,

@@ -18,22 +18,21 @@ import os
 import time
 from pathlib import Path
 
-from .limits import SliceLimits
-from .slice_file import (
+from .change import update_limits
+from .file import SliceFile, limits_lookup_error
+from .layout import (
     FILE_SIZE,
     HAMI_DEVICE_READY,
     HAMI_LIMIT_SET,
-    HAMI_MODE_ELASTIC,
-    HAMI_MODE_HARD,
+    HAMI_LIMITS_MAGIC,
+    HAMI_LIMITS_VERSION_MAJOR,
+    HAMI_LIMITS_VERSION_MINOR,
     HAMI_SLICE_MAGIC,
     HAMI_SLICE_MAX_DEVICES,
     HAMI_SLICE_MAX_SLOTS,
     HAMI_SLICE_NAME_LEN,
     HAMI_SLICE_VERSION_MAJOR,
     HAMI_SLICE_VERSION_MINOR,
-    HAMI_LIMITS_MAGIC,
-    HAMI_LIMITS_VERSION_MAJOR,
-    HAMI_LIMITS_VERSION_MINOR,
     LIMITS_FILE_SIZE,
     HamiDeviceLimit,
     HamiLimitsFile,
@@ -41,24 +40,15 @@ from .slice_file import (
     HamiSliceFile,
     HamiSliceHeader,
     HamiSlot,
-    SliceFile,
     limits_file_path,
-    limits_lookup_error,
 )
-from .slice_limits import update_limits
-from .slice_paths import UntrustedPath, check_folder, ensure_folder, stat_trusted
-
-_MODE = {"hard": HAMI_MODE_HARD, "elastic": HAMI_MODE_ELASTIC}
+from .paths import UntrustedPath, check_folder, ensure_folder, stat_trusted
+from .settings import AskedLimits
 
 
-def _fallback_entry(limits):
-    entry = HamiDeviceLimit()
-    entry.memory_limit = limits.memory or 0
-    entry.sm_share = limits.sm_share or 0
-    entry.mode = _MODE[limits.mode]
-    entry.max_decoders = limits.max_decoders or 0
-    entry.flags = HAMI_LIMIT_SET
-    return entry
+def _entry(limits):
+    """A limit entry in force, carrying *limits* (a :class:`~.limits.Limits`)."""
+    return limits.fill_entry(HamiDeviceLimit(), HAMI_LIMIT_SET)
 
 
 def _new_file(name, limits, devices=()):
@@ -82,7 +72,7 @@ def _new_file(name, limits, devices=()):
     h.created_unix_ns = time.time_ns()
     h.name = name.encode()[: HAMI_SLICE_NAME_LEN - 1]
     for copy in f.limits.copy:
-        copy.fallback = _fallback_entry(limits)
+        copy.fallback = _entry(limits)
     f.limits.changed_unix_ns = h.created_unix_ns
     for i, (uuid, memory_total) in enumerate(devices):
         d = f.device[i]
@@ -118,13 +108,13 @@ def _publish(path, data, mode, what="slice file", owner_only=False):
 
 
 def fill_limit_set(limit_set, limits, device_limits=None):
-    """Write *limits* as the fallback of a :class:`HamiLimitSet` and
-    *device_limits* (slice device index -> SliceLimits) as entries of their
-    own; every other device entry is cleared (it follows the fallback)."""
-    limit_set.fallback = _fallback_entry(limits)
+    """Write *limits* as the fallback of a :class:`~.layout.HamiLimitSet` and
+    *device_limits* (slice device index -> :class:`~.limits.Limits`) as entries
+    of their own; every other device entry is cleared (it follows the fallback)."""
+    limit_set.fallback = _entry(limits)
     for i in range(HAMI_SLICE_MAX_DEVICES):
         own = (device_limits or {}).get(i)
-        limit_set.device[i] = _fallback_entry(own) if own is not None else HamiDeviceLimit()
+        limit_set.device[i] = _entry(own) if own is not None else HamiDeviceLimit()
 
 
 def create_limits_file(slice_path, limits, mode=0o644, device_limits=None):
@@ -152,17 +142,11 @@ def create_slice(path, name, limits, mode=0o600, devices=()):
     Returns True if this call created it, False if it already existed (the
     existing file is left exactly as it is). The parent folder is created
     private to the user (0700) when missing. UntrustedPath when the folder or
-    an existing file fails the trust rule (see :mod:`hami_jupyter.slice_paths`).
+    an existing file fails the trust rule (see :mod:`.paths`).
     """
     path = Path(path)
     ensure_folder(path.parent)
     return _publish(path, bytes(_new_file(name, limits, devices)), mode)
-
-
-def _same_fallback(current, limits):
-    want = _fallback_entry(limits)
-    return (current.memory_limit, current.sm_share, current.mode, current.max_decoders) == (
-        want.memory_limit, want.sm_share, want.mode, want.max_decoders)
 
 
 def apply_if_idle(path, limits):
@@ -177,13 +161,11 @@ def apply_if_idle(path, limits):
         snap = sf.snapshot()
     if snap.slots:
         return False
-    if _same_fallback(snap.fallback_limit, limits) and not any(
-        not d.limit_is_fallback for d in snap.devices
-    ):
+    if snap.fallback_limit == limits and all(d.limit_is_fallback for d in snap.devices):
         return False
 
-    def change(limit_set):
-        limit_set.fallback = _fallback_entry(limits)
+    def change(limit_set, _snapshot):
+        limit_set.fallback = _entry(limits)
         for d in limit_set.device:
             d.flags &= ~HAMI_LIMIT_SET
 
@@ -191,9 +173,9 @@ def apply_if_idle(path, limits):
     return True
 
 
-def ensure_slice(path, name, limits: SliceLimits):
+def ensure_slice(path, name, asked: AskedLimits):
     """Make the slice at *path* exist and, when idle and writable to us,
-    carry *limits*. Returns "created", "updated" or "kept".
+    carry the limits *asked*. Returns "created", "updated" or "kept".
 
     Per-GPU limits (HAMi's ``_<n>`` variables) name CUDA ordinals, which only
     a process that has initialised CUDA can map to GPUs: when they are set
@@ -207,16 +189,16 @@ def ensure_slice(path, name, limits: SliceLimits):
     except FileNotFoundError:
         exists = False
     if not exists:
-        if limits.memory_per_gpu or limits.sm_per_gpu:
+        if asked.per_gpu:
             ensure_folder(path.parent)
             return "deferred"
-        if create_slice(path, name, limits):
+        if create_slice(path, name, asked.limits):
             return "created"
     if _has_limits_file(path) or not os.access(path, os.W_OK):
         return "kept"  # the hub or an admin owns these limits: theirs stand
-    if limits.memory_per_gpu or limits.sm_per_gpu:
+    if asked.per_gpu:
         return "kept"
-    return "updated" if apply_if_idle(path, limits) else "kept"
+    return "updated" if apply_if_idle(path, asked.limits) else "kept"
 
 
 def _has_limits_file(path):

@@ -1,4 +1,4 @@
-"""HTML rendering of :func:`hami_jupyter.slice_status.slice_status`, for notebooks.
+"""HTML rendering of :func:`.status.slice_status`, for notebooks and the admin panel.
 
 The HTML travels in a notebook's outputs and is rendered by whatever opens it
 later (JupyterLab, nbviewer, a static HTML export), so it is self-contained:
@@ -11,7 +11,7 @@ with light-theme fallbacks, so the view stays readable in a dark theme.
 from html import escape
 
 from .size import format_size
-from .slice_status import CRITICAL_FRACTION, WARN_FRACTION
+from .status import level_words
 
 LEVEL_COLOUR = {
     "ok": "var(--jp-success-color1, #388e3c)",
@@ -23,11 +23,11 @@ _MUTED = "color: var(--jp-ui-font-color2, #757575)"
 _CELL = "padding: 1px 12px 1px 0; text-align: left; vertical-align: top"
 _TABLE = "border-collapse: collapse; margin: 2px 0 8px 0"
 
-_LEVEL_WORDS = {
-    "warning": f"Warning: over {WARN_FRACTION * 100:.0f} % of the memory cap is in use.",
-    "critical": f"Critical: over {CRITICAL_FRACTION * 100:.0f} % of the memory cap is in use; "
-                "allocations will fail soon (<code>%hami release</code> returns framework caches).",
-}
+def _level_words(level, status):
+    if level == "warning":
+        return f"Warning: {level_words(level, status)}."
+    return (f"Critical: {level_words(level, status)} (<code>%hami release</code> returns "
+            "framework caches).")
 
 
 def _td(content, style=""):
@@ -69,7 +69,7 @@ def _sm_cell(gpu):
     return f"{gpu['sm_util']} % now, {share}"
 
 
-def _gpu_table(gpu):
+def _gpu_table(gpu, status):
     sms = f", {gpu['sm_count']} SMs" if gpu["sm_count"] else ""
     title = f"GPU {gpu['index']} " + _muted(escape(gpu["uuid"]) + sms)
     rows = [
@@ -81,7 +81,7 @@ def _gpu_table(gpu):
     if level != "ok":
         rows.append(
             f'<tr><td colspan="2" class="hami-{level}" style="{_CELL}; font-weight: 600; '
-            f'color: {LEVEL_COLOUR[level]}">{_LEVEL_WORDS[level]}</td></tr>'
+            f'color: {LEVEL_COLOUR[level]}">{_level_words(level, status)}</td></tr>'
         )
     return f'<table class="hami-gpu" style="{_TABLE}">{"".join(rows)}</table>'
 
@@ -143,7 +143,7 @@ def format_html(status, current_kernel=None):
     ]
     if not status["gpus"]:
         parts.append(_no_gpu_line(status))
-    parts.extend(_gpu_table(g) for g in status["gpus"])
+    parts.extend(_gpu_table(g, status) for g in status["gpus"])
     if status["kernels"] or status["other_processes"]:
         parts.append(_processes_table(status, current_kernel))
     if status["dead_processes"]:

@@ -17,10 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import native
+from .. import native
 
-_PACKAGE_NOTEBOOK = Path(__file__).resolve().parent / "_examples" / "quickstart.ipynb"
-_CHECKOUT_NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "quickstart.ipynb"
+_PACKAGE = Path(__file__).resolve().parents[1]  # hami_jupyter/
+_PACKAGE_NOTEBOOK = _PACKAGE / "_examples" / "quickstart.ipynb"
+_CHECKOUT_NOTEBOOK = _PACKAGE.parent / "examples" / "quickstart.ipynb"
 
 
 def add_arguments(parser):

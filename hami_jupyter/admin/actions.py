@@ -1,0 +1,106 @@
+"""What administrators see and do, applied where it may be: here, or by the admin service.
+
+The admin panel and ``hami-jupyter slice`` come through here. Reading shows
+every slice of a host with whether this user may change it; a change or a
+reset is applied in this process when it may write the slice's limits (root,
+or the owner of a slice no hub manages), and otherwise sent to the root
+admin service (:mod:`.service`) when its socket lies beside the slice and
+this user may use it: the service then checks who asks, applies the change
+with :mod:`.changes` and writes the audit log. Both ways return the same
+results and raise the same errors.
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..advice import advice
+from ..slice import change as slice_change
+from ..slice.file import SliceFileError, read_snapshot
+from ..slice.paths import list_slice_paths, log, skip_message, slice_name
+from ..slice.status import slice_status
+from . import audit, changes, service
+
+
+def _service_socket(path, audit_path=None):
+    """The admin service's socket when a change of the slice at *path* goes
+    through it: not root, the default audit log, and a socket beside the slice
+    that this user may use. None otherwise."""
+    if os.geteuid() == 0:
+        return None
+    if audit_path is not None and Path(audit_path) != audit.default_path(path.parent):
+        return None  # a log of the caller's own choosing: a slice no hub manages
+    sock = service.socket_path(path.parent)
+    return sock if service.usable(sock) else None
+
+
+def writable(path):
+    """Whether this user may change the slice's limits, here or through the service."""
+    path = Path(path)
+    return slice_change.limits_writable(path) or _service_socket(path) is not None
+
+
+def apply(path, device=None, memory=None, sm=None, mode=None, *, overcommit=False, gpus=(),
+          audit_path=None):
+    """Check, apply and log a change (see :func:`.changes.apply_here`); the
+    admin service does it for a non-root administrator of a hub's slice."""
+    path = Path(path)
+    sock = _service_socket(path, audit_path)
+    if sock is not None:
+        return service.remote_apply(sock, path, dict(
+            device=device, memory=memory, sm=sm, mode=mode, overcommit=overcommit))
+    return changes.apply_here(path, device, memory, sm, mode, overcommit=overcommit, gpus=gpus,
+                              audit_path=audit_path)
+
+
+def reset(path, *, audit_path=None):
+    """Back to the policy's limits (see :func:`.changes.reset_here`), here or
+    through the admin service as :func:`apply` decides."""
+    path = Path(path)
+    sock = _service_socket(path, audit_path)
+    if sock is not None:
+        return service.remote_reset(sock, path)
+    return changes.reset_here(path, audit_path=audit_path)
+
+
+@dataclass
+class SliceView:
+    """One slice as the panel and ``slice list`` show it (*error* when unreadable)."""
+
+    path: Path
+    name: str
+    writable: bool
+    snapshot: object = None  # a SliceSnapshot
+    status: dict | None = None  # slice_status(): usage, limits, kernels and their users
+    error: str | None = None
+
+
+def read_slice(path):
+    path = Path(path)
+    view = SliceView(path, slice_name(path), writable(path))
+    try:
+        view.snapshot = read_snapshot(path)
+        view.status = slice_status(path)
+    except (SliceFileError, OSError) as e:
+        view.error = advice(e, path)
+    return view
+
+
+def read_slices(root, skipped=None):
+    """Every slice under *root*, sorted by name. Slices the trust rule refuses
+    (another user's file, a folder everyone may write: see
+    :mod:`hami_jupyter.slice.paths`) are left out; *skipped*, when given,
+    gets one line for each."""
+    found = []
+    paths = list_slice_paths(root, skipped=found)
+    if skipped is not None:
+        skipped.extend(skip_message(p, e) for p, e in found)
+    else:
+        for p, e in found:
+            log.warning("hami-jupyter: %s", skip_message(p, e))
+    return [read_slice(p) for p in paths]
+
+
+def commitments(views, gpus):
+    """:func:`.changes.commitments` of the slices in *views* that could be read."""
+    return changes.commitments([(v.name, v.snapshot) for v in views if v.snapshot is not None], gpus)

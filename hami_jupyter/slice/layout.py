@@ -1,0 +1,206 @@
+"""The slice file's layout: the Python mirror of ``native/include/hami/slice_file.h``.
+
+The C header is the source of truth. The constants and ctypes classes below
+repeat it, same names, types, array sizes and values; ``tests/test_slice_layout.py``
+compiles a program against the header and fails if any offset, size or
+``#define`` disagrees. ``docs/slice-file.md`` explains the rules.
+
+Nothing here reads or writes a file: :mod:`.file` reads slices, :mod:`.create`
+makes them, :mod:`.change` changes their limits.
+"""
+
+import ctypes
+import os
+
+# ---- constants: the #defines of slice_file.h, same names -------------------
+
+HAMI_SLICE_MAGIC = b"HAMISLCE"  # 8 bytes, no terminator
+HAMI_SLICE_VERSION_MAJOR = 1
+HAMI_SLICE_VERSION_MINOR = 3
+
+HAMI_LIMITS_MAGIC = b"HAMILIMT"  # the companion limits file, 8 bytes
+HAMI_LIMITS_VERSION_MAJOR = 1
+HAMI_LIMITS_VERSION_MINOR = 0
+
+HAMI_SLICE_MAX_DEVICES = 16
+HAMI_SLICE_MAX_SLOTS = 256
+HAMI_SLICE_NAME_LEN = 64
+HAMI_SLICE_UUID_LEN = 48
+HAMI_SLICE_KERNEL_ID_LEN = 48
+HAMI_SLICE_COMM_LEN = 16
+
+# Where a slice named without a path lives (paths.default_root follows this order).
+HAMI_HUB_SLICE_ROOT = "/run/hami-jupyter"
+HAMI_SLICE_ROOT_SUBDIR = "hami-jupyter"
+HAMI_SLICE_ROOT_TMP_PREFIX = "/tmp/hami-jupyter-"
+HAMI_SLICE_SUFFIX = ".slice"
+HAMI_LIMITS_SUFFIX = ".limits"
+
+HAMI_SLICE_FLAG_PRIVATE = 0x1  # anonymous slice of one process tree
+
+HAMI_MODE_HARD = 0
+HAMI_MODE_ELASTIC = 1
+
+HAMI_LIMIT_SET = 0x1  # hami_device_limit.flags: this entry is in force (else: the fallback)
+
+HAMI_DEVICE_EMPTY = 0
+HAMI_DEVICE_CLAIMING = 1
+HAMI_DEVICE_READY = 2
+
+HAMI_SLOT_FREE = 0
+HAMI_SLOT_LIVE = 1
+
+
+# ---- layout: the structs of slice_file.h, same names and order -------------
+# Each class names its C struct in _c_name_ so the layout test can pair them.
+
+
+class HamiSliceHeader(ctypes.Structure):
+    _c_name_ = "hami_slice_header"
+    _fields_ = [
+        ("magic", ctypes.c_char * 8),
+        ("version_major", ctypes.c_uint32),
+        ("version_minor", ctypes.c_uint32),
+        ("file_size", ctypes.c_uint64),
+        ("header_size", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("max_devices", ctypes.c_uint32),
+        ("max_slots", ctypes.c_uint32),
+        ("device_size", ctypes.c_uint32),
+        ("slot_size", ctypes.c_uint32),
+        ("limits_offset", ctypes.c_uint64),
+        ("devices_offset", ctypes.c_uint64),
+        ("slots_offset", ctypes.c_uint64),
+        ("created_unix_ns", ctypes.c_uint64),
+        ("name", ctypes.c_char * HAMI_SLICE_NAME_LEN),
+        ("reserved", ctypes.c_uint8 * 112),
+    ]
+
+
+class HamiDeviceLimit(ctypes.Structure):
+    _c_name_ = "hami_device_limit"
+    _fields_ = [
+        ("memory_limit", ctypes.c_uint64),
+        ("sm_share", ctypes.c_uint32),
+        ("mode", ctypes.c_uint32),
+        ("max_decoders", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64),
+    ]
+
+
+class HamiLimitSet(ctypes.Structure):
+    _c_name_ = "hami_limit_set"
+    _fields_ = [
+        ("device", HamiDeviceLimit * HAMI_SLICE_MAX_DEVICES),
+        ("fallback", HamiDeviceLimit),
+    ]
+
+
+class HamiSliceLimits(ctypes.Structure):
+    _c_name_ = "hami_slice_limits"
+    _fields_ = [
+        ("generation", ctypes.c_uint64),
+        ("changed_unix_ns", ctypes.c_uint64),
+        ("copy", HamiLimitSet * 2),
+    ]
+
+
+class HamiSliceDevice(ctypes.Structure):
+    _c_name_ = "hami_slice_device"
+    _fields_ = [
+        ("state", ctypes.c_uint32),
+        ("sm_count", ctypes.c_uint32),
+        ("uuid", ctypes.c_char * HAMI_SLICE_UUID_LEN),
+        ("memory_total", ctypes.c_uint64),
+        ("memory_used", ctypes.c_uint64),
+        ("memory_peak", ctypes.c_uint64),
+        ("sm_util", ctypes.c_uint32),
+        ("decoders", ctypes.c_uint32),
+        ("sm_sample_us", ctypes.c_uint64),
+        ("sm_open_ppm", ctypes.c_uint32),
+        ("sm_tuned_for", ctypes.c_uint32),
+        ("sm_others_util", ctypes.c_uint32),
+        ("sm_waits", ctypes.c_uint32),
+        ("sm_waits_steered", ctypes.c_uint32),
+        ("reserved0", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64),
+    ]
+
+
+class HamiSlot(ctypes.Structure):
+    _c_name_ = "hami_slot"
+    _fields_ = [
+        ("state", ctypes.c_uint32),
+        ("pid", ctypes.c_int32),
+        ("pid_ns", ctypes.c_uint64),
+        ("uid", ctypes.c_uint32),
+        ("txn", ctypes.c_uint32),
+        ("started_unix_ns", ctypes.c_uint64),
+        ("active_unix_ns", ctypes.c_uint64),
+        ("kernel_id", ctypes.c_char * HAMI_SLICE_KERNEL_ID_LEN),
+        ("comm", ctypes.c_char * HAMI_SLICE_COMM_LEN),
+        ("memory_used", ctypes.c_uint64 * HAMI_SLICE_MAX_DEVICES),
+        ("sm_util", ctypes.c_uint32 * HAMI_SLICE_MAX_DEVICES),
+        ("decoders", ctypes.c_uint8 * HAMI_SLICE_MAX_DEVICES),
+        ("frames_decoded", ctypes.c_uint64),
+        ("frames_mapped", ctypes.c_uint64),
+        ("decode_ns", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint8 * 688),
+    ]
+
+
+class HamiSliceFile(ctypes.Structure):
+    _c_name_ = "hami_slice_file"
+    _fields_ = [
+        ("header", HamiSliceHeader),
+        ("limits", HamiSliceLimits),
+        ("device", HamiSliceDevice * HAMI_SLICE_MAX_DEVICES),
+        ("slot", HamiSlot * HAMI_SLICE_MAX_SLOTS),
+    ]
+
+
+class HamiLimitsFile(ctypes.Structure):
+    _c_name_ = "hami_limits_file"
+    _fields_ = [
+        ("magic", ctypes.c_char * 8),
+        ("version_major", ctypes.c_uint32),
+        ("version_minor", ctypes.c_uint32),
+        ("file_size", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint8 * 40),
+        ("limits", HamiSliceLimits),
+    ]
+
+
+STRUCTS = (
+    HamiSliceHeader,
+    HamiDeviceLimit,
+    HamiLimitSet,
+    HamiSliceLimits,
+    HamiSliceDevice,
+    HamiSlot,
+    HamiSliceFile,
+    HamiLimitsFile,
+)
+
+LIMITS_OFFSET = HamiSliceFile.limits.offset
+DEVICES_OFFSET = HamiSliceFile.device.offset
+SLOTS_OFFSET = HamiSliceFile.slot.offset
+FILE_SIZE = ctypes.sizeof(HamiSliceFile)
+
+
+LIMITS_FILE_SIZE = ctypes.sizeof(HamiLimitsFile)
+LIMITS_FILE_BLOCK_OFFSET = HamiLimitsFile.limits.offset
+
+
+def limits_file_path(slice_path):
+    """The companion limits file of a slice: ``x/alice.slice`` -> ``x/alice.limits``."""
+    p = os.fspath(slice_path)
+    if p.endswith(HAMI_SLICE_SUFFIX) and len(p) > len(HAMI_SLICE_SUFFIX):
+        p = p[: -len(HAMI_SLICE_SUFFIX)]
+    return p + HAMI_LIMITS_SUFFIX
+
+
+def slot_offset(index):
+    """File offset of slot *index*; its first byte is the one its owner locks."""
+    return SLOTS_OFFSET + index * ctypes.sizeof(HamiSlot)
