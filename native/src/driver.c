@@ -84,15 +84,14 @@ nvmlDevice_t hami_nvml_device(int sdev)
 {
 	static nvmlDevice_t handle[HAMI_SLICE_MAX_DEVICES];
 	static int ready;
-	static void *init_cache, *uuid_cache;
 	struct hami_slice_file *f = hami_slice();
 	if (!f || sdev < 0 || sdev >= HAMI_SLICE_MAX_DEVICES)
 		return NULL;
 	nvmlDevice_t known = __atomic_load_n(&handle[sdev], __ATOMIC_ACQUIRE);
 	if (known)
 		return known;
-	nvml_init_fn init = (nvml_init_fn)hami_cached_sym(&init_cache, "nvmlInit_v2");
-	nvml_by_uuid_fn by_uuid = (nvml_by_uuid_fn)hami_cached_sym(&uuid_cache, "nvmlDeviceGetHandleByUUID");
+	nvml_init_fn init = HAMI_REAL(nvml_init_fn, "nvmlInit_v2");
+	nvml_by_uuid_fn by_uuid = HAMI_REAL(nvml_by_uuid_fn, "nvmlDeviceGetHandleByUUID");
 	/* Two threads may both initialise: NVML counts its users, and we never shut it down. */
 	if (!init || !by_uuid || (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE) && init() != NVML_SUCCESS))
 		return NULL;

@@ -41,13 +41,13 @@ static void format_uuid(const CUuuid *u, char out[HAMI_SLICE_UUID_LEN])
 /* Learn every visible GPU. Returns a CUresult; NOT_INITIALIZED means "try later". */
 static CUresult learn_devices(struct hami_device_info *info, int *count)
 {
-	cuDeviceGetCount_fn get_count = (cuDeviceGetCount_fn)hami_cuda_sym("cuDeviceGetCount");
-	cuDeviceGet_fn get = (cuDeviceGet_fn)hami_cuda_sym("cuDeviceGet");
-	cuDeviceGetUuid_fn get_uuid = (cuDeviceGetUuid_fn)hami_cuda_sym("cuDeviceGetUuid_v2");
-	cuDeviceTotalMem_fn total = (cuDeviceTotalMem_fn)hami_cuda_sym("cuDeviceTotalMem_v2");
-	cuDeviceGetAttribute_fn attr = (cuDeviceGetAttribute_fn)hami_cuda_sym("cuDeviceGetAttribute");
+	cuDeviceGetCount_fn get_count = HAMI_REAL(cuDeviceGetCount_fn, "cuDeviceGetCount");
+	cuDeviceGet_fn get = HAMI_REAL(cuDeviceGet_fn, "cuDeviceGet");
+	cuDeviceGetUuid_fn get_uuid = HAMI_REAL(cuDeviceGetUuid_fn, "cuDeviceGetUuid_v2");
+	cuDeviceTotalMem_fn total = HAMI_REAL(cuDeviceTotalMem_fn, "cuDeviceTotalMem_v2");
+	cuDeviceGetAttribute_fn attr = HAMI_REAL(cuDeviceGetAttribute_fn, "cuDeviceGetAttribute");
 	if (!get_uuid)
-		get_uuid = (cuDeviceGetUuid_fn)hami_cuda_sym("cuDeviceGetUuid");
+		get_uuid = HAMI_REAL(cuDeviceGetUuid_fn, "cuDeviceGetUuid");
 	if (!get_count || !get || !get_uuid || !total || !attr) {
 		hami_log(HAMI_LOG_ERROR, "the CUDA driver lacks device queries this library needs");
 		return CUDA_ERROR_NOT_SUPPORTED;
