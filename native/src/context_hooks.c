@@ -23,8 +23,8 @@ typedef nvmlReturn_t (*nvml_procs_fn)(nvmlDevice_t, unsigned int *, nvmlProcessI
 typedef nvmlReturn_t (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int primary_retains[HAMI_MAX_ORDINALS];
-static uint64_t primary_charge[HAMI_MAX_ORDINALS];
+static int primary_retains[HAMI_MAX_CUDA_DEVICES];
+static uint64_t primary_charge[HAMI_MAX_CUDA_DEVICES];
 /* Written once by the first context measured; read by any thread creating one. */
 static uint64_t measured_overhead;
 
@@ -173,7 +173,7 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 	int sdev = ready_device(dev, &err);
 	if (err != CUDA_SUCCESS)
 		return err;
-	if (sdev < 0 || dev < 0 || dev >= HAMI_MAX_ORDINALS)
+	if (sdev < 0 || dev < 0 || dev >= HAMI_MAX_CUDA_DEVICES)
 		return fn(pctx, dev);
 	pthread_mutex_lock(&lock);
 	if (primary_retains[dev] > 0) { /* charged once, at the first retain */
@@ -210,7 +210,7 @@ static CUresult release_primary(release_fn fn, CUdevice dev)
 {
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
-	if (dev < 0 || dev >= HAMI_MAX_ORDINALS)
+	if (dev < 0 || dev >= HAMI_MAX_CUDA_DEVICES)
 		return fn(dev);
 	pthread_mutex_lock(&lock);
 	CUresult rc = fn(dev);

@@ -15,7 +15,8 @@
 
 #define HAMI_EXPORT __attribute__((visibility("default")))
 #define HAMI_MIB (1024ull * 1024ull)
-#define HAMI_MAX_ORDINALS 64
+/* CUDA devices a process sees; per-GPU limit variables and slice devices stop at HAMI_SLICE_MAX_DEVICES (16) */
+#define HAMI_MAX_CUDA_DEVICES 64
 
 /* log.c */
 enum { HAMI_LOG_ERROR = 0, HAMI_LOG_WARN, HAMI_LOG_INFO, HAMI_LOG_DEBUG, HAMI_LOG_TRACE };

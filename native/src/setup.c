@@ -27,7 +27,7 @@ static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
 static int setup_state = SETUP_NOT_YET;
 static CUresult setup_result;
 static int ordinal_count;
-static int ordinal_device[HAMI_MAX_ORDINALS]; /* CUDA ordinal -> slice device index */
+static int ordinal_device[HAMI_MAX_CUDA_DEVICES]; /* CUDA ordinal -> slice device index */
 
 static void format_uuid(const CUuuid *u, char out[HAMI_SLICE_UUID_LEN])
 {
@@ -56,8 +56,8 @@ static CUresult learn_devices(struct hami_device_info *info, int *count)
 	CUresult rc = get_count(&n);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	if (n > HAMI_MAX_ORDINALS)
-		n = HAMI_MAX_ORDINALS;
+	if (n > HAMI_MAX_CUDA_DEVICES)
+		n = HAMI_MAX_CUDA_DEVICES;
 	for (int i = 0; i < n; i++) {
 		CUdevice dev;
 		CUuuid uuid;
@@ -104,7 +104,7 @@ static CUresult run_setup(void)
 {
 	if (hami_config()->error)
 		return CUDA_ERROR_INVALID_VALUE;
-	struct hami_device_info info[HAMI_MAX_ORDINALS];
+	struct hami_device_info info[HAMI_MAX_CUDA_DEVICES];
 	int n = 0;
 	CUresult rc = learn_devices(info, &n);
 	if (rc == CUDA_ERROR_NOT_INITIALIZED)
