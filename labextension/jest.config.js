@@ -1,4 +1,5 @@
-// Unit tests of the pure logic (src/format.ts): Node, no DOM, no JupyterLab.
+// Unit tests in plain Node, no DOM: the pure logic (src/format.ts) and the
+// model (src/model.ts) against a fake server.
 module.exports = {
   testEnvironment: 'node',
   roots: ['<rootDir>/test'],

@@ -1,6 +1,6 @@
 /**
  * Pure functions behind the status bar item and the slice panel: number
- * formatting, the status text, memory levels from the settings' thresholds,
+ * formatting, the status text, memory levels from the server's thresholds,
  * and reading the server's answer. No DOM and no JupyterLab here, so the unit
  * tests run in plain Node.
  */
@@ -17,9 +17,14 @@ export const KIB = 1024;
 export const MIB = 1024 * KIB;
 export const GIB = 1024 * MIB;
 
-/** The settings' defaults (schema/plugin.json says the same). */
+/** The refresh rate setting's default and minimum (schema/plugin.json says the same). */
 export const DEFAULT_REFRESH_RATE = 2000;
 export const MIN_REFRESH_RATE = 500;
+
+/**
+ * The thresholds used when the server sends none that are usable (see
+ * statusThresholds): a fallback only, the server's answer says which apply.
+ */
 export const DEFAULT_THRESHOLDS: Readonly<IThresholds> = Object.freeze({
   warning: 0.8,
   critical: 0.95
@@ -156,24 +161,32 @@ export function asLevel(value: unknown): Level | null {
     : null;
 }
 
-function fractionSetting(value: unknown, fallback: number): number {
-  if (typeof value !== 'number' || !Number.isFinite(value)) {
-    return fallback;
-  }
-  return Math.min(1, Math.max(0, value));
+/** `value` when it is a fraction, a finite number in [0, 1]; else `null`. */
+function fraction(value: unknown): number | null {
+  return typeof value === 'number' && Number.isFinite(value) && value >= 0 && value <= 1
+    ? value
+    : null;
 }
 
 /**
- * Thresholds from the settings, made usable: numbers in [0, 1] (anything else
- * takes the default) and the warning never above the critical one (swapped).
+ * The thresholds a status is measured with: the server's `warning_fraction`
+ * and `critical_fraction`, when both are fractions (numbers in [0, 1]) and
+ * the warning is not above the critical one. Anything else (a field missing,
+ * not a number, out of range, or the two in the wrong order) gives
+ * DEFAULT_THRESHOLDS for both: half of a pair that makes no sense is not
+ * trusted either. Outside a slice, for an unreadable slice file and before
+ * any answer, the defaults too.
  */
-export function normalizeThresholds(settings: {
-  warningThreshold?: unknown;
-  criticalThreshold?: unknown;
-}): IThresholds {
-  const warning = fractionSetting(settings.warningThreshold, DEFAULT_THRESHOLDS.warning);
-  const critical = fractionSetting(settings.criticalThreshold, DEFAULT_THRESHOLDS.critical);
-  return warning <= critical ? { warning, critical } : { warning: critical, critical: warning };
+export function statusThresholds(status: IKernelSliceStatus | null): IThresholds {
+  if (!status || !status.in_slice || status.error !== undefined) {
+    return { ...DEFAULT_THRESHOLDS };
+  }
+  const warning = fraction(status.warning_fraction);
+  const critical = fraction(status.critical_fraction);
+  if (warning === null || critical === null || warning > critical) {
+    return { ...DEFAULT_THRESHOLDS };
+  }
+  return { warning, critical };
 }
 
 /** The refresh rate from the settings in ms: at least MIN_REFRESH_RATE, the default if unusable. */
@@ -192,15 +205,16 @@ function gpuCap(gpu: IGpuStatus): number {
 }
 
 /**
- * The level of a kernel's slice with the settings' thresholds: the worst of
- * the whole slice against its cap and of each capped GPU against its own
- * (one full GPU is trouble even when the others are empty). Without any cap
- * to measure, or for an unreadable slice file, the server's level (or "ok").
- * `null` for a kernel outside a slice.
+ * The level of a kernel's slice, by default with the thresholds the status
+ * itself carries (statusThresholds): the worst of the whole slice against its
+ * cap and of each capped GPU against its own (one full GPU is trouble even
+ * when the others are empty). Without any cap to measure, or for an
+ * unreadable slice file, the server's level (or "ok"). `null` for a kernel
+ * outside a slice.
  */
 export function sliceLevel(
   status: IKernelSliceStatus | null,
-  thresholds: IThresholds = DEFAULT_THRESHOLDS
+  thresholds: IThresholds = statusThresholds(status)
 ): Level | null {
   if (!status || !status.in_slice) {
     return null;
@@ -223,7 +237,10 @@ export function sliceLevel(
   return level ?? fallback;
 }
 
-/** The level of one GPU with the settings' thresholds (its server level without a cap). */
+/**
+ * The level of one GPU with the given thresholds (those of its status, see
+ * statusThresholds); its server level without a cap.
+ */
 export function gpuLevel(gpu: IGpuStatus, thresholds: IThresholds = DEFAULT_THRESHOLDS): Level {
   const cap = gpuCap(gpu);
   if (cap > 0) {

@@ -23,7 +23,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
 
-import { normalizeRefreshRate, normalizeThresholds, shortId } from './format';
+import { normalizeRefreshRate, shortId } from './format';
 import { gpuIcon } from './icon';
 import { SliceModel } from './model';
 import { KernelAction, PANEL_ID, SlicePanel } from './panel';
@@ -148,12 +148,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     follower.follow(shell.currentWidget);
 
     if (settingRegistry) {
+      // The memory thresholds are no setting: the server sends them with each status.
       const apply = (settings: ISettingRegistry.ISettings): void => {
         model.refreshRate = normalizeRefreshRate(settings.get('refreshRate').composite);
-        model.thresholds = normalizeThresholds({
-          warningThreshold: settings.get('warningThreshold').composite,
-          criticalThreshold: settings.get('criticalThreshold').composite
-        });
       };
       settingRegistry
         .load(PLUGIN_ID)

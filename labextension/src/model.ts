@@ -12,10 +12,10 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import {
   DEFAULT_REFRESH_RATE,
-  DEFAULT_THRESHOLDS,
   normalizeRefreshRate,
   parseKernelStatus,
-  sliceLevel
+  sliceLevel,
+  statusThresholds
 } from './format';
 import { IKernelSliceStatus, IThresholds, Level } from './types';
 
@@ -38,7 +38,7 @@ export class SliceModel implements IDisposable {
     });
   }
 
-  /** Emitted whenever the status, the error or the thresholds change. */
+  /** Emitted whenever the status (and with it the thresholds) or the error change. */
   get changed(): ISignal<this, void> {
     return this._changed;
   }
@@ -80,21 +80,19 @@ export class SliceModel implements IDisposable {
     return this._status !== null && this._status.in_slice;
   }
 
-  /** The level of the current slice with the settings' thresholds; `null` outside a slice. */
+  /** The level of the current slice with the thresholds of its status; `null` outside a slice. */
   get level(): Level | null {
-    return sliceLevel(this._status, this._thresholds);
+    return sliceLevel(this._status, this.thresholds);
   }
 
+  /**
+   * The thresholds the server sent with the last status (statusThresholds):
+   * the defaults outside a slice, for an unreadable slice file, before the
+   * first answer, or when the server sends no usable ones. While a poll fails
+   * the last status stays shown, and so do its thresholds.
+   */
   get thresholds(): IThresholds {
-    return this._thresholds;
-  }
-
-  set thresholds(value: IThresholds) {
-    if (value.warning === this._thresholds.warning && value.critical === this._thresholds.critical) {
-      return;
-    }
-    this._thresholds = { ...value };
-    this._changed.emit();
+    return statusThresholds(this._status);
   }
 
   /** Milliseconds between two polls. */
@@ -180,7 +178,6 @@ export class SliceModel implements IDisposable {
   private _kernelId: string | null = null;
   private _status: IKernelSliceStatus | null = null;
   private _error: string | null = null;
-  private _thresholds: IThresholds = { ...DEFAULT_THRESHOLDS };
   private _refreshRate: number;
   private _poll: Poll;
   private _changed = new Signal<this, void>(this);

@@ -51,7 +51,10 @@ export interface IKernelSliceStatus {
   memory_used?: number;
   /** Bytes; the whole slice's cap, 0: no cap. */
   memory_limit?: number;
-  /** The server's level, with its own thresholds: a fallback. */
+  /**
+   * The server's level of the whole slice, measured with warning_fraction and
+   * critical_fraction: used only where there is no cap to measure here.
+   */
   memory_level?: Level;
   /** Percent; 0: no SM limit. */
   sm_share?: number;
@@ -59,13 +62,23 @@ export interface IKernelSliceStatus {
   kernel?: { memory_used: number; sm_util: number; processes?: unknown[] };
   gpus?: IGpuStatus[];
   kernels?: ISliceKernel[];
+  /**
+   * The fraction of a memory cap (in [0, 1]) from which the server calls the
+   * memory use a warning; this extension measures the slice and its GPUs with
+   * it too. Sent with the usage fields; the server's configuration sets it.
+   */
   warning_fraction?: number;
+  /**
+   * The fraction of a memory cap (in [0, 1], not below warning_fraction) from
+   * which the memory use is critical. Without a usable pair of fractions the
+   * extension falls back to 0.8 and 0.95 (format.ts, statusThresholds).
+   */
   critical_fraction?: number;
   /** Present instead of the usage fields when the slice file cannot be read. */
   error?: string;
 }
 
-/** The thresholds of the settings, as fractions of the memory cap. */
+/** The memory levels' thresholds, as fractions of the memory cap (from the server's answer). */
 export interface IThresholds {
   warning: number;
   critical: number;

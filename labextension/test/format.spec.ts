@@ -16,12 +16,12 @@ import {
   memoryFraction,
   memoryLevel,
   normalizeRefreshRate,
-  normalizeThresholds,
   parseKernelStatus,
   shortId,
   sliceLevel,
   sortKernels,
   statusText,
+  statusThresholds,
   tooltipText,
   UNREADABLE_TEXT,
   worseLevel
@@ -187,33 +187,95 @@ describe('memory levels', () => {
   });
 });
 
-describe('thresholds and refresh rate from the settings', () => {
-  it('keeps valid thresholds', () => {
-    expect(normalizeThresholds({ warningThreshold: 0.6, criticalThreshold: 0.9 })).toEqual({
-      warning: 0.6,
-      critical: 0.9
+describe('thresholds from the server', () => {
+  it('takes the fractions the server sends', () => {
+    expect(statusThresholds(inSlice({ warning_fraction: 0.5, critical_fraction: 0.7 }))).toEqual({
+      warning: 0.5,
+      critical: 0.7
     });
-  });
-
-  it('defaults what is missing or not a number', () => {
-    expect(normalizeThresholds({})).toEqual(DEFAULT_THRESHOLDS);
-    expect(normalizeThresholds({ warningThreshold: 'x', criticalThreshold: null })).toEqual({
-      warning: 0.8,
-      critical: 0.95
-    });
-  });
-
-  it('clamps to [0, 1] and swaps a warning above the critical', () => {
-    expect(normalizeThresholds({ warningThreshold: -1, criticalThreshold: 2 })).toEqual({
+    expect(statusThresholds(inSlice({ warning_fraction: 0, critical_fraction: 1 }))).toEqual({
       warning: 0,
       critical: 1
     });
-    expect(normalizeThresholds({ warningThreshold: 0.9, criticalThreshold: 0.7 })).toEqual({
-      warning: 0.7,
+    // Equal thresholds are a valid pair: no warning step, straight to critical.
+    expect(statusThresholds(inSlice({ warning_fraction: 0.9, critical_fraction: 0.9 }))).toEqual({
+      warning: 0.9,
       critical: 0.9
     });
   });
 
+  it('makes a slice at 60 % a warning and at 70 % critical with 0.5 and 0.7', () => {
+    const fractions = { warning_fraction: 0.5, critical_fraction: 0.7 };
+    const at = (used: number): IKernelSliceStatus =>
+      inSlice({
+        ...fractions,
+        memory_used: used,
+        memory_limit: 10 * GIB,
+        gpus: [gpu({ memory_used: used, memory_limit: 10 * GIB })]
+      });
+    expect(sliceLevel(at(4.9 * GIB))).toBe('ok');
+    expect(sliceLevel(at(6 * GIB))).toBe('warning');
+    expect(sliceLevel(at(6.9 * GIB))).toBe('warning');
+    expect(sliceLevel(at(7 * GIB))).toBe('critical');
+    // The same 60 % and 70 % measured with 0.8 / 0.95: ok.
+    expect(sliceLevel({ ...at(6 * GIB), warning_fraction: 0.8, critical_fraction: 0.95 })).toBe('ok');
+    expect(sliceLevel({ ...at(7 * GIB), warning_fraction: 0.8, critical_fraction: 0.95 })).toBe('ok');
+    const thresholds = statusThresholds(at(0));
+    expect(gpuLevel(gpu({ memory_used: 6 * GIB, memory_limit: 10 * GIB }), thresholds)).toBe('warning');
+    expect(gpuLevel(gpu({ memory_used: 7 * GIB, memory_limit: 10 * GIB }), thresholds)).toBe('critical');
+  });
+
+  it('falls back to 0.8 / 0.95 without fractions (an older server)', () => {
+    const status = inSlice({ warning_fraction: undefined, critical_fraction: undefined });
+    expect(statusThresholds(status)).toEqual({ warning: 0.8, critical: 0.95 });
+    expect(sliceLevel({ ...status, memory_used: 3.3 * GIB, gpus: [] })).toBe('warning'); // 82 %
+    expect(sliceLevel({ ...status, memory_used: 3 * GIB, gpus: [] })).toBe('ok'); // 75 %
+  });
+
+  it.each([
+    ['strings', { warning_fraction: '0.5', critical_fraction: '0.7' }],
+    ['a string warning', { warning_fraction: '0.5', critical_fraction: 0.7 }],
+    ['null', { warning_fraction: null, critical_fraction: null }],
+    ['a missing critical', { warning_fraction: 0.5, critical_fraction: undefined }],
+    ['a missing warning', { warning_fraction: undefined, critical_fraction: 0.7 }],
+    ['a negative warning', { warning_fraction: -0.5, critical_fraction: 0.7 }],
+    ['a critical above 1', { warning_fraction: 0.5, critical_fraction: 1.5 }],
+    ['percentages', { warning_fraction: 50, critical_fraction: 70 }],
+    ['NaN', { warning_fraction: NaN, critical_fraction: 0.7 }],
+    ['Infinity', { warning_fraction: 0.5, critical_fraction: Infinity }],
+    ['warning above critical', { warning_fraction: 0.7, critical_fraction: 0.5 }]
+  ])('falls back to the defaults for %s', (_name, fractions) => {
+    const status = { ...inSlice(), ...fractions } as unknown as IKernelSliceStatus;
+    expect(statusThresholds(status)).toEqual(DEFAULT_THRESHOLDS);
+    // A slice at 60 % is then ok, not the warning (or critical) 0.5 / 0.7 would give.
+    expect(sliceLevel({ ...status, memory_used: 2.4 * GIB, gpus: [] })).toBe('ok');
+  });
+
+  it('uses the defaults outside a slice, for an unreadable slice and before any answer', () => {
+    expect(statusThresholds(null)).toEqual(DEFAULT_THRESHOLDS);
+    expect(
+      statusThresholds({ kernel_id: 'k', in_slice: false, warning_fraction: 0.5, critical_fraction: 0.7 })
+    ).toEqual(DEFAULT_THRESHOLDS);
+    expect(
+      statusThresholds({
+        kernel_id: 'k',
+        in_slice: true,
+        error: 'gone',
+        warning_fraction: 0.5,
+        critical_fraction: 0.7
+      })
+    ).toEqual(DEFAULT_THRESHOLDS);
+  });
+
+  it('never hands out the shared defaults object', () => {
+    const thresholds = statusThresholds(null);
+    thresholds.warning = 0.1;
+    expect(DEFAULT_THRESHOLDS.warning).toBe(0.8);
+    expect(statusThresholds(null).warning).toBe(0.8);
+  });
+});
+
+describe('refresh rate from the settings', () => {
   it('keeps the refresh rate at 500 ms or more', () => {
     expect(normalizeRefreshRate(2000)).toBe(2000);
     expect(normalizeRefreshRate(100)).toBe(500);
@@ -224,9 +286,9 @@ describe('thresholds and refresh rate from the settings', () => {
 });
 
 describe('slice level', () => {
-  it('measures the whole slice with the settings thresholds, not the server level', () => {
+  it('measures the whole slice with the thresholds, not the server level', () => {
     const status = inSlice({ memory_used: 3.3 * GIB, memory_level: 'ok', gpus: [] });
-    expect(sliceLevel(status)).toBe('warning'); // 82 %
+    expect(sliceLevel(status)).toBe('warning'); // 82 %, the status's 0.8 / 0.95
     expect(sliceLevel(status, { warning: 0.9, critical: 0.95 })).toBe('ok');
     expect(sliceLevel(status, { warning: 0.5, critical: 0.8 })).toBe('critical');
   });
