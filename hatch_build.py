@@ -1,4 +1,5 @@
-"""Hatch build hook: compile native/ and ship the results inside the wheel.
+"""Hatch build hook: compile native/ and ship the results inside the wheel;
+refuse to ship a development build of the JupyterLab extension.
 
 The preload library, the simulated GPU and the driver-API runner are plain C
 built by ``make`` with the system compiler (no CUDA toolkit). A wheel carries
@@ -10,6 +11,14 @@ then holds machine code it is tagged ``py3-none-<platform>``, not
 Editable installs (``pip install -e .``) build nothing: the code finds the
 files in ``native/build/`` of the checkout, built by ``make -C native`` or
 ``./dev/test.sh``.
+
+The JupyterLab extension is built by the ``jupyter-builder`` hook, which runs
+before this one (pyproject.toml lists it first): from the checkout always with
+``jlpm build:prod``, and not at all in an unpacked sdist, which carries the
+build (see ``skip-if-exists`` there). Should a development build reach a wheel
+or an sdist all the same (an sdist made with ``SKIP_JUPYTER_BUILDER`` after
+``jlpm build``, say), this hook stops the build rather than ship its source
+maps.
 """
 
 import os
@@ -30,12 +39,45 @@ NATIVE_FILES = (
 )
 
 
-class NativeBuildHook(BuildHookInterface):
+# The built JupyterLab extension that wheels ship (see pyproject.toml).
+LABEXTENSION_BUILD = "hami_jupyter/labextension"
+
+
+def development_build_marks(build_dir):
+    """The files that show *build_dir* holds a development build of the lab
+    extension (``jlpm build``, ``jupyter-builder build --development``): the
+    webpack configuration ``build_log.json`` that only development builds write,
+    and source maps. Empty for a production build (``jlpm build:prod``) or none."""
+    build_dir = Path(build_dir)
+    if not build_dir.is_dir():
+        return []
+    marks = [build_dir / "build_log.json"] if (build_dir / "build_log.json").exists() else []
+    return marks + sorted(build_dir.rglob("*.map"))
+
+
+class HamiBuildHook(BuildHookInterface):
     PLUGIN_NAME = "custom"
 
     def initialize(self, version, build_data):
-        if self.target_name != "wheel" or version == "editable":
+        if version == "editable":
             return
+        if self.target_name in ("wheel", "sdist"):
+            self._refuse_development_labextension()
+        if self.target_name == "wheel":
+            self._build_native(build_data)
+
+    def _refuse_development_labextension(self):
+        marks = development_build_marks(Path(self.root) / LABEXTENSION_BUILD)
+        if marks:
+            shown = ", ".join(str(m.relative_to(self.root)) for m in marks[:3])
+            raise RuntimeError(
+                f"{LABEXTENSION_BUILD}/ holds a development build of the JupyterLab "
+                f"extension ({shown}); wheels and sdists carry only the production "
+                "build: run `jlpm build:prod` in labextension/ (or delete "
+                f"{LABEXTENSION_BUILD}/) and build again"
+            )
+
+    def _build_native(self, build_data):
         native = Path(self.root) / "native"
         jobs = str(os.cpu_count() or 1)
         cmd = ["make", "-C", str(native), "-j", jobs, "all", "sim", "tools"]
