@@ -191,7 +191,7 @@ def _is_zero(text):
 NONE = "none"
 
 
-def parse_memory(value):
+def parse_memory(value, source="memory"):
     """Bytes for *value* (0: no cap); LimitError for a negative, zero or malformed size.
 
     The grammar is :func:`hami_jupyter.slice.limits.parse_memory_limit`'s, as the
@@ -199,20 +199,41 @@ def parse_memory(value):
     if isinstance(value, str) and value.lower() == NONE:
         return 0
     if isinstance(value, str) and value.startswith("-"):
-        raise LimitError(f"memory: {value!r} is negative; give a size such as 4g, or none for no cap")
+        raise LimitError(f"{source}: {value!r} is negative; give a size such as 4g, or none for "
+                         "no cap")
     if isinstance(value, str) and _is_zero(value):
-        raise LimitError("memory: a cap of 0 would refuse every allocation; write none for no cap")
-    return parse_memory_limit(value, "memory")
+        raise LimitError(f"{source}: a cap of 0 would refuse every allocation; write none for no cap")
+    return parse_memory_limit(value, source)
 
 
-def parse_sm(value):
+def parse_sm(value, source="SM share"):
     """Percent for *value* (0: no share); LimitError unless a whole percent 0..100 or none
     (:func:`hami_jupyter.slice.limits.parse_sm_share`'s grammar: ASCII digits only)."""
     if isinstance(value, str) and value.lower() == NONE:
         return 0
     if isinstance(value, str) and value.startswith("-"):
-        raise LimitError(f"SM share: {value!r} is negative; give a whole percent 1..100, or none")
-    return parse_sm_share(value, "SM share") or 0
+        raise LimitError(f"{source}: {value!r} is negative; give a whole percent 1..100, or none")
+    return parse_sm_share(value, source) or 0
+
+
+def check_values(device=None, memory=None, sm=None, mode=None):
+    """The problems of a change's values alone, one line each, before any slice
+    is read: a malformed size, share, mode or GPU is reported together with
+    every other, never hidden behind a slice that cannot be found."""
+    problems = []
+    if isinstance(device, str) and parse_ordinal(device) is None and not device.startswith(
+            ("GPU-", "MIG-")):
+        problems.append(f"--device: {device!r} is neither a GPU index (0-15) nor a GPU UUID "
+                        "(GPU-...)")
+    for option, raw, parse in (("--memory", memory, parse_memory), ("--sm", sm, parse_sm),
+                               ("--mode", mode, parse_mode)):
+        if raw is None:
+            continue
+        try:
+            parse(raw, option)
+        except LimitError as e:
+            problems.append(str(e))
+    return problems
 
 
 def _new_limits(old, memory, sm, mode, errors):

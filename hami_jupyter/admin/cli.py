@@ -7,9 +7,10 @@ They share every check and message with the panel through :mod:`.changes`.
 
 Each handler returns the exit status and prints its own messages, one line
 each, never a traceback: 0 when all went well; 1 when the slice could not be
-read or the change was refused (a malformed or negative value, hard slices
-that would not fit a GPU, a slice this user may only read); 2 for a usage
-error (a bad slice name, nothing to change), as argparse does. ``slice
+read or the change was refused (hard slices that would not fit a GPU, a slice
+this user may only read); 2 for a usage error (a malformed or negative value,
+a bad slice name or GPU, nothing to change), as argparse does. Every usage
+error of a command is told, each on its line, before any slice is read. ``slice
 list`` skips, with a warning, a slice file the trust rule refuses (see
 :mod:`hami_jupyter.slice.paths`) and shows the others.
 """
@@ -80,12 +81,17 @@ def list_command(args):
 
 def set_command(args):
     """Check and apply one change; print what changed, or why not."""
+    problems = changes.check_values(args.device, args.memory, args.sm, args.mode)
     if args.memory is None and args.sm is None and args.mode is None:
-        return _error(args, "nothing to change: give --memory, --sm or --mode", 2)
+        problems.insert(0, "nothing to change: give --memory, --sm or --mode")
     try:
         path = slice_path(args.slice, root=args.root)
     except SliceNameError as e:
-        return _error(args, str(e), 2)
+        problems.append(str(e))
+    if problems:  # every malformed argument, before any slice is looked at
+        for line in problems:
+            _error(args, line, 2)
+        return 2
     try:
         change = actions.apply(path, args.device, args.memory, args.sm, args.mode,
                                overcommit=args.overcommit, gpus=read_gpus()[0],

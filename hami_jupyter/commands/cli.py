@@ -35,7 +35,7 @@ PROG = "hami-jupyter"
 
 
 class UsageError(Exception):
-    """A bad argument (exit status 2)."""
+    """Bad arguments (exit status 2); each argument is one problem, told on a line of its own."""
 
 
 class Failure(Exception):
@@ -109,14 +109,14 @@ def _kernelspec_install(args):
                                   mode=args.mode, slice=args.slice, user=not prefix,
                                   prefix=prefix)
     except kernelspec.KernelspecError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(*e.problems) from None
     except OSError as e:
         raise Failure(f"cannot install into {e.filename or 'the kernelspec folder'}: "
                       f"{e.strerror or e}; use --user, --sys-prefix or --prefix DIR") from None
     spec = json.loads((dest / "kernel.json").read_text())
     config = spec["metadata"]["kernel_provisioner"]["config"]
     print(f"installed kernelspec {dest.name!r} ({spec['display_name']}) in {dest}")
-    print(f"  {kernelspec.describe_config(config)}")
+    print(f"  its kernels get: {kernelspec.describe_config(config)}")
     if not kernelspec.searched(dest):
         print(f"  note: Jupyter does not look in {dest.parent}; add {dest.parent.parent} "
               "to JUPYTER_PATH so that it finds this kernelspec")
@@ -131,7 +131,7 @@ def _kernelspec_list(args):
         return 0
     for k in found:
         print(f"{k['name']}  {k['display_name']}  ({k['resource_dir']})")
-        print(f"  {k['limits']}" if "limits" in k else f"  INVALID: {k['error']}")
+        print(f"  its kernels get: {k['limits']}" if "limits" in k else f"  INVALID: {k['error']}")
     return 1 if any("error" in k for k in found) else 0
 
 
@@ -217,7 +217,8 @@ def main(argv=None):
     try:
         return args.func(args)
     except UsageError as e:
-        print(f"{args.cli_prog}: error: {e}", file=sys.stderr)
+        for problem in e.args:
+            print(f"{args.cli_prog}: error: {problem}", file=sys.stderr)
         return 2
     except Failure as e:
         print(f"{args.cli_prog}: error: {e}", file=sys.stderr)

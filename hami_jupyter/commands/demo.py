@@ -74,6 +74,16 @@ def _cell_text(cell):
     return "".join(p if p.endswith("\n") else p + "\n" for p in parts)
 
 
+def _show_log(path, lines=20):
+    """The end of the kernel's own output, after a failure."""
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return
+    if tail:
+        print("hami-jupyter demo: the kernel's last words:", *tail, sep="\n  ", file=sys.stderr)
+
+
 def run(args):
     """Execute the notebook; print its outputs. Returns the exit status."""
     import nbformat
@@ -109,13 +119,19 @@ def run(args):
                             resources={"metadata": {"path": str(workdir)}})
     started = time.monotonic()
     status = 0
+    # The kernel's own stderr goes to a log: what it says reaches the cells'
+    # outputs (ipykernel forwards it), and the terminal would show it twice and
+    # out of order. The log is shown when the kernel fails.
+    kernel_log = workdir / "kernel.log"
     try:
-        client.execute()
+        with open(kernel_log, "wb") as log:
+            client.execute(stdout=log, stderr=log)
     except CellExecutionError as e:
         print(f"hami-jupyter demo: a cell failed:\n{e}", file=sys.stderr)
         status = 1
     except Exception as e:  # kernel failed to start: the provisioner's message says why
         print(f"hami-jupyter demo: the kernel could not run: {e}", file=sys.stderr)
+        _show_log(kernel_log)
         return 1
     finally:
         if args.output:

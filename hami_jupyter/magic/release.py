@@ -62,8 +62,11 @@ class ReleaseReport:
         freed = self.freed
         if freed is None:
             head = f"hami release: caches released, but {self.problem}"
+        elif freed == 0 and len(self.not_imported) == len(FRAMEWORKS):
+            head = ("hami release: nothing freed: no framework that caches GPU memory is "
+                    "imported here, and memory freed otherwise is back in the slice at once")
         elif freed == 0:
-            head = "hami release: nothing freed"
+            head = "hami release: nothing freed: the frameworks' caches were empty"
         else:
             head = f"hami release: {format_size(freed)} returned to the slice"
         if freed is not None:

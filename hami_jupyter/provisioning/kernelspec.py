@@ -49,7 +49,12 @@ _log.propagate = False
 
 
 class KernelspecError(ValueError):
-    """A kernelspec setting that cannot be used; the message says which and why."""
+    """Kernelspec settings that cannot be used; *problems* holds one line for
+    each (every setting is checked before any is reported), ``str()`` all."""
+
+    def __init__(self, *problems):
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
 
 
 def check_kernel_name(name):
@@ -78,27 +83,40 @@ def _check_slice(ref):
         raise KernelspecError(f"--slice: {e}") from None
 
 
-def provisioner_config(memory=None, sm=None, mode=None, slice=None):
+def provisioner_config(memory=None, sm=None, mode=None, slice=None, *, name=None,
+                       display_name=None):
     """The provisioner ``config`` for these settings (None = not set), all checked.
 
-    Values are kept as written ("4g" stays "4g") so the kernel.json reads as
-    the command that wrote it.
+    Every setting is checked before any problem is reported: KernelspecError
+    carries one line for each. *name* and *display_name*, when given, are
+    checked too (they are not part of the config). Values are kept as written
+    ("4g" stays "4g") so the kernel.json reads as the command that wrote it.
     """
-    config = {}
-    try:
-        if memory is not None:
-            parse_memory_limit(memory, "--memory")
-            config["memory_limit"] = str(memory)
-        if sm is not None:
-            parse_sm_share(sm, "--sm")  # 1-3 ASCII digits (or an int): int() reads them alike
-            config["sm_limit"] = int(sm)
-        if mode is not None:
-            parse_mode(mode, "--mode")
-            config["sm_mode"] = mode
-    except LimitError as e:
-        raise KernelspecError(str(e)) from None
-    if slice is not None:
+    config, problems = {}, []
+
+    def check(parse, value):
+        try:
+            parse(value)
+        except (LimitError, KernelspecError) as e:
+            problems.append(str(e))
+            return False
+        return value is not None
+
+    if name is not None:
+        check(check_kernel_name, name)
+    if check(lambda v: v is not None and parse_memory_limit(v, "--memory"), memory):
+        config["memory_limit"] = str(memory)
+    # 1-3 ASCII digits (or an int): int() reads them alike
+    if check(lambda v: v is not None and parse_sm_share(v, "--sm"), sm):
+        config["sm_limit"] = int(sm)
+    if check(lambda v: v is not None and parse_mode(v, "--mode"), mode):
+        config["sm_mode"] = mode
+    if check(lambda v: v is not None and _check_slice(v), slice):
         config["slice"] = _check_slice(slice)
+    if display_name is not None and not display_name.strip():
+        problems.append("--display-name: empty; leave it out for the default")
+    if problems:
+        raise KernelspecError(*problems)
     return config
 
 
@@ -120,23 +138,54 @@ def default_display_name(config):
     return "Python 3 (HAMi vGPU" + "".join(f", {p}" for p in parts) + ")"
 
 
-def describe_config(config):
-    """One line for what a kernelspec's config sets; LimitError if a value is invalid.
+def server_provisioner_config():
+    """``c.HamiProvisioner`` as the Jupyter server started from here would read it
+    (its ``jupyter_server_config`` files on Jupyter's config path); ``({}, None)``
+    or ``({...}, None)``, or ``({}, why)`` when the files cannot be read."""
+    from jupyter_core.paths import jupyter_config_path
+    from traitlets.config.application import Application
 
-    An unset field is not "unlimited": the kernel then takes the server's
-    setting (HamiProvisioner config, then HAMI_* variables).
-    """
-    asked = _config_limits(config)
-    limits = asked.limits
-    memory = (f"memory {format_size(limits.memory_limit)}" if "memory_limit" in asked.sources
-              else "memory: server's setting")
-    if "sm_share" not in asked.sources:
-        sm = "SM: server's setting"
-    elif limits.sm_share:
-        sm = f"SM {limits.sm_share} % ({limits.mode})"
-    else:
-        sm = "SM unlimited"
+    reader = Application(log=_log)
+    try:
+        reader.load_config_file("jupyter_server_config", path=jupyter_config_path())
+    except Exception as e:  # a config file that does not load: the server would say so too
+        return {}, f"the server's configuration could not be read ({e})"
+    mine = reader.config.get("HamiProvisioner", {})
+    return {k: mine[k] for k in ("memory_limit", "sm_limit", "sm_mode", "max_decoders")
+            if k in mine}, None
+
+
+def applied_limits(config, environ=None, server_config=None):
+    """What a kernel of a kernelspec with provisioner *config* is held to when a
+    Jupyter server started here starts it: the strictest of the kernelspec's
+    config, the server's ``c.HamiProvisioner`` (*server_config*, default: read
+    from its files) and the environment (*environ*); see
+    :func:`~hami_jupyter.slice.settings.resolve_limits`. LimitError for an
+    invalid value."""
+    environ = os.environ if environ is None else environ
+    if server_config is None:
+        server_config, _ = server_provisioner_config()
+    return resolve_limits({}, {}, layers=[
+        ("kernelspec", "config", {k: config.get(k) for k in
+                                  ("memory_limit", "sm_limit", "sm_mode", "max_decoders")}),
+        ("server config", "config", server_config),
+        ("this environment", "env", environ),
+    ])
+
+
+def describe_config(config, environ=None, server_config=None):
+    """One line: what a kernel of a kernelspec with provisioner *config* is held
+    to here, each limit with where it comes from, and "unlimited" where no
+    place sets one; LimitError if a value is invalid."""
+    asked = applied_limits(config, environ, server_config)
+    limits, source = asked.limits, asked.sources.get
+    memory = (f"memory {format_size(limits.memory_limit)} (from {source('memory_limit')})"
+              if limits.memory_limit else "memory unlimited")
+    sm = (f"SM {limits.sm_share} % ({limits.mode}; from {source('sm_share')})"
+          if limits.sm_share else "SM unlimited")
     parts = [memory, sm]
+    if limits.max_decoders:
+        parts.append(f"{limits.max_decoders} decoders (from {source('max_decoders')})")
     if config.get("slice"):
         parts.append(f"slice {config['slice']}")
     return ", ".join(parts)
@@ -164,10 +213,8 @@ def write_kernelspec(dest_dir, name, display_name=None, memory=None, sm=None, mo
     *name* is checked too, so that a caller that installs the folder under
     that name has nothing left to fail on. Returns the file's path.
     """
-    check_kernel_name(name)
-    config = provisioner_config(memory=memory, sm=sm, mode=mode, slice=slice)
-    if display_name is not None and not display_name.strip():
-        raise KernelspecError("--display-name: empty; leave it out for the default")
+    config = provisioner_config(memory=memory, sm=sm, mode=mode, slice=slice, name=name,
+                                display_name=display_name)
     spec = kernel_json(display_name or default_display_name(config), config)
     path = Path(dest_dir) / "kernel.json"
     path.write_text(json.dumps(spec, indent=2) + "\n")
@@ -226,8 +273,9 @@ def install(name, display_name=None, memory=None, sm=None, mode=None, slice=None
     rules out (:func:`check_under_hub`; nothing is written), OSError when the
     folder cannot be written.
     """
+    check_under_hub(provisioner_config(memory=memory, sm=sm, mode=mode, slice=slice, name=name,
+                                       display_name=display_name))
     name = check_kernel_name(name)
-    check_under_hub(provisioner_config(memory=memory, sm=sm, mode=mode, slice=slice))
     with tempfile.TemporaryDirectory(prefix="hami-kernelspec-") as tmp:
         write_kernelspec(tmp, name, display_name, memory=memory, sm=sm, mode=mode, slice=slice)
         manager = KernelSpecManager(log=_log)
@@ -244,9 +292,11 @@ def hami_kernelspecs():
     """Every kernelspec Jupyter finds that starts its kernels through HAMi.
 
     A list of dicts: name, resource_dir, display_name, config, and either
-    ``limits`` (describe_config's line) or ``error`` (why its config is invalid).
+    ``limits`` (:func:`describe_config`'s line: what applies here) or ``error``
+    (why its config, or the limits around it, are invalid).
     """
     found = []
+    server_config, _ = server_provisioner_config()
     for name, info in sorted(KernelSpecManager(log=_log).get_all_specs().items()):
         spec = info.get("spec") or {}
         provisioner = (spec.get("metadata") or {}).get("kernel_provisioner") or {}
@@ -256,7 +306,7 @@ def hami_kernelspecs():
         entry = {"name": name, "resource_dir": info.get("resource_dir"),
                  "display_name": spec.get("display_name"), "config": config}
         try:
-            entry["limits"] = describe_config(config)
+            entry["limits"] = describe_config(config, server_config=server_config)
         except LimitError as e:
             entry["error"] = str(e)
         found.append(entry)

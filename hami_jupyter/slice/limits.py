@@ -162,8 +162,8 @@ def parse_sm_share(value, source):
         return None
     n = parse_small(value, 100)
     if n is None:
-        raise LimitError(f"{source}: SM share {value!r} is not a whole percent of each GPU (1-99; 0 or 100: no share), digits "
-                         "only (0 or 100 = no limit), e.g. 25")
+        raise LimitError(f"{source}: SM share {value!r} is not a whole percent of each GPU "
+                         "(1-99; 0 or 100: no share), digits only, e.g. 25")
     return None if n in (0, 100) else n
 
 

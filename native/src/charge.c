@@ -31,10 +31,13 @@ static void report_oom(int sdev, uint64_t want, uint64_t used, uint64_t limit, c
 		return;
 	struct hami_slice_file *f = hami_slice();
 	char a[32], b[32], c[32];
+	/* People read this: sizes in units only; the contexts' share explains why less
+	 * than the limit fits as data. */
 	hami_log(HAMI_LOG_ERROR,
-		 "slice \"%s\" GPU %s: out of memory: %s of %s refused, %s of the %llu-byte (%s) limit in use",
+		 "slice \"%s\" GPU %s: out of memory: %s of %s refused; %s of the slice's %s limit "
+		 "in use, CUDA contexts included",
 		 hami_slice_name(), f ? f->device[sdev].uuid : "?", what, hami_human(want, a),
-		 hami_human(used, b), (unsigned long long)limit, hami_human(limit, c));
+		 hami_human(used, b), hami_human(limit, c));
 }
 
 /* A refusal by the process's own cap, inside the slice's. */

@@ -535,10 +535,24 @@ def test_cli_set_reads_values_as_the_preload_library_does(hami_env, capsys, no_n
     for argv, words in ((["--sm", " 25"], "SM share ' 25' is not a whole percent"),
                         (["--memory", "4g "], "memory limit '4g ' is not a size"),
                         (["--mode", "hard "], "SM mode 'hard ' is not one of hard, elastic"),
-                        (["--device", "\u0660", "--memory", "1g"], "has no GPU '\u0660'")):
+                        (["--device", "\u0660", "--memory", "1g"],
+                         "--device: '\u0660' is neither a GPU index")):
         code, out, err = run(capsys, "set", "alice", *argv)
-        assert code == 1 and words in err, (argv, err)
+        assert code == 2 and words in err, (argv, err)
     assert read_snapshot(path).limits_generation == 0
+
+
+def test_cli_set_reports_every_bad_argument_before_looking_for_the_slice(hami_env, capsys,
+                                                                         no_nvml):
+    code, out, err = run(capsys, "set", "nosuchslice", "--memory", "lots", "--sm", "150",
+                         "--device", "x")
+    assert code == 2 and out == ""
+    lines = err.splitlines()
+    assert len(lines) == 3, err
+    assert "--device: 'x' is neither" in lines[0] and "--memory: memory limit 'lots'" in lines[1]
+    assert "--sm: SM share '150'" in lines[2] and "nosuchslice" not in err
+    code, _, err = run(capsys, "set", "nosuchslice", "--memory", "1g")
+    assert code == 1 and "slice 'nosuchslice' does not exist" in err
 
 
 def test_cli_list_without_slices(hami_env, capsys, no_nvml):
@@ -569,10 +583,10 @@ def test_cli_set_applies_and_logs(hami_env, capsys, monkeypatch, no_nvml):
 
 
 @pytest.mark.parametrize("argv, status, message", [
-    (["alice", "--memory=-1g"], 1, "memory: '-1g' is negative"),
-    (["alice", "--memory", "4x"], 1, "memory limit '4x' is not a size"),
-    (["alice", "--sm", "150"], 1, "SM share '150' is not a whole percent"),
-    (["alice", "--mode", "turbo"], 1, "SM mode 'turbo' is not one of hard, elastic"),
+    (["alice", "--memory=-1g"], 2, "memory: '-1g' is negative"),
+    (["alice", "--memory", "4x"], 2, "memory limit '4x' is not a size"),
+    (["alice", "--sm", "150"], 2, "SM share '150' is not a whole percent"),
+    (["alice", "--mode", "turbo"], 2, "SM mode 'turbo' is not one of hard, elastic"),
     (["alice", "--device", "3", "--memory", "1g"], 1, "slice 'alice' has no GPU 3 (it has: none yet)"),
     (["nobody-here", "--memory", "1g"], 1, "slice 'nobody-here' does not exist"),
     (["alice"], 2, "nothing to change: give --memory, --sm or --mode"),

@@ -255,7 +255,8 @@ def test_kernelspec_install_writes_limits_and_starts_a_kernel_in_them(
     code, out, _ = run(capsys, "kernelspec", "list")
     assert code == 0
     assert "gpu-small  Python 3 (HAMi vGPU, 1.0 GiB, SM 25 %)" in out
-    assert "memory 1.0 GiB, SM 25 % (hard)" in out
+    assert ("its kernels get: memory 1.0 GiB (from memory_limit (kernelspec)), "
+            "SM 25 % (hard; from sm_limit (kernelspec))") in out
 
     _, kc = start_kernel("gpu-small")
     [path] = list_slice_paths(hami_env.root)
@@ -293,6 +294,43 @@ def test_kernelspec_install_refuses_bad_values_and_writes_nothing(hami_env, caps
     assert f"hami-jupyter kernelspec install: error: {message}" in err
     assert "Traceback" not in err and out == ""
     assert not prefix.exists()
+
+
+def test_kernelspec_install_reports_every_bad_value_at_once(hami_env, capsys):
+    prefix = hami_env.tmp / "prefix"
+    code, out, err = run(capsys, "kernelspec", "install", "--name", "bad!", "--memory", "4x",
+                         "--sm", "150", "--mode", "soft", "--prefix", str(prefix))
+    assert code == 2 and out == "" and not prefix.exists()
+    lines = err.splitlines()
+    assert [line.split(": error: ")[1].split(":")[0] for line in lines] == [
+        "--name", "--memory", "--sm", "--mode"], err
+
+
+def test_kernelspec_list_says_what_applies_where_the_kernelspec_is_silent(
+        hami_env, capsys, monkeypatch):
+    """A kernelspec that sets only memory: its kernels get the SM share of the
+    server's configuration and of the environment, or none, and the list says which."""
+    prefix = hami_env.tmp / "prefix"
+    assert run(capsys, "kernelspec", "install", "--name", "mem-only", "--memory", "2g",
+               "--prefix", str(prefix))[0] == 0
+    monkeypatch.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
+    config_dir = hami_env.tmp / "jupyter-config"
+    config_dir.mkdir()
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(config_dir))
+
+    def listed():
+        code, out, _ = run(capsys, "kernelspec", "list")
+        assert code == 0
+        return next(line for line in out.splitlines()[out.splitlines().index(
+            next(x for x in out.splitlines() if x.startswith("mem-only"))) + 1:])
+
+    assert listed() == "  its kernels get: memory 2.0 GiB (from memory_limit (kernelspec)), SM unlimited"
+    monkeypatch.setenv("HAMI_SM_LIMIT", "40")
+    assert listed().endswith("SM 40 % (hard; from HAMI_SM_LIMIT (this environment))")
+    (config_dir / "jupyter_server_config.json").write_text(json.dumps(
+        {"HamiProvisioner": {"sm_limit": 30, "memory_limit": "1g"}}))
+    assert listed() == ("  its kernels get: memory 1.0 GiB (from memory_limit (server config)), "
+                        "SM 30 % (hard; from sm_limit (server config))")
 
 
 def test_kernelspec_install_default_display_name_and_mode(hami_env, capsys):

@@ -16,8 +16,10 @@ from hami_jupyter.commands.demo import nvidia_driver_present
 
 @pytest.mark.skipif(nvidia_driver_present(), reason="this machine has a real GPU: see tests/gpu")
 def test_demo_runs_the_quickstart_in_a_slice_on_the_simulated_gpu(hami_env, tmp_path):
+    # Without PYTEST_CURRENT_TEST, which makes ipykernel leave the kernel's own
+    # stderr alone: the demo runs as a user runs it.
     env = {k: v for k, v in os.environ.items()
-           if k not in ("HAMI_SLICE_ROOT", "HAMI_SIM_STATE", "LD_LIBRARY_PATH")}
+           if k not in ("HAMI_SLICE_ROOT", "HAMI_SIM_STATE", "LD_LIBRARY_PATH", "PYTEST_CURRENT_TEST")}
     out_nb = tmp_path / "executed.ipynb"
     proc = subprocess.run([sys.executable, "-m", "hami_jupyter", "demo", "--output", str(out_nb)],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
@@ -26,7 +28,16 @@ def test_demo_runs_the_quickstart_in_a_slice_on_the_simulated_gpu(hami_env, tmp_
     assert "no NVIDIA driver found: using the bundled simulated GPU" in out
     # The cap, not the 16 GiB GPU, stopped the loop: 7 x 256 MiB + a 64 MiB context fit in 2 GiB.
     assert "the driver reports 2.00 GiB in total" in out
-    assert re.search(r"refused after 7 buffers \(1\.75 GiB\): CUDA_ERROR_OUT_OF_MEMORY", out)
+    assert "refused after 7 buffers of 256 MiB (1.75 GiB): CUDA_ERROR_OUT_OF_MEMORY" in out
+    # The story adds up: the context's share is named, in units people read.
+    assert ("in use: 1.75 GiB of data + 64 MiB for the kernel's CUDA context = 1.81 GiB of the "
+            "2.00 GiB cap") in out
+    [oom] = [line for line in out.splitlines() if "out of memory" in line]  # once, in its cell
+    assert "of the slice's 2.0 GiB limit in use, CUDA contexts included" in oom
+    assert "byte" not in oom.split("limit in use")[0], oom  # no raw byte counts
+    assert proc.stderr == "", proc.stderr  # the kernel's own stderr went to its log
+    assert "freed the buffers (1.75 GiB): back in the slice at once" in out
+    assert "hami release: nothing freed: no framework that caches GPU memory is imported" in out
     statuses = re.findall(r"hami slice 'demo'.*?(?=\n--- In:|\nhami-jupyter demo: done)", out, re.S)
     assert len(statuses) == 3, out
     before, full, after = statuses
