@@ -1,9 +1,10 @@
 /*
  * libcuda.so.1 of the simulated GPU: the driver API subset hami-jupyter uses,
- * with the real ABI. Memory has no backing store; what matters is that every
- * byte a call takes or gives back is charged to the shared device (sim_state)
- * exactly as the real driver would take it, so the device's used/peak_used
- * witness what any process really got.
+ * with the real ABI. What matters most is that every byte a call takes or
+ * gives back is charged to the shared device (sim_state) exactly as the real
+ * driver would take it, so the device's used/peak_used witness what any
+ * process really got. Allocations also hold bytes (sim_mem.c): copies move
+ * real data, which a checkpoint saves and a restore brings back.
  *
  * Process-local objects (contexts, streams, pools, modules, functions, arrays,
  * memory handles, events, graphs and graph executables) live in a slot table;
@@ -20,9 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "sim_api.h"
+#include "sim_mem.h"
 #include "sim_state.h"
 
 #define GRAN (2ull << 20)       /* allocation granularity, pool growth step */
@@ -75,6 +78,10 @@ struct alloc {
 	uint64_t pool; /* 0 unless stream-ordered */
 	int dev;
 	int live;
+	/* its bytes: an extent of the backing file, mapped at the first copy */
+	uint64_t off;
+	unsigned char *host;
+	int dirty; /* written by a copy: the extent's data must go on free */
 };
 
 static struct {
@@ -112,6 +119,31 @@ static CUresult ready(void)
 {
 	return atomic_load(&C.inited) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
+
+/* The checkpoint gate. Every entry point a program works through (devices,
+ * contexts, memory, copies, streams, modules, launches, events, graphs)
+ * begins with GATE(): while another process holds this one locked or
+ * checkpointed the call waits there, holding nothing; then it counts as in
+ * flight until it returns, so that a lock waits for it. Not gated: cuInit,
+ * cuDriverGetVersion, cuGetErrorString/Name, cuGetProcAddress,
+ * cuGetExportTable and the checkpoint calls. Calls from within a gated call
+ * pass: only the outermost counts. */
+static __thread int t_gated;
+
+static int gate_enter(void)
+{
+	if (t_gated++ || !atomic_load(&C.inited))
+		return -1;
+	return sim_gate_enter();
+}
+
+static void gate_leave(int *entry)
+{
+	t_gated--;
+	sim_gate_leave(*entry);
+}
+
+#define GATE() int gate_ __attribute__((cleanup(gate_leave))) = gate_enter()
 
 static int phys(CUdevice d)
 {
@@ -218,9 +250,10 @@ static int al_reserve(void)
 }
 
 /* After al_reserve: cannot fail. */
-static void al_push(CUdeviceptr base, uint64_t size, uint64_t charged, uint64_t ctx, uint64_t pool, int dev)
+static void al_push(CUdeviceptr base, uint64_t size, uint64_t charged, uint64_t ctx, uint64_t pool, int dev,
+		    uint64_t off)
 {
-	C.al[C.nal++] = (struct alloc){base, size, charged, ctx, pool, dev, 1};
+	C.al[C.nal++] = (struct alloc){base, size, charged, ctx, pool, dev, 1, off, NULL, 0};
 }
 
 /* The live allocation starting at P (exact) or containing P. */
@@ -337,6 +370,8 @@ static uint64_t current_pool(int dev)
 
 static void alloc_release(struct alloc *a)
 {
+	sim_mem_release(a->off, a->size, a->host, a->dirty);
+	a->host = NULL;
 	if (a->pool)
 		pool_give(a->pool, a->size);
 	else
@@ -348,15 +383,18 @@ static void alloc_release(struct alloc *a)
 /* A plain allocation of SIZE addressable bytes taking BYTES of DEV. */
 static CUresult alloc_plain(CUdeviceptr *dptr, uint64_t size, uint64_t bytes, uint64_t ctxh, int dev)
 {
+	uint64_t off;
 	if (!al_reserve())
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	CUdeviceptr base = va_take(size);
-	if (!base)
+	if (!base || sim_mem_reserve(size, &off) < 0)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	CUresult r = charge(dev, bytes);
-	if (r)
+	if (r) {
+		sim_mem_release(off, size, NULL, 0);
 		return r;
-	al_push(base, size, bytes, ctxh, 0, dev);
+	}
+	al_push(base, size, bytes, ctxh, 0, dev, off);
 	*dptr = base;
 	return CUDA_SUCCESS;
 }
@@ -510,6 +548,10 @@ static void cu_parent(void)
  * memory): start empty; the child claims its own entry when it needs one. */
 static void cu_child(void)
 {
+	for (size_t i = 0; i < C.nal; i++)
+		if (C.al[i].live && C.al[i].host)
+			munmap(C.al[i].host, C.al[i].size);
+	sim_mem_forget();
 	for (uint32_t i = 0; i < C.nslots; i++) {
 		if (C.slots[i].o) {
 			free(C.slots[i].o->name);
@@ -561,8 +603,12 @@ CUresult cuInit(unsigned int flags)
 	pthread_once(&init_once, do_init);
 	if (C.init_rc != CUDA_SUCCESS)
 		return C.init_rc;
-	/* Claim our process entry now (again in a forked child). */
-	return sim_self() < 0 ? CUDA_ERROR_OPERATING_SYSTEM : CUDA_SUCCESS;
+	/* Claim our process entry now (again in a forked child); it names a
+	 * CUDA process from now on. */
+	if (sim_self() < 0)
+		return CUDA_ERROR_OPERATING_SYSTEM;
+	sim_mark_cuda();
+	return CUDA_SUCCESS;
 }
 
 CUresult cuDriverGetVersion(int *driverVersion)
@@ -601,6 +647,7 @@ static const struct {
 	 "operation not permitted when stream is capturing"},
 	{SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
 	 "operation failed due to a previous error during capture"},
+	{CUDA_ERROR_TIMEOUT, "CUDA_ERROR_TIMEOUT", "the operation timed out"},
 	{CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -632,6 +679,7 @@ CUresult cuGetErrorName(CUresult error, const char **pStr)
 
 CUresult cuDeviceGetCount(int *count)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -643,6 +691,7 @@ CUresult cuDeviceGetCount(int *count)
 
 CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -656,6 +705,7 @@ CUresult cuDeviceGet(CUdevice *device, int ordinal)
 
 CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -693,16 +743,19 @@ static CUresult device_uuid(CUuuid *uuid, CUdevice dev)
 
 CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
 {
+	GATE();
 	return device_uuid(uuid, dev);
 }
 
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
 {
+	GATE();
 	return device_uuid(uuid, dev);
 }
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -717,6 +770,7 @@ CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 
 CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -751,6 +805,7 @@ CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
 
 CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -767,6 +822,7 @@ CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -821,12 +877,14 @@ static CUresult primary_release(CUdevice dev, int reset)
 
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
+	GATE();
 	return primary_release(dev, 0);
 }
 
 /* The first export, which real drivers still hand out for CUDA versions before 11.0. */
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
+	GATE();
 	return primary_release(dev, 0);
 }
 
@@ -834,11 +892,13 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
  * afresh (same handle). */
 CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
+	GATE();
 	return primary_release(dev, 1);
 }
 
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -857,6 +917,7 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *acti
 
 CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -904,12 +965,14 @@ out:
 
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
+	GATE();
 	return ctx_create(pctx, flags, dev);
 }
 
 /* Execution affinity parameters are accepted and ignored. */
 CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams, unsigned int flags, CUdevice dev)
 {
+	GATE();
 	if (numParams < 0 || (numParams > 0 && !paramsArray))
 		return CUDA_ERROR_INVALID_VALUE;
 	return ctx_create(pctx, flags, dev);
@@ -918,11 +981,13 @@ CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams, unsig
 /* CUctxCreateParams (affinity, CIG) are accepted and ignored; NULL is fine. */
 CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned int flags, CUdevice dev)
 {
+	GATE();
 	return ctx_create(pctx, flags, dev);
 }
 
 CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -944,6 +1009,7 @@ CUresult cuCtxDestroy_v2(CUcontext ctx)
 
 CUresult cuCtxSetCurrent(CUcontext ctx)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -965,6 +1031,7 @@ CUresult cuCtxSetCurrent(CUcontext ctx)
 
 CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -976,6 +1043,7 @@ CUresult cuCtxGetCurrent(CUcontext *pctx)
 
 CUresult cuCtxGetDevice(CUdevice *device)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -993,6 +1061,7 @@ CUresult cuCtxGetDevice(CUdevice *device)
 
 CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1007,6 +1076,7 @@ CUresult cuCtxPushCurrent_v2(CUcontext ctx)
 
 CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1036,6 +1106,7 @@ static void synchronize(uint64_t end, int dev)
 
 CUresult cuCtxSynchronize(void)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1054,6 +1125,7 @@ CUresult cuCtxSynchronize(void)
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1070,6 +1142,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
 			    unsigned int ElementSizeBytes)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1092,6 +1165,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 /* Managed memory is charged to the current device in full, at once. */
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1107,6 +1181,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1125,6 +1200,7 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
 /* Physical: free = total - what every process holds, as on a real GPU. */
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1146,6 +1222,7 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1165,42 +1242,123 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr 
 	return r;
 }
 
-/* No backing store: a copy only checks that the device range is ours. */
-static CUresult copy_check(CUdeviceptr dev, const void *host, size_t n)
+/* The bytes of [P, P + N) if they lie in one live allocation of ours; its
+ * extent is mapped at the first copy. C.mu held. */
+static CUresult dev_bytes(CUdeviceptr p, size_t n, int write, unsigned char **out)
+{
+	struct alloc *a = al_find(p, 0);
+	if (!a || n > a->base + a->size - p)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!a->host && !(a->host = sim_mem_map(a->off, a->size)))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	a->dirty |= write;
+	*out = a->host + (p - a->base);
+	return CUDA_SUCCESS;
+}
+
+enum copy_kind { HTOD, DTOH, DTOD };
+
+/* Every copy happens at the call, the Async ones too (nothing runs on a
+ * stream here). DST and SRC are device addresses or host pointers as KIND
+ * says; S (NULL for the synchronous forms) names the stream, whose context
+ * must be live; else the current context must be. */
+static CUresult copy(enum copy_kind kind, uint64_t dst, uint64_t src, size_t n, const CUstream *s)
 {
 	CUresult r = ready();
 	if (r)
 		return r;
-	if (n && !host)
+	if (n && ((kind == DTOH && !dst) || (kind == HTOD && !src)))
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&C.mu);
-	struct alloc *a = al_find(dev, 0);
-	if (!cur_ctx(NULL))
+	unsigned char *d = (unsigned char *)(uintptr_t)dst, *from = (unsigned char *)(uintptr_t)src;
+	struct obj *c, *so;
+	uint64_t ch;
+	if (s)
+		r = stream_ctx(*s, &c, &ch, &so);
+	else if (!cur_ctx(NULL))
 		r = CUDA_ERROR_INVALID_CONTEXT;
-	else if (n && (!a || n > a->base + a->size - dev))
-		r = CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS && n && kind != DTOH)
+		r = dev_bytes(dst, n, 1, &d);
+	if (r == CUDA_SUCCESS && n && kind != HTOD)
+		r = dev_bytes(src, n, 0, &from);
+	if (r == CUDA_SUCCESS && n)
+		memmove(d, from, n);
 	pthread_mutex_unlock(&C.mu);
 	return r;
 }
 
+#define HP(p) ((uint64_t)(uintptr_t)(p))
+
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
-	return copy_check(dstDevice, srcHost, ByteCount);
+	GATE();
+	return copy(HTOD, dstDevice, HP(srcHost), ByteCount, NULL);
 }
 
 CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
 {
-	return copy_check(dstDevice, srcHost, ByteCount);
+	GATE();
+	return copy(HTOD, dstDevice, HP(srcHost), ByteCount, NULL);
 }
 
 CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
-	return copy_check(srcDevice, dstHost, ByteCount);
+	GATE();
+	return copy(DTOH, HP(dstHost), srcDevice, ByteCount, NULL);
 }
 
 CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
-	return copy_check(srcDevice, dstHost, ByteCount);
+	GATE();
+	return copy(DTOH, HP(dstHost), srcDevice, ByteCount, NULL);
+}
+
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	GATE();
+	return copy(DTOD, dstDevice, srcDevice, ByteCount, NULL);
+}
+
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	GATE();
+	return copy(DTOD, dstDevice, srcDevice, ByteCount, NULL);
+}
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
+{
+	GATE();
+	return copy(HTOD, dstDevice, HP(srcHost), ByteCount, &hStream);
+}
+
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
+{
+	GATE();
+	return copy(HTOD, dstDevice, HP(srcHost), ByteCount, &hStream);
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+	GATE();
+	return copy(DTOH, HP(dstHost), srcDevice, ByteCount, &hStream);
+}
+
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+	GATE();
+	return copy(DTOH, HP(dstHost), srcDevice, ByteCount, &hStream);
+}
+
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+	GATE();
+	return copy(DTOD, dstDevice, srcDevice, ByteCount, &hStream);
+}
+
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
+{
+	GATE();
+	return copy(DTOD, dstDevice, srcDevice, ByteCount, &hStream);
 }
 
 /* ---- stream-ordered memory ---------------------------------------------- */
@@ -1227,13 +1385,16 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, uint64_t poolh, 
 		goto out;
 	}
 	CUdeviceptr base;
-	if (!al_reserve() || !(base = va_take(bytesize))) {
+	uint64_t off;
+	if (!al_reserve() || !(base = va_take(bytesize)) || sim_mem_reserve(bytesize, &off) < 0) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 		goto out;
 	}
-	if ((r = pool_take(p, bytesize)) != CUDA_SUCCESS)
+	if ((r = pool_take(p, bytesize)) != CUDA_SUCCESS) {
+		sim_mem_release(off, bytesize, NULL, 0);
 		goto out;
-	al_push(base, bytesize, 0, ch, poolh, p->dev);
+	}
+	al_push(base, bytesize, 0, ch, poolh, p->dev, off);
 	*dptr = base;
 out:
 	pthread_mutex_unlock(&C.mu);
@@ -1242,11 +1403,13 @@ out:
 
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
+	GATE();
 	return alloc_async(dptr, bytesize, 0, hStream);
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
+	GATE();
 	return alloc_async(dptr, bytesize, 0, hStream);
 }
 
@@ -1259,11 +1422,13 @@ static CUresult alloc_from_pool(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
+	GATE();
 	return alloc_from_pool(dptr, bytesize, pool, hStream);
 }
 
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
+	GATE();
 	return alloc_from_pool(dptr, bytesize, pool, hStream);
 }
 
@@ -1292,17 +1457,20 @@ out:
 
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
+	GATE();
 	return free_async(dptr, hStream);
 }
 
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
+	GATE();
 	return free_async(dptr, hStream);
 }
 
 /* Only device pools: location.id is a CUDA ordinal; maxSize 0 = unbounded. */
 CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1330,6 +1498,7 @@ CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
 /* Outstanding allocations keep a destroyed pool's memory until freed. */
 CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1356,6 +1525,7 @@ out:
 
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1371,6 +1541,7 @@ CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1405,6 +1576,7 @@ out:
 /* The *_HIGH marks can only be reset (to the current value) by writing 0. */
 CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1443,6 +1615,7 @@ out:
 
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1461,6 +1634,7 @@ CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev)
 
 CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1479,6 +1653,7 @@ CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 
 CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1499,6 +1674,7 @@ CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 
 CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, int option)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1512,6 +1688,7 @@ CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocatio
 CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
 		     unsigned long long flags)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1548,6 +1725,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1635,6 +1813,7 @@ static CUresult array_destroy(uint64_t h, enum kind k)
 
 CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1651,6 +1830,7 @@ CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAlloca
 
 CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1669,6 +1849,7 @@ CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAl
 
 CUresult cuArrayDestroy(CUarray hArray)
 {
+	GATE();
 	return array_destroy(H(hArray), K_ARRAY);
 }
 
@@ -1676,6 +1857,7 @@ CUresult cuArrayDestroy(CUarray hArray)
 CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
 				unsigned int numMipmapLevels)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1708,6 +1890,7 @@ CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DE
 
 CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 {
+	GATE();
 	return array_destroy(H(hMipmappedArray), K_MIPMAP);
 }
 
@@ -1715,6 +1898,7 @@ CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 
 CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1739,6 +1923,7 @@ CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 
 CUresult cuStreamDestroy_v2(CUstream hStream)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1787,11 +1972,13 @@ static CUresult stream_sync(CUstream s)
 
 CUresult cuStreamSynchronize(CUstream hStream)
 {
+	GATE();
 	return stream_sync(hStream);
 }
 
 CUresult cuStreamSynchronize_ptsz(CUstream hStream)
 {
+	GATE();
 	return stream_sync(hStream);
 }
 
@@ -1807,11 +1994,13 @@ static CUresult stream_query(CUstream s)
 
 CUresult cuStreamQuery(CUstream hStream)
 {
+	GATE();
 	return stream_query(hStream);
 }
 
 CUresult cuStreamQuery_ptsz(CUstream hStream)
 {
+	GATE();
 	return stream_query(hStream);
 }
 
@@ -1820,6 +2009,7 @@ CUresult cuStreamQuery_ptsz(CUstream hStream)
 /* Any image is accepted: there is no code to run. */
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1843,6 +2033,7 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image)
 
 CUresult cuModuleUnload(CUmodule hmod)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1865,6 +2056,7 @@ CUresult cuModuleUnload(CUmodule hmod)
 /* Any name exists; the same name gives the same handle. */
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -1976,6 +2168,7 @@ CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDi
 			unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
 			unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
 {
+	GATE();
 	return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, kernelParams);
 }
 
@@ -1983,6 +2176,7 @@ CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int g
 			     unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
 			     unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
 {
+	GATE();
 	return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, kernelParams);
 }
 
@@ -1996,11 +2190,13 @@ static CUresult launch_ex(const CUlaunchConfig *config, CUfunction f, void **ker
 
 CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
 {
+	GATE();
 	return launch_ex(config, f, kernelParams);
 }
 
 CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
 {
+	GATE();
 	return launch_ex(config, f, kernelParams);
 }
 
@@ -2009,6 +2205,7 @@ CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned
 				   unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
 				   void **kernelParams)
 {
+	GATE();
 	return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, kernelParams);
 }
 
@@ -2017,6 +2214,7 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, uns
 					unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
 					void **kernelParams)
 {
+	GATE();
 	return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, kernelParams);
 }
 
@@ -2027,6 +2225,7 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, uns
 /* An event belongs to the context current at its creation, and dies with it. */
 CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -2053,6 +2252,7 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 
 CUresult cuEventDestroy_v2(CUevent hEvent)
 {
+	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
@@ -2104,21 +2304,25 @@ out:
 
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
+	GATE();
 	return event_record(hEvent, hStream, 0);
 }
 
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
 {
+	GATE();
 	return event_record(hEvent, hStream, 0);
 }
 
 CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
 {
+	GATE();
 	return event_record(hEvent, hStream, flags);
 }
 
 CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
 {
+	GATE();
 	return event_record(hEvent, hStream, flags);
 }
 
@@ -2142,6 +2346,7 @@ static CUresult event_end(CUevent e, uint64_t *end, int *dev)
 
 CUresult cuEventQuery(CUevent hEvent)
 {
+	GATE();
 	uint64_t end;
 	int dev;
 	CUresult r = event_end(hEvent, &end, &dev);
@@ -2153,6 +2358,7 @@ CUresult cuEventQuery(CUevent hEvent)
 /* Sleeps until the event completes; pools settle as after any synchronize. */
 CUresult cuEventSynchronize(CUevent hEvent)
 {
+	GATE();
 	uint64_t end;
 	int dev;
 	CUresult r = event_end(hEvent, &end, &dev);
@@ -2184,11 +2390,13 @@ static CUresult elapsed(float *ms, CUevent start, CUevent end)
 
 CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 {
+	GATE();
 	return elapsed(pMilliseconds, hStart, hEnd);
 }
 
 CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
 {
+	GATE();
 	return elapsed(pMilliseconds, hStart, hEnd);
 }
 
@@ -2236,21 +2444,25 @@ static CUresult begin_capture(CUstream s, int mode)
 /* CUDA 10.0's form had no mode: global, the default. */
 CUresult cuStreamBeginCapture(CUstream hStream)
 {
+	GATE();
 	return begin_capture(hStream, 0);
 }
 
 CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
 {
+	GATE();
 	return begin_capture(hStream, 0);
 }
 
 CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode)
 {
+	GATE();
 	return begin_capture(hStream, mode);
 }
 
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode)
 {
+	GATE();
 	return begin_capture(hStream, mode);
 }
 
@@ -2291,11 +2503,13 @@ out:
 
 CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
+	GATE();
 	return end_capture(hStream, phGraph);
 }
 
 CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 {
+	GATE();
 	return end_capture(hStream, phGraph);
 }
 
@@ -2318,11 +2532,13 @@ static CUresult is_capturing(CUstream s, int *status)
 
 CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus)
 {
+	GATE();
 	return is_capturing(hStream, captureStatus);
 }
 
 CUresult cuStreamIsCapturing_ptsz(CUstream hStream, int *captureStatus)
 {
+	GATE();
 	return is_capturing(hStream, captureStatus);
 }
 
@@ -2355,6 +2571,7 @@ static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned l
 
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
 {
+	GATE();
 	return instantiate(phGraphExec, hGraph, flags);
 }
 
@@ -2362,6 +2579,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, u
 CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
 			       char *logBuffer, size_t bufferSize)
 {
+	GATE();
 	if (phErrorNode)
 		*phErrorNode = NULL;
 	if (logBuffer && bufferSize)
@@ -2400,11 +2618,13 @@ out:
 
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 {
+	GATE();
 	return graph_launch(hGraphExec, hStream);
 }
 
 CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
+	GATE();
 	return graph_launch(hGraphExec, hStream);
 }
 
@@ -2426,12 +2646,74 @@ static CUresult graph_free(uint64_t h, enum kind k)
 
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
 {
+	GATE();
 	return graph_free(H(hGraphExec), K_GEXEC);
 }
 
 CUresult cuGraphDestroy(CUgraph hGraph)
 {
+	GATE();
 	return graph_free(H(hGraph), K_GRAPH);
+}
+
+/* ---- process checkpoints ------------------------------------------------ */
+
+/* Another process's GPU state to host memory and back (sim_mem.c does the
+ * work). A pid that names no live CUDA process of this simulated GPU is
+ * CUDA_ERROR_INVALID_VALUE; a call in the wrong state CUDA_ERROR_ILLEGAL_STATE,
+ * and changes nothing. The argument structs may be NULL; only the lock's
+ * timeoutMs is read. */
+static CUresult ckpt_result(int r)
+{
+	switch (r) {
+	case SIM_OK: return CUDA_SUCCESS;
+	case SIM_ENOENT: return CUDA_ERROR_INVALID_VALUE;
+	case SIM_ESTATE: return CUDA_ERROR_ILLEGAL_STATE;
+	case SIM_ETIMEDOUT: return CUDA_ERROR_TIMEOUT;
+	case SIM_ENOMEM: return CUDA_ERROR_OUT_OF_MEMORY;
+	default: return CUDA_ERROR_OPERATING_SYSTEM;
+	}
+}
+
+/* Calls of the target already running finish first; 0 or no args: no
+ * timeout, else CUDA_ERROR_TIMEOUT and the target runs on. */
+CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args)
+{
+	CUresult r = ready();
+	return r ? r : ckpt_result(sim_ckpt_lock(pid, args ? args->timeoutMs : 0));
+}
+
+CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args)
+{
+	CUresult r = ready();
+	return r ? r : ckpt_result(sim_ckpt_checkpoint(pid));
+}
+
+/* CUDA_ERROR_OUT_OF_MEMORY when a device lacks room for what the process
+ * held there; it stays checkpointed. */
+CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args)
+{
+	CUresult r = ready();
+	return r ? r : ckpt_result(sim_ckpt_restore(pid));
+}
+
+CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
+{
+	CUresult r = ready();
+	return r ? r : ckpt_result(sim_ckpt_unlock(pid));
+}
+
+CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!state)
+		return CUDA_ERROR_INVALID_VALUE;
+	unsigned st;
+	if ((r = ckpt_result(sim_ckpt_state(pid, &st))) == CUDA_SUCCESS)
+		*state = (CUprocessState)st;
+	return r;
 }
 
 /* ---- entry points by name ----------------------------------------------- */
@@ -2493,6 +2775,14 @@ LOCAL(cuMemcpyHtoD_v2);
 LOCAL(cuMemcpyHtoD_v2_ptds);
 LOCAL(cuMemcpyDtoH_v2);
 LOCAL(cuMemcpyDtoH_v2_ptds);
+LOCAL(cuMemcpyDtoD_v2);
+LOCAL(cuMemcpyDtoD_v2_ptds);
+LOCAL(cuMemcpyHtoDAsync_v2);
+LOCAL(cuMemcpyHtoDAsync_v2_ptsz);
+LOCAL(cuMemcpyDtoHAsync_v2);
+LOCAL(cuMemcpyDtoHAsync_v2_ptsz);
+LOCAL(cuMemcpyDtoDAsync_v2);
+LOCAL(cuMemcpyDtoDAsync_v2_ptsz);
 LOCAL(cuMemAllocAsync);
 LOCAL(cuMemAllocAsync_ptsz);
 LOCAL(cuMemAllocFromPoolAsync);
@@ -2554,6 +2844,11 @@ LOCAL(cuGraphLaunch);
 LOCAL(cuGraphLaunch_ptsz);
 LOCAL(cuGraphExecDestroy);
 LOCAL(cuGraphDestroy);
+LOCAL(cuCheckpointProcessLock);
+LOCAL(cuCheckpointProcessCheckpoint);
+LOCAL(cuCheckpointProcessRestore);
+LOCAL(cuCheckpointProcessUnlock);
+LOCAL(cuCheckpointProcessGetState);
 
 /* Base name -> the exported function for CUDA versions >= since; rows of one
  * name in rising order. ptsz: the per-thread-default-stream variant. */
@@ -2602,6 +2897,10 @@ static const struct {
 	{"cuMemGetAddressRange", 3020, local_cuMemGetAddressRange_v2, NULL},
 	{"cuMemcpyHtoD", 3020, local_cuMemcpyHtoD_v2, local_cuMemcpyHtoD_v2_ptds},
 	{"cuMemcpyDtoH", 3020, local_cuMemcpyDtoH_v2, local_cuMemcpyDtoH_v2_ptds},
+	{"cuMemcpyDtoD", 3020, local_cuMemcpyDtoD_v2, local_cuMemcpyDtoD_v2_ptds},
+	{"cuMemcpyHtoDAsync", 3020, local_cuMemcpyHtoDAsync_v2, local_cuMemcpyHtoDAsync_v2_ptsz},
+	{"cuMemcpyDtoHAsync", 3020, local_cuMemcpyDtoHAsync_v2, local_cuMemcpyDtoHAsync_v2_ptsz},
+	{"cuMemcpyDtoDAsync", 3020, local_cuMemcpyDtoDAsync_v2, local_cuMemcpyDtoDAsync_v2_ptsz},
 	{"cuMemAllocAsync", 11020, local_cuMemAllocAsync, local_cuMemAllocAsync_ptsz},
 	{"cuMemAllocFromPoolAsync", 11020, local_cuMemAllocFromPoolAsync, local_cuMemAllocFromPoolAsync_ptsz},
 	{"cuMemFreeAsync", 11020, local_cuMemFreeAsync, local_cuMemFreeAsync_ptsz},
@@ -2649,6 +2948,11 @@ static const struct {
 	{"cuGraphLaunch", 10000, local_cuGraphLaunch, local_cuGraphLaunch_ptsz},
 	{"cuGraphExecDestroy", 10000, local_cuGraphExecDestroy, NULL},
 	{"cuGraphDestroy", 10000, local_cuGraphDestroy, NULL},
+	{"cuCheckpointProcessLock", 12080, local_cuCheckpointProcessLock, NULL},
+	{"cuCheckpointProcessCheckpoint", 12080, local_cuCheckpointProcessCheckpoint, NULL},
+	{"cuCheckpointProcessRestore", 12080, local_cuCheckpointProcessRestore, NULL},
+	{"cuCheckpointProcessUnlock", 12080, local_cuCheckpointProcessUnlock, NULL},
+	{"cuCheckpointProcessGetState", 12080, local_cuCheckpointProcessGetState, NULL},
 };
 
 /* A driver may hand out addresses that are none of its exported symbols.

@@ -166,7 +166,9 @@ struct pinfo {
 	uint64_t used;
 };
 
-/* Live processes with a context or memory on device D (dead ones swept). */
+/* Live processes with a context or memory on device D (dead ones swept). A
+ * checkpointed process keeps its contexts but holds no device memory: it is
+ * listed with 0 bytes. */
 static unsigned list_procs(unsigned d, struct pinfo *out)
 {
 	struct sim_state *st = sim_st();

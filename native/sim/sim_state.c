@@ -5,15 +5,18 @@
  */
 #define _GNU_SOURCE
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -497,6 +500,28 @@ static int entry_lock(unsigned i, short type)
 	return fcntl(g.fd, F_OFD_SETLK, &fl);
 }
 
+/* Entry I's checkpoint lock (its second byte) on description FD; WAIT: block
+ * until it can be had. */
+static int ckpt_lock_fd(int fd, unsigned i, short type, int wait)
+{
+	struct flock fl;
+	memset(&fl, 0, sizeof(fl));
+	fl.l_type = type;
+	fl.l_whence = SEEK_SET;
+	fl.l_start = (off_t)(offsetof(struct sim_state, proc) + i * sizeof(struct sim_proc) + 1);
+	fl.l_len = 1;
+	int r;
+	while ((r = fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl)) < 0 && wait && errno == EINTR)
+		;
+	return r;
+}
+
+/* Before a reclaim: no checkpoint call may be at work on the entry. */
+static int ckpt_lock(unsigned i, short type)
+{
+	return ckpt_lock_fd(g.fd, i, type, 0);
+}
+
 /* 1 when another open file description (a live process, or the other sim
  * library of this process) holds entry I's lock. */
 static int entry_held(unsigned i)
@@ -529,11 +554,59 @@ static void sub32_clamped(_Atomic uint32_t *v, uint32_t n)
 	while (!atomic_compare_exchange_weak(v, &old, nu));
 }
 
-/* Give a dead entry's memory back. Only called holding the entry's lock,
- * and atomic_exchange makes each byte come back once even if we die here. */
+/* ---- side files ---------------------------------------------------------- */
+
+int sim_side_path(const char *kind, unsigned entry, char *buf, size_t len)
+{
+	if (!g.path[0] || (size_t)snprintf(buf, len, "%s.%s/%u", g.path, kind, entry) >= len)
+		return SIM_EIO;
+	return SIM_OK;
+}
+
+static void side_unlink(const char *kind, unsigned entry)
+{
+	char path[PATH_MAX + 32];
+	if (sim_side_path(kind, entry, path, sizeof(path)) == SIM_OK)
+		unlink(path);
+}
+
+static const char *const side_kinds[] = {"mem", "ckpt"};
+
+void sim_side_clear(const char *state)
+{
+	char dir[PATH_MAX + 32], path[PATH_MAX + 320];
+	for (size_t k = 0; k < sizeof(side_kinds) / sizeof(side_kinds[0]); k++) {
+		if ((size_t)snprintf(dir, sizeof(dir), "%s.%s", state, side_kinds[k]) >= sizeof(dir))
+			continue;
+		DIR *d = opendir(dir);
+		if (!d)
+			continue;
+		for (struct dirent *e; (e = readdir(d));) {
+			if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+				continue;
+			if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, e->d_name) < sizeof(path))
+				unlink(path);
+		}
+		closedir(d);
+		rmdir(dir);
+	}
+}
+
+/* Give a dead entry's memory back. Only called holding the entry's lock and
+ * its checkpoint lock, and atomic_exchange makes each byte come back once
+ * even if we die here. Its device memory's contents go too, and so does its
+ * checkpoint's host copy: both lived in its address space. Parked bytes are
+ * on no device: they are only forgotten. */
 static void reclaim(struct sim_proc *p)
 {
+	unsigned i = (unsigned)(p - g.st->proc);
+	side_unlink("mem", i);
+	side_unlink("ckpt", i);
+	atomic_store(&p->cuda, 0);
+	atomic_store(&p->ckpt, SIM_CKPT_RUNNING);
+	atomic_store(&p->inflight, 0);
 	for (unsigned d = 0; d < SIM_MAX_DEVICES; d++) {
+		atomic_store(&p->parked[d], 0);
 		uint64_t v = atomic_exchange(&p->used[d], 0);
 		if (v)
 			dev_sub(d, v);
@@ -596,9 +669,21 @@ int sim_self(void)
 		if (entry_lock(i, F_WRLCK) < 0)
 			continue; /* a live owner */
 		struct sim_proc *p = &g.st->proc[i];
-		if (atomic_load(&p->state) != SIM_PROC_FREE)
-			reclaim(p); /* its owner died */
+		if (atomic_load(&p->state) != SIM_PROC_FREE) {
+			/* Its owner died; a checkpoint call still at work on it
+			 * keeps it for now. */
+			if (ckpt_lock(i, F_WRLCK) < 0) {
+				entry_lock(i, F_UNLCK);
+				continue;
+			}
+			reclaim(p);
+			ckpt_lock(i, F_UNLCK);
+		}
+		atomic_store(&p->cuda, 0);
+		atomic_store(&p->ckpt, SIM_CKPT_RUNNING);
+		atomic_store(&p->inflight, 0);
 		for (unsigned d = 0; d < SIM_MAX_DEVICES; d++) {
+			atomic_store(&p->parked[d], 0);
 			atomic_store(&p->busy_ns[d], 0);
 			for (unsigned k = 0; k < SIM_UTIL_SLOTS; k++)
 				atomic_store(&p->util[d][k], 0);
@@ -628,8 +713,11 @@ void sim_sweep(void)
 			continue;
 		if (entry_lock(i, F_WRLCK) < 0)
 			continue; /* alive */
-		if (atomic_load(&p->state) != SIM_PROC_FREE)
-			reclaim(p);
+		if (ckpt_lock(i, F_WRLCK) == 0) { /* else a checkpoint call holds it: later */
+			if (atomic_load(&p->state) != SIM_PROC_FREE)
+				reclaim(p);
+			ckpt_lock(i, F_UNLCK);
+		}
 		entry_lock(i, F_UNLCK);
 	}
 	pthread_mutex_unlock(&g.mu);
@@ -833,4 +921,177 @@ uint64_t sim_launch(unsigned d, uint64_t dur)
 		util_add(g.st->proc[self].util[d], start, end, now);
 	}
 	return end;
+}
+
+/* ---- checkpoints -------------------------------------------------------- */
+
+/* A missed wake costs a blocked call at most this. */
+#define GATE_POLL_NS 10000000ull
+
+void sim_shared_wait(_Atomic uint32_t *w, uint32_t val, uint64_t ns)
+{
+	struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+	/* Not FUTEX_PRIVATE: the word is in a file other processes map. */
+	syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+void sim_shared_wake(_Atomic uint32_t *w)
+{
+	syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+void sim_mark_cuda(void)
+{
+	int self = sim_self();
+	if (self >= 0)
+		atomic_store(&g.st->proc[self].cuda, 1);
+}
+
+/* With a lock's controller: it sets the state, then reads the count; we add
+ * to the count, then read the state (all sequentially consistent). So either
+ * it sees our call and waits for it, or we see its state and step back. */
+int sim_gate_enter(void)
+{
+	pthread_mutex_lock(&g.mu);
+	struct sim_state *st = g.st;
+	int i = st ? g.self : -1;
+	pthread_mutex_unlock(&g.mu);
+	if (i < 0)
+		return -1; /* no entry: nobody can name us */
+	struct sim_proc *p = &st->proc[i];
+	for (;;) {
+		uint32_t c = atomic_load(&p->ckpt);
+		if (c != SIM_CKPT_RUNNING) {
+			sim_shared_wait(&p->ckpt, c, GATE_POLL_NS);
+			continue;
+		}
+		atomic_fetch_add(&p->inflight, 1);
+		if (atomic_load(&p->ckpt) == SIM_CKPT_RUNNING)
+			return i;
+		sim_gate_leave(i);
+	}
+}
+
+void sim_gate_leave(int i)
+{
+	if (i < 0)
+		return;
+	struct sim_proc *p = &g.st->proc[i];
+	if (atomic_fetch_sub(&p->inflight, 1) == 1 && atomic_load(&p->ckpt) != SIM_CKPT_RUNNING)
+		sim_shared_wake(&p->inflight);
+}
+
+/* 1 when a description other than FD holds entry I's first byte: its owner
+ * lives (our own process included: FD is not the description it holds). */
+static int owned(int fd, unsigned i)
+{
+	struct flock fl;
+	memset(&fl, 0, sizeof(fl));
+	fl.l_type = F_WRLCK;
+	fl.l_whence = SEEK_SET;
+	fl.l_start = (off_t)(offsetof(struct sim_state, proc) + i * sizeof(struct sim_proc));
+	fl.l_len = 1;
+	if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
+		return 1; /* cannot tell: take it as alive */
+	return fl.l_type != F_UNLCK;
+}
+
+int sim_target_open(int32_t pid, struct sim_target *t)
+{
+	int32_t me;
+	uint64_t start, ns;
+
+	if (pid <= 0)
+		return SIM_ENOENT;
+	self_ident(&me, &start, &ns);
+	pthread_mutex_lock(&g.mu);
+	int fd = g.st && g.fd >= 0 ? reopen(g.fd) : -1;
+	pthread_mutex_unlock(&g.mu);
+	if (fd < 0)
+		return SIM_EIO;
+	for (unsigned i = 0; i < SIM_MAX_PROCS; i++) {
+		struct sim_proc *p = &g.st->proc[i];
+		if (atomic_load(&p->state) != SIM_PROC_LIVE || atomic_load(&p->pid) != pid)
+			continue;
+		uint64_t pns = atomic_load(&p->pidns);
+		if (ns && pns && pns != ns)
+			continue; /* the same number in another pid namespace */
+		if (ckpt_lock_fd(fd, i, F_RDLCK, 1) < 0)
+			continue;
+		/* Held now; a reclaim may have come first, so look again. */
+		if (atomic_load(&p->state) == SIM_PROC_LIVE && atomic_load(&p->pid) == pid &&
+		    atomic_load(&p->cuda) && owned(fd, i)) {
+			*t = (struct sim_target){i, pid, atomic_load(&p->start_ticks), fd};
+			return SIM_OK;
+		}
+		ckpt_lock_fd(fd, i, F_UNLCK, 0);
+	}
+	close(fd);
+	return SIM_ENOENT;
+}
+
+void sim_target_close(struct sim_target *t)
+{
+	if (t->fd >= 0)
+		close(t->fd); /* drops the checkpoint lock */
+	t->fd = -1;
+}
+
+int sim_target_alive(const struct sim_target *t)
+{
+	const struct sim_proc *p = &g.st->proc[t->entry];
+	return atomic_load(&p->state) == SIM_PROC_LIVE && atomic_load(&p->pid) == t->pid &&
+	       atomic_load(&p->start_ticks) == t->start_ticks && owned(t->fd, t->entry);
+}
+
+/* Our own shared hold does not conflict with a probe from our description;
+ * anyone else's does. */
+int sim_target_busy(const struct sim_target *t)
+{
+	struct flock fl;
+	memset(&fl, 0, sizeof(fl));
+	fl.l_type = F_WRLCK;
+	fl.l_whence = SEEK_SET;
+	fl.l_start = (off_t)(offsetof(struct sim_state, proc) + t->entry * sizeof(struct sim_proc) + 1);
+	fl.l_len = 1;
+	if (fcntl(t->fd, F_OFD_GETLK, &fl) < 0)
+		return 1;
+	return fl.l_type != F_UNLCK;
+}
+
+/* Entry first, then the device, as in sim_uncharge. */
+void sim_park(unsigned i)
+{
+	struct sim_proc *p = &g.st->proc[i];
+	for (unsigned d = 0; d < SIM_MAX_DEVICES; d++) {
+		uint64_t v = atomic_exchange(&p->used[d], 0);
+		if (!v)
+			continue;
+		atomic_fetch_add(&p->parked[d], v);
+		dev_sub(d, v);
+	}
+}
+
+/* Devices first, then the entry, as in sim_charge; all devices or none. */
+int sim_unpark(unsigned i)
+{
+	struct sim_proc *p = &g.st->proc[i];
+	for (int pass = 0; pass < 2; pass++) {
+		unsigned d;
+		for (d = 0; d < SIM_MAX_DEVICES; d++) {
+			uint64_t v = atomic_load(&p->parked[d]);
+			if (v && !dev_add(d, v))
+				break;
+		}
+		if (d == SIM_MAX_DEVICES) {
+			for (d = 0; d < SIM_MAX_DEVICES; d++)
+				atomic_fetch_add(&p->used[d], atomic_exchange(&p->parked[d], 0));
+			return SIM_OK;
+		}
+		while (d-- > 0)
+			dev_sub(d, atomic_load(&p->parked[d]));
+		if (pass == 0)
+			sim_sweep(); /* a dead process's memory may be waiting */
+	}
+	return SIM_ENOMEM;
 }

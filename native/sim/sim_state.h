@@ -30,7 +30,7 @@
 #include <stdint.h>
 
 #define SIM_MAGIC "HAMISIM1" /* 8 bytes, no terminator */
-#define SIM_VERSION 2u /* 2: NVDEC decoder counts and frame counters */
+#define SIM_VERSION 3u /* 2: NVDEC decoder counts and frame counters; 3: checkpoints */
 #define SIM_MAX_DEVICES 16
 #define SIM_MAX_PROCS 128
 #define SIM_UUID_LEN 48 /* "GPU-" + 36 + NUL fits */
@@ -59,6 +59,19 @@
 
 #define SIM_PROC_FREE 0u
 #define SIM_PROC_LIVE 1u
+
+/* A process entry's checkpoint state (sim_proc.ckpt). The first four are
+ * CUprocessState's values; the others mark a checkpoint call at work on the
+ * entry (cuCheckpointProcessGetState reports the state it started from). */
+enum {
+	SIM_CKPT_RUNNING = 0,
+	SIM_CKPT_LOCKED = 1,
+	SIM_CKPT_CHECKPOINTED = 2,
+	SIM_CKPT_FAILED = 3,
+	SIM_CKPT_CHECKPOINTING = 4, /* LOCKED -> CHECKPOINTED */
+	SIM_CKPT_RESTORING = 5,     /* CHECKPOINTED -> LOCKED */
+	SIM_CKPT_LOCKING = 6        /* RUNNING -> LOCKED: waiting for calls in flight */
+};
 
 struct sim_header {
 	char magic[8];
@@ -96,6 +109,13 @@ struct sim_proc {
 	_Atomic uint64_t used[SIM_MAX_DEVICES];
 	_Atomic uint32_t contexts[SIM_MAX_DEVICES];
 	_Atomic uint32_t decoders[SIM_MAX_DEVICES]; /* its live decoders (returned with its memory) */
+	/* Checkpoints. The entry's second byte is its checkpoint lock: a
+	 * checkpoint call holds it shared while it works on the entry, a reclaim
+	 * exclusively, so that neither meets the other's half-done work. */
+	_Atomic uint32_t cuda;     /* libcuda was initialised in it: checkpoint calls may name it */
+	_Atomic uint32_t ckpt;     /* SIM_CKPT_*; a futex its blocked calls sleep on */
+	_Atomic uint32_t inflight; /* its calls inside gated driver entry points; a futex */
+	_Atomic uint64_t parked[SIM_MAX_DEVICES]; /* device bytes a checkpoint moved to host memory */
 	_Atomic uint64_t busy_ns[SIM_MAX_DEVICES];
 	_Atomic uint64_t util[SIM_MAX_DEVICES][SIM_UTIL_SLOTS];
 };
@@ -127,7 +147,10 @@ enum {
 	SIM_ECONFIG = -1, /* malformed environment (already printed) */
 	SIM_EIO = -2,     /* state file unusable (already printed) */
 	SIM_ENOMEM = -3,  /* device full */
-	SIM_EFULL = -4    /* no free process entry (already printed) */
+	SIM_EFULL = -4,   /* no free process entry (already printed) */
+	SIM_ENOENT = -5,  /* no such CUDA process */
+	SIM_ESTATE = -6,  /* the process is not in the state the call needs */
+	SIM_ETIMEDOUT = -7
 };
 
 SIM_HIDDEN int sim_parse_size(const char *s, uint64_t *out);
@@ -168,5 +191,52 @@ SIM_HIDDEN uint64_t sim_sample_busy(_Atomic uint64_t *ring, uint64_t end);
 /* The same as a percent of the period, rounded, 0..100. */
 SIM_HIDDEN unsigned sim_sample_pct(_Atomic uint64_t *ring, uint64_t end);
 SIM_HIDDEN uint64_t sim_now_ns(void);
+
+/* ---- device memory contents and checkpoints (see sim_mem.c) ------------- */
+
+/* "<state file>.KIND/<entry>": the files beside the state that hold a
+ * process's device memory ("mem") and its checkpoint's host copy ("ckpt").
+ * Named by entry, not pid: a reclaim removes them before the entry is reused. */
+SIM_HIDDEN int sim_side_path(const char *kind, unsigned entry, char *buf, size_t len);
+/* Remove every side file of the state file STATE (hami-simctl reset, when
+ * no process is left). */
+SIM_HIDDEN void sim_side_clear(const char *state);
+
+/* Mark our entry as a CUDA process (cuInit). */
+SIM_HIDDEN void sim_mark_cuda(void);
+
+/* Gated driver entry points call these around their work: enter waits while
+ * a checkpoint call holds our process (holding no lock of ours), then counts
+ * the call in flight. Enter returns what leave takes (-1: nothing to count). */
+SIM_HIDDEN int sim_gate_enter(void);
+SIM_HIDDEN void sim_gate_leave(int entry);
+
+/* Sleep until *W may have changed from VAL (at most NS), or wake its sleepers.
+ * W lies in the shared file: sleepers of every process wake. */
+SIM_HIDDEN void sim_shared_wait(_Atomic uint32_t *w, uint32_t val, uint64_t ns);
+SIM_HIDDEN void sim_shared_wake(_Atomic uint32_t *w);
+
+/* A checkpoint call's hold on a process's entry: while open, the entry is
+ * not reclaimed (nor reused), even if its process dies. */
+struct sim_target {
+	unsigned entry;
+	int32_t pid;
+	uint64_t start_ticks;
+	int fd; /* our own description of the state file: holds the checkpoint lock */
+};
+
+/* Hold the entry of the live CUDA process PID (of our pid namespace):
+ * SIM_OK, SIM_ENOENT or SIM_EIO. */
+SIM_HIDDEN int sim_target_open(int32_t pid, struct sim_target *t);
+SIM_HIDDEN void sim_target_close(struct sim_target *t);
+/* 0 once the target died. */
+SIM_HIDDEN int sim_target_alive(const struct sim_target *t);
+/* 1 when another checkpoint call holds the target too: a step state nobody
+ * holds was left by a call that died. */
+SIM_HIDDEN int sim_target_busy(const struct sim_target *t);
+/* Move ENTRY's device bytes off the devices into its parked counts; and back,
+ * on every device or on none (SIM_ENOMEM). */
+SIM_HIDDEN void sim_park(unsigned entry);
+SIM_HIDDEN int sim_unpark(unsigned entry);
 
 #endif

@@ -2,7 +2,8 @@
  * hami-simctl: look at and manage a simulated GPU's state file.
  *
  *   hami-simctl [--state PATH] status       JSON: devices, live processes (memory,
- *                                           contexts, NVDEC decoders and frames)
+ *                                           contexts, NVDEC decoders and frames,
+ *                                           checkpoint state and host bytes)
  *   hami-simctl [--state PATH] reset-peak   peak_used := used, every device
  *   hami-simctl [--state PATH] reset        new state file (none may use it)
  *
@@ -22,7 +23,8 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: hami-simctl [--state PATH] status|reset-peak|reset\n"
-		   "  status      print devices and live processes as JSON (dead ones are swept first)\n"
+		   "  status      print devices and live processes as JSON (dead ones are swept first),\n"
+		   "              with each process's checkpoint state and host bytes\n"
 		   "  reset-peak  set every device's peak_used to its current used\n"
 		   "  reset       replace the state file with a fresh one; refused while a live\n"
 		   "              process uses it\n"
@@ -50,6 +52,14 @@ static void json_u64_array(_Atomic uint64_t *v, unsigned n)
 	for (unsigned i = 0; i < n; i++)
 		printf("%s%llu", i ? ", " : "", (unsigned long long)atomic_load(&v[i]));
 	putchar(']');
+}
+
+/* The entry's checkpoint state as status shows it: the steps in progress too. */
+static const char *ckpt_name(uint32_t c)
+{
+	static const char *const names[] = {"running", "locked", "checkpointed", "failed",
+					    "checkpointing", "restoring", "locking"};
+	return c < sizeof(names) / sizeof(names[0]) ? names[c] : "unknown";
 }
 
 static int status(void)
@@ -101,7 +111,15 @@ static int status(void)
 		printf("], \"decoders\": [");
 		for (unsigned d = 0; d < ndev; d++)
 			printf("%s%u", d ? ", " : "", (unsigned)atomic_load(&p->decoders[d]));
-		printf("]}");
+		/* host_bytes: what a checkpoint moved off the devices (parked, per
+		 * device), now held in the process's host memory. */
+		uint64_t host = 0;
+		for (unsigned d = 0; d < ndev; d++)
+			host += atomic_load(&p->parked[d]);
+		printf("], \"checkpoint\": \"%s\", \"in_flight\": %u, \"host_bytes\": %llu, \"parked\": ",
+		       ckpt_name(atomic_load(&p->ckpt)), (unsigned)atomic_load(&p->inflight), (unsigned long long)host);
+		json_u64_array(p->parked, ndev);
+		printf("}");
 		first = 0;
 	}
 	printf("]}\n");
@@ -164,6 +182,8 @@ static int reset(const char *path)
 	} else {
 		fprintf(stderr, "hami-simctl: replacing unusable state file %s\n", path);
 	}
+	/* Device memory files of processes long gone would outlive the file. */
+	sim_side_clear(path);
 	if (unlink(path) < 0 && errno != ENOENT) {
 		fprintf(stderr, "hami-simctl: cannot remove %s: %s\n", path, strerror(errno));
 		return 1;

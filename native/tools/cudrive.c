@@ -29,14 +29,26 @@
  *   memcreate SIZE DEV|host [NAME] | array W H FMT CH [NAME]
  *   array3d W H D FMT CH [NAME] | mipmap W H D FMT CH LEVELS [NAME]
  *   free NAME | freeraw PTR | freeall | list
+ *   write NAME BYTE             fill the allocation NAME with BYTE (cuMemcpyHtoD_v2)
+ *   check NAME BYTE             read NAME back (cuMemcpyDtoH_v2): equal (every byte is BYTE),
+ *                               mismatches, and the first one's offset (first_mismatch, -1
+ *                               when none) and value (found)
  *   meminfo | totalmem DEV | uuid DEV | sync
  *   fill SIZE | race ITERATIONS MAXSIZE SEED | threads N ITERATIONS MAXSIZE SEED | null WHAT
  *   getproc BASENAME VERSION FLAGS | getproc1 BASENAME VERSION FLAGS
  *   dlsym NAME | nvmldlsym NAME | resolve dlsym|next|default|procaddr|procaddr1 [VERSION [FLAGS]]
  *                               (next, default: dlsym(RTLD_NEXT / RTLD_DEFAULT, ...) from cudrive)
  *   nvml | nvmlcount | nvmlmem IDX | nvmluuid IDX | nvmlshutdown
+ *   nvmlprocs IDX               nvmlDeviceGetComputeRunningProcesses_v3: processes [{pid, used}]
  *   sleep MS | echo [WORD] | waitfile PATH [TIMEOUT_MS] | hold | exit [N] | stdin
  *   child ... endchild
+ *
+ * Process checkpoints (another process's GPU memory to host memory and back):
+ *   ckpt lock PID [TIMEOUT_MS]  cuCheckpointProcessLock (no TIMEOUT_MS: NULL args, no timeout);
+ *                               waited_ms: how long the call took
+ *   ckpt checkpoint PID | ckpt restore PID | ckpt unlock PID
+ *                               cuCheckpointProcessCheckpoint / Restore / Unlock (NULL args)
+ *   ckpt state PID              cuCheckpointProcessGetState: state (CUprocessState) and its name
  *
  * Kernels (NS: kernel duration in ns; COUNT defaults to 1):
  *   module                      (re)load the busy kernel "hami_sim_busy" in the current context
@@ -173,6 +185,11 @@ typedef CUresult (*fn_mipmap_create)(CUmipmappedArray *, const CUDA_ARRAY3D_DESC
 typedef CUresult (*fn_mipmap_destroy)(CUmipmappedArray);
 typedef CUresult (*fn_getproc_v2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*fn_getproc_v1)(const char *, void **, int, cuuint64_t);
+typedef CUresult (*fn_memcpy_htod)(CUdeviceptr, const void *, size_t);
+typedef CUresult (*fn_memcpy_dtoh)(void *, CUdeviceptr, size_t);
+typedef CUresult (*fn_ckpt_lock)(int, CUcheckpointLockArgs *);
+typedef CUresult (*fn_ckpt_step)(int, void *); /* checkpoint, restore, unlock: args always NULL */
+typedef CUresult (*fn_ckpt_state)(int, CUprocessState *);
 
 typedef struct CUevent_st *CUevent;
 typedef struct CUgraph_st *CUgraph;
@@ -231,6 +248,7 @@ typedef nvmlReturn_t (*fn_nvml_handle)(unsigned int, nvmlDevice_t *);
 typedef nvmlReturn_t (*fn_nvml_mem)(nvmlDevice_t, nvmlMemory_t *);
 typedef nvmlReturn_t (*fn_nvml_mem2)(nvmlDevice_t, nvmlMemory_v2_t *);
 typedef nvmlReturn_t (*fn_nvml_uuid)(nvmlDevice_t, char *, unsigned int);
+typedef nvmlReturn_t (*fn_nvml_procs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 
 /* ---- error names ---------------------------------------------------------- */
 
@@ -287,6 +305,7 @@ static const struct code_name cu_names[] = {
 	{802, "CUDA_ERROR_SYSTEM_NOT_READY"},
 	{803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"},
 	{900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
+	{909, "CUDA_ERROR_TIMEOUT"},
 	{999, "CUDA_ERROR_UNKNOWN"},
 };
 
@@ -507,6 +526,13 @@ enum fn_id {
 	F_EVENT_SYNCHRONIZE,
 	F_EVENT_ELAPSED,
 	F_EVENT_DESTROY,
+	F_MEMCPY_HTOD,
+	F_MEMCPY_DTOH,
+	F_CKPT_LOCK,
+	F_CKPT_CHECKPOINT,
+	F_CKPT_RESTORE,
+	F_CKPT_UNLOCK,
+	F_CKPT_STATE,
 	F_COUNT
 };
 
@@ -572,6 +598,13 @@ static const struct fn_entry fn_table[F_COUNT] = {
 	[F_EVENT_SYNCHRONIZE] = {"cuEventSynchronize", "cuEventSynchronize"},
 	[F_EVENT_ELAPSED] = {"cuEventElapsedTime", "cuEventElapsedTime"},
 	[F_EVENT_DESTROY] = {"cuEventDestroy_v2", "cuEventDestroy"},
+	[F_MEMCPY_HTOD] = {"cuMemcpyHtoD_v2", "cuMemcpyHtoD"},
+	[F_MEMCPY_DTOH] = {"cuMemcpyDtoH_v2", "cuMemcpyDtoH"},
+	[F_CKPT_LOCK] = {"cuCheckpointProcessLock", "cuCheckpointProcessLock"},
+	[F_CKPT_CHECKPOINT] = {"cuCheckpointProcessCheckpoint", "cuCheckpointProcessCheckpoint"},
+	[F_CKPT_RESTORE] = {"cuCheckpointProcessRestore", "cuCheckpointProcessRestore"},
+	[F_CKPT_UNLOCK] = {"cuCheckpointProcessUnlock", "cuCheckpointProcessUnlock"},
+	[F_CKPT_STATE] = {"cuCheckpointProcessGetState", "cuCheckpointProcessGetState"},
 };
 
 static void *fn_cache[F_COUNT];
@@ -815,11 +848,11 @@ static const char *const command_words[] = {
 	"async", "pool", "poolalloc", "poolattr", "pooltrim", "pooldestroy", "memcreate", "array",
 	"array3d", "mipmap", "free", "freeraw", "freeall", "meminfo", "totalmem", "uuid", "sync", "fill",
 	"race", "null", "getproc", "getproc1", "dlsym", "nvmldlsym", "resolve", "nvml", "nvmlcount",
-	"nvmlmem", "nvmluuid", "nvmlshutdown", "sleep", "child", "endchild", "hold", "exit", "stdin",
+	"nvmlmem", "nvmluuid", "nvmlshutdown", "nvmlprocs", "sleep", "child", "endchild", "hold", "exit", "stdin",
 	"echo", "list", "waitfile", "module", "launch", "launchex", "coop", "capture", "graph",
 	"graphlaunch", "event", "burn", "threads", "cuvidcaps", "decoder", "undecoder", "decode", "mapframe",
 	"unmapframe", "mapframe32", "unmapframe32", "reconfigure", "decodestatus", "parser", "unparser",
-	"ctxlock", "cuviddlsym", NULL};
+	"ctxlock", "cuviddlsym", "write", "check", "ckpt", NULL};
 
 static bool is_command_word(const char *w)
 {
@@ -2739,6 +2772,29 @@ static int cmd_nvmlmem(struct stream *s, struct result *r)
 	return 0;
 }
 
+static int cmd_nvmlprocs(struct stream *s, struct result *r)
+{
+	INT_ARG(idx, "IDX");
+	r->nvml = true;
+	NEED_NVML(gethandle, fn_nvml_handle, "nvmlDeviceGetHandleByIndex_v2");
+	NEED_NVML(procs, fn_nvml_procs, "nvmlDeviceGetComputeRunningProcesses_v3");
+	nvmlDevice_t dev = NULL;
+	res_i64(r, "index", idx);
+	if ((r->rc = gethandle((unsigned int)idx, &dev)) != 0)
+		return 0;
+	nvmlProcessInfo_t info[64];
+	unsigned int n = sizeof(info) / sizeof(info[0]);
+	memset(info, 0, sizeof(info));
+	if ((r->rc = procs(dev, &n, info)) != 0)
+		return 0;
+	res_u64(r, "count", n);
+	res_raw(r, ",\"processes\":[");
+	for (unsigned int i = 0; i < n; i++)
+		res_raw(r, "%s{\"pid\":%u,\"used\":%llu}", i ? "," : "", info[i].pid, info[i].usedGpuMemory);
+	res_raw(r, "]");
+	return 0;
+}
+
 static int cmd_nvmluuid(struct stream *s, struct result *r)
 {
 	INT_ARG(idx, "IDX");
@@ -3412,6 +3468,166 @@ static int cmd_cuviddlsym(struct stream *s, struct result *r)
 	return 0;
 }
 
+/* ---- memory contents and checkpoints -------------------------------------------- */
+
+#define CONTENT_CHUNK (4u << 20) /* host buffer of write and check */
+
+/* NAME's device memory (alloc, pitch, managed, async, poolalloc) and BYTE. */
+static struct obj *content_args(struct stream *s, struct result *r, unsigned char *byte)
+{
+	const char *name = next_arg(s), *b = name ? next_arg(s) : NULL;
+	unsigned long long v;
+	if (!name || !b) {
+		usage_error(r->op, "CUDRIVE_USAGE", "missing argument: %s", name ? "BYTE" : "NAME");
+		return NULL;
+	}
+	if (!parse_u64(b, &v) || v > 255) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad BYTE (0 to 255): \"%s\"", b);
+		return NULL;
+	}
+	struct obj *o = obj_find(name);
+	if (!o || (o->kind != K_MEM && o->kind != K_ASYNC)) {
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no device memory named \"%s\"", name);
+		return NULL;
+	}
+	*byte = (unsigned char)v;
+	res_str(r, "name", name);
+	res_u64(r, "byte", v);
+	res_u64(r, "size", o->size);
+	return o;
+}
+
+static unsigned char *content_buffer(struct result *r, const struct obj *o)
+{
+	size_t n = o->size < CONTENT_CHUNK ? (size_t)o->size : CONTENT_CHUNK;
+	unsigned char *buf = malloc(n ? n : 1);
+	if (!buf) {
+		r->rc = CUDA_ERROR_OUT_OF_MEMORY;
+		res_str(r, "detail", "out of host memory for the copy buffer");
+	}
+	return buf;
+}
+
+static int cmd_write(struct stream *s, struct result *r)
+{
+	unsigned char byte;
+	struct obj *o = content_args(s, r, &byte);
+	if (!o)
+		return -1;
+	NEED(f, fn_memcpy_htod, F_MEMCPY_HTOD);
+	unsigned char *buf = content_buffer(r, o);
+	if (!buf)
+		return 0;
+	memset(buf, byte, o->size < CONTENT_CHUNK ? (size_t)o->size : CONTENT_CHUNK);
+	for (unsigned long long off = 0; off < o->size && r->rc == 0;) {
+		size_t n = o->size - off < CONTENT_CHUNK ? (size_t)(o->size - off) : CONTENT_CHUNK;
+		r->rc = f(o->ptr + off, buf, n);
+		off += n;
+	}
+	free(buf);
+	return 0;
+}
+
+static int cmd_check(struct stream *s, struct result *r)
+{
+	unsigned char byte;
+	struct obj *o = content_args(s, r, &byte);
+	if (!o)
+		return -1;
+	NEED(f, fn_memcpy_dtoh, F_MEMCPY_DTOH);
+	unsigned char *buf = content_buffer(r, o);
+	if (!buf)
+		return 0;
+	unsigned long long mismatches = 0;
+	long long first = -1;
+	unsigned found = 0;
+	for (unsigned long long off = 0; off < o->size && r->rc == 0;) {
+		size_t n = o->size - off < CONTENT_CHUNK ? (size_t)(o->size - off) : CONTENT_CHUNK;
+		if ((r->rc = f(buf, o->ptr + off, n)) != 0)
+			break;
+		for (size_t i = 0; i < n; i++) {
+			if (buf[i] == byte)
+				continue;
+			if (first < 0) {
+				first = (long long)(off + i);
+				found = buf[i];
+			}
+			mismatches++;
+		}
+		off += n;
+	}
+	free(buf);
+	if (r->rc == 0) {
+		res_raw(r, ",\"equal\":%s", mismatches ? "false" : "true");
+		res_u64(r, "mismatches", mismatches);
+		res_i64(r, "first_mismatch", first);
+		if (first >= 0)
+			res_u64(r, "found", found);
+	}
+	return 0;
+}
+
+static const char *const process_state_names[] = {"CU_PROCESS_STATE_RUNNING", "CU_PROCESS_STATE_LOCKED",
+						   "CU_PROCESS_STATE_CHECKPOINTED", "CU_PROCESS_STATE_FAILED"};
+
+static int cmd_ckpt(struct stream *s, struct result *r)
+{
+	ARG(what, "lock|checkpoint|restore|unlock|state");
+	INT_ARG(pid, "PID");
+	enum fn_id id;
+	if (strcmp(what, "lock") == 0)
+		id = F_CKPT_LOCK;
+	else if (strcmp(what, "checkpoint") == 0)
+		id = F_CKPT_CHECKPOINT;
+	else if (strcmp(what, "restore") == 0)
+		id = F_CKPT_RESTORE;
+	else if (strcmp(what, "unlock") == 0)
+		id = F_CKPT_UNLOCK;
+	else if (strcmp(what, "state") == 0)
+		id = F_CKPT_STATE;
+	else {
+		usage_error(r->op, "CUDRIVE_USAGE", "unknown ckpt step \"%s\" (lock, checkpoint, restore, unlock, state)",
+			    what);
+		return -1;
+	}
+	long long timeout = -1;
+	if (id == F_CKPT_LOCK) {
+		const char *t = opt_arg(s);
+		if (t && (!parse_int(t, &timeout) || timeout < 0 || timeout > (long long)UINT32_MAX)) {
+			usage_error(r->op, "CUDRIVE_USAGE", "bad TIMEOUT_MS: \"%s\"", t);
+			return -1;
+		}
+	}
+	res_str(r, "step", what);
+	res_i64(r, "target", pid);
+	void *f = need(r, id);
+	if (!f) {
+		r->rc = CUDA_ERROR_NOT_FOUND;
+		return 0;
+	}
+	if (id == F_CKPT_LOCK) {
+		CUcheckpointLockArgs args;
+		memset(&args, 0, sizeof(args));
+		args.timeoutMs = timeout < 0 ? 0 : (unsigned int)timeout;
+		uint64_t t0 = now_ns();
+		r->rc = ((fn_ckpt_lock)f)((int)pid, timeout < 0 ? NULL : &args);
+		if (timeout >= 0)
+			res_i64(r, "timeout_ms", timeout);
+		res_u64(r, "waited_ms", (now_ns() - t0) / 1000000);
+	} else if (id == F_CKPT_STATE) {
+		CUprocessState st = (CUprocessState)-1;
+		r->rc = ((fn_ckpt_state)f)((int)pid, &st);
+		if (r->rc == 0) {
+			res_i64(r, "state", (long long)st);
+			if ((unsigned)st < sizeof(process_state_names) / sizeof(process_state_names[0]))
+				res_str(r, "state_name", process_state_names[st]);
+		}
+	} else {
+		r->rc = ((fn_ckpt_step)f)((int)pid, NULL);
+	}
+	return 0;
+}
+
 /* ---- process commands ----------------------------------------------------------- */
 
 static int cmd_sleep(struct stream *s, struct result *r)
@@ -3662,6 +3878,7 @@ static const struct {
 	{"nvmlmem", cmd_nvmlmem},
 	{"nvmluuid", cmd_nvmluuid},
 	{"nvmlshutdown", cmd_nvmlshutdown},
+	{"nvmlprocs", cmd_nvmlprocs},
 	{"sleep", cmd_sleep},
 	{"child", cmd_child},
 	{"endchild", cmd_endchild},
@@ -3694,6 +3911,9 @@ static const struct {
 	{"unparser", cmd_unparser},
 	{"ctxlock", cmd_ctxlock},
 	{"cuviddlsym", cmd_cuviddlsym},
+	{"write", cmd_write},
+	{"check", cmd_check},
+	{"ckpt", cmd_ckpt},
 };
 
 static void run_stream(struct stream *s)

@@ -39,10 +39,12 @@ enum {
 	CUDA_ERROR_INVALID_IMAGE = 200,
 	CUDA_ERROR_OPERATING_SYSTEM = 304,
 	CUDA_ERROR_INVALID_HANDLE = 400,
+	CUDA_ERROR_ILLEGAL_STATE = 401,
 	CUDA_ERROR_NOT_FOUND = 500,
 	CUDA_ERROR_NOT_READY = 600,
 	CUDA_ERROR_NOT_PERMITTED = 800,
 	CUDA_ERROR_NOT_SUPPORTED = 801,
+	CUDA_ERROR_TIMEOUT = 909,
 	CUDA_ERROR_UNKNOWN = 999
 };
 
@@ -137,6 +139,24 @@ typedef enum {
 } CUmemPool_attribute;
 
 enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };
+
+/* The process checkpoint API (driver 550+): one process moves another's GPU
+ * state to host memory and back. The args are optional (NULL: defaults). */
+typedef enum {
+	CU_PROCESS_STATE_RUNNING = 0,      /* CUDA calls run */
+	CU_PROCESS_STATE_LOCKED = 1,       /* CUDA calls block until unlocked */
+	CU_PROCESS_STATE_CHECKPOINTED = 2, /* GPU memory moved to host memory, device handles released */
+	CU_PROCESS_STATE_FAILED = 3
+} CUprocessState;
+
+typedef struct CUcheckpointLockArgs_st {
+	unsigned int timeoutMs; /* 0: no timeout */
+	unsigned int reserved0;
+	cuuint64_t reserved1[7];
+} CUcheckpointLockArgs;
+typedef struct CUcheckpointCheckpointArgs_st CUcheckpointCheckpointArgs;
+typedef struct CUcheckpointRestoreArgs_st CUcheckpointRestoreArgs;
+typedef struct CUcheckpointUnlockArgs_st CUcheckpointUnlockArgs;
 
 /* ---- NVML ----------------------------------------------------------------- */
 
