@@ -31,6 +31,7 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 # Path inside native/build/ -> the same path under hami_jupyter/_native/.
 NATIVE_FILES = (
     "libvgpu.so",
+    "hami-park",
     "sim/libcuda.so.1",
     "sim/libnvidia-ml.so.1",
     "sim/libnvcuvid.so.1",

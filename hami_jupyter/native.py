@@ -4,6 +4,7 @@ This module is the one place that knows where they live, so nothing else
 hard-codes a path. Every location holds the same layout as ``native/build/``::
 
     libvgpu.so                 the preload library
+    hami-park                  parks a process's GPU state (beside the library, which runs it)
     sim/libcuda.so.1           simulated CUDA driver
     sim/libnvidia-ml.so.1      simulated NVML
     sim/libnvcuvid.so.1        simulated NVDEC (video decoders)
@@ -57,6 +58,11 @@ def _find(relpath, make_target):
 def library_path():
     """Path of the preload library ``libvgpu.so``."""
     return _find("libvgpu.so", "all")
+
+
+def park_tool_path():
+    """Path of ``hami-park``, which moves a process's GPU state to host memory and back."""
+    return _find("hami-park", "all")
 
 
 def sim_library_dir():

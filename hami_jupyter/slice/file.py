@@ -121,6 +121,13 @@ class Slot:
     frames_decoded: int = 0
     frames_mapped: int = 0
     decode_ns: int = 0
+    park_state: int = 0  # HAMI_PARK_*: where the process's GPU state is
+    park_wanted: bool = False
+    park_wait: int = 0  # HAMI_PARK_WAIT_*
+    park_error: int = 0
+    park_unix_ns: int = 0
+    gpu_active_unix_ns: int = 0  # its last driver call, as its parking thread saw it
+    parked: dict[int, int] = None  # bytes in host memory by slice device index
 
 
 @dataclass
@@ -344,6 +351,13 @@ class SliceFile:
                 frames_decoded=s.frames_decoded,
                 frames_mapped=s.frames_mapped,
                 decode_ns=s.decode_ns,
+                park_state=s.park_state,
+                park_wanted=bool(s.park_wanted),
+                park_wait=s.park_wait,
+                park_error=s.park_error,
+                park_unix_ns=s.park_unix_ns,
+                gpu_active_unix_ns=s.gpu_active_unix_ns,
+                parked={d: s.parked[d] for d in indexes},
             )
             (live if write_locked(self._fd, offset) else stale).append(slot)
         h = self.header

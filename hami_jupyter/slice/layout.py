@@ -16,7 +16,7 @@ import os
 
 HAMI_SLICE_MAGIC = b"HAMISLCE"  # 8 bytes, no terminator
 HAMI_SLICE_VERSION_MAJOR = 1
-HAMI_SLICE_VERSION_MINOR = 3
+HAMI_SLICE_VERSION_MINOR = 4
 
 HAMI_LIMITS_MAGIC = b"HAMILIMT"  # the companion limits file, 8 bytes
 HAMI_LIMITS_VERSION_MAJOR = 1
@@ -49,6 +49,15 @@ HAMI_DEVICE_READY = 2
 
 HAMI_SLOT_FREE = 0
 HAMI_SLOT_LIVE = 1
+
+HAMI_PARK_RUNNING = 0  # hami_slot.park_state: on the GPU
+HAMI_PARK_PARKING = 1  # a parker is moving it to host memory
+HAMI_PARK_PARKED = 2  # in host memory
+HAMI_PARK_RESUMING = 3  # the process is bringing it back
+
+HAMI_PARK_WAIT_NONE = 0  # hami_slot.park_wait: why a wanted resume waits
+HAMI_PARK_WAIT_SLICE = 1  # no room under the slice's cap now
+HAMI_PARK_WAIT_GPU = 2  # not that much free memory on the GPU now
 
 
 # ---- layout: the structs of slice_file.h, same names and order -------------
@@ -146,7 +155,14 @@ class HamiSlot(ctypes.Structure):
         ("frames_decoded", ctypes.c_uint64),
         ("frames_mapped", ctypes.c_uint64),
         ("decode_ns", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint8 * 688),
+        ("park_state", ctypes.c_uint32),
+        ("park_wanted", ctypes.c_uint32),
+        ("park_wait", ctypes.c_uint32),
+        ("park_error", ctypes.c_int32),
+        ("park_unix_ns", ctypes.c_uint64),
+        ("gpu_active_unix_ns", ctypes.c_uint64),
+        ("parked", ctypes.c_uint64 * HAMI_SLICE_MAX_DEVICES),
+        ("reserved", ctypes.c_uint8 * 528),
     ]
 
 

@@ -25,9 +25,10 @@ static int oom_report_due(void)
 	return __atomic_compare_exchange_n(&last_oom_report, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 
+/* what NULL: a quiet charge (a resume that waits for room is no error). */
 static void report_oom(int sdev, uint64_t want, uint64_t used, uint64_t limit, const char *what)
 {
-	if (!oom_report_due())
+	if (!what || !oom_report_due())
 		return;
 	struct hami_slice_file *f = hami_slice();
 	char a[32], b[32], c[32];
@@ -43,7 +44,7 @@ static void report_oom(int sdev, uint64_t want, uint64_t used, uint64_t limit, c
 /* A refusal by the process's own cap, inside the slice's. */
 static void report_process_oom(int sdev, uint64_t want, uint64_t held, const char *what)
 {
-	if (!oom_report_due())
+	if (!what || !oom_report_due())
 		return;
 	struct hami_slice_file *f = hami_slice();
 	char a[32], b[32], c[32];

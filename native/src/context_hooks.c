@@ -164,6 +164,7 @@ static int ready_device(CUdevice dev, CUresult *err)
 
 HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
+	HAMI_IN_DRIVER();
 	retain_fn fn = HAMI_REAL(retain_fn, "cuDevicePrimaryCtxRetain");
 	if (!pctx)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -224,6 +225,7 @@ static CUresult release_primary(release_fn fn, CUdevice dev)
 
 HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
+	HAMI_IN_DRIVER();
 	return release_primary(HAMI_REAL(release_fn, "cuDevicePrimaryCtxRelease_v2"), dev);
 }
 
@@ -231,6 +233,7 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
  * the first export (seen with PyTorch, CuPy and JAX on driver 580). */
 HAMI_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
+	HAMI_IN_DRIVER();
 	return release_primary(HAMI_REAL(release_fn, "cuDevicePrimaryCtxRelease"), dev);
 }
 
@@ -275,6 +278,7 @@ static CUresult finish_create(CUresult rc, CUcontext *pctx, const struct ctx_cos
 
 HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
+	HAMI_IN_DRIVER();
 	create2_fn fn = HAMI_REAL(create2_fn, "cuCtxCreate_v2");
 	struct ctx_cost c;
 	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
@@ -284,6 +288,7 @@ HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevic
 HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams, unsigned int flags,
 				    CUdevice dev)
 {
+	HAMI_IN_DRIVER();
 	create3_fn fn = HAMI_REAL(create3_fn, "cuCtxCreate_v3");
 	struct ctx_cost c;
 	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
@@ -292,6 +297,7 @@ HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams
 
 HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev)
 {
+	HAMI_IN_DRIVER();
 	create4_fn fn = HAMI_REAL(create4_fn, "cuCtxCreate_v4");
 	struct ctx_cost c;
 	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
@@ -300,6 +306,7 @@ HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int 
 
 HAMI_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
+	HAMI_IN_DRIVER();
 	destroy_fn fn = HAMI_REAL(destroy_fn, "cuCtxDestroy_v2");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;

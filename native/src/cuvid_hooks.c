@@ -186,6 +186,7 @@ static int decoder_device(void)
 
 HAMI_EXPORT CUresult cuvidCreateDecoder(CUvideodecoder *decoder, CUVIDDECODECREATEINFO *ci)
 {
+	HAMI_IN_DRIVER();
 	create_fn real = HAMI_REAL(create_fn, "cuvidCreateDecoder");
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
@@ -224,6 +225,7 @@ HAMI_EXPORT CUresult cuvidCreateDecoder(CUvideodecoder *decoder, CUVIDDECODECREA
 
 HAMI_EXPORT CUresult cuvidDestroyDecoder(CUvideodecoder decoder)
 {
+	HAMI_IN_DRIVER();
 	destroy_fn real = HAMI_REAL(destroy_fn, "cuvidDestroyDecoder");
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
@@ -243,6 +245,7 @@ HAMI_EXPORT CUresult cuvidDestroyDecoder(CUvideodecoder decoder)
 
 HAMI_EXPORT CUresult cuvidReconfigureDecoder(CUvideodecoder decoder, CUVIDRECONFIGUREDECODERINFO *info)
 {
+	HAMI_IN_DRIVER();
 	reconfigure_fn real = HAMI_REAL(reconfigure_fn, "cuvidReconfigureDecoder");
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
@@ -281,6 +284,7 @@ HAMI_EXPORT CUresult cuvidReconfigureDecoder(CUvideodecoder decoder, CUVIDRECONF
 
 HAMI_EXPORT CUresult cuvidDecodePicture(CUvideodecoder decoder, CUVIDPICPARAMS *params)
 {
+	HAMI_IN_DRIVER();
 	decode_fn real = HAMI_REAL(decode_fn, "cuvidDecodePicture");
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
@@ -308,6 +312,7 @@ static void count_map(CUresult rc)
 HAMI_EXPORT CUresult cuvidMapVideoFrame64(CUvideodecoder decoder, int pic, unsigned long long *ptr,
 					   unsigned int *pitch, CUVIDPROCPARAMS *params)
 {
+	HAMI_IN_DRIVER();
 	map64_fn real = HAMI_REAL(map64_fn, "cuvidMapVideoFrame64");
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
@@ -319,6 +324,7 @@ HAMI_EXPORT CUresult cuvidMapVideoFrame64(CUvideodecoder decoder, int pic, unsig
 HAMI_EXPORT CUresult cuvidMapVideoFrame(CUvideodecoder decoder, int pic, unsigned int *ptr, unsigned int *pitch,
 					 CUVIDPROCPARAMS *params)
 {
+	HAMI_IN_DRIVER();
 	map32_fn real = HAMI_REAL(map32_fn, "cuvidMapVideoFrame");
 	if (!real)
 		return CUDA_ERROR_NOT_FOUND;
@@ -331,12 +337,14 @@ HAMI_EXPORT CUresult cuvidMapVideoFrame(CUvideodecoder decoder, int pic, unsigne
  * create); hooked so that every entry point of a map/unmap pair is ours. */
 HAMI_EXPORT CUresult cuvidUnmapVideoFrame64(CUvideodecoder decoder, unsigned long long ptr)
 {
+	HAMI_IN_DRIVER();
 	unmap64_fn real = HAMI_REAL(unmap64_fn, "cuvidUnmapVideoFrame64");
 	return real ? real(decoder, ptr) : CUDA_ERROR_NOT_FOUND;
 }
 
 HAMI_EXPORT CUresult cuvidUnmapVideoFrame(CUvideodecoder decoder, unsigned int ptr)
 {
+	HAMI_IN_DRIVER();
 	unmap32_fn real = HAMI_REAL(unmap32_fn, "cuvidUnmapVideoFrame");
 	return real ? real(decoder, ptr) : CUDA_ERROR_NOT_FOUND;
 }

@@ -57,11 +57,16 @@ UNINSTRUMENTED void *hami_dlsym_hook(void *handle, const char *name)
 	if (!cuda && !nvml)
 		return NULL;
 	void *hook = hami_hook_by_name(name);
-	if (!hook)
+	/* Driver API names are cu + a capital (cuCtxGetCurrent); cublas*, cudnn*, curl*... are not. */
+	int driver_api = cuda && name[2] >= 'A' && name[2] <= 'Z';
+	if (!hook && !driver_api)
 		return NULL;
 	void *found = hami_real_dlsym(handle, name);
 	void *real = cuvid ? hami_cuvid_sym(name) : cuda ? hami_cuda_sym(name) : hami_nvml_sym(name);
-	return found && found == real ? hook : NULL;
+	if (!found || found != real)
+		return NULL;
+	/* A driver function we do not hook passes the parking gate (park_gate_thunks.c). */
+	return hook ? hook : hami_gate_thunk(name, real);
 }
 
 /*

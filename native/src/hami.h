@@ -70,6 +70,13 @@ void *hami_cached_sym(void **cache, const char *name);
 nvmlDevice_t hami_nvml_device(int sdev);
 
 /* hooks.c: name <-> hook tables for dlsym and cuGetProcAddress */
+struct hami_hook {
+	const char *name;
+	void *hook;
+};
+extern const struct hami_hook hami_gate_hooks[]; /* park_gate_hooks.c: gate only, charge nothing */
+extern const size_t hami_gate_hook_count;
+void *hami_gate_thunk(const char *name, void *real); /* park_gate_thunks.c */
 void *hami_hook_by_name(const char *name);
 void *hami_hook_for_real(void *real_fn);
 int hami_hooked_base(const char *symbol);
@@ -94,6 +101,7 @@ int hami_slice_device(const char *uuid, const struct hami_device_info *info);
 int hami_slice_limit(int sdev, struct hami_device_limit *out);
 int hami_slot(void);
 void hami_slice_sweep(void);
+int hami_slot_byte_locked(int slot, size_t field); /* 1: some open file description holds it */
 uint64_t hami_slice_live_used(int sdev);
 
 /* trust.c: whether a slice folder or file may be used (docs/slice-file.md, "Who owns what") */
@@ -141,6 +149,56 @@ void hami_schedule_after_fork(void);
 
 /* context_hooks.c */
 void hami_contexts_after_fork(void);
+
+/*
+ * park.c: parking (docs/parking.md). Every hook that calls the driver brackets
+ * the call with hami_call_begin/hami_call_end: a parked process's call waits
+ * for its GPU state to come back, and the housekeeper sees a thread that is
+ * inside the driver (blocked there by the parker's lock) and asks for it.
+ */
+struct hami_call_mark {
+	uint32_t in_call; /* hooks of this thread now inside a driver call (they nest) */
+	uint32_t used;    /* the mark belongs to a live thread */
+	uint64_t calls;   /* driver calls this thread made: activity, for the parking policy */
+};
+extern struct hami_slot *hami_parkable_slot; /* this process's slot once claimed */
+extern __thread struct hami_call_mark *hami_thread_mark;
+void hami_park_wait(struct hami_slot *s);
+struct hami_call_mark *hami_call_mark_new(void);
+void hami_park_tick(void);
+void hami_park_start(void); /* the parking thread, once the process has a slot */
+void hami_park_after_fork(void);
+
+static inline struct hami_call_mark *hami_call_begin(void)
+{
+	struct hami_slot *s = __atomic_load_n(&hami_parkable_slot, __ATOMIC_ACQUIRE);
+	if (s && __atomic_load_n(&s->park_state, __ATOMIC_ACQUIRE) != HAMI_PARK_RUNNING)
+		hami_park_wait(s);
+	struct hami_call_mark *m = hami_thread_mark ? hami_thread_mark : hami_call_mark_new();
+	if (m) { /* only this thread writes its mark: plain stores, the housekeeper only reads */
+		__atomic_store_n(&m->in_call, __atomic_load_n(&m->in_call, __ATOMIC_RELAXED) + 1,
+				 __ATOMIC_RELAXED);
+		__atomic_store_n(&m->calls, __atomic_load_n(&m->calls, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+	}
+	return m;
+}
+
+static inline void hami_call_end(struct hami_call_mark *m)
+{
+	if (m)
+		__atomic_store_n(&m->in_call, __atomic_load_n(&m->in_call, __ATOMIC_RELAXED) - 1,
+				 __ATOMIC_RELAXED);
+}
+
+static inline void hami_call_cleanup(struct hami_call_mark **m)
+{
+	hami_call_end(*m);
+}
+
+/* The first line of a hook that calls the driver: the parking gate, then this
+ * thread counts as inside the driver until the hook returns, whichever return. */
+#define HAMI_IN_DRIVER() \
+	struct hami_call_mark *hami_in_driver_ __attribute__((cleanup(hami_call_cleanup))) = hami_call_begin()
 
 /* records.c: what this process was charged for, by handle */
 enum hami_kind {

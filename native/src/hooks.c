@@ -3,6 +3,10 @@
  * by the pointer the real driver returned, which is the address of one of its
  * exported symbols (checked on driver 580): so the driver's own choice of
  * variant for a cudaVersion and per-thread-stream flag is kept exactly.
+ *
+ * Two tables: the hooks that guard the slice (below), whose every version
+ * must be known, and the parking gate's (park_gate_hooks.c), which charge
+ * nothing, so an unknown version of those simply passes through.
  */
 #include <pthread.h>
 #include <string.h>
@@ -10,12 +14,7 @@
 #include "hami.h"
 #include "hook_api.h"
 
-struct hook {
-	const char *name;
-	void *hook;
-};
-
-static const struct hook hooks[] = {
+static const struct hami_hook hooks[] = {
 	{ "cuInit", (void *)cuInit },
 	{ "cuGetProcAddress", (void *)cuGetProcAddress },
 	{ "cuGetProcAddress_v2", (void *)cuGetProcAddress_v2 },
@@ -74,21 +73,37 @@ static const struct hook hooks[] = {
 #define HOOK_COUNT (sizeof(hooks) / sizeof(hooks[0]))
 
 static void *real_of[HOOK_COUNT];
+#define MAX_GATE_HOOKS 128 /* park_gate_hooks.c lists 55 */
+static void *gate_real_of[MAX_GATE_HOOKS];
+static size_t gate_count;
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
+
+static void *by_name(const struct hami_hook *table, size_t n, const char *name)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(table[i].name, name) == 0)
+			return table[i].hook;
+	return NULL;
+}
 
 void *hami_hook_by_name(const char *name)
 {
-	for (size_t i = 0; i < HOOK_COUNT; i++)
-		if (strcmp(hooks[i].name, name) == 0)
-			return hooks[i].hook;
-	return NULL;
+	void *hook = by_name(hooks, HOOK_COUNT, name);
+	return hook ? hook : by_name(hami_gate_hooks, hami_gate_hook_count, name);
+}
+
+static void *real_sym(const char *name)
+{
+	return name[0] == 'c' ? hami_cuda_sym(name) : hami_nvml_sym(name);
 }
 
 static void resolve_reals(void)
 {
 	for (size_t i = 0; i < HOOK_COUNT; i++)
-		real_of[i] = hooks[i].name[0] == 'c' ? hami_cuda_sym(hooks[i].name)
-						     : hami_nvml_sym(hooks[i].name);
+		real_of[i] = real_sym(hooks[i].name);
+	gate_count = hami_gate_hook_count < MAX_GATE_HOOKS ? hami_gate_hook_count : MAX_GATE_HOOKS;
+	for (size_t i = 0; i < gate_count; i++)
+		gate_real_of[i] = real_sym(hami_gate_hooks[i].name);
 }
 
 void *hami_hook_for_real(void *real_fn)
@@ -99,6 +114,9 @@ void *hami_hook_for_real(void *real_fn)
 	for (size_t i = 0; i < HOOK_COUNT; i++)
 		if (real_of[i] == real_fn)
 			return hooks[i].hook;
+	for (size_t i = 0; i < gate_count; i++)
+		if (gate_real_of[i] == real_fn)
+			return hami_gate_hooks[i].hook;
 	return real_fn;
 }
 
@@ -117,7 +135,8 @@ static size_t base_length(const char *name)
 	return n;
 }
 
-/* Whether cuGetProcAddress's *symbol* (a base name) names a hooked entry point in any version. */
+/* Whether cuGetProcAddress's *symbol* (a base name) names an entry point that guards
+ * the slice, in any version. */
 int hami_hooked_base(const char *symbol)
 {
 	size_t want = strlen(symbol);

@@ -16,6 +16,7 @@ static uint64_t min_u64(uint64_t a, uint64_t b)
 
 HAMI_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 {
+	HAMI_IN_DRIVER();
 	mem_info_fn fn = HAMI_REAL(mem_info_fn, "cuMemGetInfo_v2");
 	if (!free || !total)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -48,6 +49,7 @@ HAMI_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 
 HAMI_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
+	HAMI_IN_DRIVER();
 	total_mem_fn fn = HAMI_REAL(total_mem_fn, "cuDeviceTotalMem_v2");
 	if (!bytes)
 		return CUDA_ERROR_INVALID_VALUE;

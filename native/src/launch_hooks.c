@@ -46,6 +46,7 @@ HAMI_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int 
 				    unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
 				    CUstream stream, void **params, void **extra)
 {
+	HAMI_IN_DRIVER();
 	return launch(HAMI_REAL(launch_fn, "cuLaunchKernel"), 0, f, gx, gy, gz, bx, by, bz, shm, stream,
 		      params, extra);
 }
@@ -54,6 +55,7 @@ HAMI_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned
 					 unsigned int bx, unsigned int by, unsigned int bz, unsigned int shm,
 					 CUstream stream, void **params, void **extra)
 {
+	HAMI_IN_DRIVER();
 	return launch(HAMI_REAL(launch_fn, "cuLaunchKernel_ptsz"), 1, f, gx, gy, gz, bx, by, bz, shm,
 		      stream, params, extra);
 }
@@ -73,11 +75,13 @@ static CUresult launch_ex(launch_ex_fn fn, int per_thread, const void *config, C
 
 HAMI_EXPORT CUresult cuLaunchKernelEx(const void *config, CUfunction f, void **params, void **extra)
 {
+	HAMI_IN_DRIVER();
 	return launch_ex(HAMI_REAL(launch_ex_fn, "cuLaunchKernelEx"), 0, config, f, params, extra);
 }
 
 HAMI_EXPORT CUresult cuLaunchKernelEx_ptsz(const void *config, CUfunction f, void **params, void **extra)
 {
+	HAMI_IN_DRIVER();
 	return launch_ex(HAMI_REAL(launch_ex_fn, "cuLaunchKernelEx_ptsz"), 1, config, f, params, extra);
 }
 
@@ -100,6 +104,7 @@ HAMI_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, un
 					       unsigned int bz, unsigned int shm, CUstream stream,
 					       void **params)
 {
+	HAMI_IN_DRIVER();
 	return cooperative(HAMI_REAL(cooperative_fn, "cuLaunchCooperativeKernel"), 0, f, gx, gy, gz, bx,
 			   by, bz, shm, stream, params);
 }
@@ -109,6 +114,7 @@ HAMI_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int g
 						    unsigned int bz, unsigned int shm, CUstream stream,
 						    void **params)
 {
+	HAMI_IN_DRIVER();
 	return cooperative(HAMI_REAL(cooperative_fn, "cuLaunchCooperativeKernel_ptsz"), 1, f, gx, gy, gz,
 			   bx, by, bz, shm, stream, params);
 }
@@ -127,10 +133,12 @@ static CUresult graph(graph_fn fn, int per_thread, CUgraphExec exec, CUstream st
 
 HAMI_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream)
 {
+	HAMI_IN_DRIVER();
 	return graph(HAMI_REAL(graph_fn, "cuGraphLaunch"), 0, exec, stream);
 }
 
 HAMI_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream)
 {
+	HAMI_IN_DRIVER();
 	return graph(HAMI_REAL(graph_fn, "cuGraphLaunch_ptsz"), 1, exec, stream);
 }

@@ -88,11 +88,13 @@ static CUresult charged_alloc(CUdeviceptr *dptr, size_t bytes, const char *what,
 
 HAMI_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
+	HAMI_IN_DRIVER();
 	return charged_alloc(dptr, bytesize, "cuMemAlloc", HAMI_REAL(alloc_fn, "cuMemAlloc_v2"), NULL, 0);
 }
 
 HAMI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
+	HAMI_IN_DRIVER();
 	return charged_alloc(dptr, bytesize, "cuMemAllocManaged", NULL,
 			     HAMI_REAL(managed_fn, "cuMemAllocManaged"), flags);
 }
@@ -101,6 +103,7 @@ HAMI_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsig
 HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
 					unsigned int elementSize)
 {
+	HAMI_IN_DRIVER();
 	pitch_fn fn = HAMI_REAL(pitch_fn, "cuMemAllocPitch_v2");
 	if (!dptr || !pitch)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -135,6 +138,7 @@ HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 
 HAMI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
+	HAMI_IN_DRIVER();
 	free_fn fn = HAMI_REAL(free_fn, "cuMemFree_v2");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
@@ -240,12 +244,14 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
 
 HAMI_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
+	HAMI_IN_DRIVER();
 	return pooled_alloc(dptr, bytesize, NULL, stream, HAMI_REAL(async_fn, "cuMemAllocAsync"), NULL,
 			    "cuMemAllocAsync");
 }
 
 HAMI_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
+	HAMI_IN_DRIVER();
 	return pooled_alloc(dptr, bytesize, NULL, stream, HAMI_REAL(async_fn, "cuMemAllocAsync_ptsz"), NULL,
 			    "cuMemAllocAsync");
 }
@@ -253,6 +259,7 @@ HAMI_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CU
 HAMI_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
 					     CUstream stream)
 {
+	HAMI_IN_DRIVER();
 	if (!pool)
 		return CUDA_ERROR_INVALID_VALUE;
 	return pooled_alloc(dptr, bytesize, pool, stream, NULL,
@@ -262,6 +269,7 @@ HAMI_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
 HAMI_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
 						  CUstream stream)
 {
+	HAMI_IN_DRIVER();
 	if (!pool)
 		return CUDA_ERROR_INVALID_VALUE;
 	return pooled_alloc(dptr, bytesize, pool, stream, NULL,
@@ -290,11 +298,13 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, free_async_fn fn)
 
 HAMI_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
+	HAMI_IN_DRIVER();
 	return free_async(dptr, stream, HAMI_REAL(free_async_fn, "cuMemFreeAsync"));
 }
 
 HAMI_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
+	HAMI_IN_DRIVER();
 	return free_async(dptr, stream, HAMI_REAL(free_async_fn, "cuMemFreeAsync_ptsz"));
 }
 
@@ -307,6 +317,7 @@ struct pool_props_head {
 
 HAMI_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *props)
 {
+	HAMI_IN_DRIVER();
 	pool_create_fn fn = HAMI_REAL(pool_create_fn, "cuMemPoolCreate");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
@@ -324,6 +335,7 @@ HAMI_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const void *props)
 
 HAMI_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
+	HAMI_IN_DRIVER();
 	pool_destroy_fn fn = HAMI_REAL(pool_destroy_fn, "cuMemPoolDestroy");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
@@ -336,6 +348,7 @@ HAMI_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 
 HAMI_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
+	HAMI_IN_DRIVER();
 	pool_trim_fn fn = HAMI_REAL(pool_trim_fn, "cuMemPoolTrimTo");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
@@ -351,6 +364,7 @@ HAMI_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 HAMI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
 				 const CUmemAllocationProp *prop, unsigned long long flags)
 {
+	HAMI_IN_DRIVER();
 	mem_create_fn fn = HAMI_REAL(mem_create_fn, "cuMemCreate");
 	if (!handle || !prop)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -379,6 +393,7 @@ HAMI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 
 HAMI_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
+	HAMI_IN_DRIVER();
 	mem_release_fn fn = HAMI_REAL(mem_release_fn, "cuMemRelease");
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
@@ -453,6 +468,7 @@ static CUresult create_mipmap(void *out, const void *desc, unsigned levels)
 
 HAMI_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
+	HAMI_IN_DRIVER();
 	if (!array || !desc)
 		return CUDA_ERROR_INVALID_VALUE;
 	uint64_t bytes = array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
@@ -461,6 +477,7 @@ HAMI_EXPORT CUresult cuArrayCreate_v2(CUarray *array, const CUDA_ARRAY_DESCRIPTO
 
 HAMI_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc)
 {
+	HAMI_IN_DRIVER();
 	if (!array || !desc)
 		return CUDA_ERROR_INVALID_VALUE;
 	uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
@@ -470,6 +487,7 @@ HAMI_EXPORT CUresult cuArray3DCreate_v2(CUarray *array, const CUDA_ARRAY3D_DESCR
 HAMI_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_ARRAY3D_DESCRIPTOR *desc,
 					    unsigned int levels)
 {
+	HAMI_IN_DRIVER();
 	if (!array || !desc)
 		return CUDA_ERROR_INVALID_VALUE;
 	uint64_t bytes = 0;
@@ -507,10 +525,12 @@ static CUresult destroy_mipmap(void *a)
 
 HAMI_EXPORT CUresult cuArrayDestroy(CUarray array)
 {
+	HAMI_IN_DRIVER();
 	return destroy_charged(HAMI_KIND_ARRAY, array, destroy_array);
 }
 
 HAMI_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray array)
 {
+	HAMI_IN_DRIVER();
 	return destroy_charged(HAMI_KIND_MIPMAP, array, destroy_mipmap);
 }

@@ -206,8 +206,12 @@ HAMI_EXPORT CUresult cuInit(unsigned int flags)
 static CUresult hooked_proc(const char *symbol, void **pfn, int version, CUdriverProcAddressQueryResult *status)
 {
 	void *hook = hami_hook_for_real(*pfn);
-	if (hook != *pfn || !*pfn || !hami_hooked_base(symbol)) {
+	if (hook != *pfn || !*pfn) {
 		*pfn = hook;
+		return CUDA_SUCCESS;
+	}
+	if (!hami_hooked_base(symbol)) { /* not ours to charge: it passes the parking gate */
+		*pfn = hami_gate_thunk(symbol, *pfn);
 		return CUDA_SUCCESS;
 	}
 	hami_log(HAMI_LOG_ERROR, "cuGetProcAddress(\"%s\", version %d) returned an entry point this "

@@ -510,6 +510,11 @@ static void reclaim_slot(struct hami_slice_file *f, int i, int dead)
 							 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 			;
 	}
+	/* Parked bytes were host memory of the process: they died with it. */
+	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++)
+		__atomic_store_n(&s->parked[d], 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->park_state, HAMI_PARK_RUNNING, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->park_wanted, 0, __ATOMIC_RELAXED);
 	if (dead && __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE)
 		hami_log(HAMI_LOG_INFO, "slice \"%s\": reclaimed slot %d of dead process %d",
 			 f->header.name, i, s->pid);
@@ -582,12 +587,11 @@ static void *housekeeper(void *arg)
 	for (;;) {
 		struct timespec ts = { 0, HOUSEKEEPING_INTERVAL_NS };
 		nanosleep(&ts, NULL);
-		struct hami_slice_file *f = hami_slice();
-		int mine = __atomic_load_n(&slot_index, __ATOMIC_ACQUIRE);
-		if (f && mine >= 0)
-			__atomic_store_n(&f->slot[mine].active_unix_ns, hami_now_ns(), __ATOMIC_RELAXED);
 		hami_slice_sweep();
-		hami_sm_tick();
+		/* NVML blocks in a process the driver has locked for parking: not then. */
+		struct hami_slot *me = __atomic_load_n(&hami_parkable_slot, __ATOMIC_ACQUIRE);
+		if (!me || __atomic_load_n(&me->park_state, __ATOMIC_ACQUIRE) == HAMI_PARK_RUNNING)
+			hami_sm_tick();
 	}
 	return NULL;
 }
@@ -637,6 +641,12 @@ static int claim_slot(struct hami_slice_file *f)
 			s->decoders[d] = 0;
 		}
 		s->frames_decoded = s->frames_mapped = s->decode_ns = 0;
+		s->park_state = HAMI_PARK_RUNNING;
+		s->park_wanted = s->park_wait = 0;
+		s->park_error = 0;
+		s->park_unix_ns = 0;
+		s->gpu_active_unix_ns = s->started_unix_ns;
+		memset(s->parked, 0, sizeof(s->parked));
 		__atomic_store_n(&s->state, HAMI_SLOT_LIVE, __ATOMIC_RELEASE);
 		return i;
 	}
@@ -667,7 +677,9 @@ int hami_slot(void)
 		}
 		if (i >= 0) {
 			__atomic_store_n(&slot_index, i, __ATOMIC_RELEASE);
+			__atomic_store_n(&hami_parkable_slot, &f->slot[i], __ATOMIC_RELEASE);
 			start_housekeeper();
+			hami_park_start();
 		} else {
 			hami_log(HAMI_LOG_ERROR, "slice \"%s\" has no free process slot (%d in use)",
 				 f->header.name, HAMI_SLICE_MAX_SLOTS);
@@ -687,11 +699,25 @@ __attribute__((destructor)) static void release_slot_at_exit(void)
 	pthread_mutex_lock(&slot_lock);
 	slots_closed = 1;
 	int i = __atomic_exchange_n(&slot_index, -1, __ATOMIC_ACQ_REL);
+	__atomic_store_n(&hami_parkable_slot, NULL, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&slot_lock);
 	if (!f || i < 0 || map_fd < 0)
 		return;
 	reclaim_slot(f, i, 0);
 	ofd_lock(map_fd, slot_offset(i), F_UNLCK);
+}
+
+/* Whether some open file description other than ours holds a lock on byte
+ * *field* of slot *slot* (the parker's, on park_state): 1, 0, or -1 unknown. */
+int hami_slot_byte_locked(int slot, size_t field)
+{
+	if (map_fd < 0 || slot < 0 || slot >= HAMI_SLICE_MAX_SLOTS)
+		return -1;
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET,
+			    .l_start = slot_offset(slot) + (off_t)field, .l_len = 1 };
+	if (fcntl(map_fd, F_OFD_GETLK, &fl) < 0)
+		return -1;
+	return fl.l_type != F_UNLCK;
 }
 
 /* Usage of a slice device, less what dead processes still hold (for read-only views). */
@@ -740,6 +766,7 @@ static void after_fork_child(void)
 	hami_records_reset();
 	housekeeper_running = 0;
 	slot_index = -1;
+	hami_park_after_fork();
 	if (map_fd >= 0) {
 		int fd = reopen(map_fd, map_writable);
 		close(map_fd);

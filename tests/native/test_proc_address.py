@@ -79,13 +79,32 @@ def test_without_preload_everything_is_the_driver(cudrive, gpu):
     assert res.one("dlsym")["ptr"] == res.ops("getproc")[0]["ptr"], res.describe()
 
 
-@pytest.mark.parametrize("base", ["cuDriverGetVersion", "cuGetExportTable", "cuDeviceGetName", "cuStreamCreate"])
-def test_unhooked_entry_points_pass_through(cudrive, make_slice, base):
+@pytest.mark.parametrize("base", ["cuDriverGetVersion", "cuGetExportTable"])
+def test_entry_points_that_touch_no_context_pass_through(cudrive, make_slice, base):
     s = make_slice()
     via_proc, via_dlsym = resolve_both(cudrive, s.env, base, base)
     assert via_proc["ptr"] == via_dlsym["ptr"]
     assert lib(via_proc) == DRIVER, via_proc
     assert lib(via_dlsym) == DRIVER, via_dlsym
+
+
+@pytest.mark.parametrize("base", ["cuDeviceGetName", "cuStreamCreate", "cuCtxGetCurrent"])
+def test_other_unhooked_entry_points_get_the_parking_gate(cudrive, make_slice, base):
+    """Every other driver function is handed out behind the parking gate
+    (docs/parking.md): one thunk per function, the same through both paths."""
+    s = make_slice()
+    via_proc, via_dlsym = resolve_both(cudrive, s.env, base, base)
+    assert via_proc["ptr"] == via_dlsym["ptr"]
+    assert lib(via_proc) == HOOK, via_proc
+
+
+@pytest.mark.parametrize("resolve", ["dlsym", "procaddr"])
+def test_calls_through_the_gate_reach_the_driver(cudrive, make_slice, resolve):
+    """Arguments pass through a thunk untouched, whatever the prototype."""
+    res = cudrive.run(f"resolve {resolve} init count uuid 0 ctx 0 alloc 1m a write a 7 check a 7",
+                      make_slice().env)
+    assert all(r["rc"] == CUDA_SUCCESS for r in res.records), res.describe()
+    assert res.one("count")["count"] >= 1 and res.one("check")["equal"], res.describe()
 
 
 def test_unknown_symbol_gets_the_drivers_answer(cudrive, make_slice, gpu):

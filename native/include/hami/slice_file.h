@@ -33,7 +33,7 @@
 
 #define HAMI_SLICE_MAGIC "HAMISLCE" /* 8 bytes, no terminator */
 #define HAMI_SLICE_VERSION_MAJOR 1u
-#define HAMI_SLICE_VERSION_MINOR 3u
+#define HAMI_SLICE_VERSION_MINOR 4u
 
 #define HAMI_LIMITS_MAGIC "HAMILIMT" /* the companion limits file, 8 bytes */
 #define HAMI_LIMITS_VERSION_MAJOR 1u
@@ -76,6 +76,17 @@
 
 #define HAMI_SLOT_FREE 0u
 #define HAMI_SLOT_LIVE 1u
+
+/* hami_slot.park_state (1.4): where the process's GPU state is, see docs/parking.md */
+#define HAMI_PARK_RUNNING 0u  /* on the GPU */
+#define HAMI_PARK_PARKING 1u  /* a parker is moving it to host memory */
+#define HAMI_PARK_PARKED 2u   /* in host memory; the slot's memory_used is in parked[] */
+#define HAMI_PARK_RESUMING 3u /* the process is bringing it back */
+
+/* hami_slot.park_wait: why a wanted resume has not happened yet */
+#define HAMI_PARK_WAIT_NONE 0u
+#define HAMI_PARK_WAIT_SLICE 1u /* the slice's cap has no room for it now */
+#define HAMI_PARK_WAIT_GPU 2u   /* the GPU has not that much free memory now */
 
 struct hami_slice_header {
 	char magic[8];
@@ -150,7 +161,7 @@ struct hami_slot {
 	uint32_t uid;
 	uint32_t txn;   /* owner's threads now between the two steps of a charge */
 	uint64_t started_unix_ns;
-	uint64_t active_unix_ns;  /* last charge, credit or heartbeat */
+	uint64_t active_unix_ns;  /* last charge, credit or heartbeat (the parking thread's) */
 	char kernel_id[HAMI_SLICE_KERNEL_ID_LEN]; /* Jupyter kernel id, if any */
 	char comm[HAMI_SLICE_COMM_LEN];           /* process name */
 	uint64_t memory_used[HAMI_SLICE_MAX_DEVICES]; /* by slice device index */
@@ -160,7 +171,16 @@ struct hami_slot {
 	uint64_t frames_decoded; /* cuvidDecodePicture calls that succeeded */
 	uint64_t frames_mapped;  /* cuvidMapVideoFrame(64) calls that succeeded */
 	uint64_t decode_ns;      /* time spent in cuvidDecodePicture */
-	uint8_t reserved[688];
+	/* parking (1.4), see docs/parking.md. A parker (hami-park) holds an OFD
+	 * lock on park_state's first byte while it moves the process's state. */
+	uint32_t park_state;     /* HAMI_PARK_* */
+	uint32_t park_wanted;    /* nonzero: someone needs the state back on the GPU */
+	uint32_t park_wait;      /* HAMI_PARK_WAIT_*: why a wanted resume waits */
+	int32_t park_error;      /* CUresult of the last park or resume step that failed, 0 none */
+	uint64_t park_unix_ns;   /* when the last park or resume finished */
+	uint64_t gpu_active_unix_ns; /* last time a thread of the process called the driver */
+	uint64_t parked[HAMI_SLICE_MAX_DEVICES]; /* bytes in host memory, by slice device index */
+	uint8_t reserved[528];
 };
 
 /* The whole file, in order. */

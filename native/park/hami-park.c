@@ -1,0 +1,365 @@
+/*
+ * hami-park: moves one process's GPU state to host memory and back, with the
+ * CUDA driver's process checkpoint API (docs/parking.md).
+ *
+ *   hami-park park SLICE_FILE PID [LOCK_TIMEOUT_MS]   lock, checkpoint; the slot says PARKED
+ *   hami-park restore PID [UUID=BYTES...]            restore, unlock (run by the parked process);
+ *                                                     first, each GPU named must have BYTES free
+ *   hami-park recover PID                             undo a park whose parker died
+ *   hami-park state PID                               the driver's word on PID
+ *
+ * It runs without the preload library, as the user of the target process (or
+ * root). It answers with one line on stdout: "ok ..." or "error <CUresult>
+ * <why>"; the exit status is 0 or 1. A park that fails half-way is undone: the
+ * target is never left locked.
+ *
+ * Park writes the target's slot: park_state from RUNNING to PARKING (compare
+ * and swap), then PARKED, holding an OFD lock on park_state's first byte all
+ * along, so that the target's housekeeper can tell a parker at work from one
+ * that died (and then runs "recover"). Everything else of the slot, the
+ * charge included, the target itself moves.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hami/cuda_types.h"
+#include "hami/slice_file.h"
+
+#define DEFAULT_LOCK_TIMEOUT_MS 10000 /* a kernel busy that long is not idle */
+
+typedef CUresult (*init_fn)(unsigned int);
+typedef CUresult (*lock_fn)(int, CUcheckpointLockArgs *);
+typedef CUresult (*checkpoint_fn)(int, CUcheckpointCheckpointArgs *);
+typedef CUresult (*restore_fn)(int, CUcheckpointRestoreArgs *);
+typedef CUresult (*unlock_fn)(int, CUcheckpointUnlockArgs *);
+typedef CUresult (*state_fn)(int, CUprocessState *);
+
+static struct {
+	lock_fn lock;
+	checkpoint_fn checkpoint;
+	restore_fn restore;
+	unlock_fn unlock;
+	state_fn state;
+} cu;
+
+static int fail(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static int fail(int rc, const char *fmt, ...)
+{
+	va_list ap;
+	printf("error %d ", rc);
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	return 1;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The real driver's checkpoint entry points; CUDA_SUCCESS or why not. */
+static int load_driver(void)
+{
+	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!lib)
+		return fail(CUDA_ERROR_NOT_FOUND, "cannot load libcuda.so.1: %s", dlerror());
+	init_fn init = (init_fn)dlsym(lib, "cuInit");
+	cu.lock = (lock_fn)dlsym(lib, "cuCheckpointProcessLock");
+	cu.checkpoint = (checkpoint_fn)dlsym(lib, "cuCheckpointProcessCheckpoint");
+	cu.restore = (restore_fn)dlsym(lib, "cuCheckpointProcessRestore");
+	cu.unlock = (unlock_fn)dlsym(lib, "cuCheckpointProcessUnlock");
+	cu.state = (state_fn)dlsym(lib, "cuCheckpointProcessGetState");
+	if (!init || !cu.lock || !cu.checkpoint || !cu.restore || !cu.unlock || !cu.state)
+		return fail(CUDA_ERROR_NOT_SUPPORTED, "this CUDA driver has no process checkpoint API "
+			    "(driver 550 or newer has it)");
+	init(0); /* the checkpoint calls need the driver up; they work on another process */
+	return 0;
+}
+
+static int parse_pid(const char *text, int *pid)
+{
+	char *end;
+	long v = strtol(text, &end, 10);
+	if (*text == '\0' || *end != '\0' || v <= 0 || v > 4194304)
+		return -1;
+	*pid = (int)v;
+	return 0;
+}
+
+/* ---- the slice file ------------------------------------------------------- */
+
+static int ofd(int fd, off_t at, short type, int cmd)
+{
+	struct flock fl = { .l_type = type, .l_whence = SEEK_SET, .l_start = at, .l_len = 1 };
+	if (fcntl(fd, cmd, &fl) < 0)
+		return -1;
+	return cmd == F_OFD_GETLK ? fl.l_type != F_UNLCK : 0;
+}
+
+static off_t slot_at(int i)
+{
+	return (off_t)(offsetof(struct hami_slice_file, slot) + (size_t)i * sizeof(struct hami_slot));
+}
+
+static uint64_t own_pid_namespace(void)
+{
+	struct stat st;
+	return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+static uint64_t host_available(void)
+{
+	FILE *f = fopen("/proc/meminfo", "re");
+	char line[256];
+	unsigned long long kib = 0;
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return (uint64_t)kib * 1024;
+}
+
+/* Map SLICE_FILE and find PID's live slot; -1 after saying why. */
+static int find_slot(const char *path, int pid, int *fd_out, struct hami_slice_file **map, int *index)
+{
+	int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return fail(CUDA_ERROR_INVALID_VALUE, "cannot open slice file %s: %s", path, strerror(errno)), -1;
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size < sizeof(struct hami_slice_file)) {
+		close(fd);
+		return fail(CUDA_ERROR_INVALID_VALUE, "%s is no slice file", path), -1;
+	}
+	struct hami_slice_file *f = mmap(NULL, sizeof(*f), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (f == MAP_FAILED) {
+		close(fd);
+		return fail(CUDA_ERROR_INVALID_VALUE, "cannot map %s: %s", path, strerror(errno)), -1;
+	}
+	if (memcmp(f->header.magic, HAMI_SLICE_MAGIC, 8) != 0 ||
+	    f->header.version_major != HAMI_SLICE_VERSION_MAJOR || f->header.version_minor < 4 ||
+	    f->header.slot_size != sizeof(struct hami_slot) || f->header.max_slots != HAMI_SLICE_MAX_SLOTS) {
+		munmap(f, sizeof(*f));
+		close(fd);
+		return fail(CUDA_ERROR_INVALID_VALUE, "%s is no slice file of layout 1.4 or later", path), -1;
+	}
+	uint64_t ns = own_pid_namespace();
+	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++) {
+		struct hami_slot *s = &f->slot[i];
+		if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != HAMI_SLOT_LIVE || s->pid != pid)
+			continue;
+		if (ns && s->pid_ns && s->pid_ns != ns)
+			continue; /* that pid names another process in another PID namespace */
+		if (ofd(fd, slot_at(i), F_WRLCK, F_OFD_GETLK) != 1)
+			continue; /* a dead process's slot, not reclaimed yet */
+		*fd_out = fd;
+		*map = f;
+		*index = i;
+		return 0;
+	}
+	munmap(f, sizeof(*f));
+	close(fd);
+	return fail(CUDA_ERROR_INVALID_VALUE, "process %d has no live slot in %s", pid, path), -1;
+}
+
+/* ---- the commands ---------------------------------------------------------- */
+
+static int park(const char *path, int pid, unsigned timeout_ms)
+{
+	int fd, i;
+	struct hami_slice_file *f;
+	if (find_slot(path, pid, &fd, &f, &i) < 0)
+		return 1;
+	struct hami_slot *s = &f->slot[i];
+	off_t park_byte = slot_at(i) + (off_t)offsetof(struct hami_slot, park_state);
+	/* Held until we are done: the target's housekeeper sees a parker at work. */
+	if (ofd(fd, park_byte, F_WRLCK, F_OFD_SETLK) < 0)
+		return fail(CUDA_ERROR_NOT_PERMITTED, "another parker is working on process %d", pid);
+	uint32_t running = HAMI_PARK_RUNNING;
+	if (!__atomic_compare_exchange_n(&s->park_state, &running, HAMI_PARK_PARKING, 0, __ATOMIC_ACQ_REL,
+					 __ATOMIC_ACQUIRE))
+		return fail(CUDA_ERROR_ILLEGAL_STATE, "process %d is not running on the GPU (park state %u)",
+			    pid, running);
+	uint64_t bytes = 0;
+	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++)
+		bytes += __atomic_load_n(&s->memory_used[d], __ATOMIC_ACQUIRE);
+	uint64_t host = host_available();
+	int rc = CUDA_SUCCESS;
+	const char *step = "";
+	if (host && bytes > host) {
+		__atomic_store_n(&s->park_state, HAMI_PARK_RUNNING, __ATOMIC_RELEASE);
+		return fail(CUDA_ERROR_OUT_OF_MEMORY, "host memory too low to hold process %d's GPU state: "
+			    "%llu bytes, %llu available", pid, (unsigned long long)bytes,
+			    (unsigned long long)host);
+	}
+	double t0 = now_s();
+	/* A call that passed the target's gate just before PARKING reaches the
+	 * driver within this; the lock then waits for it instead of trapping it. */
+	struct timespec settle = { 0, 10 * 1000000L };
+	nanosleep(&settle, NULL);
+	if (load_driver() != 0) {
+		__atomic_store_n(&s->park_state, HAMI_PARK_RUNNING, __ATOMIC_RELEASE);
+		return 1;
+	}
+	CUcheckpointLockArgs lock_args = { .timeoutMs = timeout_ms };
+	rc = cu.lock(pid, &lock_args);
+	if (rc != CUDA_SUCCESS) {
+		step = "lock";
+	} else if ((rc = cu.checkpoint(pid, NULL)) != CUDA_SUCCESS) {
+		step = "checkpoint";
+		int undo = cu.unlock(pid, NULL);
+		if (undo != CUDA_SUCCESS)
+			fprintf(stderr, "hami-park: unlocking process %d after a failed checkpoint failed "
+				"too (%d); its housekeeper retries\n", pid, undo);
+	}
+	if (rc != CUDA_SUCCESS) {
+		__atomic_store_n(&s->park_error, rc, __ATOMIC_RELAXED);
+		__atomic_store_n(&s->park_state, HAMI_PARK_RUNNING, __ATOMIC_RELEASE);
+		return fail(rc, "%s of process %d failed; it runs on, unparked", step, pid);
+	}
+	__atomic_store_n(&s->park_error, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->park_unix_ns, (uint64_t)time(NULL) * 1000000000ull, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->park_state, HAMI_PARK_PARKED, __ATOMIC_RELEASE);
+	printf("ok %llu %.3f\n", (unsigned long long)bytes, now_s() - t0);
+	return 0; /* exit drops the lock, after PARKED is published */
+}
+
+typedef nvmlReturn_t (*nvml_init_fn)(void);
+typedef nvmlReturn_t (*nvml_by_uuid_fn)(const char *, nvmlDevice_t *);
+typedef nvmlReturn_t (*nvml_memory_fn)(nvmlDevice_t, nvmlMemory_t *);
+
+/*
+ * Whether each GPU named "UUID=BYTES" has BYTES free (NVML, physical memory).
+ * Asked here, in a process of its own, because in the parked process NVML's
+ * calls block as its CUDA calls do. 0: room, or NVML cannot tell (the
+ * driver's restore then judges); 1: no room, said on stdout.
+ */
+static int gpus_lack_room(int n, char **wants)
+{
+	void *lib = n ? dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL) : NULL;
+	nvml_init_fn init = lib ? (nvml_init_fn)dlsym(lib, "nvmlInit_v2") : NULL;
+	nvml_by_uuid_fn by_uuid = lib ? (nvml_by_uuid_fn)dlsym(lib, "nvmlDeviceGetHandleByUUID") : NULL;
+	nvml_memory_fn memory = lib ? (nvml_memory_fn)dlsym(lib, "nvmlDeviceGetMemoryInfo") : NULL;
+	if (!init || !by_uuid || !memory || init() != NVML_SUCCESS)
+		return 0;
+	for (int i = 0; i < n; i++) {
+		char uuid[HAMI_SLICE_UUID_LEN];
+		char *eq = strchr(wants[i], '=');
+		if (!eq || (size_t)(eq - wants[i]) >= sizeof(uuid))
+			continue;
+		snprintf(uuid, sizeof(uuid), "%.*s", (int)(eq - wants[i]), wants[i]);
+		unsigned long long bytes = strtoull(eq + 1, NULL, 10);
+		nvmlDevice_t dev;
+		nvmlMemory_t m;
+		if (by_uuid(uuid, &dev) != NVML_SUCCESS || memory(dev, &m) != NVML_SUCCESS)
+			continue;
+		if (m.free < bytes)
+			return fail(CUDA_ERROR_OUT_OF_MEMORY, "GPU %s has %llu bytes free, %llu needed", uuid,
+				    (unsigned long long)m.free, bytes);
+	}
+	return 0;
+}
+
+static int restore(int pid, int n, char **wants)
+{
+	if (gpus_lack_room(n, wants))
+		return 1;
+	if (load_driver() != 0)
+		return 1;
+	int rc = cu.restore(pid, NULL);
+	if (rc != CUDA_SUCCESS)
+		return fail(rc, "restore of process %d failed", pid);
+	if ((rc = cu.unlock(pid, NULL)) != CUDA_SUCCESS)
+		return fail(rc, "unlock of process %d after its restore failed", pid);
+	printf("ok\n");
+	return 0;
+}
+
+static const char *state_name(CUprocessState st)
+{
+	switch (st) {
+	case CU_PROCESS_STATE_RUNNING: return "running";
+	case CU_PROCESS_STATE_LOCKED: return "locked";
+	case CU_PROCESS_STATE_CHECKPOINTED: return "checkpointed";
+	case CU_PROCESS_STATE_FAILED: return "failed";
+	}
+	return "unknown";
+}
+
+/* After a parker died: a locked process is unlocked; a checkpointed one stays so (parked). */
+static int recover(int pid)
+{
+	if (load_driver() != 0)
+		return 1;
+	CUprocessState st = CU_PROCESS_STATE_RUNNING;
+	int rc = cu.state(pid, &st);
+	if (rc != CUDA_SUCCESS)
+		return fail(rc, "cannot ask the driver about process %d", pid);
+	if (st == CU_PROCESS_STATE_LOCKED) {
+		if ((rc = cu.unlock(pid, NULL)) != CUDA_SUCCESS)
+			return fail(rc, "unlock of process %d failed", pid);
+		st = CU_PROCESS_STATE_RUNNING;
+	}
+	if (st == CU_PROCESS_STATE_FAILED)
+		return fail(CUDA_ERROR_UNKNOWN, "the driver says process %d failed its checkpoint", pid);
+	printf("ok %s\n", state_name(st));
+	return 0;
+}
+
+static int state(int pid)
+{
+	if (load_driver() != 0)
+		return 1;
+	CUprocessState st;
+	int rc = cu.state(pid, &st);
+	if (rc != CUDA_SUCCESS)
+		return fail(rc, "cannot ask the driver about process %d", pid);
+	printf("ok %s\n", state_name(st));
+	return 0;
+}
+
+static int usage(void)
+{
+	fprintf(stderr, "usage: hami-park park SLICE_FILE PID [LOCK_TIMEOUT_MS] | restore PID [UUID=BYTES...] | "
+		"recover PID | state PID\n");
+	return 2;
+}
+
+int main(int argc, char **argv)
+{
+	int pid;
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc >= 4 && strcmp(argv[1], "park") == 0 && argc <= 5) {
+		char *end = NULL;
+		unsigned long timeout = argc == 5 ? strtoul(argv[4], &end, 10) : DEFAULT_LOCK_TIMEOUT_MS;
+		if (parse_pid(argv[3], &pid) < 0 || (end && *end) || timeout > 3600000)
+			return usage();
+		return park(argv[2], pid, (unsigned)timeout);
+	}
+	if (argc >= 3 && strcmp(argv[1], "restore") == 0 && parse_pid(argv[2], &pid) == 0)
+		return restore(pid, argc - 3, argv + 3);
+	if (argc != 3 || parse_pid(argv[2], &pid) < 0)
+		return usage();
+	if (strcmp(argv[1], "recover") == 0)
+		return recover(pid);
+	if (strcmp(argv[1], "state") == 0)
+		return state(pid);
+	return usage();
+}

@@ -1,0 +1,222 @@
+"""Parking, at the level of the preload library and hami-park, on the simulated GPU.
+
+A process under the preload library holds memory with known contents;
+hami-park parks it (the simulated driver moves its memory to host memory for
+real); the slice then shows the bytes as parked, not used, and the GPU has
+them free. The process's own next call brings its state back (its hook asks,
+its housekeeper finds room and restores), contents intact. docs/parking.md.
+"""
+
+import os
+import subprocess
+
+import pytest
+
+from hami_jupyter.slice.layout import (
+    HAMI_PARK_PARKED,
+    HAMI_PARK_PARKING,
+    HAMI_PARK_RUNNING,
+    HAMI_PARK_WAIT_GPU,
+    HAMI_PARK_WAIT_SLICE,
+    HamiSlot,
+    slot_offset,
+)
+from native_helpers import (
+    CUDA_ERROR_OUT_OF_MEMORY,
+    GiB,
+    MiB,
+    SIM_CONTEXT,
+    slice_device,
+    slot_of,
+    wait_for,
+)
+
+WAIT_S = 20
+
+
+def park_tool(build):
+    return str(build.out / "hami-park")
+
+
+def run_park(build, env, *args):
+    """``hami-park ARGS`` without the preload library: ``(exit status, answer line)``."""
+    env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    done = subprocess.run([park_tool(build), *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=60)
+    return done.returncode, done.stdout.strip()
+
+
+def slot(s, pid):
+    found = slot_of(s.snapshot(), pid)
+    assert found is not None, f"process {pid} has no live slot"
+    return found
+
+
+def set_park_state(path, index, state):
+    """What a parker does first, written here by hand (a parker that then dies)."""
+    with open(path, "r+b") as f:
+        f.seek(slot_offset(index) + HamiSlot.park_state.offset)
+        f.write(state.to_bytes(4, "little"))
+
+
+@pytest.fixture
+def holder(cudrive, make_slice):
+    """A process of a 2 GiB slice holding 512 MiB filled with 0x5a and 256 MiB with 0xa5."""
+    s = make_slice(limit="2g", overhead="64m")
+    p = cudrive.start(s.env)
+    p.ok("init")
+    p.ok("ctx 0")
+    p.ok("alloc 512m a")
+    p.ok("write a 90")
+    p.ok("alloc 256m b")
+    p.ok("write b 165")
+    return s, p
+
+
+def test_park_moves_the_charge_and_the_gpu_memory_to_host_memory(holder, gpu, hami_build):
+    s, p = holder
+    held = SIM_CONTEXT + 768 * MiB
+    assert s.used(0) == held and gpu.used(0) == held
+    rc, answer = run_park(hami_build, s.env, "park", s.path, p.pid)
+    assert rc == 0 and answer.startswith(f"ok {held} "), answer
+    me = wait_for(lambda: (lambda x: x if sum(x.parked.values()) else None)(slot(s, p.pid)),
+                  WAIT_S, what="the charge moved to parked[]")
+    dev = slice_device(s.snapshot(), gpu.uuid(0))
+    assert me.park_state == HAMI_PARK_PARKED
+    assert me.parked[dev.index] == held and me.memory_used[dev.index] == 0
+    assert s.used(0) == 0  # the slice's memory is free for its other processes
+    assert gpu.used(0) == 0  # and the GPU's for anyone: the driver holds it in host memory
+
+
+def test_the_next_call_brings_the_state_back_intact(holder, gpu, hami_build):
+    s, p = holder
+    held = SIM_CONTEXT + 768 * MiB
+    assert run_park(hami_build, s.env, "park", s.path, p.pid)[0] == 0
+    wait_for(lambda: sum(slot(s, p.pid).parked.values()), WAIT_S, what="parked")
+    # The process's own call: its hook asks for the state back and waits for it.
+    assert p.ok("check a 90", timeout=WAIT_S)["equal"]
+    assert p.ok("check b 165")["equal"]
+    me = slot(s, p.pid)
+    assert me.park_state == HAMI_PARK_RUNNING and not me.park_wanted
+    assert sum(me.parked.values()) == 0
+    assert s.used(0) == held and gpu.used(0) == held
+    p.ok("alloc 256m c")  # and it goes on as before
+
+
+@pytest.mark.parametrize("resolve", ["dlsym", "procaddr"])
+def test_a_first_call_the_library_does_not_hook_brings_the_state_back(resolve, cudrive, make_slice,
+                                                                       hami_build):
+    """After a quiet spell a program's first call is often one no hook of the
+    library charges (here cuDeviceGetUuid), found through dlsym or, as the CUDA
+    runtime finds everything, through cuGetProcAddress: it passes the gate too."""
+    s = make_slice(limit="2g", overhead="64m")
+    p = cudrive.start(s.env)
+    for line in (f"resolve {resolve}", "init", "ctx 0", "alloc 256m a", "write a 33"):
+        p.ok(line)
+    assert run_park(hami_build, s.env, "park", s.path, p.pid)[0] == 0
+    wait_for(lambda: sum(slot(s, p.pid).parked.values()), WAIT_S, what="parked")
+    assert p.ok("uuid 0", timeout=WAIT_S)["rc"] == 0
+    assert slot(s, p.pid).park_state == HAMI_PARK_RUNNING
+    assert p.ok("check a 33")["equal"]
+
+
+def test_a_resume_waits_for_room_in_the_slice(holder, cudrive, make_slice, hami_build):
+    s, p = holder  # 832 MiB of a 2 GiB slice, about to be parked
+    assert run_park(hami_build, s.env, "park", s.path, p.pid)[0] == 0
+    wait_for(lambda: sum(slot(s, p.pid).parked.values()), WAIT_S, what="parked")
+    other = cudrive.start(s.env)  # another process of the slice takes the room meanwhile
+    other.ok("init")
+    other.ok("ctx 0")
+    other.ok("alloc 1200m big")  # 64 + 1200 MiB: 832 more would pass 2 GiB
+    p.send("check a 90")  # asks for the state back: no room under the cap
+    wait_for(lambda: slot(s, p.pid).park_wait == HAMI_PARK_WAIT_SLICE, WAIT_S,
+             what="the resume waiting for room in the slice")
+    assert slot(s, p.pid).park_state == HAMI_PARK_PARKED and s.used(0) <= 2 * GiB
+    other.ok("free big")
+    assert p.read(timeout=WAIT_S)["equal"]  # room again: it came back, contents intact
+    assert slot(s, p.pid).park_state == HAMI_PARK_RUNNING
+
+
+def test_a_resume_waits_for_free_memory_on_the_gpu(cudrive, make_slice, hami_build, gpu):
+    s = make_slice(name="small", limit="12g", overhead="64m")
+    p = cudrive.start(s.env)
+    # 8 GiB never written (the simulated driver keeps no contents for it) and 1 MiB written.
+    for line in ("init", "ctx 0", "alloc 8g a", "alloc 1m b", "write b 7"):
+        p.ok(line)
+    assert run_park(hami_build, s.env, "park", s.path, p.pid)[0] == 0
+    wait_for(lambda: sum(slot(s, p.pid).parked.values()), WAIT_S, what="parked")
+    hog = cudrive.start(gpu.env())  # no slice: another tenant of the 16 GiB GPU
+    hog.ok("init")
+    hog.ok("ctx 0")
+    hog.ok("alloc 12g all")
+    p.send("check b 7")
+    wait_for(lambda: slot(s, p.pid).park_wait == HAMI_PARK_WAIT_GPU, WAIT_S,
+             what="the resume waiting for free memory on the GPU")
+    hog.ok("free all")
+    assert p.read(timeout=WAIT_S)["equal"]
+
+
+def test_a_parker_that_died_half_way_is_undone(holder, cudrive, gpu, hami_build):
+    """PARKING, the process locked by the driver, and no parker holding the
+    slot's park lock: the process's housekeeper unlocks it and runs on."""
+    s, p = holder
+    index = slot(s, p.pid).index
+    set_park_state(s.path, index, HAMI_PARK_PARKING)
+    locker = cudrive.run(f"init ckpt lock {p.pid}", gpu.env())  # the dead parker's work
+    assert locker.one("ckpt")["rc"] == 0, locker.describe()
+    wait_for(lambda: slot(s, p.pid).park_state == HAMI_PARK_RUNNING, WAIT_S,
+             what="the half-done park undone")
+    assert p.ok("check a 90", timeout=WAIT_S)["equal"]  # unlocked: its calls run
+
+
+def test_a_process_killed_while_parked_leaves_nothing_behind(holder, cudrive, make_slice,
+                                                             hami_build, gpu):
+    s, p = holder
+    assert run_park(hami_build, s.env, "park", s.path, p.pid)[0] == 0
+    wait_for(lambda: sum(slot(s, p.pid).parked.values()), WAIT_S, what="parked")
+    p.kill9()
+    sweeper = cudrive.start(s.env)  # any process of the slice reclaims the dead slot
+    sweeper.ok("init")
+    sweeper.ok("ctx 0")
+    wait_for(lambda: slot_of(s.snapshot(), p.pid) is None, WAIT_S, what="the dead slot reclaimed")
+    snap = s.snapshot()
+    assert not any(sum((x.parked or {}).values()) for x in snap.slots + snap.stale_slots)
+    proc = next((x for x in gpu.status()["processes"] if x["pid"] == p.pid), None)
+    assert proc is None or not proc.get("checkpoint_host_bytes"), proc
+
+
+def test_hami_park_refuses_what_it_cannot_park(holder, hami_build, make_slice):
+    s, p = holder
+    rc, answer = run_park(hami_build, s.env, "park", s.path, os.getpid())
+    assert rc == 1 and "has no live slot" in answer, answer
+    assert run_park(hami_build, s.env, "park", s.path, p.pid)[0] == 0
+    rc, answer = run_park(hami_build, s.env, "park", s.path, p.pid)
+    assert rc == 1 and answer.startswith("error ") and "not running on the GPU" in answer, answer
+    rc, answer = run_park(hami_build, s.env, "park", "/nonexistent/x.slice", p.pid)
+    assert rc == 1 and "cannot open slice file" in answer
+    rc, _ = run_park(hami_build, s.env, "park", s.path, "abc")
+    assert rc == 2
+
+
+def test_a_failed_park_leaves_the_process_running(holder, hami_build, gpu, cudrive):
+    """The lock cannot be had (another locker holds the process): the park says
+    why and the process runs on, never left locked by it."""
+    s, p = holder
+    assert cudrive.run(f"init ckpt lock {p.pid}", gpu.env()).one("ckpt")["rc"] == 0
+    rc, answer = run_park(hami_build, s.env, "park", s.path, p.pid, 200)
+    assert rc == 1 and "lock of process" in answer, answer
+    assert slot(s, p.pid).park_state == HAMI_PARK_RUNNING
+    assert cudrive.run(f"init ckpt unlock {p.pid}", gpu.env()).one("ckpt")["rc"] == 0
+    assert p.ok("check a 90", timeout=WAIT_S)["equal"]
+
+
+def test_an_allocation_of_a_parked_process_waits_and_is_charged_after_the_resume(
+        holder, hami_build, gpu):
+    s, p = holder
+    assert run_park(hami_build, s.env, "park", s.path, p.pid)[0] == 0
+    wait_for(lambda: sum(slot(s, p.pid).parked.values()), WAIT_S, what="parked")
+    rec = p.cmd("alloc 1g late", timeout=WAIT_S)
+    assert rec["rc"] == 0
+    assert s.used(0) == SIM_CONTEXT + 768 * MiB + GiB == gpu.used(0)
+    rec = p.cmd("alloc 1g over", timeout=WAIT_S)
+    assert rec["rc"] == CUDA_ERROR_OUT_OF_MEMORY  # the cap holds as before
