@@ -35,6 +35,8 @@ def driver():
         lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
         lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
         lib.cuMemGetInfo_v2.argtypes = [ctypes.POINTER(ctypes.c_size_t)] * 2
+        lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+        lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
         lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         _driver = lib
     return _driver
@@ -72,6 +74,19 @@ class DeviceBuffer:
         ptr = ctypes.c_uint64()
         _check("cuMemAlloc_v2", driver().cuMemAlloc_v2(ctypes.byref(ptr), nbytes))
         self.ptr, self.nbytes = ptr.value, nbytes
+
+    def write(self, data, offset=0):
+        """Copy the bytes *data* into the buffer at *offset*."""
+        if offset + len(data) > self.nbytes:
+            raise ValueError(f"{len(data)} bytes at {offset} do not fit a {self.nbytes}-byte buffer")
+        _check("cuMemcpyHtoD_v2", driver().cuMemcpyHtoD_v2(self.ptr + offset, data, len(data)))
+
+    def read(self, nbytes=None, offset=0):
+        """*nbytes* (default: all) of the buffer from *offset*, as bytes."""
+        nbytes = self.nbytes - offset if nbytes is None else nbytes
+        out = ctypes.create_string_buffer(nbytes)
+        _check("cuMemcpyDtoH_v2", driver().cuMemcpyDtoH_v2(out, self.ptr + offset, nbytes))
+        return out.raw
 
     def free(self):
         if self.ptr:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..advice import advice
 from ..slice import change as slice_change
+from ..slice import parking
 from ..slice.file import SliceFileError, read_snapshot
 from ..slice.paths import list_slice_paths, log, skip_message, slice_name
 from ..slice.status import slice_status
@@ -61,6 +62,42 @@ def reset(path, *, audit_path=None):
     if sock is not None:
         return service.remote_reset(sock, path)
     return changes.reset_here(path, audit_path=audit_path)
+
+
+def _may_park(path):
+    """Whether this process may park a kernel of the slice itself: it can write
+    the slice file (its owner, or root); else the admin service does it."""
+    return os.access(path, os.W_OK)
+
+
+def park(path, kernel_id):
+    """Park a kernel of the slice at *path* (:func:`hami_jupyter.slice.parking.park_kernel`);
+    a line saying what was done. ParkError when it could not."""
+    path = Path(path)
+    if not _may_park(path):
+        sock = _service_socket(path)
+        if sock is None:
+            raise parking.ParkError(f"{changes.READ_ONLY}: you may not park kernels of slice "
+                                    f"{path.name!r}")
+        return service.remote_parking(sock, path, "park", kernel_id)
+    result = parking.park_kernel(path, kernel_id)
+    return (f"parked kernel {kernel_id}: {parking.format_size(result.bytes)} to host memory in "
+            f"{result.seconds:.1f} s")
+
+
+def resume(path, kernel_id, timeout=60.0):
+    """Bring a parked kernel of the slice back (:func:`~hami_jupyter.slice.parking.resume_kernel`);
+    a line saying what was done. ParkError (ResumeTimeout) when it did not come back."""
+    path = Path(path)
+    if not _may_park(path):
+        sock = _service_socket(path)
+        if sock is None:
+            raise parking.ParkError(f"{changes.READ_ONLY}: you may not resume kernels of slice "
+                                    f"{path.name!r}")
+        return service.remote_parking(sock, path, "resume", kernel_id)
+    restored, seconds = parking.resume_kernel(path, kernel_id, timeout)
+    return (f"resumed kernel {kernel_id}: {parking.format_size(restored)} back on the GPU in "
+            f"{seconds:.1f} s")
 
 
 @dataclass

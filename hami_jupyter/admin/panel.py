@@ -44,6 +44,7 @@ from pathlib import Path
 import ipywidgets as widgets
 
 from ..gpus import read_gpus
+from ..slice import parking
 from ..slice.paths import default_root
 from ..slice.size import format_size
 from ..slice.status_html import LEVEL_COLOUR, format_html
@@ -138,7 +139,9 @@ class SliceForm:
         self.apply_button.on_click(lambda _button: self.apply())
         self.reset_button.on_click(lambda _button: self.reset())
         self.inputs = (self.device, self.memory, self.sm, self.mode, self.apply_button)
-        self.box = widgets.VBox([self.status, self.banner,
+        self.kernel_rows = widgets.VBox()  # a park / resume button per kernel on the GPU
+        self._kernel_states = None
+        self.box = widgets.VBox([self.status, self.kernel_rows, self.banner,
                                  widgets.HBox(list(self.inputs) + [self.reset_button]), self.message])
         self.update(view)  # loads the inputs too
 
@@ -161,6 +164,7 @@ class SliceForm:
         self.reset_button.layout.display = None if self.admin_set else "none"
         self.reset_button.disabled = self.read_only
         self._set_entries()
+        self._set_kernel_rows()
         if not self.pending():
             self.load()
 
@@ -280,6 +284,45 @@ class SliceForm:
             self._loaded = {}
             self.update(actions.read_slice(self.path))
         self._show(text, LEVEL_COLOUR["ok"])
+        return text
+
+    # -- parking --
+
+    def _set_kernel_rows(self):
+        """One row per kernel with a process in the slice: park it, or resume it when parked."""
+        kernels = [k for k in (self.view.status or {}).get("kernels", []) if k["processes"]]
+        states = [(k["kernel_id"], k.get("park_state", "running")) for k in kernels]
+        if states == self._kernel_states:
+            return
+        self._kernel_states = states
+        rows = []
+        for k in kernels:
+            state = k.get("park_state", "running")
+            where = (f", {format_size(k.get('memory_parked', 0))} in host memory"
+                     if state != "running" else "")
+            label = widgets.HTML(f"<code>{escape(k['kernel_id'])}</code> "
+                                 f"<span style='{_MUTED}'>{escape(state)}{where}</span>")
+            verb = "Park" if state == "running" else "Resume"
+            button = widgets.Button(description=verb, icon="pause" if verb == "Park" else "play",
+                                    tooltip=f"{verb.lower()} this kernel's GPU memory",
+                                    layout=widgets.Layout(width="auto"),
+                                    disabled=self.read_only or state in ("parking", "resuming"))
+            button.on_click(lambda _b, kid=k["kernel_id"], v=verb: self.park_or_resume(kid, v))
+            rows.append(widgets.HBox([button, label]))
+        self.kernel_rows.children = rows
+
+    def park_or_resume(self, kernel_id, verb):
+        """Park or resume (*verb*) one kernel of this slice; the outcome is in the message.
+        Returns the line shown, or None when it failed."""
+        try:
+            text = (actions.park if verb == "Park" else actions.resume)(self.path, kernel_id)
+        except parking.ParkError as e:
+            self._show(f"not {'parked' if verb == 'Park' else 'resumed'}:", LEVEL_COLOUR["critical"],
+                       [str(e)])
+            return None
+        self._show(text, LEVEL_COLOUR["ok"])
+        with self.panel._lock:
+            self.update(actions.read_slice(self.path))
         return text
 
     def close(self):

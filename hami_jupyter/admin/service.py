@@ -13,8 +13,9 @@ leave a change unlogged through the toolkit. This small service, run as root
   only root and members of the admin group (by the group database, the
   caller's primary group included);
 - it reads one request (one JSON line: ``{"op": "set", "slice": NAME,
-  "device", "memory", "sm", "mode", "overcommit"}`` or ``{"op": "reset",
-  "slice": NAME}``), applies it with :func:`.changes.apply_here` /
+  "device", "memory", "sm", "mode", "overcommit"}``, ``{"op": "reset",
+  "slice": NAME}``, or ``{"op": "park"|"resume", "slice": NAME, "kernel_id":
+  ID}`` for a kernel of that slice), applies it with :func:`.changes.apply_here` /
   :func:`.changes.reset_here` on the slice of that name under its own root
   (never a path the caller names), and appends the audit record with the
   caller's user name and uid from the OS;
@@ -38,6 +39,7 @@ import threading
 from pathlib import Path
 
 from ..gpus import read_gpus
+from ..slice import parking
 from ..slice import paths as slice_paths
 from . import audit, changes
 from .changes import Change, ChangeError, ReadOnlyError
@@ -129,6 +131,17 @@ def remote_apply(sock, path, request):
     return Change.from_dict(reply["change"])
 
 
+def remote_parking(sock, path, op, kernel_id):
+    """Park or resume (*op*) a kernel through the service; its line, or ParkError."""
+    try:
+        reply = _call(sock, {"op": op, "slice": slice_paths.slice_name(path), "kernel_id": kernel_id})
+    except ServiceError as e:
+        raise parking.ParkError(f"{e}; nothing was done") from None
+    if not reply.get("ok"):
+        raise parking.ParkError(reply.get("error") or f"the admin service did not {op} it")
+    return reply["message"]
+
+
 def remote_reset(sock, path):
     """:func:`.changes.reset_here` through the service."""
     try:
@@ -202,11 +215,30 @@ class AdminService:
                 message = changes.reset_here(path, who=who, uid=uid, via="admin-service")
                 self.log(f"hami-jupyter admin-service: {who} (uid {uid}): {message}")
                 return {"ok": True, "message": message}
+            if op in ("park", "resume"):
+                return self._parking(op, path, request.get("kernel_id"), who, uid)
             return {"ok": False, "error": f"unknown request {op!r}"}
         except ChangeError as e:
             return {"ok": False, "error": str(e),
                     "change": e.change.as_dict() if e.change is not None else None,
                     "read_only": isinstance(e, ReadOnlyError)}
+
+    def _parking(self, op, path, kernel_id, who, uid):
+        if not isinstance(kernel_id, str) or not kernel_id:
+            return {"ok": False, "error": "a malformed request: no kernel_id"}
+        try:
+            if op == "park":
+                result = parking.park_kernel(path, kernel_id)
+                message = (f"parked kernel {kernel_id}: {parking.format_size(result.bytes)} to "
+                           f"host memory in {result.seconds:.1f} s")
+            else:
+                restored, seconds = parking.resume_kernel(path, kernel_id, timeout=60.0)
+                message = (f"resumed kernel {kernel_id}: {parking.format_size(restored)} back on "
+                           f"the GPU in {seconds:.1f} s")
+        except parking.ParkError as e:
+            return {"ok": False, "error": str(e)}
+        self.log(f"hami-jupyter admin-service: {who} (uid {uid}): {message}")
+        return {"ok": True, "message": message}
 
     def bind(self):
         """Make the socket: root's, the admin group's, 0660 (0600 without a group)."""

@@ -135,6 +135,44 @@ def _kernelspec_list(args):
     return 1 if any("error" in k for k in found) else 0
 
 
+# ---- park, resume -------------------------------------------------------------
+
+
+def _park(args):
+    from ..slice import parking
+    from ..slice.size import format_size
+
+    try:
+        path = parking.find_kernel(args.kernel_id, args.root)
+        result = parking.park_kernel(path, args.kernel_id)
+    except parking.ParkError as e:
+        raise Failure(str(e)) from None
+    print(f"parked kernel {args.kernel_id}: {format_size(result.bytes)} moved to host memory in "
+          f"{result.seconds:.1f} s (processes {', '.join(map(str, result.pids))}); its next CUDA "
+          f"call, or `hami-jupyter resume {args.kernel_id}`, brings it back")
+    return 0
+
+
+def _resume(args):
+    from ..slice import parking
+    from ..slice.size import format_size
+
+    def waiting(why):
+        print(f"waiting for {why}...", flush=True)
+
+    try:
+        path = parking.find_kernel(args.kernel_id, args.root)
+        restored, seconds = parking.resume_kernel(path, args.kernel_id, args.timeout, waiting)
+    except parking.ParkError as e:
+        raise Failure(str(e)) from None
+    if not restored:
+        print(f"kernel {args.kernel_id} was not parked: its GPU memory is on the GPU")
+    else:
+        print(f"resumed kernel {args.kernel_id}: {format_size(restored)} back on the GPU in "
+              f"{seconds:.1f} s")
+    return 0
+
+
 # ---- demo ---------------------------------------------------------------------
 
 
@@ -194,6 +232,19 @@ def build_parser(with_demo_options=False):
     i.set_defaults(func=_kernelspec_install, cli_prog=i.prog)
     li = ks.add_parser("list", help="list the HAMi kernelspecs Jupyter finds, with their limits")
     li.set_defaults(func=_kernelspec_list, cli_prog=li.prog)
+
+    for name, func, text in (("park", _park, "move an idle kernel's GPU memory to host memory"),
+                             ("resume", _resume, "bring a parked kernel's GPU memory back")):
+        p = sub.add_parser(name, help=text, description=f"{text[0].upper()}{text[1:]} "
+                           "(docs/parking.md). The kernel is found in the slices under the slice "
+                           "root; run this as its user (or root).")
+        p.add_argument("kernel_id", metavar="KERNEL_ID", help="the Jupyter kernel's id")
+        p.add_argument("--root", metavar="DIR", help="slice root (default: HAMI_SLICE_ROOT, "
+                       "/run/hami-jupyter, $XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>)")
+        if name == "resume":
+            p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                           help="how long to wait for room (default 300); then it stays parked")
+        p.set_defaults(func=func, cli_prog=p.prog)
 
     p = sub.add_parser("demo", help="show a slice at work (on the simulated GPU without a driver)")
     if with_demo_options:

@@ -6,13 +6,17 @@ Enabled by ``jupyter-config/jupyter_server_config.d/hami_jupyter.json``
 - ``{base_url}hami/v1/slices`` and ``{base_url}hami/v1/kernels/<kernel_id>``
   (:mod:`.handlers`), under the server's base URL so they work behind
   JupyterHub (``/user/<name>/``);
+- ``POST {base_url}hami/v1/kernels/<kernel_id>/park`` and ``.../resume``,
+  and parking of idle kernels with its configuration ``c.HamiParking``
+  (:mod:`.parking`): a parked kernel's next cell brings its GPU memory back;
 - the slices' gauges on the server's ``{base_url}metrics`` (:mod:`.metrics`);
 - under JupyterHub (``HAMI_HUB_SLICE`` in the server's environment), the
   rule that every kernel runs in the hub's slice: every kernelspec starts
   through ``hami-provisioner``, whatever provisioner it names or none
   (:mod:`hami_jupyter.provisioning.factory`).
 
-Its configuration is :class:`.config.SliceDisplay` (the memory levels' thresholds).
+Its configuration: :class:`.config.SliceDisplay` (the memory levels' thresholds)
+and :class:`.parking.HamiParking`.
 """
 
 import os
@@ -23,7 +27,8 @@ from ..provisioning import factory
 from ..provisioning.hub_slice import HubSliceError, hub_slice
 from . import metrics
 from .config import SliceDisplay
-from .handlers import KernelHandler, SlicesHandler
+from .handlers import KernelHandler, ParkHandler, ResumeHandler, SlicesHandler
+from .parking import HamiParking, ParkingManager, parking_connection_class
 
 # Any id reaches the handler, so an unknown one gets its JSON 404, not a page.
 _KERNEL_ID = r"(?P<kernel_id>[^/]+)"
@@ -38,14 +43,34 @@ def _load_jupyter_server_extension(serverapp):
         serverapp.log.error("hami-jupyter: %s; the default thresholds apply", e)
         fractions = SliceDisplay().fractions
     web_app.settings["hami_fractions"] = fractions
+    _start_parking(serverapp)
     api = url_path_join(web_app.settings["base_url"], "hami", "v1")
     web_app.add_handlers(".*$", [
         (url_path_join(api, "slices"), SlicesHandler),
         (url_path_join(api, "kernels", _KERNEL_ID), KernelHandler),
+        (url_path_join(api, "kernels", _KERNEL_ID, "park"), ParkHandler),
+        (url_path_join(api, "kernels", _KERNEL_ID, "resume"), ResumeHandler),
     ])
     metrics.attach(serverapp)
     serverapp.log.info("hami-jupyter: slice API at %s", api)
     _route_kernels_under_hub(serverapp)
+
+
+def _start_parking(serverapp):
+    """Parking's manager for this server; its kernels' websockets resume them for their cells."""
+    settings = serverapp.web_app.settings
+    manager = ParkingManager(serverapp, HamiParking(parent=serverapp))
+    settings["hami_parking"] = manager
+    base = settings.get("kernel_websocket_connection_class")
+    if base is not None and not getattr(base, "parking", None):
+        settings["kernel_websocket_connection_class"] = parking_connection_class(base, manager)
+
+
+async def _start_jupyter_server_extension(serverapp):
+    """jupyter_server calls this once its event loop runs: the idle-kernel watcher starts."""
+    manager = serverapp.web_app.settings.get("hami_parking")
+    if manager is not None:
+        manager.start()
 
 
 def _route_kernels_under_hub(serverapp):

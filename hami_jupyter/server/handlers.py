@@ -1,8 +1,9 @@
-"""REST handlers of ``{base_url}hami/v1/``: what the status bar polls.
+"""REST handlers of ``{base_url}hami/v1/``: what the status bar polls, and parking.
 
-They only turn :mod:`.kernel_slices` into HTTP. Every handler needs a logged-in
-user, and the authorizer's permission to read "kernels": the answers show the
-kernels' usage, so whoever may not see the kernels may not see these either.
+They only turn :mod:`.kernel_slices` and :mod:`.parking` into HTTP. Every
+handler needs a logged-in user and the authorizer's permission on "kernels":
+to read them for the GETs (the answers show the kernels' usage), to write
+them for parking and resuming one.
 """
 
 import json
@@ -11,6 +12,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
+from ..slice.parking import ParkError, ResumeTimeout
 from .kernel_slices import UnknownKernel, kernel_body, slices_body
 
 AUTH_RESOURCE = "kernels"
@@ -45,3 +47,45 @@ class KernelHandler(_SliceAPIHandler):
         except UnknownKernel:
             raise web.HTTPError(404, f"no kernel with id {kernel_id}") from None
         self.finish(json.dumps(body))
+
+
+class _KernelParkingHandler(_SliceAPIHandler):
+    @property
+    def parking(self):
+        return self.settings["hami_parking"]
+
+    def _known(self, kernel_id):
+        if kernel_id not in self.kernel_manager:
+            raise web.HTTPError(404, f"no kernel with id {kernel_id}")
+
+
+class ParkHandler(_KernelParkingHandler):
+    """``POST hami/v1/kernels/<kernel_id>/park``: its GPU state to host memory, now."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id):
+        self._known(kernel_id)
+        try:
+            result = await self.parking.park(kernel_id, reason="asked over REST")
+        except ParkError as e:
+            raise web.HTTPError(409, str(e)) from None
+        self.finish(json.dumps({"kernel_id": kernel_id, "park_state": "parked",
+                                "parked_bytes": result.bytes, "seconds": round(result.seconds, 3)}))
+
+
+class ResumeHandler(_KernelParkingHandler):
+    """``POST hami/v1/kernels/<kernel_id>/resume``: its GPU state back, now."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id):
+        self._known(kernel_id)
+        try:
+            restored, seconds = await self.parking.resume(kernel_id)
+        except ResumeTimeout as e:
+            raise web.HTTPError(504, str(e)) from None
+        except ParkError as e:
+            raise web.HTTPError(409, str(e)) from None
+        self.finish(json.dumps({"kernel_id": kernel_id, "park_state": "running",
+                                "restored_bytes": restored, "seconds": round(seconds, 3)}))

@@ -27,6 +27,8 @@ SLICE_GAUGES = (
     ("hami_slice_memory_used_bytes", "GPU memory the slice uses on the GPU", "memory_used"),
     ("hami_slice_memory_limit_bytes", "GPU memory cap of the slice on the GPU (0: none)",
      "memory_limit"),
+    ("hami_slice_memory_parked_bytes",
+     "GPU memory of the slice's parked kernels, held in host memory, for the GPU", "memory_parked"),
     ("hami_slice_sm_share_percent", "SM share of the slice on the GPU, percent (0: none)",
      "sm_share"),
     ("hami_slice_sm_utilization_percent", "SM utilization of the slice on the GPU, percent",
@@ -38,6 +40,8 @@ KERNEL_GAUGES = (
      "memory_used"),
     ("hami_kernel_sm_utilization_percent",
      "SM utilization of a kernel's processes on the GPU, percent", "sm_util"),
+    ("hami_kernel_parked_bytes",
+     "GPU memory of a parked kernel, held in host memory until it runs again", "parked"),
 )
 
 

@@ -15,6 +15,8 @@ every rendering of it words the same thresholds.
 Memory a dead process still holds in the file (its slot not yet reclaimed by
 a process of the slice) is left out of ``memory_used``: it is no longer in
 use, and the slice's next allocation at the cap returns it to the counter.
+Memory of a parked kernel (docs/parking.md) is in host memory: it is
+``memory_parked``, never ``memory_used``.
 """
 
 import os
@@ -22,7 +24,22 @@ import time
 
 from . import registry
 from .file import read_snapshot
+from .layout import (
+    HAMI_PARK_PARKED,
+    HAMI_PARK_PARKING,
+    HAMI_PARK_RESUMING,
+    HAMI_PARK_WAIT_GPU,
+    HAMI_PARK_WAIT_SLICE,
+)
 from .size import format_size
+
+# Where a process's GPU state is (hami_slot.park_state), by name; a kernel's is
+# the furthest from the GPU of its processes'.
+PARK_STATES = {0: "running", HAMI_PARK_PARKING: "parking", HAMI_PARK_PARKED: "parked",
+               HAMI_PARK_RESUMING: "resuming"}
+_PARK_ORDER = ("running", "resuming", "parking", "parked")
+PARK_WAITS = {HAMI_PARK_WAIT_SLICE: "room under the slice's memory cap",
+              HAMI_PARK_WAIT_GPU: "free memory on the GPU"}
 
 WARNING_FRACTION = 0.80  # of the memory cap: a warning, unless configured otherwise
 CRITICAL_FRACTION = 0.95  # of the memory cap: nearly out
@@ -64,6 +81,11 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
         for d, used in s.memory_used.items():
             stale_by_device[d] = stale_by_device.get(d, 0) + used
 
+    parked_by_device = {}
+    for s in snap.slots:
+        for d, parked in (s.parked or {}).items():
+            parked_by_device[d] = parked_by_device.get(d, 0) + parked
+
     gpus = []
     for d in snap.devices:
         used = max(0, d.memory_used - stale_by_device.get(d.index, 0))
@@ -74,6 +96,7 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
             "uuid": d.uuid,
             "memory_total": d.memory_total,
             "memory_used": used,
+            "memory_parked": parked_by_device.get(d.index, 0),
             "memory_peak": d.memory_peak,
             "memory_limit": limit,
             "memory_level": memory_level(used, cap if limit else 0, warning, critical),
@@ -101,6 +124,10 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
             "frames_decoded": s.frames_decoded,
             "frames_mapped": s.frames_mapped,
             "decode_ms": round(s.decode_ns / 1e6, 3),
+            "parked": {uuid_of[d]: v for d, v in (s.parked or {}).items() if v},
+            "park_state": PARK_STATES.get(s.park_state, "running"),
+            "park_wait": PARK_WAITS.get(s.park_wait) if s.park_wanted else None,
+            "gpu_active_unix": s.gpu_active_unix_ns / 1e9,
         }
         if not s.kernel_id:
             others.append(proc)
@@ -127,6 +154,11 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
         k["sm_util"] = sum(sum(p["sm_util"].values()) for p in k["processes"])
         k["decoders"] = sum(sum(p["decoders"].values()) for p in k["processes"])
         k["frames_decoded"] = sum(p["frames_decoded"] for p in k["processes"])
+        k["memory_parked"] = sum(sum(p["parked"].values()) for p in k["processes"])
+        k["park_state"] = max((p["park_state"] for p in k["processes"]), key=_PARK_ORDER.index,
+                              default="running")
+        waits = [p["park_wait"] for p in k["processes"] if p["park_wait"]]
+        k["park_wait"] = waits[0] if waits else None
 
     return {
         "slice": snap.name,
@@ -172,6 +204,17 @@ def level_words(level, status):
             "allocations will fail soon")
 
 
+def parking_text(kernel):
+    """", parked: 8.0 GiB in host memory" (and what a resume waits for), or "" on the GPU."""
+    state = kernel.get("park_state", "running")
+    if state == "running":
+        return ""
+    text = f", {state}: {format_size(kernel.get('memory_parked', 0))} in host memory"
+    if kernel.get("park_wait"):
+        text += f", resume waits for {kernel['park_wait']}"
+    return text
+
+
 def _video(p):
     """", NVDEC 2 decoders, 120 frames (118 mapped, 35.2 ms)" or "" without video work."""
     n = sum(p["decoders"].values())
@@ -192,6 +235,9 @@ def format_text(status):
     for g in status["gpus"]:
         lines.append(f"  GPU {g['index']} {g['uuid']}")
         lines.append(f"    memory {_memory_line(g['memory_used'], g['memory_limit'], g['memory_total'])}")
+        if g.get("memory_parked"):
+            lines.append(f"    parked {format_size(g['memory_parked'])} in host memory (not on the GPU, "
+                         "back when its kernel runs again)")
         lines.append(f"    {_sm_line(g)}")
         if g["decoders"] or g["max_decoders"]:
             cap = f" of {g['max_decoders']}" if g["max_decoders"] else ""
@@ -206,7 +252,7 @@ def format_text(status):
     for k in status["kernels"]:
         who = ", ".join(x for x in (k["user"], k["kernelspec"]) if x)
         lines.append(f"    {k['kernel_id']}{'  (' + who + ')' if who else ''}: "
-                     f"{format_size(k['memory_used'])}, SM {k['sm_util']} %")
+                     f"{format_size(k['memory_used'])}, SM {k['sm_util']} %{parking_text(k)}")
         for p in k["processes"]:
             lines.append(f"      pid {p['pid']} {p['comm']}: "
                          f"{format_size(sum(p['memory_used'].values()))}, "

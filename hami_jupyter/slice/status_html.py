@@ -11,7 +11,7 @@ with light-theme fallbacks, so the view stays readable in a dark theme.
 from html import escape
 
 from .size import format_size
-from .status import level_words
+from .status import level_words, parking_text
 
 LEVEL_COLOUR = {
     "ok": "var(--jp-success-color1, #388e3c)",
@@ -77,6 +77,10 @@ def _gpu_table(gpu, status):
         f"<tr>{_td('memory')}{_td(_memory_cell(gpu))}</tr>",
         f"<tr>{_td('SM')}{_td(_sm_cell(gpu))}</tr>",
     ]
+    if gpu.get("memory_parked"):
+        parked = format_size(gpu["memory_parked"]) + " " + _muted("in host memory, back when its "
+                                                                  "kernel runs again")
+        rows.append(f"<tr>{_td('parked')}{_td(parked)}</tr>")
     level = gpu["memory_level"]
     if level != "ok":
         rows.append(
@@ -112,9 +116,11 @@ def _processes_table(status, current_kernel):
         label = f"<code>{escape(k['kernel_id'])}</code>"
         if current_kernel and k["kernel_id"] == current_kernel:
             label += " " + _muted("(this kernel)")
+        parked = parking_text(k)
+        memory = format_size(k["memory_used"]) + (" " + _muted(escape(parked[2:])) if parked else "")
         rows.append(
             f"<tr>{_td(label)}{_td(escape(k['user'] or ''))}{_td(escape(k['kernelspec'] or ''))}"
-            f"{_td(format_size(k['memory_used']))}{_td(str(k['sm_util']) + ' %')}</tr>"
+            f"{_td(memory)}{_td(str(k['sm_util']) + ' %')}</tr>"
         )
         rows.extend(_process_row(p, gpu_index, 1.5) for p in k["processes"])
     if status["other_processes"]:

@@ -20,7 +20,6 @@ from ``node_modules/`` of this checkout (dev/hub-deps.sh installs it there).
 """
 
 import asyncio
-import json
 import os
 import secrets
 import shutil
@@ -30,11 +29,10 @@ import sys
 import textwrap
 import time
 import uuid
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from cell_result import CellResult
+from cell_result import run_over_websocket
 from local_servers import end_tagged, free_ports, log_tail, request_json
 
 from hami_jupyter import native
@@ -271,46 +269,7 @@ class Hub:
         conn = await websocket_connect(HTTPRequest(
             ws_url, headers={"Authorization": f"token {self.token}"}))
         try:
-            msg_id = uuid.uuid4().hex
-            conn.write_message(json.dumps({
-                "channel": "shell",
-                "header": {
-                    "msg_id": msg_id,
-                    "msg_type": "execute_request",
-                    "username": SERVICE,
-                    "session": uuid.uuid4().hex,
-                    "date": datetime.now(timezone.utc).isoformat(),
-                    "version": "5.3",
-                },
-                "parent_header": {},
-                "metadata": {},
-                "content": {"code": code, "silent": False, "store_history": False,
-                            "user_expressions": {}, "allow_stdin": False,
-                            "stop_on_error": True},
-                "buffers": [],
-            }))
-            result, replied, idle = CellResult(), False, False
-            while not (replied and idle):
-                raw = await conn.read_message()
-                if raw is None:
-                    raise AssertionError(f"the websocket of kernel {kernel_id} closed mid-cell\n"
-                                         f"{self.log_tail()}")
-                if not isinstance(raw, str):
-                    continue  # binary frames: buffers, which no reply here has
-                msg = json.loads(raw)
-                if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
-                kind, content = msg["msg_type"], msg["content"]
-                if kind == "execute_reply":
-                    replied = True
-                    result.status = content["status"]
-                    if content["status"] == "error" and result.error is None:
-                        result.error = content
-                elif kind == "status":
-                    idle = content["execution_state"] == "idle"
-                else:
-                    result.collect(msg)
-            return result
+            return await run_over_websocket(conn, code, SERVICE, self.log_tail)
         finally:
             conn.close()
 

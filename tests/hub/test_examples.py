@@ -38,6 +38,18 @@ def test_single_host_example(monkeypatch):
     assert "Large: 24 GiB" in c.Spawner.options_form(user("dave", "research"))
 
 
+def test_the_examples_park_idle_kernels(monkeypatch):
+    from traitlets.config.loader import KVArgParseConfigLoader
+
+    from hami_jupyter.server.parking import HamiParking
+
+    c = run_config(EXAMPLES / "jupyterhub_config.py", monkeypatch)
+    # The single-user server reads its arguments as any Jupyter app's command line.
+    parking = HamiParking(config=KVArgParseConfigLoader(argv=c.Spawner.args).load_config())
+    assert parking.enabled and parking.idle_seconds == 900
+    assert "--HamiParking.enabled=True" in (EXAMPLES / "z2jh-values.yaml").read_text()
+
+
 def test_single_host_example_runs_servers_from_the_hubs_venv(monkeypatch):
     # LocalProcessSpawner finds `jupyterhub-singleuser` on PATH, which under
     # sudo or systemd lacks the hub's venv: the example names it by sys.prefix.

@@ -37,10 +37,13 @@ def allocate(mib):
             f"bufs.append(c.DeviceBuffer({mib} << 20))")
 
 
+HEARTBEAT = ("active_unix", "gpu_active_unix")  # refreshed by each process's housekeeper
+
+
 def without_heartbeat(kernel):
-    """A kernel's usage minus each process's last-activity time, which its
-    housekeeping thread refreshes every 50 ms (two reads never agree on it)."""
-    procs = [{k: v for k, v in p.items() if k != "active_unix"} for p in kernel["processes"]]
+    """A kernel's usage minus each process's last-activity times, which its
+    housekeeping thread refreshes every 50 ms (two reads never agree on them)."""
+    procs = [{k: v for k, v in p.items() if k not in HEARTBEAT} for p in kernel["processes"]]
     return {**kernel, "processes": procs}
 
 
@@ -51,7 +54,8 @@ def check_against_file(body):
     assert body["memory_used"] == sum(g["memory_used"] for g in status["gpus"])
     mine = next(k for k in status["kernels"] if k["kernel_id"] == body["kernel_id"])
     assert without_heartbeat(body["kernel"]) == without_heartbeat(
-        {"memory_used": mine["memory_used"], "sm_util": mine["sm_util"], "processes": mine["processes"]})
+        {k: mine[k] for k in ("memory_used", "sm_util", "processes", "memory_parked", "park_state",
+                              "park_wait")})
     assert body["sm_util"] == max(g["sm_util"] for g in status["gpus"])
 
 
@@ -66,7 +70,8 @@ async def test_kernel_usage_follows_the_slice_file(start_kernel, get_json, slice
     assert (body["memory_used"], body["memory_limit"], body["memory_level"]) == \
         (0, slice_env.memory_limit, "ok")
     assert (body["sm_share"], body["sm_util"], body["gpus"]) == (slice_env.sm_share, 0, [])
-    assert body["kernel"] == {"memory_used": 0, "sm_util": 0, "processes": []}
+    assert body["kernel"] == {"memory_used": 0, "sm_util": 0, "processes": [], "memory_parked": 0,
+                              "park_state": "running", "park_wait": None}
     assert [(e["kernel_id"], e["user"], e["this_server"]) for e in body["kernels"]] == \
         [(k.id, USER, True)]
     assert (body["warning_fraction"], body["critical_fraction"]) == (0.8, 0.95)
@@ -141,7 +146,8 @@ async def test_slices_lists_the_kernels_slices(start_kernel, get_json, jp_fetch,
     this_kernel = await get_json("hami", "v1", "kernels", b.id)
     assert {k["kernel_id"]: k["this_server"] for k in this_kernel["kernels"]} == \
         {a.id: True, b.id: True, other: False}
-    assert this_kernel["kernel"] == {"memory_used": 0, "sm_util": 0, "processes": []}
+    assert this_kernel["kernel"] == {"memory_used": 0, "sm_util": 0, "processes": [], "memory_parked": 0,
+                                     "park_state": "running", "park_wait": None}
 
     # Without kernels: only the server's own slice, when $HAMI_SLICE names one.
     for kernel in (a, b, plain):

@@ -1,0 +1,256 @@
+"""Parking a kernel: its GPU state to host memory while it is idle, and back.
+
+The moves themselves are the CUDA driver's process checkpoint API, run by
+``hami-park`` (native/park/) on each process of the kernel that holds GPU
+memory, and by the parked process itself when it wants its state back
+(native/src/park.c). Here is what the fronts need, the Jupyter server
+extension, ``hami-jupyter park|resume`` and the admin panel alike:
+
+- :func:`park_kernel` checks that there is something to park and room in host
+  memory for it, then parks every process of the kernel; if one fails, the
+  ones already parked are asked back and the error says why;
+- :func:`request_resume` marks the kernel's parked processes as wanted (one
+  flag in each slot): each process's parking thread then finds room under the
+  slice's cap and on the GPU, restores and unlocks itself;
+  :func:`wait_resumed` watches that happen (and says what it waits for);
+  :func:`cancel_resume` takes the wish back (the kernel stays parked).
+
+All state lives in the slice file (each slot's park fields) and in the
+driver, none in the caller: a server that restarts loses nothing, and a
+parked process that calls CUDA by itself asks for its state back on its own.
+"""
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+
+from .. import native
+from .file import read_snapshot
+from .layout import (
+    HAMI_PARK_PARKED,
+    HAMI_PARK_PARKING,
+    HAMI_PARK_RUNNING,
+    HamiSlot,
+    slot_offset,
+)
+from .paths import list_slice_paths, open_trusted
+from .size import format_size
+from .status import PARK_WAITS
+
+HEARTBEAT_S = 2.0  # a process whose parking thread is silent this long cannot resume itself
+MOVE_WAIT_S = 2.0  # its parking thread moves the charge to parked[] within a tick (20 ms)
+LOCK_TIMEOUT_MS = 10000
+
+
+class ParkError(RuntimeError):
+    """A kernel was not parked, or not resumed; the message says why."""
+
+
+class ResumeTimeout(ParkError):
+    """A resume did not happen in time; the kernel stays parked, nothing lost."""
+
+
+@dataclass
+class ParkResult:
+    kernel_id: str
+    bytes: int  # moved to host memory, all processes together
+    seconds: float
+    pids: tuple
+
+
+def kernel_slots(snapshot, kernel_id):
+    """The live slots (processes) of *kernel_id* in a slice *snapshot*."""
+    return [s for s in snapshot.slots if s.kernel_id == kernel_id]
+
+
+def park_state(snapshot, kernel_id):
+    """"running", "parking", "parked" or "resuming" for the kernel, None when it
+    has no process in the slice: the state of its process furthest from the GPU."""
+    states = {s.park_state for s in kernel_slots(snapshot, kernel_id)}
+    if not states:
+        return None
+    for state, name in ((HAMI_PARK_PARKED, "parked"), (HAMI_PARK_PARKING, "parking")):
+        if state in states:
+            return name
+    return "running" if states == {HAMI_PARK_RUNNING} else "resuming"
+
+
+def host_available():
+    """MemAvailable of /proc/meminfo, in bytes (0 when it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _tool_env():
+    """The environment hami-park runs in: this one, without the preload library."""
+    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+
+def _run_park(path, pid, lock_timeout_ms):
+    """Park one process; ``(bytes, seconds)``, or ParkError with hami-park's reason."""
+    tool = str(native.park_tool_path())
+    try:
+        done = subprocess.run([tool, "park", os.fspath(path), str(pid), str(lock_timeout_ms)],
+                              env=_tool_env(), capture_output=True, text=True,
+                              timeout=lock_timeout_ms / 1000 + 600)
+    except subprocess.TimeoutExpired:
+        raise ParkError(f"hami-park did not finish parking process {pid}") from None
+    answer = (done.stdout.strip().splitlines() or [""])[-1]
+    if answer.startswith("ok "):
+        _, moved, seconds = answer.split()
+        return int(moved), float(seconds)
+    why = answer.split(" ", 2)[2] if answer.startswith("error ") else (
+        done.stderr.strip() or f"hami-park exited {done.returncode}")
+    raise ParkError(why)
+
+
+def _write_wanted(path, snapshot, slots, value):
+    """Set park_wanted of each slot in *slots* (one aligned 4-byte write each)."""
+    fd, _, _ = open_trusted(path, os.O_RDWR, "slice file")
+    try:
+        for s in slots:
+            os.pwrite(fd, int(value).to_bytes(4, "little"),
+                      slot_offset(s.index) + HamiSlot.park_wanted.offset)
+    finally:
+        os.close(fd)
+
+
+def find_kernel(kernel_id, root=None):
+    """The slice under *root* (default: the slice root) that a process of
+    *kernel_id* runs in; ParkError when there is none."""
+    for path in list_slice_paths(root):
+        try:
+            if kernel_slots(read_snapshot(path), kernel_id):
+                return path
+        except (OSError, ValueError):
+            continue
+    raise ParkError(f"no process of kernel {kernel_id} runs in a slice under "
+                    f"{root or 'the slice root'}: check the kernel id (hami-jupyter status lists "
+                    "them), and HAMI_SLICE_ROOT or --root")
+
+
+def park_kernel(path, kernel_id, *, host_reserve=0, lock_timeout_ms=LOCK_TIMEOUT_MS):
+    """Park every process of *kernel_id* in the slice at *path* that holds GPU
+    memory; returns a :class:`ParkResult`. ParkError, with the kernel left
+    running (every process unlocked), when it cannot: nothing to park, a
+    process that could not resume itself, too little host memory (less than
+    the bytes plus *host_reserve* available), or a step of the driver's."""
+    snap = read_snapshot(path)
+    slots = kernel_slots(snap, kernel_id)
+    if not slots:
+        raise ParkError(f"kernel {kernel_id} has no process on the GPU in slice {snap.name!r}")
+    if any(s.park_state != HAMI_PARK_RUNNING for s in slots):
+        raise ParkError(f"kernel {kernel_id} is {park_state(snap, kernel_id)} already")
+    holding = [s for s in slots if sum(s.memory_used.values())]
+    if not holding:
+        raise ParkError(f"kernel {kernel_id} holds no GPU memory: nothing to park")
+    now = time.time_ns()
+    silent = [s.pid for s in holding if now - s.active_unix_ns > HEARTBEAT_S * 1e9]
+    if silent:
+        raise ParkError(f"process(es) {silent} of kernel {kernel_id} do not answer (their "
+                        "parking thread is not running), so they could not bring their state "
+                        "back: not parked")
+    need = sum(sum(s.memory_used.values()) for s in holding)
+    available = host_available()
+    if available and need + host_reserve > available:
+        raise ParkError(f"host memory too low to hold kernel {kernel_id}'s GPU state: it needs "
+                        f"{format_size(need)} plus {format_size(host_reserve)} kept free, and "
+                        f"{format_size(available)} is available: not parked")
+    started, parked, moved = time.monotonic(), [], 0
+    try:
+        for s in holding:
+            bytes_, _ = _run_park(path, s.pid, lock_timeout_ms)
+            parked.append(s)
+            moved += bytes_
+    except ParkError as e:
+        if parked:
+            _write_wanted(path, snap, parked, 1)
+        raise ParkError(f"kernel {kernel_id} was not parked: {e}") from None
+    _wait_moved(path, kernel_id)
+    return ParkResult(kernel_id, moved, time.monotonic() - started, tuple(s.pid for s in parked))
+
+
+def _wait_moved(path, kernel_id):
+    """Until each parked process's parking thread has moved its charge to parked[]."""
+    deadline = time.monotonic() + MOVE_WAIT_S
+    while time.monotonic() < deadline:
+        slots = kernel_slots(read_snapshot(path), kernel_id)
+        if all(s.park_state != HAMI_PARK_PARKED or not sum(s.memory_used.values()) for s in slots):
+            return
+        time.sleep(0.01)
+
+
+def parked_bytes(snapshot, kernel_id):
+    return sum(sum((s.parked or {}).values()) for s in kernel_slots(snapshot, kernel_id))
+
+
+def request_resume(path, kernel_id):
+    """Ask the kernel's parked (or parking) processes for their GPU state back.
+    Returns the pids asked (none: nothing was parked)."""
+    snap = read_snapshot(path)
+    away = [s for s in kernel_slots(snap, kernel_id) if s.park_state != HAMI_PARK_RUNNING]
+    if away:
+        _write_wanted(path, snap, away, 1)
+    return {s.pid for s in away}
+
+
+def cancel_resume(path, kernel_id):
+    """Take a resume wish back: the kernel stays parked (what it holds stays in host memory)."""
+    snap = read_snapshot(path)
+    wanted = [s for s in kernel_slots(snap, kernel_id) if s.park_wanted]
+    if wanted:
+        _write_wanted(path, snap, wanted, 0)
+
+
+def waiting_for(snapshot, kernel_id):
+    """What a wanted resume of the kernel waits for, in words, or None."""
+    for s in kernel_slots(snapshot, kernel_id):
+        if s.park_wanted and s.park_wait in PARK_WAITS:
+            return PARK_WAITS[s.park_wait]
+    return None
+
+
+def wait_resumed(path, kernel_id, timeout, on_wait=None, poll=0.02):
+    """Until every process of the kernel runs on the GPU again (after
+    :func:`request_resume`); returns the seconds it took. *on_wait(why)* hears,
+    once per change, what the resume waits for. ResumeTimeout after *timeout*
+    seconds, naming what it waited for."""
+    started = time.monotonic()
+    told = None
+    while True:
+        snap = read_snapshot(path)
+        state = park_state(snap, kernel_id)
+        if state in (None, "running"):
+            return time.monotonic() - started
+        why = waiting_for(snap, kernel_id)
+        if why != told and on_wait is not None and why:
+            on_wait(why)
+        told = why
+        if time.monotonic() - started > timeout:
+            reason = f"it waited {timeout:g} s for {why}" if why else f"it took over {timeout:g} s"
+            raise ResumeTimeout(f"kernel {kernel_id}'s GPU memory was not restored: {reason}; "
+                                "it stays parked in host memory, nothing is lost")
+        time.sleep(poll)
+
+
+def resume_kernel(path, kernel_id, timeout=300.0, on_wait=None):
+    """Ask for the kernel's GPU state back and wait; ``(bytes, seconds)``, bytes
+    being what its parked processes hold on the GPU again (0: none was parked).
+    ResumeTimeout (the wish taken back, the kernel still parked) after *timeout*."""
+    asked = request_resume(path, kernel_id)
+    if not asked:
+        return 0, 0.0
+    try:
+        seconds = wait_resumed(path, kernel_id, timeout, on_wait)
+    except ResumeTimeout:
+        cancel_resume(path, kernel_id)
+        raise
+    back = [s for s in kernel_slots(read_snapshot(path), kernel_id) if s.pid in asked]
+    return sum(sum((s.memory_used or {}).values()) for s in back), seconds
