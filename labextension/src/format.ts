@@ -8,9 +8,13 @@
 import {
   IGpuStatus,
   IKernelSliceStatus,
+  IParkFields,
+  IParkResult,
+  IResumeResult,
   ISliceKernel,
   IThresholds,
-  Level
+  Level,
+  ParkState
 } from './types';
 
 export const KIB = 1024;
@@ -103,12 +107,12 @@ export function shortId(kernelId: string): string {
 export const UNREADABLE_TEXT = 'vGPU (slice unreadable)';
 
 /**
- * The status bar text: `"vGPU 1.2 / 4.0 GiB · SM 23 % / 25 %"`; without a
+ * The slice's usage: `"vGPU 1.2 / 4.0 GiB · SM 23 % / 25 %"`; without a
  * memory cap `"vGPU 1.2 GiB · SM 23 % / 25 %"`, without an SM limit
- * `"vGPU 1.2 / 4.0 GiB · SM 23 %"`. `null` for a kernel outside a slice (the
- * item is hidden then).
+ * `"vGPU 1.2 / 4.0 GiB · SM 23 %"`. `null` for a kernel outside a slice. The
+ * panel's summary line, and the status bar text while the kernel runs.
  */
-export function statusText(status: IKernelSliceStatus | null): string | null {
+export function sliceText(status: IKernelSliceStatus | null): string | null {
   if (!status || !status.in_slice) {
     return null;
   }
@@ -118,6 +122,21 @@ export function statusText(status: IKernelSliceStatus | null): string | null {
   const memory = formatMemory(count(status.memory_used), count(status.memory_limit));
   const sm = formatSM(count(status.sm_util), count(status.sm_share));
   return `vGPU ${memory} · ${sm}`;
+}
+
+/**
+ * The status bar text: the slice's usage (sliceText) while the kernel runs;
+ * while its memory is parked `"vGPU parked · 8.0 GiB in host memory"`, while
+ * it moves there `"vGPU parking…"`, while it comes back `"vGPU resuming…"`
+ * (parkStatusText). `null` for a kernel outside a slice (the item is hidden
+ * then).
+ */
+export function statusText(status: IKernelSliceStatus | null): string | null {
+  const text = sliceText(status);
+  if (text === null || !status || status.error !== undefined) {
+    return text;
+  }
+  return parkStatusText(parkInfo(status.kernel)) ?? text;
 }
 
 /** `used / limit`, or `null` without a cap (limit 0). */
@@ -249,11 +268,17 @@ export function gpuLevel(gpu: IGpuStatus, thresholds: IThresholds = DEFAULT_THRE
   return asLevel(gpu.memory_level) ?? 'ok';
 }
 
-/** One line per GPU: `"GPU 0: 1.2 / 4.0 GiB · SM 23 % / 25 %"`. */
+/**
+ * One line per GPU: `"GPU 0: 1.2 / 4.0 GiB · SM 23 % / 25 %"`, and with
+ * memory of parked kernels held in host memory
+ * `"GPU 0: 1.2 / 4.0 GiB · SM 23 % / 25 % · 8.0 GiB parked"`.
+ */
 export function gpuText(gpu: IGpuStatus): string {
+  const parked = count(gpu.memory_parked);
   return (
     `GPU ${gpu.index}: ${formatMemory(count(gpu.memory_used), count(gpu.memory_limit))}` +
-    ` · ${formatSM(count(gpu.sm_util), count(gpu.sm_share))}`
+    ` · ${formatSM(count(gpu.sm_util), count(gpu.sm_share))}` +
+    (parked > 0 ? ` · ${formatBytes(parked)} parked` : '')
   );
 }
 
@@ -270,10 +295,16 @@ export function tooltipText(status: IKernelSliceStatus | null): string {
       lines.push(gpuText(gpu));
     }
     if (status.kernel) {
+      const park = parkInfo(status.kernel);
+      const own = parkTooltipText(park);
       lines.push(
-        `This kernel: ${formatBytes(count(status.kernel.memory_used))}` +
-          ` · SM ${formatPercent(count(status.kernel.sm_util))}`
+        own ??
+          `This kernel: ${formatBytes(count(status.kernel.memory_used))}` +
+            ` · SM ${formatPercent(count(status.kernel.sm_util))}`
       );
+      if (park.wait !== null && (park.state === 'parked' || park.state === 'resuming')) {
+        lines.push(`The resume waits for ${park.wait}`);
+      }
     }
   }
   lines.push('Click to show the slice panel');
@@ -291,6 +322,165 @@ export function sortKernels(kernels: readonly ISliceKernel[]): ISliceKernel[] {
       count(b.sm_util) - count(a.sm_util) ||
       (a.kernel_id < b.kernel_id ? -1 : a.kernel_id > b.kernel_id ? 1 : 0)
   );
+}
+
+/* Parking: an idle kernel's GPU memory moved to host memory. */
+
+export const PARK_STATES: readonly ParkState[] = ['running', 'parking', 'parked', 'resuming'];
+
+/** A kernel's parking fields, read so that an older server's answer (none of them) means running. */
+export interface IParkInfo {
+  /** `running` when missing or not one of PARK_STATES. */
+  state: ParkState;
+  /** Bytes in host memory; 0 when missing or not a number. */
+  parked: number;
+  /** What a resume waits for; `null` when missing, null or blank. */
+  wait: string | null;
+}
+
+/** The parking fields of the status's `kernel` or of an entry of `kernels[]`. */
+export function parkInfo(fields: IParkFields | null | undefined): IParkInfo {
+  const state = fields?.park_state;
+  const wait = fields?.park_wait;
+  return {
+    state:
+      typeof state === 'string' && (PARK_STATES as readonly string[]).includes(state)
+        ? state
+        : 'running',
+    parked: count(fields?.memory_parked),
+    wait: typeof wait === 'string' && wait.trim() !== '' ? wait.trim() : null
+  };
+}
+
+export const PARKING_TEXT = 'vGPU parking…';
+export const RESUMING_TEXT = 'vGPU resuming…';
+
+/**
+ * The status bar text of a kernel that is not running:
+ * `"vGPU parked · 8.0 GiB in host memory"` (`"vGPU parked"` with nothing in
+ * host memory), `"vGPU parking…"`, `"vGPU resuming…"`; `null` while it runs.
+ */
+export function parkStatusText(park: IParkInfo): string | null {
+  switch (park.state) {
+    case 'parked':
+      return park.parked > 0 ? `vGPU parked · ${formatBytes(park.parked)} in host memory` : 'vGPU parked';
+    case 'parking':
+      return PARKING_TEXT;
+    case 'resuming':
+      return RESUMING_TEXT;
+    default:
+      return null;
+  }
+}
+
+/** The status bar item's class while the kernel is parked or parking. */
+export const PARKED_CLASS = 'hami-parked';
+/** The status bar item's class while the kernel's memory comes back. */
+export const RESUMING_CLASS = 'hami-resuming';
+export const PARK_CLASSES: readonly string[] = [PARKED_CLASS, RESUMING_CLASS];
+
+/**
+ * The status bar item's class for the current kernel's parking (a neutral
+ * look, instead of the memory level's colours): PARKED_CLASS while parked or
+ * parking, RESUMING_CLASS while resuming; `null` while running, outside a
+ * slice, for an unreadable slice file and before any answer.
+ */
+export function statusParkClass(status: IKernelSliceStatus | null): string | null {
+  if (!status || !status.in_slice || status.error !== undefined) {
+    return null;
+  }
+  switch (parkInfo(status.kernel).state) {
+    case 'parked':
+    case 'parking':
+      return PARKED_CLASS;
+    case 'resuming':
+      return RESUMING_CLASS;
+    default:
+      return null;
+  }
+}
+
+/** The tooltip's line for this kernel while it is not running; `null` while it runs. */
+function parkTooltipText(park: IParkInfo): string | null {
+  const bytes = formatBytes(park.parked);
+  switch (park.state) {
+    case 'parked':
+      return `This kernel: parked, ${bytes} in host memory; it comes back before the next cell`;
+    case 'parking':
+      return `This kernel: parking, ${bytes} in host memory so far`;
+    case 'resuming':
+      return `This kernel: resuming, ${bytes} coming back from host memory`;
+    default:
+      return null;
+  }
+}
+
+/**
+ * The park line of a kernel's row in the panel; `null` while it runs:
+ * `"parked: 8.0 GiB in host memory"`, with what a resume waits for
+ * `"parked: 8.0 GiB in host memory · resume waits for free memory on the GPU"`;
+ * `"resuming: 8.0 GiB in host memory"` (and what it waits for);
+ * `"parking: 3.0 GiB in host memory so far"`, or `"parking…"` before any.
+ */
+export function kernelParkText(kernel: IParkFields | null | undefined): string | null {
+  const park = parkInfo(kernel);
+  const bytes = formatBytes(park.parked);
+  const wait = park.wait !== null ? ` · resume waits for ${park.wait}` : '';
+  switch (park.state) {
+    case 'parked':
+      return `parked: ${bytes} in host memory${wait}`;
+    case 'resuming':
+      return `resuming: ${bytes} in host memory${wait}`;
+    case 'parking':
+      return park.parked > 0 ? `parking: ${bytes} in host memory so far` : 'parking…';
+    default:
+      return null;
+  }
+}
+
+export type ParkAction = 'park' | 'resume';
+
+/**
+ * The parking button a kernel's row gets: `park` for a running kernel of this
+ * server that holds GPU memory, `resume` for a parked one of this server;
+ * `null` otherwise (another server's kernel, nothing to park, or on its way).
+ */
+export function parkAction(kernel: ISliceKernel): ParkAction | null {
+  if (kernel.this_server !== true) {
+    return null;
+  }
+  const state = parkInfo(kernel).state;
+  if (state === 'running' && count(kernel.memory_used) > 0) {
+    return 'park';
+  }
+  return state === 'parked' ? 'resume' : null;
+}
+
+/** Seconds with one decimal: `1.25` -> `"1.3 s"`. */
+function formatSeconds(seconds: number): string {
+  return `${count(seconds).toFixed(1)} s`;
+}
+
+/** The panel's notice after a park: `"Parked 01234567: 8.0 GiB moved to host memory in 1.2 s"`. */
+export function parkResultText(result: IParkResult): string {
+  return (
+    `Parked ${shortId(result.kernel_id)}: ${formatBytes(result.parked_bytes)}` +
+    ` moved to host memory in ${formatSeconds(result.seconds)}`
+  );
+}
+
+/** The panel's notice after a resume: `"Resumed 01234567: 8.0 GiB back on the GPU in 0.8 s"`. */
+export function resumeResultText(result: IResumeResult): string {
+  return (
+    `Resumed ${shortId(result.kernel_id)}: ${formatBytes(result.restored_bytes)}` +
+    ` back on the GPU in ${formatSeconds(result.seconds)}`
+  );
+}
+
+/** The panel's notice when a park or resume fails: `"Cannot park 01234567: <the server's message>"`. */
+export function parkErrorText(action: ParkAction, kernelId: string, message: string): string {
+  const why = message.trim();
+  return `Cannot ${action} ${shortId(kernelId)}` + (why ? `: ${why}` : '');
 }
 
 function isObject(value: unknown): value is Record<string, unknown> {

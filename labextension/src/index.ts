@@ -2,7 +2,8 @@
  * hami-jupyter's JupyterLab extension: the GPU slice of the current notebook's
  * kernel in the status bar, and a right-side panel with the slice's kernels.
  * Data: the server extension's `GET {baseUrl}hami/v1/kernels/<id>`; kernel
- * actions: the standard Jupyter kernels API.
+ * actions: the standard Jupyter kernels API, and the server extension's park
+ * and resume (the panel calls those itself, src/api.ts).
  */
 
 import {

@@ -10,6 +10,7 @@ import { IDisposable } from '@lumino/disposable';
 import { IPoll, Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
+import { KERNEL_API_PATH } from './api';
 import {
   DEFAULT_REFRESH_RATE,
   normalizeRefreshRate,
@@ -19,8 +20,7 @@ import {
 } from './format';
 import { IKernelSliceStatus, IThresholds, Level } from './types';
 
-/** The REST path of one kernel's slice, under the server's base URL. */
-export const KERNEL_API_PATH = 'hami/v1/kernels';
+export { KERNEL_API_PATH };
 
 /** A failed poll backs off up to this many refresh intervals. */
 const MAX_BACKOFF_FACTOR = 10;

@@ -1,28 +1,48 @@
 /**
  * The right-side panel: the current kernel's slice, its GPUs, and every kernel
- * in it with its GPU memory and SM use, biggest first. Kernels of this server
- * get buttons to interrupt, restart or shut them down.
+ * in it with its GPU memory and SM use, biggest first, and where a kernel's
+ * memory is parked in host memory, how much and what its resume waits for.
+ * Kernels of this server get buttons to park or resume them (whichever
+ * applies) and to interrupt, restart or shut them down.
  *
  * Stable hooks for browser tests: the panel's id `hami-slice-panel`, rows
- * `.hami-kernel-row[data-kernel-id]`, buttons `.hami-kernel-interrupt`,
- * `.hami-kernel-restart`, `.hami-kernel-shutdown`.
+ * `.hami-kernel-row[data-kernel-id]` (with `data-park-state`), their park line
+ * `.hami-kernel-park`, buttons `.hami-kernel-park-button`,
+ * `.hami-kernel-resume-button`, `.hami-kernel-interrupt`,
+ * `.hami-kernel-restart`, `.hami-kernel-shutdown`; the outcome of a park or
+ * resume `.hami-panel-notice` (`.hami-panel-notice-error` when it failed).
  */
 
-import { closeIcon, LabIcon, refreshIcon, stopIcon } from '@jupyterlab/ui-components';
+import {
+  closeIcon,
+  LabIcon,
+  pauseIcon,
+  refreshIcon,
+  runIcon,
+  stopIcon
+} from '@jupyterlab/ui-components';
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
+import { parkKernel, resumeKernel } from './api';
 import {
   formatBytes,
   formatPercent,
   gpuLevel,
   gpuText,
+  kernelParkText,
   LEVEL_CLASSES,
   levelClass,
   memoryFraction,
+  ParkAction,
+  parkAction,
+  parkErrorText,
+  parkInfo,
+  parkResultText,
+  resumeResultText,
   shortId,
-  sortKernels,
-  statusText
+  sliceText,
+  sortKernels
 } from './format';
 import { gpuIcon } from './icon';
 import { SliceModel } from './model';
@@ -30,23 +50,43 @@ import { ISliceKernel } from './types';
 
 export const PANEL_ID = 'hami-slice-panel';
 
+/** The actions the plugin carries out (onAction); parking and resuming the panel does itself. */
 export type KernelAction = 'interrupt' | 'restart' | 'shutdown';
 
-const ACTIONS: ReadonlyArray<{ action: KernelAction; label: string; icon: LabIcon }> = [
-  { action: 'interrupt', label: 'Interrupt the kernel', icon: stopIcon },
-  { action: 'restart', label: 'Restart the kernel', icon: refreshIcon },
-  { action: 'shutdown', label: 'Shut down the kernel', icon: closeIcon }
+type RowAction = KernelAction | ParkAction;
+
+/** A row's buttons, in this order; of park and resume at most one is shown (parkAction). */
+const ACTIONS: ReadonlyArray<{ action: RowAction; cls: string; label: string; icon: LabIcon }> = [
+  {
+    action: 'park',
+    cls: 'hami-kernel-park-button',
+    label: 'Park the kernel: move its GPU memory to host memory until its next cell',
+    icon: pauseIcon
+  },
+  {
+    action: 'resume',
+    cls: 'hami-kernel-resume-button',
+    label: 'Resume the kernel: bring its memory back to the GPU now',
+    icon: runIcon
+  },
+  { action: 'interrupt', cls: 'hami-kernel-interrupt', label: 'Interrupt the kernel', icon: stopIcon },
+  { action: 'restart', cls: 'hami-kernel-restart', label: 'Restart the kernel', icon: refreshIcon },
+  { action: 'shutdown', cls: 'hami-kernel-shutdown', label: 'Shut down the kernel', icon: closeIcon }
 ];
+
+/** How long the notice of a park or resume that worked stays (one that failed stays until dismissed). */
+const NOTICE_MS = 10_000;
 
 /** The DOM of one kernel's row, kept across refreshes (a click is never lost to a re-render). */
 interface IRow {
   row: HTMLTableRowElement;
   name: HTMLElement;
   meta: HTMLElement;
+  park: HTMLElement;
   memory: HTMLTableCellElement;
   sm: HTMLTableCellElement;
   actions: HTMLTableCellElement;
-  buttons: Map<KernelAction, HTMLButtonElement>;
+  buttons: Map<RowAction, HTMLButtonElement>;
   thisServer: boolean | null;
 }
 
@@ -79,6 +119,12 @@ export class SlicePanel extends Widget {
 
     this._message = element('div', 'hami-panel-message', this.node);
 
+    this._notice = element('div', 'hami-panel-notice', this.node);
+    this._notice.hidden = true;
+    this._notice.title = 'Click to dismiss';
+    this._notice.setAttribute('role', 'status');
+    this._notice.addEventListener('click', this);
+
     this._summary = element('div', 'hami-panel-summary', this.node);
     this._usage = element('div', 'hami-panel-usage', this._summary);
     const meter = element('div', 'hami-meter', this._summary);
@@ -108,11 +154,17 @@ export class SlicePanel extends Widget {
     }
     this._model.changed.disconnect(this.render, this);
     this._tbody.removeEventListener('click', this);
+    this._notice.removeEventListener('click', this);
+    this._clearNoticeTimer();
     super.dispose();
   }
 
   handleEvent(event: Event): void {
     if (event.type !== 'click') {
+      return;
+    }
+    if (event.currentTarget === this._notice) {
+      this._setNotice(null);
       return;
     }
     const button = (event.target as HTMLElement).closest<HTMLButtonElement>('button[data-action]');
@@ -123,7 +175,7 @@ export class SlicePanel extends Widget {
     }
     const kernel = this._kernels.get(kernelId);
     if (kernel) {
-      void this._run(kernel, button.dataset.action as KernelAction);
+      void this._run(kernel, button.dataset.action as RowAction);
     }
   }
 
@@ -136,7 +188,7 @@ export class SlicePanel extends Widget {
   render(): void {
     const model = this._model;
     const status = model.status;
-    const text = statusText(status);
+    const text = sliceText(status);
 
     this._sliceName.textContent = status?.in_slice ? status.slice ?? '' : '';
     this._sliceName.title = status?.in_slice ? status.path ?? '' : '';
@@ -218,10 +270,12 @@ export class SlicePanel extends Widget {
     const cell = element('td', 'hami-kernel-cell-name', row);
     const name = element('div', 'hami-kernel-name', cell);
     const meta = element('div', 'hami-kernel-meta', cell);
+    const park = element('div', 'hami-kernel-park', cell);
+    park.hidden = true;
     const memory = element('td', 'hami-kernel-memory', row);
     const sm = element('td', 'hami-kernel-sm', row);
     const actions = element('td', 'hami-kernel-actions', row);
-    return { row, name, meta, memory, sm, actions, buttons: new Map(), thisServer: null };
+    return { row, name, meta, park, memory, sm, actions, buttons: new Map(), thisServer: null };
   }
 
   private _fillRow(parts: IRow, kernel: ISliceKernel, top: boolean, sliceLimit: number): void {
@@ -242,6 +296,14 @@ export class SlicePanel extends Widget {
       meta.push('another server');
     }
     parts.meta.textContent = meta.filter(Boolean).join(' · ');
+    parts.meta.title = parts.meta.textContent;
+
+    const state = parkInfo(kernel).state;
+    const parkText = kernelParkText(kernel);
+    parts.row.dataset.parkState = state;
+    parts.row.classList.toggle('hami-kernel-parked', state !== 'running');
+    parts.park.textContent = parkText ?? '';
+    parts.park.hidden = parkText === null;
 
     parts.memory.textContent = formatBytes(kernel.memory_used ?? 0);
     const fraction = memoryFraction(kernel.memory_used ?? 0, sliceLimit);
@@ -254,8 +316,8 @@ export class SlicePanel extends Widget {
       parts.actions.textContent = '';
       parts.buttons.clear();
       if (thisServer) {
-        for (const { action, label, icon } of ACTIONS) {
-          const button = element('button', `hami-kernel-action hami-kernel-${action}`, parts.actions);
+        for (const { action, cls, label, icon } of ACTIONS) {
+          const button = element('button', `hami-kernel-action ${cls}`, parts.actions);
           button.type = 'button';
           button.dataset.action = action;
           button.title = label;
@@ -266,19 +328,40 @@ export class SlicePanel extends Widget {
       }
     }
     const busy = this._pending.has(kernel.kernel_id);
-    for (const button of parts.buttons.values()) {
+    // While a park or resume runs its button stays (disabled) even if the
+    // state the poll reports has already moved on.
+    const running = this._pending.get(kernel.kernel_id);
+    const offered = running === 'park' || running === 'resume' ? running : parkAction(kernel);
+    for (const [action, button] of parts.buttons) {
       button.disabled = busy;
+      if (action === 'park' || action === 'resume') {
+        button.hidden = action !== offered;
+      }
     }
   }
 
-  private async _run(kernel: ISliceKernel, action: KernelAction): Promise<void> {
+  private async _run(kernel: ISliceKernel, action: RowAction): Promise<void> {
     const id = kernel.kernel_id;
-    this._pending.add(id);
+    this._pending.set(id, action);
+    if (action === 'park' || action === 'resume') {
+      this._setNotice(null);
+    }
     this.render();
     try {
-      await this._onAction(kernel, action);
+      if (action === 'park') {
+        this._setNotice(parkResultText(await parkKernel(this._model.serverSettings, id)), false);
+      } else if (action === 'resume') {
+        this._setNotice(resumeResultText(await resumeKernel(this._model.serverSettings, id)), false);
+      } else {
+        await this._onAction(kernel, action);
+      }
     } catch (reason) {
-      console.error(`hami-jupyter: ${action} of kernel ${id} failed`, reason);
+      if (action === 'park' || action === 'resume') {
+        const message = reason instanceof Error ? reason.message : String(reason);
+        this._setNotice(parkErrorText(action, id, message), true);
+      } else {
+        console.error(`hami-jupyter: ${action} of kernel ${id} failed`, reason);
+      }
     } finally {
       this._pending.delete(id);
       this.render();
@@ -286,10 +369,30 @@ export class SlicePanel extends Widget {
     }
   }
 
+  /** Shows the outcome of a park or resume (`null`: hides it); one that worked goes after NOTICE_MS. */
+  private _setNotice(text: string | null, error = false): void {
+    this._clearNoticeTimer();
+    this._notice.textContent = text ?? '';
+    this._notice.hidden = text === null;
+    this._notice.classList.toggle('hami-panel-notice-error', text !== null && error);
+    if (text !== null && !error) {
+      this._noticeTimer = window.setTimeout(() => this._setNotice(null), NOTICE_MS);
+    }
+  }
+
+  private _clearNoticeTimer(): void {
+    if (this._noticeTimer !== null) {
+      window.clearTimeout(this._noticeTimer);
+      this._noticeTimer = null;
+    }
+  }
+
   private _model: SliceModel;
   private _onAction: SlicePanel.ActionHandler;
   private _sliceName: HTMLElement;
   private _message: HTMLElement;
+  private _notice: HTMLElement;
+  private _noticeTimer: number | null = null;
   private _summary: HTMLElement;
   private _usage: HTMLElement;
   private _meterFill: HTMLElement;
@@ -298,7 +401,8 @@ export class SlicePanel extends Widget {
   private _tbody: HTMLTableSectionElement;
   private _rows = new Map<string, IRow>();
   private _kernels = new Map<string, ISliceKernel>();
-  private _pending = new Set<string>();
+  /** The kernels with an action under way, and which. */
+  private _pending = new Map<string, RowAction>();
 }
 
 export namespace SlicePanel {

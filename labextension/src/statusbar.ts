@@ -1,15 +1,29 @@
 /**
  * The status bar item: "vGPU 1.2 / 4.0 GiB · SM 23 % / 25 %" for the current
- * kernel's slice, coloured by its memory level. The status bar hides it for a
+ * kernel's slice, coloured by its memory level; "vGPU parked · 8.0 GiB in
+ * host memory", "vGPU parking…" or "vGPU resuming…" in a neutral look while
+ * the kernel's memory is parked or on its way. The status bar hides it for a
  * kernel outside a slice (see `isActive` where it is registered).
  */
 
 import { Widget } from '@lumino/widgets';
 
-import { LEVEL_CLASSES, levelClass, statusText, tooltipText } from './format';
+import {
+  LEVEL_CLASSES,
+  levelClass,
+  PARK_CLASSES,
+  parkInfo,
+  statusParkClass,
+  statusText,
+  tooltipText
+} from './format';
 import { SliceModel } from './model';
 
-/** The item's class; with one of `hami-level-ok|warning|critical` while shown. */
+/**
+ * The item's class; with one of `hami-level-ok|warning|critical` while shown
+ * for a running kernel, or `hami-parked` (parked, parking) or `hami-resuming`
+ * instead while its memory is parked or on its way.
+ */
 export const STATUS_CLASS = 'hami-statusbar';
 /** Added while the last poll failed: the numbers are the previous ones. */
 export const STALE_CLASS = 'hami-stale';
@@ -57,11 +71,15 @@ export class SliceStatusItem extends Widget {
     const status = model.status;
     const text = statusText(status);
     this._text.textContent = text ?? '';
-    for (const cls of LEVEL_CLASSES) {
+    for (const cls of [...LEVEL_CLASSES, ...PARK_CLASSES]) {
       this.removeClass(cls);
     }
     const level = model.level;
-    if (text !== null && level !== null) {
+    const parkClass = statusParkClass(status);
+    if (parkClass !== null) {
+      // The text is about the kernel's parked memory, not the slice's level.
+      this.addClass(parkClass);
+    } else if (text !== null && level !== null) {
       this.addClass(levelClass(level));
     }
     this.toggleClass(STALE_CLASS, model.error !== null && text !== null);
@@ -74,6 +92,11 @@ export class SliceStatusItem extends Widget {
       this.node.dataset.level = level;
     } else {
       delete this.node.dataset.level;
+    }
+    if (parkClass !== null) {
+      this.node.dataset.park = parkInfo(status?.kernel).state;
+    } else {
+      delete this.node.dataset.park;
     }
   }
 

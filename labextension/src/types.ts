@@ -8,6 +8,32 @@
 /** Memory pressure of a slice or GPU. */
 export type Level = 'ok' | 'warning' | 'critical';
 
+/**
+ * Where a kernel's GPU memory is ("parking"): `running` on the GPU; `parking`
+ * while it moves to host memory; `parked` in host memory (the kernel is idle;
+ * its memory comes back before its next cell); `resuming` while it moves back.
+ * Servers without parking send no state: read as `running` (format.ts,
+ * parkInfo).
+ */
+export type ParkState = 'running' | 'parking' | 'parked' | 'resuming';
+
+/**
+ * The parking fields of a kernel, in the status's `kernel` and in each entry
+ * of `kernels[]`. All optional: older servers send none of them, which reads
+ * as running, nothing parked, nothing waited for.
+ */
+export interface IParkFields {
+  /** Missing: `running`. */
+  park_state?: ParkState;
+  /** Bytes of the kernel's GPU memory held in host memory; missing: 0. */
+  memory_parked?: number;
+  /**
+   * What a resume waits for, e.g. "room under the slice's memory cap" or
+   * "free memory on the GPU"; null or missing: nothing.
+   */
+  park_wait?: string | null;
+}
+
 /** One GPU of the slice. */
 export interface IGpuStatus {
   index: number;
@@ -24,10 +50,12 @@ export interface IGpuStatus {
   sm_util: number;
   mode?: string;
   limit_is_fallback?: boolean;
+  /** Bytes of this GPU's memory that parked kernels hold in host memory; missing: 0. */
+  memory_parked?: number;
 }
 
-/** One kernel of the slice (of this server or of another one). */
-export interface ISliceKernel {
+/** One kernel of the slice (of this server or of another one), with its parking fields. */
+export interface ISliceKernel extends IParkFields {
   kernel_id: string;
   user?: string;
   kernelspec?: string;
@@ -35,8 +63,15 @@ export interface ISliceKernel {
   processes?: unknown[];
   memory_used: number;
   sm_util: number;
-  /** Only kernels of this Jupyter server can be interrupted, restarted or shut down from here. */
+  /** Only kernels of this Jupyter server can be interrupted, restarted, shut down, parked or resumed from here. */
   this_server: boolean;
+}
+
+/** The status's own kernel: its use of the slice and its parking fields. */
+export interface IKernelUsage extends IParkFields {
+  memory_used: number;
+  sm_util: number;
+  processes?: unknown[];
 }
 
 /** The answer for one kernel. */
@@ -59,7 +94,8 @@ export interface IKernelSliceStatus {
   /** Percent; 0: no SM limit. */
   sm_share?: number;
   sm_util?: number;
-  kernel?: { memory_used: number; sm_util: number; processes?: unknown[] };
+  /** This kernel's own share of the slice, and where its memory is (parking). */
+  kernel?: IKernelUsage;
   gpus?: IGpuStatus[];
   kernels?: ISliceKernel[];
   /**
@@ -82,4 +118,24 @@ export interface IKernelSliceStatus {
 export interface IThresholds {
   warning: number;
   critical: number;
+}
+
+/** The answer of `POST {baseUrl}hami/v1/kernels/<id>/park` (200). */
+export interface IParkResult {
+  kernel_id: string;
+  park_state: 'parked';
+  /** Bytes moved to host memory. */
+  parked_bytes: number;
+  /** How long the parking took. */
+  seconds: number;
+}
+
+/** The answer of `POST {baseUrl}hami/v1/kernels/<id>/resume` (200). */
+export interface IResumeResult {
+  kernel_id: string;
+  park_state: 'running';
+  /** Bytes moved back to the GPU. */
+  restored_bytes: number;
+  /** How long the resume took, waiting for room included. */
+  seconds: number;
 }

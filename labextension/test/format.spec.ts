@@ -12,14 +12,27 @@ import {
   formatSM,
   gpuLevel,
   gpuText,
+  kernelParkText,
   levelClass,
   memoryFraction,
   memoryLevel,
   normalizeRefreshRate,
+  PARKED_CLASS,
+  PARKING_TEXT,
+  parkAction,
+  parkErrorText,
+  parkInfo,
+  parkResultText,
+  parkStatusText,
   parseKernelStatus,
+  RESUMING_CLASS,
+  RESUMING_TEXT,
+  resumeResultText,
   shortId,
   sliceLevel,
+  sliceText,
   sortKernels,
+  statusParkClass,
   statusText,
   statusThresholds,
   tooltipText,
@@ -396,5 +409,217 @@ describe('reading the server answer', () => {
     expect(status?.gpus).toEqual([]);
     expect(status?.kernels?.map(k => k.kernel_id)).toEqual(['x']);
     expect(status?.error).toBe('42');
+  });
+});
+
+/** inSlice() with this kernel's parking fields. */
+function withPark(fields: Record<string, unknown>, overrides: Partial<IKernelSliceStatus> = {}): IKernelSliceStatus {
+  const status = inSlice(overrides);
+  status.kernel = { ...status.kernel!, ...fields } as IKernelSliceStatus['kernel'];
+  return status;
+}
+
+describe('parking fields', () => {
+  it('reads what the server sends', () => {
+    expect(parkInfo({ park_state: 'parked', memory_parked: 8 * GIB, park_wait: 'free memory on the GPU' })).toEqual({
+      state: 'parked',
+      parked: 8 * GIB,
+      wait: 'free memory on the GPU'
+    });
+    for (const state of ['running', 'parking', 'parked', 'resuming'] as const) {
+      expect(parkInfo({ park_state: state }).state).toBe(state);
+    }
+  });
+
+  it('reads an older server (no fields) as running, nothing parked, no wait', () => {
+    const none = { state: 'running', parked: 0, wait: null };
+    expect(parkInfo({})).toEqual(none);
+    expect(parkInfo(undefined)).toEqual(none);
+    expect(parkInfo(null)).toEqual(none);
+    expect(parkInfo(kernel('k', GIB))).toEqual(none);
+  });
+
+  it('reads nonsense as running, 0 and no wait', () => {
+    const odd = { park_state: 'napping', memory_parked: '8', park_wait: '  ' } as unknown as Record<string, unknown>;
+    expect(parkInfo(odd)).toEqual({ state: 'running', parked: 0, wait: null });
+    expect(parkInfo({ park_state: 'parked', memory_parked: -1, park_wait: null })).toEqual({
+      state: 'parked',
+      parked: 0,
+      wait: null
+    });
+  });
+});
+
+describe('status text while parked', () => {
+  it('says parked and how much is in host memory', () => {
+    const status = withPark({ park_state: 'parked', memory_parked: 8 * GIB, memory_used: 0 });
+    expect(statusText(status)).toBe('vGPU parked · 8.0 GiB in host memory');
+    expect(statusText(withPark({ park_state: 'parked', memory_parked: 300 * MIB }))).toBe(
+      'vGPU parked · 300 MiB in host memory'
+    );
+    expect(statusText(withPark({ park_state: 'parked', memory_parked: 0 }))).toBe('vGPU parked');
+  });
+
+  it('says parking and resuming while the memory moves', () => {
+    expect(statusText(withPark({ park_state: 'parking', memory_parked: 3 * GIB }))).toBe('vGPU parking…');
+    expect(statusText(withPark({ park_state: 'resuming', memory_parked: 8 * GIB }))).toBe('vGPU resuming…');
+    expect(PARKING_TEXT).toBe('vGPU parking…');
+    expect(RESUMING_TEXT).toBe('vGPU resuming…');
+  });
+
+  it('keeps the usage text for a running kernel and for an older server', () => {
+    const usage = 'vGPU 1.2 / 4.0 GiB · SM 23 % / 25 %';
+    expect(statusText(withPark({ park_state: 'running', memory_parked: 0, park_wait: null }))).toBe(usage);
+    expect(statusText(inSlice())).toBe(usage); // no parking fields at all
+    expect(statusText(inSlice({ kernel: undefined }))).toBe(usage);
+    expect(statusText(withPark({ park_state: 'sleeping' }))).toBe(usage);
+  });
+
+  it('still says so outside a slice and for an unreadable slice', () => {
+    expect(statusText({ kernel_id: 'k', in_slice: false })).toBeNull();
+    expect(
+      statusText({
+        kernel_id: 'k',
+        in_slice: true,
+        error: 'gone',
+        kernel: { memory_used: 0, sm_util: 0, park_state: 'parked', memory_parked: GIB }
+      })
+    ).toBe(UNREADABLE_TEXT);
+  });
+
+  it('leaves the slice usage for the panel', () => {
+    const status = withPark({ park_state: 'parked', memory_parked: 8 * GIB });
+    expect(sliceText(status)).toBe('vGPU 1.2 / 4.0 GiB · SM 23 % / 25 %');
+    expect(sliceText(null)).toBeNull();
+  });
+
+  it('is null for the park part of a running kernel', () => {
+    expect(parkStatusText(parkInfo({}))).toBeNull();
+    expect(parkStatusText(parkInfo({ park_state: 'parked', memory_parked: GIB }))).toBe(
+      'vGPU parked · 1.0 GiB in host memory'
+    );
+  });
+
+  it('gives the status bar a neutral class while parked, parking or resuming', () => {
+    expect(PARKED_CLASS).toBe('hami-parked');
+    expect(RESUMING_CLASS).toBe('hami-resuming');
+    expect(statusParkClass(withPark({ park_state: 'parked', memory_parked: GIB }))).toBe('hami-parked');
+    expect(statusParkClass(withPark({ park_state: 'parking' }))).toBe('hami-parked');
+    expect(statusParkClass(withPark({ park_state: 'resuming' }))).toBe('hami-resuming');
+    expect(statusParkClass(withPark({ park_state: 'running' }))).toBeNull();
+    expect(statusParkClass(inSlice())).toBeNull();
+    expect(statusParkClass(null)).toBeNull();
+    expect(statusParkClass({ kernel_id: 'k', in_slice: false })).toBeNull();
+  });
+});
+
+describe('tooltip while parked', () => {
+  it('tells the parked memory, and what the resume waits for', () => {
+    const status = withPark({
+      park_state: 'parked',
+      memory_used: 0,
+      memory_parked: 8 * GIB,
+      park_wait: "room under the slice's memory cap"
+    });
+    expect(tooltipText(status)).toBe(
+      [
+        'GPU slice alice',
+        'GPU 0: 1.2 / 4.0 GiB · SM 23 % / 25 %',
+        'This kernel: parked, 8.0 GiB in host memory; it comes back before the next cell',
+        "The resume waits for room under the slice's memory cap",
+        'Click to show the slice panel'
+      ].join('\n')
+    );
+  });
+
+  it('tells parking and resuming', () => {
+    expect(tooltipText(withPark({ park_state: 'parking', memory_parked: 3 * GIB })).split('\n')[2]).toBe(
+      'This kernel: parking, 3.0 GiB in host memory so far'
+    );
+    const resuming = tooltipText(
+      withPark({ park_state: 'resuming', memory_parked: 8 * GIB, park_wait: 'free memory on the GPU' })
+    ).split('\n');
+    expect(resuming[2]).toBe('This kernel: resuming, 8.0 GiB coming back from host memory');
+    expect(resuming[3]).toBe('The resume waits for free memory on the GPU');
+  });
+
+  it('shows parked memory on the GPU lines when there is some', () => {
+    expect(gpuText(gpu({ memory_used: GIB, memory_limit: 4 * GIB, memory_parked: 8 * GIB }))).toBe(
+      'GPU 0: 1.0 / 4.0 GiB · SM 0 % · 8.0 GiB parked'
+    );
+    expect(gpuText(gpu({ memory_used: GIB, memory_limit: 4 * GIB, memory_parked: 0 }))).toBe(
+      'GPU 0: 1.0 / 4.0 GiB · SM 0 %'
+    );
+    expect(gpuText(gpu({ memory_used: GIB, memory_limit: 4 * GIB }))).toBe('GPU 0: 1.0 / 4.0 GiB · SM 0 %');
+  });
+});
+
+describe('panel rows while parked', () => {
+  const parked = (fields: Record<string, unknown> = {}): ISliceKernel =>
+    ({ ...kernel('k', 0), park_state: 'parked', memory_parked: 8 * GIB, park_wait: null, ...fields }) as ISliceKernel;
+
+  it('writes the parked memory', () => {
+    expect(kernelParkText(parked())).toBe('parked: 8.0 GiB in host memory');
+    expect(kernelParkText(parked({ memory_parked: 300 * MIB }))).toBe('parked: 300 MiB in host memory');
+  });
+
+  it('adds what a resume waits for', () => {
+    expect(kernelParkText(parked({ park_wait: 'free memory on the GPU' }))).toBe(
+      'parked: 8.0 GiB in host memory · resume waits for free memory on the GPU'
+    );
+    expect(
+      kernelParkText(parked({ park_state: 'resuming', park_wait: "room under the slice's memory cap" }))
+    ).toBe("resuming: 8.0 GiB in host memory · resume waits for room under the slice's memory cap");
+    expect(kernelParkText(parked({ park_state: 'resuming' }))).toBe('resuming: 8.0 GiB in host memory');
+  });
+
+  it('writes parking progress', () => {
+    expect(kernelParkText(parked({ park_state: 'parking', memory_parked: 3 * GIB }))).toBe(
+      'parking: 3.0 GiB in host memory so far'
+    );
+    expect(kernelParkText(parked({ park_state: 'parking', memory_parked: 0 }))).toBe('parking…');
+  });
+
+  it('has no park line for a running kernel or one of an older server', () => {
+    expect(kernelParkText(parked({ park_state: 'running', memory_parked: 0 }))).toBeNull();
+    expect(kernelParkText(kernel('k', GIB))).toBeNull();
+    expect(kernelParkText(undefined)).toBeNull();
+  });
+
+  it('offers park to a running kernel of this server that holds memory, resume to a parked one', () => {
+    expect(parkAction(kernel('k', GIB))).toBe('park'); // an older server: running
+    expect(parkAction({ ...kernel('k', GIB), park_state: 'running' })).toBe('park');
+    expect(parkAction(kernel('k', 0))).toBeNull(); // nothing to park
+    expect(parkAction(kernel('k', GIB, 0, false))).toBeNull(); // another server's
+    expect(parkAction(parked())).toBe('resume');
+    expect(parkAction(parked({ this_server: false }))).toBeNull();
+    expect(parkAction(parked({ park_state: 'parking', memory_used: GIB }))).toBeNull();
+    expect(parkAction(parked({ park_state: 'resuming' }))).toBeNull();
+  });
+
+  it('sums up a park or resume for the panel', () => {
+    expect(
+      parkResultText({ kernel_id: '0123456789ab', park_state: 'parked', parked_bytes: 8 * GIB, seconds: 1.24 })
+    ).toBe('Parked 01234567: 8.0 GiB moved to host memory in 1.2 s');
+    expect(
+      resumeResultText({ kernel_id: '0123456789ab', park_state: 'running', restored_bytes: 8 * GIB, seconds: 0.75 })
+    ).toBe('Resumed 01234567: 8.0 GiB back on the GPU in 0.8 s');
+    expect(parkErrorText('park', '0123456789ab', 'host memory too low')).toBe(
+      'Cannot park 01234567: host memory too low'
+    );
+    expect(parkErrorText('resume', '0123456789ab', ' ')).toBe('Cannot resume 01234567');
+  });
+
+  it('keeps the parking fields when reading the server answer', () => {
+    const json = {
+      ...inSlice(),
+      kernel: { memory_used: 0, sm_util: 0, park_state: 'parked', memory_parked: 8 * GIB, park_wait: null },
+      gpus: [{ ...gpu(), memory_parked: 8 * GIB }],
+      kernels: [parked({ kernel_id: 'k1' })]
+    };
+    const status = parseKernelStatus(JSON.parse(JSON.stringify(json)));
+    expect(statusText(status)).toBe('vGPU parked · 8.0 GiB in host memory');
+    expect(kernelParkText(status!.kernels![0])).toBe('parked: 8.0 GiB in host memory');
+    expect(status!.gpus![0].memory_parked).toBe(8 * GIB);
   });
 });
