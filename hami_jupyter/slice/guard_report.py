@@ -1,0 +1,130 @@
+"""What the guard saw: ``<slice root>/guard.json``, written by ``hami-jupyter guard``.
+
+The guard (:mod:`hami_jupyter.guard`) reads every GPU process's real device
+memory from NVML, attributes it to slices, and publishes what it saw here,
+for ``%hami status``, the REST API, ``/metrics``, ``hami-jupyter slice
+list``, the admin panel and ``hami-jupyter doctor`` to show beside the
+slices' own (reported) figures.
+
+Why a file of its own, and not fields in the slice file: a user's slice file
+is writable by that user (their processes count usage in it), and the
+guard's figures are the ones a tampering user must not be able to change.
+The report lies in the slice root, which on a hub is root's; the guard
+replaces it atomically every interval. It holds no state the guard needs
+back: a restarted guard simply writes a new one.
+
+The report (``version`` 1)::
+
+    {"version": 1, "written_unix": 1764060000.5, "interval": 0.5,
+     "action": "kill", "guard_pid": 4242, "host": "gpu-node-1",
+     "errors": ["GPU GPU-...: NVML: ..."],            # what it could not read this round
+     "slices": {"alice": {"path": "/run/hami-jupyter/alice.slice",
+                          "gpus": {"GPU-...": {"real_bytes": 1181116006,
+                                               "reported_bytes": 1073741824,
+                                               "limit_bytes": 1073741824,
+                                               "tolerance_bytes": 67108864,
+                                               "state": "over",   # "ok" or "over"
+                                               "processes": [{"pid": 1234, "real_bytes": 1181116006,
+                                                              "preload": False,
+                                                              "attributed_by": "user"}]}}}},
+     "unattributed": [{"pid": 99, "uuid": "GPU-...", "real_bytes": 524288000,
+                       "user": "bob"}],               # GPU processes of no slice
+     "actions": [{"unix": 1764060000.1, "action": "kill", "slice": "alice",
+                  "uuid": "GPU-...", "pid": 1234, "real_bytes": 1181116006,
+                  "reported_bytes": 1073741824, "limit_bytes": 1073741824,
+                  "why": "..."}]}                   # the latest, newest last
+
+``attributed_by`` is ``"environ"`` (``HAMI_SLICE`` in the process's
+environment), ``"slot"`` (a slot of the slice file holds its pid) or
+``"user"`` (a process of the slice's user that the library does not count:
+a bypass). ``preload`` says whether the process has a slot, i.e. runs under
+the preload library.
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+from .paths import default_root, open_trusted, replace_file
+
+FILE_NAME = "guard.json"
+VERSION = 1
+STALE_AFTER_INTERVALS = 4  # a report older than this many intervals (plus STALE_SLACK_S) is stale
+STALE_SLACK_S = 2.0
+MAX_ACTIONS = 50  # the report keeps the latest actions; the audit log keeps them all
+
+
+class GuardReportError(ValueError):
+    """The report exists but cannot be used (not JSON, another version)."""
+
+
+def report_path(root=None):
+    return Path(root if root is not None else default_root()) / FILE_NAME
+
+
+def write_report(report, root=None):
+    """Replace the report atomically (readable by every user: the figures are
+    the users' own slices', which they may see anyway)."""
+    report = dict(report, version=VERSION)
+    report.setdefault("written_unix", time.time())
+    report["actions"] = list(report.get("actions", []))[-MAX_ACTIONS:]
+    data = json.dumps(report, separators=(",", ":"), sort_keys=True).encode()
+    replace_file(report_path(root), data, mode=0o644)
+
+
+def read_report(root=None, now=None):
+    """The report as a dict with ``"stale"`` added (True when the guard has not
+    written it for a while: it is not running, or stuck), or None when there is
+    none. GuardReportError when it cannot be read."""
+    path = report_path(root)
+    try:
+        fd, _, _ = open_trusted(path, what="guard report")  # root's, or ours: never another user's
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise GuardReportError(f"cannot read the guard's report {path}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(1 << 24)
+    try:
+        report = json.loads(data)
+    except ValueError:
+        raise GuardReportError(f"the guard's report {path} is not JSON") from None
+    if not isinstance(report, dict) or report.get("version") != VERSION:
+        raise GuardReportError(f"the guard's report {path} is not version {VERSION}: "
+                               "is the guard older or newer than this hami-jupyter?")
+    now = time.time() if now is None else now
+    interval = report.get("interval") or 0.5
+    written = report.get("written_unix") or 0
+    report["stale"] = now - written > STALE_AFTER_INTERVALS * interval + STALE_SLACK_S
+    return report
+
+
+def slice_view(report, name):
+    """``{uuid: gpu dict}`` the guard saw for slice *name* (empty without a
+    fresh report), each GPU dict as in the report."""
+    if not report or report.get("stale"):
+        return {}
+    return dict((report.get("slices", {}).get(name) or {}).get("gpus", {}))
+
+
+def over_text(gpu, format_size):
+    """One line for a GPU the guard sees over its cap, or None."""
+    if gpu.get("state") != "over":
+        return None
+    return (f"the guard sees {format_size(gpu['real_bytes'])} really in use on this GPU, over the "
+            f"{format_size(gpu['limit_bytes'])} cap (the slice counts {format_size(gpu['reported_bytes'])})")
+
+
+def guard_pid_alive(report):
+    """Whether the process that wrote the report still runs (on this host)."""
+    pid = report.get("guard_pid") if report else None
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
