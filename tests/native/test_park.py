@@ -7,6 +7,7 @@ them free. The process's own next call brings its state back (its hook asks,
 its housekeeper finds room and restores), contents intact. docs/parking.md.
 """
 
+import fcntl
 import os
 import subprocess
 
@@ -21,6 +22,7 @@ from hami_jupyter.slice.layout import (
     HamiSlot,
     slot_offset,
 )
+from hami_jupyter.slice.locks import F_OFD_SETLK, flock_bytes
 from native_helpers import (
     CUDA_ERROR_OUT_OF_MEMORY,
     GiB,
@@ -161,9 +163,16 @@ def test_a_parker_that_died_half_way_is_undone(holder, cudrive, gpu, hami_build)
     slot's park lock: the process's housekeeper unlocks it and runs on."""
     s, p = holder
     index = slot(s, p.pid).index
-    set_park_state(s.path, index, HAMI_PARK_PARKING)
-    locker = cudrive.run(f"init ckpt lock {p.pid}", gpu.env())  # the dead parker's work
-    assert locker.one("ckpt")["rc"] == 0, locker.describe()
+    # The parker's work, holding its lock as hami-park does; then it "dies" (the lock goes).
+    fd = os.open(s.path, os.O_RDWR)
+    try:
+        fcntl.fcntl(fd, F_OFD_SETLK, flock_bytes(fcntl.F_WRLCK, slot_offset(index) +
+                                                  HamiSlot.park_state.offset))
+        set_park_state(s.path, index, HAMI_PARK_PARKING)
+        locker = cudrive.run(f"init ckpt lock {p.pid}", gpu.env())
+        assert locker.one("ckpt")["rc"] == 0, locker.describe()
+    finally:
+        os.close(fd)
     wait_for(lambda: slot(s, p.pid).park_state == HAMI_PARK_RUNNING, WAIT_S,
              what="the half-done park undone")
     assert p.ok("check a 90", timeout=WAIT_S)["equal"]  # unlocked: its calls run
