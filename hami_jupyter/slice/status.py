@@ -17,12 +17,25 @@ a process of the slice) is left out of ``memory_used``: it is no longer in
 use, and the slice's next allocation at the cap returns it to the counter.
 Memory of a parked kernel (docs/parking.md) is in host memory: it is
 ``memory_parked``, never ``memory_used``.
+
+The guard (``hami-jupyter guard``) reads every GPU process's real memory from
+NVML and publishes what it saw in ``guard.json`` in the slice root
+(:mod:`.guard_report`); the slice root is the slice file's folder. Beside the
+slice's own (reported) figures each GPU carries the guard's: ``memory_real``
+(bytes, None without a fresh report, or when the guard could not read that
+GPU; 0 when it saw no process of the slice there) and ``guard_state`` ("ok",
+"over" its cap, None without a fresh report), with ``guard_limit`` and
+``guard_reported``, the cap and the slice's count as the guard saw them. The
+slice's ``guard`` entry says whether a guard is running (``running``: a fresh
+report exists), its ``action`` and when it last wrote (``written_unix``; both
+from a stale report too, None without one), and ``error``, why a report that
+exists could not be read. A report that cannot be read never fails the status.
 """
 
 import os
 import time
 
-from . import registry
+from . import guard_report, registry
 from .file import read_snapshot
 from .layout import (
     HAMI_PARK_PARKED,
@@ -31,6 +44,7 @@ from .layout import (
     HAMI_PARK_WAIT_GPU,
     HAMI_PARK_WAIT_SLICE,
 )
+from .paths import slice_name
 from .size import format_size
 
 # Where a process's GPU state is (hami_slot.park_state), by name; a kernel's is
@@ -43,6 +57,11 @@ PARK_WAITS = {HAMI_PARK_WAIT_SLICE: "room under the slice's memory cap",
 
 WARNING_FRACTION = 0.80  # of the memory cap: a warning, unless configured otherwise
 CRITICAL_FRACTION = 0.95  # of the memory cap: nearly out
+
+# The guard's real figure is shown beside the reported one only when they differ
+# by more than this (the CUDA context and NVML's rounding are not news).
+REAL_SLACK_BYTES = 16 << 20
+REAL_SLACK_FRACTION = 0.02  # of the reported figure
 
 
 def check_fractions(warning, critical):
@@ -68,6 +87,64 @@ def memory_level(used, limit, warning=WARNING_FRACTION, critical=CRITICAL_FRACTI
     return "ok"
 
 
+def _read_guard(root):
+    """``(report or None, why it cannot be read or None)`` for the slice root *root*."""
+    try:
+        return guard_report.read_report(root), None
+    except (guard_report.GuardReportError, OSError) as e:
+        return None, str(e)
+
+
+def _count(value):
+    """*value* when it is a whole number of bytes, else None (the report is only JSON)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _guard_gpus(report, names):
+    """``{uuid: the guard's GPU dict}`` of the slice, under the first of *names*
+    the fresh *report* knows; {} when none does; None when the report is not
+    shaped as its format says (then nothing of it is believed)."""
+    for name in names:
+        try:
+            seen = guard_report.slice_view(report, name)
+        except (AttributeError, TypeError, ValueError):
+            return None
+        if seen:
+            return {u: g for u, g in seen.items() if isinstance(g, dict)}
+    return {}
+
+
+def _guard_fields(uuid, fresh, seen, errors):
+    """The guard's fields of one GPU of the slice (see the module docstring)."""
+    none = {"memory_real": None, "guard_state": None, "guard_limit": None, "guard_reported": None}
+    if not fresh or seen is None:
+        return none
+    g = seen.get(uuid)
+    if g is None:
+        # The guard sees every GPU process of the host: none of this slice's
+        # means none uses this GPU, unless it could not read the GPU at all.
+        if any(uuid and uuid in str(e) for e in errors):
+            return none
+        return {"memory_real": 0, "guard_state": "ok", "guard_limit": None, "guard_reported": None}
+    real = _count(g.get("real_bytes"))
+    if real is None:
+        return none
+    return {"memory_real": real,
+            "guard_state": "over" if g.get("state") == "over" else "ok",
+            "guard_limit": _count(g.get("limit_bytes")),
+            "guard_reported": _count(g.get("reported_bytes"))}
+
+
+def guard_entry(report, error):
+    """The slice's ``guard`` entry for *report* (as :func:`.guard_report.read_report`
+    gives it, or None) and the error reading it (or None)."""
+    fresh = bool(report) and not report.get("stale")
+    return {"running": fresh,
+            "action": report.get("action") if report else None,
+            "written_unix": report.get("written_unix") if report else None,
+            "error": error}
+
+
 def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
     """The slice at *path* now, as a dict (see the module docstring); memory
     levels by the fractions of the cap *warning* and *critical*.
@@ -85,6 +162,12 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
     for s in snap.slots:
         for d, parked in (s.parked or {}).items():
             parked_by_device[d] = parked_by_device.get(d, 0) + parked
+
+    report, guard_error = _read_guard(os.path.dirname(os.path.abspath(snap.path)))
+    guard = guard_entry(report, guard_error)
+    seen = _guard_gpus(report, (snap.name, slice_name(snap.path))) if guard["running"] else {}
+    errors = report.get("errors") if guard["running"] else None
+    errors = errors if isinstance(errors, list) else []
 
     gpus = []
     for d in snap.devices:
@@ -107,6 +190,7 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
             "limit_is_fallback": d.limit_is_fallback,
             "decoders": d.decoders,
             "max_decoders": d.limit.max_decoders,
+            **_guard_fields(d.uuid, guard["running"], seen, errors),
         })
 
     registered = {k.kernel_id: k for k in registry.kernels(snap.path)}
@@ -173,6 +257,7 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
         "kernels": list(kernels.values()),
         "other_processes": others,
         "dead_processes": len(snap.stale_slots),
+        "guard": guard,
     }
 
 
@@ -194,6 +279,38 @@ def _memory_line(used, limit, total):
 def _sm_line(gpu):
     share = f"share {gpu['sm_share']} % ({gpu['mode']})" if gpu["sm_share"] else "no SM limit"
     return f"SM {gpu['sm_util']} % now, {share}"
+
+
+def real_differs(real, reported):
+    """Whether the guard's *real* bytes differ from the *reported* ones by more
+    than REAL_SLACK_BYTES + REAL_SLACK_FRACTION of them (False without *real*)."""
+    if real is None:
+        return False
+    return abs(real - reported) > REAL_SLACK_BYTES + REAL_SLACK_FRACTION * reported
+
+
+def real_text(gpu):
+    """"real 1.1 GiB (guard)" when the guard's figure of *gpu* (a ``gpus`` entry)
+    differs from the reported ``memory_used`` (see :func:`real_differs`), else ""."""
+    real = gpu.get("memory_real")
+    if not real_differs(real, gpu["memory_used"]):
+        return ""
+    return f"real {format_size(real)} (guard)"
+
+
+def guard_over_text(gpu, status=None):
+    """The line for a GPU (a ``gpus`` entry) the guard sees over its cap, with the
+    guard's action from *status* when given; None when it is not over."""
+    if gpu.get("guard_state") != "over" or gpu.get("memory_real") is None:
+        return None
+    limit = gpu.get("guard_limit")
+    reported = gpu.get("guard_reported")
+    text = guard_report.over_text({
+        "state": "over", "real_bytes": gpu["memory_real"],
+        "limit_bytes": gpu["memory_limit"] if limit is None else limit,
+        "reported_bytes": gpu["memory_used"] if reported is None else reported}, format_size)
+    action = ((status or {}).get("guard") or {}).get("action")
+    return f"{text}; the guard's action: {action}" if action else text
 
 
 def level_words(level, status):
@@ -234,7 +351,9 @@ def format_text(status):
         lines.append(f"  no GPU used in this slice yet; each GPU gets: {cap}, {sm}")
     for g in status["gpus"]:
         lines.append(f"  GPU {g['index']} {g['uuid']}")
-        lines.append(f"    memory {_memory_line(g['memory_used'], g['memory_limit'], g['memory_total'])}")
+        real = real_text(g)
+        lines.append(f"    memory {_memory_line(g['memory_used'], g['memory_limit'], g['memory_total'])}"
+                     + (f", {real}" if real else ""))
         if g.get("memory_parked"):
             lines.append(f"    parked {format_size(g['memory_parked'])} in host memory (not on the GPU, "
                          "back when its kernel runs again)")
@@ -247,6 +366,9 @@ def format_text(status):
         elif g["memory_level"] == "critical":
             lines.append(f"    CRITICAL: {level_words('critical', status)} "
                          "(`%hami release` returns framework caches)")
+        over = guard_over_text(g, status)
+        if over:
+            lines.append(f"    OVER CAP: {over}")
     if status["kernels"]:
         lines.append("  kernels:")
     for k in status["kernels"]:

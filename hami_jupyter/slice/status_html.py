@@ -11,7 +11,7 @@ with light-theme fallbacks, so the view stays readable in a dark theme.
 from html import escape
 
 from .size import format_size
-from .status import level_words, parking_text
+from .status import guard_over_text, level_words, parking_text, real_text
 
 LEVEL_COLOUR = {
     "ok": "var(--jp-success-color1, #388e3c)",
@@ -52,13 +52,16 @@ def _bar(fraction, colour):
 def _memory_cell(gpu):
     used, limit, total = gpu["memory_used"], gpu["memory_limit"], gpu["memory_total"]
     if limit:
-        return (_bar(used / limit, LEVEL_COLOUR[gpu["memory_level"]])
+        cell = (_bar(used / limit, LEVEL_COLOUR[gpu["memory_level"]])
                 + f"{format_size(used)} / {format_size(limit)} ({100 * used / limit:.0f} %)")
     # No cap: the bar shows the whole GPU, in a colour that is not a level.
-    if total:
-        return (_bar(used / total, _UNCAPPED_COLOUR)
+    elif total:
+        cell = (_bar(used / total, _UNCAPPED_COLOUR)
                 + f"{format_size(used)} of {format_size(total)} " + _muted("(no cap)"))
-    return f"{format_size(used)} " + _muted("(no cap)")
+    else:
+        cell = f"{format_size(used)} " + _muted("(no cap)")
+    real = real_text(gpu)  # the guard's figure, where it tells something the slice's does not
+    return cell + (f', <span class="hami-guard-real">{real}</span>' if real else "")
 
 
 def _sm_cell(gpu):
@@ -86,6 +89,12 @@ def _gpu_table(gpu, status):
         rows.append(
             f'<tr><td colspan="2" class="hami-{level}" style="{_CELL}; font-weight: 600; '
             f'color: {LEVEL_COLOUR[level]}">{_level_words(level, status)}</td></tr>'
+        )
+    over = guard_over_text(gpu, status)
+    if over:
+        rows.append(
+            f'<tr><td colspan="2" class="hami-guard-over" style="{_CELL}; font-weight: 600; '
+            f'color: {LEVEL_COLOUR["critical"]}">Over the cap: {escape(over)}.</td></tr>'
         )
     return f'<table class="hami-gpu" style="{_TABLE}">{"".join(rows)}</table>'
 
