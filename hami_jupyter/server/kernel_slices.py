@@ -4,7 +4,9 @@ Plain functions of the server's kernel manager, so they can be tested without
 a server. A kernel is in a slice when the HAMi provisioner started it; the
 slice's state comes from :func:`hami_jupyter.slice.status.slice_status`, the
 same reading ``%hami status`` shows, summed up for a status bar, with memory
-levels by the server's configured thresholds (:class:`.config.SliceDisplay`).
+levels by the server's configured thresholds (:class:`.config.SliceDisplay`),
+and the guard's figures beside the slice's own (``memory_real``,
+``guard_state`` and ``guard`` of the slice; per GPU in ``gpus``).
 A slice file that cannot be read is one line of advice
 (:mod:`hami_jupyter.advice`), never an error of the whole answer: the other
 slices and kernels still show.
@@ -102,10 +104,25 @@ def _memory_limit(status):
     return 0 if 0 in limits else sum(limits)
 
 
+def _guard_summary(status):
+    """``(memory_real, guard_state)`` of the whole slice: the guard's bytes over
+    its GPUs (None unless it knows every one) and "over" when it sees any GPU
+    over its cap, "ok" when none, None when no guard is running."""
+    guard = status.get("guard") or {}
+    if not guard.get("running"):
+        return None, None
+    gpus = status["gpus"]
+    reals = [g.get("memory_real") for g in gpus]
+    real = None if None in reals else sum(reals)
+    over = any(g.get("guard_state") == "over" for g in gpus)
+    return real, "over" if over else "ok"
+
+
 def summary(status, kernel_id):
     """The status bar's view of one kernel in its slice (the fields after ``path``)."""
     gpus = status["gpus"]
     mine = next((k for k in status["kernels"] if k["kernel_id"] == kernel_id), None)
+    memory_real, guard_state = _guard_summary(status)
     return {
         "memory_used": sum(g["memory_used"] for g in gpus),
         "memory_limit": _memory_limit(status),
@@ -125,6 +142,9 @@ def summary(status, kernel_id):
         "kernels": status["kernels"],
         "warning_fraction": status["warning_fraction"],
         "critical_fraction": status["critical_fraction"],
+        "memory_real": memory_real,
+        "guard_state": guard_state,
+        "guard": status.get("guard"),
     }
 
 

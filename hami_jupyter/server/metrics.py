@@ -9,18 +9,33 @@ cannot be read is left out (and logged).
 
 The registry refuses the same metric names twice, so there is one collector
 per process; loading the extension again only points it at the newer server.
+
+The guard's figures (``guard.json`` in the slice root, see
+:mod:`hami_jupyter.slice.guard_report`) come beside the slices' own:
+``hami_slice_memory_real_bytes`` per slice and GPU, only while the guard's
+report is fresh, and ``hami_guard_up`` per slice root (the default one, and
+each of the slices' roots): 1 while a guard writes a fresh report there, else 0.
 """
 
 import os
+from pathlib import Path
 
 from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 
+from ..slice.guard_report import GuardReportError, read_report
+from ..slice.paths import default_root
 from ..slice.status import slice_status
 from .kernel_slices import server_slices
 
 SLICE_LABELS = ("slice", "user", "gpu_uuid")
 KERNEL_LABELS = (*SLICE_LABELS, "kernel_id")
+GUARD_LABELS = ("slice_root",)
+
+REAL_GAUGE = ("hami_slice_memory_real_bytes",
+              "GPU memory the slice's processes really use on the GPU, as the guard reads it "
+              "from NVML (only while the guard's report is fresh)", "memory_real")
+GUARD_UP = ("hami_guard_up", "1 while the guard writes a fresh report in the slice root, else 0")
 
 # (metric name, help, key of a slice_status()["gpus"] entry)
 SLICE_GAUGES = (
@@ -50,7 +65,24 @@ def _families():
                 for name, doc, _ in SLICE_GAUGES}
     families.update({name: GaugeMetricFamily(name, doc, labels=KERNEL_LABELS)
                      for name, doc, _ in KERNEL_GAUGES})
+    families[REAL_GAUGE[0]] = GaugeMetricFamily(REAL_GAUGE[0], REAL_GAUGE[1], labels=SLICE_LABELS)
+    families[GUARD_UP[0]] = GaugeMetricFamily(GUARD_UP[0], GUARD_UP[1], labels=GUARD_LABELS)
     return families
+
+
+def guard_up(root):
+    """1 when a fresh guard report lies in *root*, else 0 (none, stale or unreadable)."""
+    try:
+        report = read_report(root)
+    except (GuardReportError, OSError):
+        return 0
+    return 1 if report is not None and not report.get("stale") else 0
+
+
+def add_guard(families, roots):
+    """One ``hami_guard_up`` sample per slice root in *roots*."""
+    for root in roots:
+        families[GUARD_UP[0]].add_metric((str(root),), guard_up(root))
 
 
 def _per_gpu(kernel, key):
@@ -69,6 +101,8 @@ def add_slice(families, status, server_kernels):
     for g in status["gpus"]:
         for name, _, key in SLICE_GAUGES:
             families[name].add_metric((status["slice"], user, g["uuid"]), g[key])
+        if g.get(REAL_GAUGE[2]) is not None:  # a fresh report of the guard: see slice_status
+            families[REAL_GAUGE[0]].add_metric((status["slice"], user, g["uuid"]), g[REAL_GAUGE[2]])
     for k in status["kernels"]:
         if k["kernel_id"] not in server_kernels:
             continue
@@ -103,6 +137,12 @@ class SliceCollector:
                 add_slice(families, slice_status(path), set(by_kernel))
             except Exception as e:
                 app.log.debug("hami-jupyter: slice %s left out of /metrics: %s", path, e)
+        try:
+            roots = {os.path.abspath(default_root()): None}
+            roots.update((os.path.dirname(os.path.abspath(p)), None) for p in paths)
+            add_guard(families, [Path(r) for r in roots])
+        except Exception as e:
+            app.log.debug("hami-jupyter: hami_guard_up left out of /metrics: %s", e)
         return list(families.values())
 
 

@@ -4,6 +4,7 @@
 import getpass
 
 import pytest
+from fake_guard import seen, write_guard
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami_jupyter.server import _load_jupyter_server_extension
@@ -15,6 +16,7 @@ CONTEXT = 64 * MiB  # the simulated GPU's context
 SLICE_GAUGES = ("hami_slice_memory_used_bytes", "hami_slice_memory_limit_bytes",
                 "hami_slice_sm_share_percent", "hami_slice_sm_utilization_percent")
 KERNEL_GAUGES = ("hami_kernel_memory_used_bytes", "hami_kernel_sm_utilization_percent")
+GUARD_GAUGES = ("hami_slice_memory_real_bytes", "hami_guard_up")
 
 
 async def scrape(jp_fetch):
@@ -22,7 +24,7 @@ async def scrape(jp_fetch):
     response = await jp_fetch("metrics")
     assert response.code == 200
     text = response.body.decode()
-    samples = {name: [] for name in SLICE_GAUGES + KERNEL_GAUGES}
+    samples = {name: [] for name in SLICE_GAUGES + KERNEL_GAUGES + GUARD_GAUGES}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in samples:
@@ -72,16 +74,48 @@ async def test_collector_registered_once(jp_serverapp, jp_fetch, start_kernel):
     after, text = await scrape(jp_fetch)
     assert after == before
     assert after["hami_slice_memory_used_bytes"][0][1] == CONTEXT
-    for name in SLICE_GAUGES + KERNEL_GAUGES:
+    for name in SLICE_GAUGES + KERNEL_GAUGES + GUARD_GAUGES:
         assert text.count(f"# HELP {name} ") == 1, name
 
 
 async def test_scrape_answers_whatever_the_slices(start_kernel, jp_fetch, slice_env):
     samples, text = await scrape(jp_fetch)  # no kernels: the gauges, no samples
+    no_guard = [({"slice_root": str(slice_env.root)}, 0.0)]
+    assert samples.pop("hami_guard_up") == no_guard  # the slice root's, kernels or not
     assert all(v == [] for v in samples.values())
     assert "# TYPE hami_slice_memory_used_bytes gauge" in text
     await start_kernel()  # no GPU work: nothing maps the file
     (slice_env.root / f"{user_slice_name()}.slice").write_bytes(b"junk" * 2048)
     samples, text = await scrape(jp_fetch)
+    assert samples.pop("hami_guard_up") == no_guard
     assert all(v == [] for v in samples.values())
     assert "# TYPE hami_slice_memory_used_bytes gauge" in text
+
+
+async def test_the_guards_real_memory_and_whether_it_runs(start_kernel, jp_fetch, slice_env):
+    k = await start_kernel()
+    await k.run("from hami_jupyter import driver_memory as c\n"
+                "c.init()\n"
+                "b = c.DeviceBuffer(300 << 20)")
+    name = user_slice_name()
+    (gpu,) = slice_status(slice_env.root / f"{name}.slice")["gpus"]
+    labels = {"slice": name, "user": name, "gpu_uuid": gpu["uuid"]}
+    root = {"slice_root": str(slice_env.root)}
+    used = 300 * MiB + CONTEXT
+
+    samples, _ = await scrape(jp_fetch)  # no guard: no real figure, and the guard is down
+    assert samples["hami_slice_memory_real_bytes"] == []
+    assert samples["hami_guard_up"] == [(root, 0.0)]
+
+    report = write_guard(slice_env.root, {name: {gpu["uuid"]: seen(used + 500 * MiB, used, 1 << 30)}},
+                         interval=5.0)
+    samples, _ = await scrape(jp_fetch)
+    assert samples["hami_slice_memory_real_bytes"] == [(labels, used + 500 * MiB)]
+    assert samples["hami_slice_memory_used_bytes"] == [(labels, used)]  # the slice's own, beside
+    assert samples["hami_guard_up"] == [(root, 1.0)]
+
+    write_guard(slice_env.root, {name: {gpu["uuid"]: seen(used + 500 * MiB, used, 1 << 30)}},
+                written_unix=report["written_unix"] - 600)  # it stopped writing
+    samples, _ = await scrape(jp_fetch)
+    assert samples["hami_slice_memory_real_bytes"] == []
+    assert samples["hami_guard_up"] == [(root, 0.0)]

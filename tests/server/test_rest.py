@@ -6,6 +6,7 @@ import os
 import uuid
 
 import pytest
+from fake_guard import seen, write_guard
 from jupyter_server.utils import url_path_join
 
 from hami_jupyter.slice import registry as kernel_registry
@@ -17,7 +18,8 @@ USER = "alice"
 
 SUMMARY_KEYS = {"kernel_id", "in_slice", "slice", "path", "memory_used", "memory_limit",
                 "memory_level", "sm_share", "sm_util", "kernel", "gpus", "kernels",
-                "warning_fraction", "critical_fraction"}
+                "warning_fraction", "critical_fraction", "memory_real", "guard_state", "guard"}
+NO_GUARD = {"running": False, "action": None, "written_unix": None, "error": None}
 
 
 @pytest.fixture
@@ -75,6 +77,7 @@ async def test_kernel_usage_follows_the_slice_file(start_kernel, get_json, slice
     assert [(e["kernel_id"], e["user"], e["this_server"]) for e in body["kernels"]] == \
         [(k.id, USER, True)]
     assert (body["warning_fraction"], body["critical_fraction"]) == (0.8, 0.95)
+    assert (body["memory_real"], body["guard_state"], body["guard"]) == (None, None, NO_GUARD)
 
     # 1 GiB cap, the context included: 364 MiB is fine, 864 MiB over 80 %, 984 MiB over 95 %.
     used = CONTEXT
@@ -89,10 +92,44 @@ async def test_kernel_usage_follows_the_slice_file(start_kernel, get_json, slice
         (gpu,) = body["gpus"]
         assert (gpu["memory_used"], gpu["memory_limit"], gpu["memory_level"]) == \
             (used, slice_env.memory_limit, level)
+        assert (gpu["memory_real"], gpu["guard_state"]) == (None, None)  # no guard here
         assert body["kernel"]["memory_used"] == used
         (proc,) = body["kernel"]["processes"]
         assert proc["memory_used"] == {gpu["uuid"]: used}
         check_against_file(body)
+
+
+async def test_the_guards_figures_beside_the_slices(start_kernel, get_json, slice_env):
+    k = await start_kernel()
+    await k.run(allocate(300))
+    path = slice_env.root / f"{USER}.slice"
+    (gpu,) = slice_status(path)["gpus"]
+    used = 300 * MiB + CONTEXT
+    report = write_guard(slice_env.root, {USER: {gpu["uuid"]: seen(1300 * MiB, used, 1 << 30,
+                                                                   "over")}}, interval=5.0)
+    body = await get_json("hami", "v1", "kernels", k.id)
+    assert set(body) == SUMMARY_KEYS
+    assert (body["memory_used"], body["memory_real"], body["guard_state"]) == \
+        (used, 1300 * MiB, "over")
+    assert body["guard"] == {"running": True, "action": "kill",
+                             "written_unix": report["written_unix"], "error": None}
+    (shown,) = body["gpus"]
+    assert (shown["memory_used"], shown["memory_real"], shown["guard_state"]) == \
+        (used, 1300 * MiB, "over")
+    assert (shown["guard_limit"], shown["guard_reported"]) == (1 << 30, used)
+    (s,) = (await get_json("hami", "v1", "slices"))["slices"]
+    assert s["guard"] == body["guard"] and s["gpus"] == body["gpus"]
+
+    # Within its cap; then a guard that stopped writing ten minutes ago: not believed.
+    write_guard(slice_env.root, {USER: {gpu["uuid"]: seen(used + 20 * MiB, used, 1 << 30, "ok")}},
+                interval=5.0)
+    body = await get_json("hami", "v1", "kernels", k.id)
+    assert (body["memory_real"], body["guard_state"]) == (used + 20 * MiB, "ok")
+    write_guard(slice_env.root, {USER: {gpu["uuid"]: seen(1300 * MiB, used, 1 << 30, "over")}},
+                written_unix=report["written_unix"] - 600)
+    body = await get_json("hami", "v1", "kernels", k.id)
+    assert (body["memory_real"], body["guard_state"]) == (None, None)
+    assert body["guard"]["running"] is False and body["gpus"][0]["memory_real"] is None
 
 
 async def test_kernel_outside_a_slice(start_kernel, get_json):
