@@ -18,9 +18,11 @@ list`` skips, with a warning, a slice file the trust rule refuses (see
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from ..gpus import read_gpus
+from ..slice import guard_report
 from ..slice.paths import SliceNameError, default_root, slice_path
 from ..slice.size import format_size
 from ..slice.status import format_text
@@ -47,8 +49,53 @@ def _gpu_line(g):
             f"slices{' (' + shares + ')' if shares else ''}")
 
 
+def _table(rows):
+    """*rows* (lists of strings, the first the heading) as aligned columns, indented."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def _memory_rows(shown):
+    """One row per slice and GPU: what the slice counts, its cap, and what the guard reads."""
+    rows = [["SLICE", "GPU", "USED", "CAP", "REAL"]]
+    for v in shown:
+        s = v.status
+        if not s["gpus"]:
+            cap = s["default_limit"]["memory_limit"]
+            rows.append([v.name, "-", format_size(0), format_size(cap) if cap else "none", "-"])
+        for g in s["gpus"]:
+            real = g.get("memory_real")
+            rows.append([v.name, str(g["index"]), format_size(g["memory_used"]),
+                         format_size(g["memory_limit"]) if g["memory_limit"] else "none",
+                         ("-" if real is None else format_size(real))
+                         + ("  OVER CAP" if g.get("guard_state") == "over" else "")])
+    return rows
+
+
+def guard_note(root, now=None):
+    """A note when no guard is running in the slice root *root*, else None."""
+    path = guard_report.report_path(root)
+    cooperative = ("memory caps are enforced only cooperatively, by the preload library in each "
+                   "process; `hami-jupyter guard` starts the guard (docs/guard.md)")
+    try:
+        report = guard_report.read_report(root, now=now)
+    except guard_report.GuardReportError as e:
+        return f"note: {e}: REAL is unknown (-)"
+    if report is None:
+        return f"note: the guard is not running (no {path}): REAL is unknown (-), and {cooperative}"
+    if not report["stale"]:
+        return None
+    age = (time.time() if now is None else now) - (report.get("written_unix") or 0)
+    pid = report.get("guard_pid")
+    alive = ("still runs: stuck?" if guard_report.guard_pid_alive(report) else "is gone")
+    return (f"note: the guard is not running: it last wrote {path} {age:.0f} s ago (its process "
+            f"{pid} {alive}); REAL is unknown (-), and {cooperative}")
+
+
 def list_command(args):
-    """Show every slice with its usage, kernels, limits and whether this user may change them."""
+    """Show every slice with its usage, kernels, limits and whether this user may change them;
+    then a table of each slice's memory per GPU with the guard's real figure (REAL), and a
+    note when no guard is running."""
     root = Path(args.root) if args.root else default_root()
     skipped = []
     views = actions.read_slices(root, skipped=skipped)
@@ -69,10 +116,15 @@ def list_command(args):
     else:
         blocks = [format_text(v.status) + "\n  " + ("limits: you may change them" if v.writable
                                                     else changes.READ_ONLY) for v in shown]
+        memory = ["memory per slice and GPU (REAL: as the guard reads it from NVML):"]
+        memory += _table(_memory_rows(shown)) if shown else ["  none readable"]
+        note = guard_note(root)
+        if note:
+            memory.append(note)
         gpu_lines = ["GPUs:" if promised else "GPUs: none known"] + [_gpu_line(g) for g in promised]
         if message:
             gpu_lines.append(f"  ({message}; sizes come from the slice files)")
-        print("\n\n".join(blocks + ["\n".join(gpu_lines)]))
+        print("\n\n".join(blocks + ["\n".join(memory), "\n".join(gpu_lines)]))
     return 1 if len(shown) < len(views) else 0
 
 

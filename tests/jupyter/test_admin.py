@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from fake_guard import seen, write_guard
 
 from hami_jupyter import native
 from hami_jupyter.slice import registry as kernel_registry
@@ -508,6 +509,48 @@ def test_cli_list_as_text_and_json(hami_env, capsys, charge, no_nvml):
     assert shown["slices"][1]["default_limit"] == {"memory_limit": GiB, "sm_share": 30, "mode": "hard", "max_decoders": 0}
     assert shown["gpus"] == [{"uuid": uuid, "name": "", "memory_total": 16 * GiB,
                               "promised": 3 * GiB, "holders": {"alice": 2 * GiB, "bob": GiB}}]
+
+
+def test_cli_list_shows_the_guards_real_memory(hami_env, capsys, charge, no_nvml):
+    alice = make_slice(hami_env.root, "alice", memory_limit="2g")
+    make_slice(hami_env.root, "bob", memory_limit="1g")
+    charge(alice, 100, kernel_id="k-1")
+    uuid = sim_uuid(alice)
+    heading = "memory per slice and GPU (REAL: as the guard reads it from NVML):"
+
+    def table(out):
+        lines = out.splitlines()
+        start = lines.index(heading)
+        return [" ".join(line.split()) for line in lines[start + 1:start + 4]]
+
+    code, out, err = run(capsys, "list")  # no guard: REAL unknown, and a note that says so
+    assert code == 0 and err == ""
+    assert table(out) == ["SLICE GPU USED CAP REAL", "alice 0 164.0 MiB 2.0 GiB -",
+                          "bob - 0 B 1.0 GiB -"]
+    guard_file = hami_env.root / "guard.json"
+    assert (f"note: the guard is not running (no {guard_file}): REAL is unknown (-), and memory "
+            "caps are enforced only cooperatively, by the preload library in each process; "
+            "`hami-jupyter guard` starts the guard (docs/guard.md)") in out.splitlines()
+
+    report = write_guard(hami_env.root, {"alice": {uuid: seen(2600 * MiB, 164 * MiB, 2 * GiB)}},
+                         interval=5.0)
+    code, out, _ = run(capsys, "list")
+    assert code == 0
+    assert table(out) == ["SLICE GPU USED CAP REAL", "alice 0 164.0 MiB 2.0 GiB 2.5 GiB OVER CAP",
+                          "bob - 0 B 1.0 GiB -"]
+    assert "note:" not in out
+    assert "OVER CAP: the guard sees 2.5 GiB really in use on this GPU, over the 2.0 GiB cap" in out
+    code, out, _ = run(capsys, "list", "--json")
+    alice_gpu = json.loads(out)["slices"][0]["gpus"][0]
+    assert (alice_gpu["memory_real"], alice_gpu["guard_state"]) == (2600 * MiB, "over")
+
+    write_guard(hami_env.root, {"alice": {uuid: seen(2600 * MiB, 164 * MiB, 2 * GiB)}},
+                written_unix=report["written_unix"] - 600, guard_pid=99999999)
+    code, out, _ = run(capsys, "list")
+    assert code == 0 and table(out)[1] == "alice 0 164.0 MiB 2.0 GiB -"
+    [note] = [line for line in out.splitlines() if line.startswith("note:")]
+    assert note.startswith(f"note: the guard is not running: it last wrote {guard_file} 60")
+    assert "s ago (its process 99999999 is gone); REAL is unknown (-)" in note
 
 
 def test_cli_list_survives_bad_registry_entries_and_skips_untrusted_slices(hami_env, capsys, no_nvml,
