@@ -9,15 +9,18 @@ simulated GPU, which is what ``hami-jupyter demo`` then uses.
 The checks look at what a kernel started from this environment would meet:
 the driver libraries the loader finds, the preload library in a real child
 process, the provisioner and kernelspecs Jupyter finds, the limit variables,
-and the slice files.
+the guard that watches the slices' real memory (its report in the slice
+root), and the slice files.
 """
 
 import ctypes
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -25,6 +28,7 @@ from pathlib import Path
 from .. import gpus, native
 from ..advice import explain
 from ..provisioning import kernelspec
+from ..slice import guard_report
 from ..slice.file import SliceFile, SliceFileError
 from ..slice.layout import HAMI_SLICE_MAX_DEVICES
 from ..slice.limits import MODE_NUMBERS, LimitError
@@ -328,6 +332,55 @@ def _managed_root(name, root):
                  "from the hub, or ask an administrator to check the hub's log")
 
 
+_START_GUARD = ("start it as root: `hami-jupyter guard` (examples/hami-guard.service runs it under "
+                "systemd; docs/guard.md)")
+_COOPERATIVE = ("memory caps are enforced only cooperatively, by the preload library in each "
+                "process: a process without it, or one that gets around it, is not held")
+
+
+def check_guard(root=None, now=None):
+    """Does a guard watch the slices' real GPU memory (a fresh report in the slice root)?"""
+    name = "guard"
+    root = Path(root) if root else default_root()
+    path = guard_report.report_path(root)
+    try:
+        report = guard_report.read_report(root, now=now)
+    except guard_report.GuardReportError as e:
+        return Check(name, WARN, f"{e}; until a guard writes one that can be read, {_COOPERATIVE}",
+                     f"the guard replaces its report every interval: {_START_GUARD}")
+    if report is None:
+        return Check(name, WARN, f"no guard is running: no report {path}, so {_COOPERATIVE}",
+                     _START_GUARD)
+    now = time.time() if now is None else now
+    age = now - (report.get("written_unix") or 0)
+    interval = report.get("interval") or 0.5
+    pid, host = report.get("guard_pid"), report.get("host")
+    if report["stale"]:
+        if host and host != socket.gethostname():
+            where = f"it ran on host {host}"
+        else:
+            where = (f"its process {pid} " + ("still runs: stuck?" if guard_report.guard_pid_alive(report)
+                                              else "is gone"))
+        return Check(name, WARN, f"the guard stopped writing {path}: the last report is {age:.0f} s "
+                     f"old (it wrote every {interval:g} s); {where}. Until it writes again, "
+                     f"{_COOPERATIVE}",
+                     "restart it (systemctl restart hami-guard, under examples/hami-guard.service), "
+                     f"or {_START_GUARD}")
+    slices = report.get("slices") if isinstance(report.get("slices"), dict) else {}
+    over = sorted(n for n, s in slices.items() if isinstance(s, dict) and isinstance(s.get("gpus"), dict)
+                  and any(isinstance(g, dict) and g.get("state") == "over" for g in s["gpus"].values()))
+    detail = (f"running (pid {pid}{f' on {host}' if host else ''}): action {report.get('action')}, "
+              f"a report every {interval:g} s ({path}, the last {age:.1f} s ago), "
+              f"{len(slices)} slice(s) seen")
+    if over:
+        detail += f"; over their cap now: {', '.join(over)}"
+    errors = [str(e) for e in report.get("errors") or []]
+    if errors:
+        return Check(name, WARN, f"{detail}; it cannot read: {'; '.join(errors)}",
+                     "what it cannot read it cannot hold to the caps: check those GPUs with nvidia-smi")
+    return Check(name, PASS, detail)
+
+
 def _limit_problems(snap, raw):
     """(status, text) for each limit in the file that is invalid or has no effect.
     *raw* is the limit set in force as the file holds it: the snapshot's limits
@@ -403,6 +456,7 @@ def _not_yours(path):
 def run_checks(slice_path=None):
     """Every check, in the order a set-up is built; only *slice_path* if given, else every slice."""
     checks = [check_driver(), check_cuda_library(), check_nvml(), check_preload(),
-              check_provisioner(), check_kernelspecs(), check_environment(), check_slice_root()]
+              check_provisioner(), check_kernelspecs(), check_environment(), check_slice_root(),
+              check_guard(Path(slice_path).parent if slice_path else None)]
     checks += [check_slice(slice_path)] if slice_path else check_slices()
     return checks

@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_guard import seen, write_guard
 
+from hami_jupyter.commands import doctor
 from hami_jupyter.slice import registry as kernel_registry
 from hami_jupyter.commands.cli import main
 from hami_jupyter.commands.doctor import DRIVER_VERSION_FILE
@@ -179,6 +181,7 @@ def test_doctor_on_this_machine(hami_env, capsys):
     assert "hami-python3" in checks["kernelspecs"]["detail"]
     assert checks["limit variables"]["status"] == "PASS"
     assert checks["slice root"]["status"] == "PASS"
+    assert checks["guard"]["status"] == "WARN"  # no guard here: enforced only cooperatively
     assert checks["slice alice"]["status"] == "PASS"
     assert "1.0 GiB" in checks["slice alice"]["detail"]
     assert not [c for c in checks.values() if c["status"] == "FAIL"]
@@ -188,6 +191,51 @@ def test_doctor_on_this_machine(hami_env, capsys):
     assert code == 0
     assert "PASS  preload library" in out
     assert "0 failed" in out
+    guard = next(x for x in out.splitlines() if x.startswith("WARN  guard"))
+    assert f"no guard is running: no report {hami_env.root / 'guard.json'}" in guard
+    assert "-> start it as root: `hami-jupyter guard` (examples/hami-guard.service" in out
+
+
+def test_doctor_guard_check(hami_env):
+    path = make_slice(hami_env.root, "alice", memory_limit="1g")
+    report_file = hami_env.root / "guard.json"
+
+    check = doctor.check_guard()  # none: the caps hold only as far as every process cooperates
+    assert (check.name, check.status) == ("guard", "WARN")
+    assert check.detail == (f"no guard is running: no report {report_file}, so memory caps are "
+                            "enforced only cooperatively, by the preload library in each process: "
+                            "a process without it, or one that gets around it, is not held")
+    assert check.advice == ("start it as root: `hami-jupyter guard` (examples/hami-guard.service "
+                            "runs it under systemd; docs/guard.md)")
+
+    report = write_guard(hami_env.root, {"alice": {"GPU-x": seen(3 << 30, 1 << 30, 1 << 30)}},
+                         interval=0.5, action="kill", guard_pid=4242, host="gpu-node-1")
+    check = doctor.check_guard(now=report["written_unix"] + 0.3)
+    assert check.status == "PASS", check
+    assert check.detail == (f"running (pid 4242 on gpu-node-1): action kill, a report every 0.5 s "
+                            f"({report_file}, the last 0.3 s ago), 1 slice(s) seen; "
+                            "over their cap now: alice")
+    assert doctor.check_guard(path.parent, now=report["written_unix"] + 0.3) == check
+
+    write_guard(hami_env.root, {}, errors=["GPU GPU-x: NVML: Unknown Error"])
+    check = doctor.check_guard()
+    assert check.status == "WARN" and check.detail.endswith("it cannot read: GPU GPU-x: NVML: Unknown Error")
+
+    # Stopped writing: its process gone, or still there (stuck).
+    report = write_guard(hami_env.root, {}, interval=0.5, guard_pid=99999999)
+    check = doctor.check_guard(now=report["written_unix"] + 600)
+    assert check.status == "WARN"
+    assert check.detail.startswith(f"the guard stopped writing {report_file}: the last report is "
+                                   "600 s old (it wrote every 0.5 s); its process 99999999 is gone. "
+                                   "Until it writes again, memory caps are enforced only cooperatively")
+    assert check.advice.startswith("restart it (systemctl restart hami-guard")
+    report = write_guard(hami_env.root, {}, interval=0.5)  # this process: alive
+    check = doctor.check_guard(now=report["written_unix"] + 600)
+    assert f"its process {os.getpid()} still runs: stuck?" in check.detail
+
+    report_file.write_text("[]")
+    check = doctor.check_guard()
+    assert check.status == "WARN" and "is not version 1" in check.detail
 
 
 def test_doctor_fails_on_a_bad_limit_variable(hami_env, capsys, monkeypatch):
