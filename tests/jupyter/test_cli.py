@@ -72,6 +72,18 @@ def test_status_shows_a_slice_as_text_and_json(hami_env, capsys):
     assert status["gpus"] == [] and status["kernels"] == []
 
 
+def test_status_says_whether_a_guard_runs(hami_env, capsys):
+    make_slice(hami_env.root, "alice", memory_limit="1g")
+    code, out, _ = run(capsys, "status", "--json")
+    assert code == 0
+    assert json.loads(out)[0]["guard"] == {"running": False, "action": None, "written_unix": None,
+                                           "error": None}
+    report = write_guard(hami_env.root, {}, action="kill", interval=5.0)
+    code, out, _ = run(capsys, "status", "--json")
+    assert json.loads(out)[0]["guard"] == {"running": True, "action": "kill",
+                                           "written_unix": report["written_unix"], "error": None}
+
+
 def test_status_reports_a_corrupt_slice_and_shows_the_others(hami_env, capsys):
     make_slice(hami_env.root, "alice", memory_limit="1g")
     make_slice(hami_env.root, "carol", memory_limit="2g")
