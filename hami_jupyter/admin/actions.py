@@ -11,12 +11,13 @@ results and raise the same errors.
 """
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..advice import advice
 from ..slice import change as slice_change
-from ..slice import parking
+from ..slice import guard_report, parking
 from ..slice.file import SliceFileError, read_snapshot
 from ..slice.paths import list_slice_paths, log, skip_message, slice_name
 from ..slice.status import slice_status
@@ -141,3 +142,24 @@ def read_slices(root, skipped=None):
 def commitments(views, gpus):
     """:func:`.changes.commitments` of the slices in *views* that could be read."""
     return changes.commitments([(v.name, v.snapshot) for v in views if v.snapshot is not None], gpus)
+
+
+def guard_note(root, now=None):
+    """What to know when no guard is running in the slice root *root* (no
+    report, a stale one, or one that cannot be read), as one line; None while
+    a guard writes fresh reports there."""
+    path = guard_report.report_path(root)
+    cooperative = ("memory caps are enforced only cooperatively, by the preload library in each "
+                   "process; `hami-jupyter guard` starts the guard (docs/guard.md)")
+    try:
+        report = guard_report.read_report(root, now=now)
+    except guard_report.GuardReportError as e:
+        return f"{e}: real memory is unknown (-)"
+    if report is None:
+        return f"the guard is not running (no {path}): real memory is unknown (-), and {cooperative}"
+    if not report["stale"]:
+        return None
+    age = (time.time() if now is None else now) - (report.get("written_unix") or 0)
+    alive = "still runs: stuck?" if guard_report.guard_pid_alive(report) else "is gone"
+    return (f"the guard is not running: it last wrote {path} {age:.0f} s ago (its process "
+            f"{report.get('guard_pid')} {alive}); real memory is unknown (-), and {cooperative}")

@@ -18,11 +18,9 @@ list`` skips, with a warning, a slice file the trust rule refuses (see
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from ..gpus import read_gpus
-from ..slice import guard_report
 from ..slice.paths import SliceNameError, default_root, slice_path
 from ..slice.size import format_size
 from ..slice.status import format_text
@@ -72,26 +70,6 @@ def _memory_rows(shown):
     return rows
 
 
-def guard_note(root, now=None):
-    """A note when no guard is running in the slice root *root*, else None."""
-    path = guard_report.report_path(root)
-    cooperative = ("memory caps are enforced only cooperatively, by the preload library in each "
-                   "process; `hami-jupyter guard` starts the guard (docs/guard.md)")
-    try:
-        report = guard_report.read_report(root, now=now)
-    except guard_report.GuardReportError as e:
-        return f"note: {e}: REAL is unknown (-)"
-    if report is None:
-        return f"note: the guard is not running (no {path}): REAL is unknown (-), and {cooperative}"
-    if not report["stale"]:
-        return None
-    age = (time.time() if now is None else now) - (report.get("written_unix") or 0)
-    pid = report.get("guard_pid")
-    alive = ("still runs: stuck?" if guard_report.guard_pid_alive(report) else "is gone")
-    return (f"note: the guard is not running: it last wrote {path} {age:.0f} s ago (its process "
-            f"{pid} {alive}); REAL is unknown (-), and {cooperative}")
-
-
 def list_command(args):
     """Show every slice with its usage, kernels, limits and whether this user may change them;
     then a table of each slice's memory per GPU with the guard's real figure (REAL), and a
@@ -118,9 +96,9 @@ def list_command(args):
                                                     else changes.READ_ONLY) for v in shown]
         memory = ["memory per slice and GPU (REAL: as the guard reads it from NVML):"]
         memory += _table(_memory_rows(shown)) if shown else ["  none readable"]
-        note = guard_note(root)
+        note = actions.guard_note(root)
         if note:
-            memory.append(note)
+            memory.append(f"note: {note}")
         gpu_lines = ["GPUs:" if promised else "GPUs: none known"] + [_gpu_line(g) for g in promised]
         if message:
             gpu_lines.append(f"  ({message}; sizes come from the slice files)")

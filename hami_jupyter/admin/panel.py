@@ -1,8 +1,11 @@
 """The admin panel: every GPU and slice of the host, and forms that change limits live.
 
 ``AdminPanel()`` in a notebook shows the host's GPUs (NVML: name, memory,
-utilization, and how much memory hard slices are promised on each), then one
-section per slice: its usage, kernels and their users (the same view as
+utilization, and how much memory hard slices are promised on each), a table
+of each slice's memory per GPU, what the slice counts beside what the guard
+reads from NVML ("real (guard)"; "-" without a guard, and a note that says
+so), then one section per slice, headed by a notice while the guard sees the
+slice over its cap: its usage, kernels and their users (the same view as
 ``%hami status``), and a form. The form edits one *entry* of the slice's
 limits, chosen in its first selector: the default entry (every GPU without
 limits of its own) or one GPU the slice has used. Apply checks the change
@@ -80,6 +83,51 @@ def _lines(items, colour):
     return "".join(f'<div style="color: {colour}">{escape(t)}</div>' for t in items)
 
 
+def _memory_table(views, note):
+    """Each readable slice's memory per GPU: used (what it counts), cap, and the
+    guard's real figure ("-" unknown); *note* (:func:`.actions.guard_note`) under it."""
+    head = "".join(f'<th style="{_CELL}">{h}</th>' for h in
+                   ("slice", "GPU", "used (reported)", "cap", "real (guard)"))
+    rows = [f"<tr>{head}</tr>"]
+    for v in views:
+        if v.status is None:
+            continue
+        for g in v.status["gpus"]:
+            real = g.get("memory_real")
+            over = g.get("guard_state") == "over"
+            real_cell = "-" if real is None else format_size(real)
+            if over:
+                real_cell = (f'<span class="hami-guard-over" style="font-weight: 600; color: '
+                             f'{LEVEL_COLOUR["critical"]}">{real_cell} over the cap</span>')
+            cells = [escape(v.name), f'{g["index"]} <span style="{_MUTED}">{escape(g["uuid"])}</span>',
+                     format_size(g["memory_used"]),
+                     format_size(g["memory_limit"]) if g["memory_limit"] else "none", real_cell]
+            rows.append("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in cells) + "</tr>")
+    table = (f'<table class="hami-slice-memory">{"".join(rows)}</table>' if len(rows) > 1
+             else "")
+    if note:
+        table += (f'<div class="hami-guard-note" style="color: {LEVEL_COLOUR["warning"]}">'
+                  f"{escape(note[0].upper() + note[1:])}</div>")
+    return table
+
+
+def _guard_notice(status):
+    """A notice heading a slice the guard sees over its cap; "" otherwise."""
+    over = [g for g in (status or {}).get("gpus", []) if g.get("guard_state") == "over"]
+    if not over:
+        return ""
+    def cap(g):
+        return g["memory_limit"] if g.get("guard_limit") is None else g["guard_limit"]
+
+    where = ", ".join(f"GPU {g['index']} ({format_size(g['memory_real'])} really in use, cap "
+                      f"{format_size(cap(g))})" for g in over)
+    action = (status.get("guard") or {}).get("action")
+    text = (f"Slice {status['slice']} is over its memory cap, as the guard sees it: {where}."
+            + (f" The guard's action: {action}." if action else ""))
+    return (f'<div class="hami-guard-over" style="font-weight: 600; color: '
+            f'{LEVEL_COLOUR["critical"]}">{escape(text)}</div>')
+
+
 def _gpu_table(gpus, message, promised):
     """The host's GPUs; *promised* is :func:`.actions.commitments`."""
     by_uuid = {g.uuid: g for g in gpus}
@@ -119,6 +167,7 @@ class SliceForm:
         self._loaded = {}  # what load() put in the inputs: the "pristine" values
         self._loading = False
         self.status = widgets.HTML()
+        self.guard_notice = widgets.HTML()  # while the guard sees the slice over its cap
         self.banner = widgets.HTML()
         self.device = widgets.Dropdown(description="entry", options=[("default", DEFAULT)])
         self.memory = widgets.Text(description="memory", placeholder="4g, 4096m or none",
@@ -141,7 +190,7 @@ class SliceForm:
         self.inputs = (self.device, self.memory, self.sm, self.mode, self.apply_button)
         self.kernel_rows = widgets.VBox()  # a park / resume button per kernel on the GPU
         self._kernel_states = None
-        self.box = widgets.VBox([self.status, self.kernel_rows, self.banner,
+        self.box = widgets.VBox([self.guard_notice, self.status, self.kernel_rows, self.banner,
                                  widgets.HBox(list(self.inputs) + [self.reset_button]), self.message])
         self.update(view)  # loads the inputs too
 
@@ -155,6 +204,7 @@ class SliceForm:
                                  f'<div style="color: {LEVEL_COLOUR["critical"]}">{escape(view.error)}</div>')
         else:
             self.status.value = format_html(view.status)
+        self.guard_notice.value = _guard_notice(view.status)
         self.banner.value = (f'<div class="hami-read-only" style="font-weight: 600; color: '
                              f'{LEVEL_COLOUR["warning"]}">{READ_ONLY}</div>') if self.read_only else ""
         for w in self.inputs:
@@ -358,10 +408,11 @@ class AdminPanel:
                                            description="allow memory overcommit (hard slices "
                                                        "promised more than a GPU has)")
         self.gpu_table = widgets.HTML()
+        self.memory_table = widgets.HTML()  # each slice per GPU: used, cap, real (guard)
         self.slices = widgets.VBox()
         self.footer = widgets.HTML()
         self.widget = widgets.VBox([self.title, self.banner, self.gpu_table, self.overcommit,
-                                    self.slices, self.footer])
+                                    self.memory_table, self.slices, self.footer])
         self.refresh()
         if start:
             self.start()
@@ -389,6 +440,7 @@ class AdminPanel:
             views = actions.read_slices(self.root, skipped=skipped)
             self.gpus, self.gpu_message, self.skipped = gpus, message, skipped
             self.gpu_table.value = _gpu_table(gpus, message, actions.commitments(views, gpus))
+            self.memory_table.value = _memory_table(views, actions.guard_note(self.root))
             self._update_forms(views)
             if not views and not skipped:
                 self.banner.value = (f"<div>No slices under {escape(str(self.root))} yet: a slice "

@@ -359,16 +359,21 @@ def check_guard(root=None, now=None):
         if host and host != socket.gethostname():
             where = f"it ran on host {host}"
         else:
-            where = (f"its process {pid} " + ("still runs: stuck?" if guard_report.guard_pid_alive(report)
-                                              else "is gone"))
+            alive = guard_report.guard_pid_alive(report)
+            where = f"its process {pid} " + ("still runs: stuck?" if alive else "is gone")
         return Check(name, WARN, f"the guard stopped writing {path}: the last report is {age:.0f} s "
                      f"old (it wrote every {interval:g} s); {where}. Until it writes again, "
                      f"{_COOPERATIVE}",
                      "restart it (systemctl restart hami-guard, under examples/hami-guard.service), "
                      f"or {_START_GUARD}")
     slices = report.get("slices") if isinstance(report.get("slices"), dict) else {}
-    over = sorted(n for n, s in slices.items() if isinstance(s, dict) and isinstance(s.get("gpus"), dict)
-                  and any(isinstance(g, dict) and g.get("state") == "over" for g in s["gpus"].values()))
+
+    def is_over(entry):
+        gpus = entry.get("gpus") if isinstance(entry, dict) else None
+        return isinstance(gpus, dict) and any(isinstance(g, dict) and g.get("state") == "over"
+                                              for g in gpus.values())
+
+    over = sorted(n for n, entry in slices.items() if is_over(entry))
     detail = (f"running (pid {pid}{f' on {host}' if host else ''}): action {report.get('action')}, "
               f"a report every {interval:g} s ({path}, the last {age:.1f} s ago), "
               f"{len(slices)} slice(s) seen")

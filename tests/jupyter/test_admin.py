@@ -175,6 +175,60 @@ def test_panel_shows_gpus_slices_kernels_and_refreshes(hami_env, panels, charge)
     assert not panel.running and not panel._thread.is_alive()
 
 
+def memory_rows(panel):
+    """The panel's table of slices per GPU, as rows of cell texts."""
+    from html.parser import HTMLParser
+
+    rows = []
+
+    class Cells(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            if tag == "tr":
+                rows.append([])
+            elif tag in ("td", "th"):
+                rows[-1].append("")
+
+        def handle_data(self, data):
+            if rows and rows[-1]:
+                rows[-1][-1] += data
+
+    Cells().feed(panel.memory_table.value.split('<div class="hami-guard-note"')[0])
+    return [[" ".join(c.split()) for c in r] for r in rows]
+
+
+def test_panel_shows_the_guards_real_memory_and_who_is_over(hami_env, panels, charge):
+    alice = make_slice(hami_env.root, "alice", memory_limit="2g")
+    bob = make_slice(hami_env.root, "bob", memory_limit="1g")
+    charge(alice, 100)
+    charge(bob, 200)
+    uuid = sim_uuid(alice)
+    head = ["slice", "GPU", "used (reported)", "cap", "real (guard)"]
+
+    panel = panels(gpu_source=fake_gpus((uuid, "Fake H100", 16 * GiB)))  # no guard yet
+    assert memory_rows(panel) == [head, ["alice", f"0 {uuid}", "164.0 MiB", "2.0 GiB", "-"],
+                                  ["bob", f"0 {uuid}", "264.0 MiB", "1.0 GiB", "-"]]
+    assert ('<div class="hami-guard-note"' in panel.memory_table.value
+            and "The guard is not running (no " in panel.memory_table.value
+            and "memory caps are enforced only cooperatively" in panel.memory_table.value)
+    assert all(f.guard_notice.value == "" for f in panel.forms.values())
+
+    write_guard(hami_env.root, {"alice": {uuid: seen(170 * MiB, 164 * MiB, 2 * GiB)},
+                                "bob": {uuid: seen(1536 * MiB, 264 * MiB, GiB)}}, interval=5.0)
+    panel.refresh()
+    assert memory_rows(panel) == [head, ["alice", f"0 {uuid}", "164.0 MiB", "2.0 GiB", "170.0 MiB"],
+                                  ["bob", f"0 {uuid}", "264.0 MiB", "1.0 GiB",
+                                   "1.5 GiB over the cap"]]
+    assert "hami-guard-note" not in panel.memory_table.value
+    a, b = panel.forms["alice"], panel.forms["bob"]
+    assert a.guard_notice.value == ""
+    assert 'class="hami-guard-over"' in b.guard_notice.value
+    assert html.unescape(b.guard_notice.value).endswith(
+        ">Slice bob is over its memory cap, as the guard sees it: GPU 0 (1.5 GiB really in use, "
+        "cap 1.0 GiB). The guard's action: kill.</div>")
+    assert b.box.children[0] is b.guard_notice  # heads the slice's section
+    assert "real 1.5 GiB (guard)" in b.status.value and "(guard)" not in a.status.value
+
+
 def test_refresh_keeps_what_an_admin_is_typing(hami_env, panels):
     path = make_slice(hami_env.root, "alice", memory_limit="2g")
     panel = panels()
@@ -528,7 +582,7 @@ def test_cli_list_shows_the_guards_real_memory(hami_env, capsys, charge, no_nvml
     assert table(out) == ["SLICE GPU USED CAP REAL", "alice 0 164.0 MiB 2.0 GiB -",
                           "bob - 0 B 1.0 GiB -"]
     guard_file = hami_env.root / "guard.json"
-    assert (f"note: the guard is not running (no {guard_file}): REAL is unknown (-), and memory "
+    assert (f"note: the guard is not running (no {guard_file}): real memory is unknown (-), and memory "
             "caps are enforced only cooperatively, by the preload library in each process; "
             "`hami-jupyter guard` starts the guard (docs/guard.md)") in out.splitlines()
 
@@ -550,7 +604,7 @@ def test_cli_list_shows_the_guards_real_memory(hami_env, capsys, charge, no_nvml
     assert code == 0 and table(out)[1] == "alice 0 164.0 MiB 2.0 GiB -"
     [note] = [line for line in out.splitlines() if line.startswith("note:")]
     assert note.startswith(f"note: the guard is not running: it last wrote {guard_file} 60")
-    assert "s ago (its process 99999999 is gone); REAL is unknown (-)" in note
+    assert "s ago (its process 99999999 is gone); real memory is unknown (-)" in note
 
 
 def test_cli_list_survives_bad_registry_entries_and_skips_untrusted_slices(hami_env, capsys, no_nvml,
