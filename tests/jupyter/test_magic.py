@@ -13,6 +13,7 @@ from html import escape
 from pathlib import Path
 
 import pytest
+from fake_guard import seen, write_guard
 
 from hami_jupyter.magic import release as framework_release
 from hami_jupyter.magic import watch as status_watch
@@ -63,6 +64,26 @@ def test_status_shows_limit_kernel_and_usage(start_kernel, cell):
     assert "364.0 MiB / 1.0 GiB" in html
     assert f"<code>{km.kernel_id}</code>" in html and "(this kernel)" in html
     assert 'class="hami-warning"' not in html and 'class="hami-critical"' not in html
+
+
+def test_status_shows_what_the_guard_sees(start_kernel, cell):
+    _, kc = start_kernel(memory_limit="1g")
+    ok(kc, cell, allocate(300))
+    path = Path(kernel_slice(kc, cell))
+    (gpu,) = slice_status(path)["gpus"]
+    used = 300 * MiB + CONTEXT
+    write_guard(path.parent, {path.stem: {gpu["uuid"]: seen(1400 * MiB, used, 1 << 30)}},
+                interval=5.0)
+    r = ok(kc, cell, "%hami status")
+    text = only_output(r, "text/plain")
+    assert "364.0 MiB / 1.0 GiB (36 %), real 1.4 GiB (guard)" in text
+    assert ("OVER CAP: the guard sees 1.4 GiB really in use on this GPU, over the 1.0 GiB cap "
+            "(the slice counts 364.0 MiB); the guard's action: kill") in text
+    html = only_output(r, "text/html")
+    assert 'class="hami-guard-over"' in html and "real 1.4 GiB (guard)" in html
+    shown = json.loads(only_output(ok(kc, cell, "%hami status --json"), "text/plain"))
+    assert (shown["gpus"][0]["memory_real"], shown["gpus"][0]["guard_state"]) == (1400 * MiB, "over")
+    assert shown["guard"]["running"] is True and shown["guard"]["action"] == "kill"
 
 
 def test_status_json_is_what_the_file_says(start_kernel, cell):
