@@ -268,21 +268,116 @@ export function gpuLevel(gpu: IGpuStatus, thresholds: IThresholds = DEFAULT_THRE
   return asLevel(gpu.memory_level) ?? 'ok';
 }
 
+/* The guard: what it reads from NVML, beside what the slice counts (reported). */
+
 /**
- * One line per GPU: `"GPU 0: 1.2 / 4.0 GiB · SM 23 % / 25 %"`, and with
- * memory of parked kernels held in host memory
- * `"GPU 0: 1.2 / 4.0 GiB · SM 23 % / 25 % · 8.0 GiB parked"`.
+ * The guard's real figure is shown beside the reported one only when they
+ * differ by more than this many bytes plus REAL_SLACK_FRACTION of the reported
+ * figure (hami_jupyter/slice/status.py says the same).
+ */
+export const REAL_SLACK_BYTES = 16 * MIB;
+export const REAL_SLACK_FRACTION = 0.02;
+
+/** A number of bytes as the guard sent it, or `null` (missing, null, not a count). */
+function bytesOrNull(value: unknown): number | null {
+  return typeof value === 'number' && Number.isFinite(value) && value >= 0 ? value : null;
+}
+
+/** The guard's real bytes of a GPU; `null` without a guard (or from an older server). */
+export function gpuReal(gpu: IGpuStatus): number | null {
+  return bytesOrNull(gpu.memory_real);
+}
+
+/** Whether `real` differs from `reported` by more than REAL_SLACK_BYTES + REAL_SLACK_FRACTION. */
+export function realDiffers(real: number | null, reported: number): boolean {
+  if (real === null) {
+    return false;
+  }
+  const base = count(reported);
+  return Math.abs(real - base) > REAL_SLACK_BYTES + REAL_SLACK_FRACTION * base;
+}
+
+/** `"real 1.4 GiB (guard)"` when the guard's figure differs from the reported one; else `null`. */
+export function realText(gpu: IGpuStatus): string | null {
+  const real = gpuReal(gpu);
+  return realDiffers(real, count(gpu.memory_used)) ? `real ${formatBytes(real ?? 0)} (guard)` : null;
+}
+
+/** Whether the guard sees the GPU over its cap. */
+export function gpuGuardOver(gpu: IGpuStatus): boolean {
+  return gpu.guard_state === 'over' && gpuReal(gpu) !== null;
+}
+
+/**
+ * The guard's line for a GPU it sees over its cap, `null` otherwise:
+ * `"the guard sees 1.4 GiB really in use on this GPU, over the 1.0 GiB cap
+ * (the slice counts 364 MiB)"` (the cap and the count as the guard saw them,
+ * else the status's own).
+ */
+export function guardOverText(gpu: IGpuStatus): string | null {
+  if (!gpuGuardOver(gpu)) {
+    return null;
+  }
+  const limit = bytesOrNull(gpu.guard_limit) ?? count(gpu.memory_limit);
+  const reported = bytesOrNull(gpu.guard_reported) ?? count(gpu.memory_used);
+  return (
+    `the guard sees ${formatBytes(gpuReal(gpu) ?? 0)} really in use on this GPU, over the ` +
+    `${formatBytes(limit)} cap (the slice counts ${formatBytes(reported)})`
+  );
+}
+
+/**
+ * One line per GPU of the status that the guard sees over its cap, with the
+ * guard's action: `"GPU 0: the guard sees … (the slice counts 364 MiB); the
+ * guard's action: kill"`. Empty outside a slice, for an unreadable slice
+ * file, and for answers without the guard's fields (older servers).
+ */
+export function guardOverLines(status: IKernelSliceStatus | null): string[] {
+  if (!status || !status.in_slice || status.error !== undefined) {
+    return [];
+  }
+  const action = typeof status.guard?.action === 'string' ? status.guard.action.trim() : '';
+  const suffix = action !== '' ? `; the guard's action: ${action}` : '';
+  const lines: string[] = [];
+  for (const gpu of status.gpus ?? []) {
+    const text = guardOverText(gpu);
+    if (text !== null) {
+      lines.push(`GPU ${gpu.index}: ${text}${suffix}`);
+    }
+  }
+  return lines;
+}
+
+/** The status bar item's class while the guard sees a GPU of the kernel's slice over its cap. */
+export const GUARD_OVER_CLASS = 'hami-guard-over';
+
+/** GUARD_OVER_CLASS when the guard sees the slice over its cap (guardOverLines), else `null`. */
+export function statusGuardClass(status: IKernelSliceStatus | null): string | null {
+  return guardOverLines(status).length > 0 ? GUARD_OVER_CLASS : null;
+}
+
+/**
+ * One line per GPU: `"GPU 0: 1.2 / 4.0 GiB · SM 23 % / 25 %"`; with memory of
+ * parked kernels held in host memory
+ * `"GPU 0: 1.2 / 4.0 GiB · SM 23 % / 25 % · 8.0 GiB parked"`; where the
+ * guard's figure differs from the reported one (realText)
+ * `"GPU 0: 1.2 / 4.0 GiB · real 1.4 GiB (guard) · SM 23 % / 25 %"`.
  */
 export function gpuText(gpu: IGpuStatus): string {
   const parked = count(gpu.memory_parked);
+  const real = realText(gpu);
   return (
     `GPU ${gpu.index}: ${formatMemory(count(gpu.memory_used), count(gpu.memory_limit))}` +
+    (real !== null ? ` · ${real}` : '') +
     ` · ${formatSM(count(gpu.sm_util), count(gpu.sm_share))}` +
     (parked > 0 ? ` · ${formatBytes(parked)} parked` : '')
   );
 }
 
-/** The status bar item's tooltip: the slice, its GPUs, this kernel's share. */
+/**
+ * The status bar item's tooltip: the slice, its GPUs, the guard's line for
+ * each GPU it sees over its cap (guardOverLines), this kernel's share.
+ */
 export function tooltipText(status: IKernelSliceStatus | null): string {
   if (!status || !status.in_slice) {
     return status?.reason ?? 'Not in a GPU slice';
@@ -294,6 +389,7 @@ export function tooltipText(status: IKernelSliceStatus | null): string {
     for (const gpu of status.gpus ?? []) {
       lines.push(gpuText(gpu));
     }
+    lines.push(...guardOverLines(status));
     if (status.kernel) {
       const park = parkInfo(status.kernel);
       const own = parkTooltipText(park);

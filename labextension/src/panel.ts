@@ -10,7 +10,10 @@
  * `.hami-kernel-park`, buttons `.hami-kernel-park-button`,
  * `.hami-kernel-resume-button`, `.hami-kernel-interrupt`,
  * `.hami-kernel-restart`, `.hami-kernel-shutdown`; the outcome of a park or
- * resume `.hami-panel-notice` (`.hami-panel-notice-error` when it failed).
+ * resume `.hami-panel-notice` (`.hami-panel-notice-error` when it failed); the
+ * guard's notice `.hami-panel-guard` (a line per GPU it sees over its cap), and
+ * such a GPU's line `.hami-panel-gpu.hami-guard-over`. The GPU lines carry the
+ * guard's real figure beside the reported one where they differ.
  */
 
 import {
@@ -28,8 +31,11 @@ import { parkKernel, resumeKernel } from './api';
 import {
   formatBytes,
   formatPercent,
+  GUARD_OVER_CLASS,
+  gpuGuardOver,
   gpuLevel,
   gpuText,
+  guardOverLines,
   kernelParkText,
   LEVEL_CLASSES,
   levelClass,
@@ -125,6 +131,10 @@ export class SlicePanel extends Widget {
     this._notice.setAttribute('role', 'status');
     this._notice.addEventListener('click', this);
 
+    this._guard = element('div', `hami-panel-guard ${GUARD_OVER_CLASS}`, this.node);
+    this._guard.hidden = true;
+    this._guard.setAttribute('role', 'alert');
+
     this._summary = element('div', 'hami-panel-summary', this.node);
     this._usage = element('div', 'hami-panel-usage', this._summary);
     const meter = element('div', 'hami-meter', this._summary);
@@ -209,6 +219,9 @@ export class SlicePanel extends Widget {
     this._message.hidden = message === '';
 
     const usable = status !== null && status.in_slice && status.error === undefined;
+    const over = guardOverLines(status);
+    this._guard.textContent = over.length > 0 ? `Over the memory cap:\n${over.join('\n')}` : '';
+    this._guard.hidden = over.length === 0;
     this._summary.hidden = !usable;
     this._table.hidden = !usable;
     if (!usable || status === null) {
@@ -229,6 +242,7 @@ export class SlicePanel extends Widget {
     this._gpus.textContent = '';
     for (const gpu of status.gpus ?? []) {
       const item = element('li', `hami-panel-gpu ${levelClass(gpuLevel(gpu, model.thresholds))}`, this._gpus);
+      item.classList.toggle(GUARD_OVER_CLASS, gpuGuardOver(gpu));
       item.textContent = gpuText(gpu);
       if (gpu.uuid) {
         item.title = gpu.uuid;
@@ -393,6 +407,7 @@ export class SlicePanel extends Widget {
   private _message: HTMLElement;
   private _notice: HTMLElement;
   private _noticeTimer: number | null = null;
+  private _guard: HTMLElement;
   private _summary: HTMLElement;
   private _usage: HTMLElement;
   private _meterFill: HTMLElement;

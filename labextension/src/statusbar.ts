@@ -2,17 +2,21 @@
  * The status bar item: "vGPU 1.2 / 4.0 GiB · SM 23 % / 25 %" for the current
  * kernel's slice, coloured by its memory level; "vGPU parked · 8.0 GiB in
  * host memory", "vGPU parking…" or "vGPU resuming…" in a neutral look while
- * the kernel's memory is parked or on its way. The status bar hides it for a
- * kernel outside a slice (see `isActive` where it is registered).
+ * the kernel's memory is parked or on its way. While the guard sees a GPU of
+ * the slice over its cap it gets the class `hami-guard-over` too (a look of
+ * its own), and its tooltip says what the guard sees. The status bar hides it
+ * for a kernel outside a slice (see `isActive` where it is registered).
  */
 
 import { Widget } from '@lumino/widgets';
 
 import {
+  GUARD_OVER_CLASS,
   LEVEL_CLASSES,
   levelClass,
   PARK_CLASSES,
   parkInfo,
+  statusGuardClass,
   statusParkClass,
   statusText,
   tooltipText
@@ -22,7 +26,8 @@ import { SliceModel } from './model';
 /**
  * The item's class; with one of `hami-level-ok|warning|critical` while shown
  * for a running kernel, or `hami-parked` (parked, parking) or `hami-resuming`
- * instead while its memory is parked or on its way.
+ * instead while its memory is parked or on its way; and `hami-guard-over`
+ * beside either while the guard sees the slice over its cap.
  */
 export const STATUS_CLASS = 'hami-statusbar';
 /** Added while the last poll failed: the numbers are the previous ones. */
@@ -81,6 +86,15 @@ export class SliceStatusItem extends Widget {
       this.addClass(parkClass);
     } else if (text !== null && level !== null) {
       this.addClass(levelClass(level));
+    }
+    // The guard's verdict is its own class: the memory level is what the slice
+    // counts, the guard reads what the GPU really holds.
+    const guardClass = statusGuardClass(status);
+    this.toggleClass(GUARD_OVER_CLASS, guardClass !== null && text !== null);
+    if (guardClass !== null) {
+      this.node.dataset.guard = 'over';
+    } else {
+      delete this.node.dataset.guard;
     }
     this.toggleClass(STALE_CLASS, model.error !== null && text !== null);
     let title = tooltipText(status);

@@ -34,8 +34,41 @@ export interface IParkFields {
   park_wait?: string | null;
 }
 
+/**
+ * What the guard (`hami-jupyter guard`, on the host) sees of a GPU of the
+ * slice: `ok`, or `over` its memory cap. The guard reads every GPU process's
+ * real memory from NVML, beside what the slice counts (reported).
+ */
+export type GuardState = 'ok' | 'over';
+
+/**
+ * The guard's fields of a GPU. All optional: older servers send none of them,
+ * and without a guard running (no fresh report) they are null; either reads
+ * as "no guard".
+ */
+export interface IGuardGpuFields {
+  /** Bytes the guard reads from NVML for the slice's processes on this GPU. */
+  memory_real?: number | null;
+  guard_state?: GuardState | null;
+  /** The cap the guard measured against, in bytes. */
+  guard_limit?: number | null;
+  /** What the slice counted when the guard looked, in bytes. */
+  guard_reported?: number | null;
+}
+
+/** Whether a guard runs for the slice (its `guard` entry); missing: no guard. */
+export interface IGuardInfo {
+  /** A fresh report of the guard exists. */
+  running?: boolean;
+  /** What the guard does to a slice over its cap, e.g. "kill". */
+  action?: string | null;
+  written_unix?: number | null;
+  /** Why a report that exists cannot be read. */
+  error?: string | null;
+}
+
 /** One GPU of the slice. */
-export interface IGpuStatus {
+export interface IGpuStatus extends IGuardGpuFields {
   index: number;
   uuid?: string;
   memory_total?: number;
@@ -110,6 +143,12 @@ export interface IKernelSliceStatus {
    * extension falls back to 0.8 and 0.95 (format.ts, statusThresholds).
    */
   critical_fraction?: number;
+  /** The guard's bytes over the slice's GPUs; null or missing: no guard, or not every GPU known. */
+  memory_real?: number | null;
+  /** `over` when the guard sees any GPU of the slice over its cap; null or missing: no guard. */
+  guard_state?: GuardState | null;
+  /** Whether a guard runs, and its action; missing (older servers): no guard. */
+  guard?: IGuardInfo | null;
   /** Present instead of the usage fields when the slice file cannot be read. */
   error?: string;
 }

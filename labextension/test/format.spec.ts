@@ -10,8 +10,13 @@ import {
   formatMemory,
   formatPercent,
   formatSM,
+  gpuGuardOver,
   gpuLevel,
+  gpuReal,
   gpuText,
+  GUARD_OVER_CLASS,
+  guardOverLines,
+  guardOverText,
   kernelParkText,
   levelClass,
   memoryFraction,
@@ -25,6 +30,9 @@ import {
   parkResultText,
   parkStatusText,
   parseKernelStatus,
+  REAL_SLACK_BYTES,
+  realDiffers,
+  realText,
   RESUMING_CLASS,
   RESUMING_TEXT,
   resumeResultText,
@@ -32,6 +40,7 @@ import {
   sliceLevel,
   sliceText,
   sortKernels,
+  statusGuardClass,
   statusParkClass,
   statusText,
   statusThresholds,
@@ -621,5 +630,91 @@ describe('panel rows while parked', () => {
     expect(statusText(status)).toBe('vGPU parked · 8.0 GiB in host memory');
     expect(kernelParkText(status!.kernels![0])).toBe('parked: 8.0 GiB in host memory');
     expect(status!.gpus![0].memory_parked).toBe(8 * GIB);
+  });
+});
+
+/* The guard: its real figure beside the reported one, and a slice over its cap. */
+
+/** The answer for a kernel whose slice's GPU 0 the guard sees holding `real` bytes (1 GiB cap). */
+function guarded(real: number | null, state: 'ok' | 'over' | null, action: string | null = 'kill'): IKernelSliceStatus {
+  const g = gpu({
+    memory_used: 364 * MIB,
+    memory_limit: GIB,
+    sm_share: 25,
+    sm_util: 23,
+    memory_real: real,
+    guard_state: state,
+    guard_limit: state === null ? null : GIB,
+    guard_reported: state === null ? null : 364 * MIB
+  });
+  return inSlice({
+    memory_used: 364 * MIB,
+    memory_limit: GIB,
+    gpus: [g],
+    memory_real: real,
+    guard_state: state,
+    guard: { running: state !== null, action, written_unix: 1764060000.5, error: null }
+  });
+}
+
+describe('the guard', () => {
+  it('shows the real figure only where it differs by more than 16 MiB and 2 %', () => {
+    const slack = REAL_SLACK_BYTES + 0.02 * 364 * MIB;
+    expect(realDiffers(364 * MIB + slack - 1, 364 * MIB)).toBe(false);
+    expect(realDiffers(364 * MIB - slack + 1, 364 * MIB)).toBe(false);
+    expect(realDiffers(364 * MIB + slack + 1, 364 * MIB)).toBe(true);
+    expect(realDiffers(364 * MIB - slack - 1, 364 * MIB)).toBe(true);
+    expect(realDiffers(null, 364 * MIB)).toBe(false);
+
+    expect(gpuText(guarded(1.4 * GIB, 'over').gpus![0])).toBe(
+      'GPU 0: 0.4 / 1.0 GiB · real 1.4 GiB (guard) · SM 23 % / 25 %'
+    );
+    expect(realText(guarded(370 * MIB, 'ok').gpus![0])).toBeNull();
+    expect(gpuText(guarded(370 * MIB, 'ok').gpus![0])).toBe('GPU 0: 0.4 / 1.0 GiB · SM 23 % / 25 %');
+    expect(realText(guarded(0, 'ok').gpus![0])).toBe('real 0 B (guard)');
+  });
+
+  it('says what it sees over the cap, with its action', () => {
+    const over = guarded(1.4 * GIB, 'over');
+    expect(guardOverText(over.gpus![0])).toBe(
+      'the guard sees 1.4 GiB really in use on this GPU, over the 1.0 GiB cap (the slice counts 364 MiB)'
+    );
+    expect(guardOverLines(over)).toEqual([
+      "GPU 0: the guard sees 1.4 GiB really in use on this GPU, over the 1.0 GiB cap (the slice counts 364 MiB); the guard's action: kill"
+    ]);
+    expect(guardOverLines(guarded(1.4 * GIB, 'over', null))[0]).toMatch(/counts 364 MiB\)$/);
+    expect(statusGuardClass(over)).toBe(GUARD_OVER_CLASS);
+    expect(GUARD_OVER_CLASS).toBe('hami-guard-over');
+    expect(tooltipText(over).split('\n')).toEqual([
+      'GPU slice alice',
+      'GPU 0: 0.4 / 1.0 GiB · real 1.4 GiB (guard) · SM 23 % / 25 %',
+      "GPU 0: the guard sees 1.4 GiB really in use on this GPU, over the 1.0 GiB cap (the slice counts 364 MiB); the guard's action: kill",
+      'This kernel: 819 MiB · SM 10 %',
+      'Click to show the slice panel'
+    ]);
+  });
+
+  it('is quiet within the cap, without a guard, and for older servers', () => {
+    for (const status of [guarded(400 * MIB, 'ok'), guarded(null, null), inSlice()]) {
+      expect(guardOverLines(status)).toEqual([]);
+      expect(statusGuardClass(status)).toBeNull();
+    }
+    expect(tooltipText(inSlice())).not.toContain('guard');
+    expect(gpuReal(inSlice().gpus![0])).toBeNull(); // no memory_real at all: an older server
+    // "over" without a real figure is not believed; nor is a real figure that is not a count.
+    expect(gpuGuardOver(gpu({ guard_state: 'over', memory_real: null }))).toBe(false);
+    expect(gpuReal(gpu({ memory_real: -1 }))).toBeNull();
+  });
+
+  it('says nothing outside a slice or for an unreadable slice file', () => {
+    expect(guardOverLines(null)).toEqual([]);
+    expect(guardOverLines({ kernel_id: 'k', in_slice: false })).toEqual([]);
+    expect(guardOverLines({ ...guarded(1.4 * GIB, 'over'), error: 'hami: damaged' })).toEqual([]);
+  });
+
+  it('keeps the fields through parsing', () => {
+    const parsed = parseKernelStatus(JSON.parse(JSON.stringify(guarded(1.4 * GIB, 'over'))));
+    expect(statusGuardClass(parsed)).toBe(GUARD_OVER_CLASS);
+    expect(parsed?.guard?.action).toBe('kill');
   });
 });
