@@ -1594,6 +1594,9 @@ static int cmd_free(struct stream *s, struct result *r)
 	res_str(r, "name", name);
 	res_str(r, "kind", kind_name[o->kind]);
 	res_u64(r, "size", o->size);
+	CUstream st;
+	if (o->kind == K_ASYNC)
+		res_str(r, "stream", capturing_stream(&st) ? "capture" : "null");
 	r->rc = destroy_obj(r, o);
 	return 0;
 }
