@@ -376,11 +376,12 @@ def _footprint(p):
     p.ok("array 1024 1024 u8 1 arr")  # 1 MiB
     p.ok("capture begin relaxed")
     p.ok("async 10m G1")
+    assert p.ok("poolalloc default 3m G2")["stream"] == "capture"  # cuMemAllocFromPoolAsync
     p.ok("capture end G")
     p.ok("graph G")
-    p.ok("graphlaunch G")  # 10 MiB of graph memory, left allocated
+    p.ok("graphlaunch G")  # 10 + 4 MiB of graph memory, left allocated
     p.ok("internal 0 5m")
-    return SIM_CONTEXT + 3 * MiB + 4 * MiB + 1 * MiB + 10 * MiB + 5 * MiB
+    return SIM_CONTEXT + 3 * MiB + 4 * MiB + 1 * MiB + 14 * MiB + 5 * MiB
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])
