@@ -18,13 +18,15 @@ typedef struct CUlaunchAttribute_st CUlaunchAttribute; /* never read */
 typedef struct CUevent_st *CUevent;
 typedef struct CUgraph_st *CUgraph;
 typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphEdgeData_st CUgraphEdgeData; /* never read or written */
 
 /* Results cuda_types.h does not name (the real CUresult values). SIM_ names:
  * the shared header may come to declare the plain ones. */
 enum {
 	SIM_CUDA_ERROR_ILLEGAL_STATE = 401,
 	SIM_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
-	SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
+	SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+	SIM_CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908
 };
 
 /* cuEventCreate flags (CUevent_flags) and cuEventRecordWithFlags flags. */
@@ -35,8 +37,13 @@ enum {
 	SIM_CU_EVENT_RECORD_EXTERNAL = 0x1
 };
 
-/* CUstreamCaptureMode and CUstreamCaptureStatus. */
-enum { SIM_CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
+/* CUstreamCaptureMode (a capture's, and a thread's interaction mode) and
+ * CUstreamCaptureStatus. */
+enum {
+	SIM_CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+	SIM_CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+	SIM_CU_STREAM_CAPTURE_MODE_RELAXED = 2
+};
 enum {
 	SIM_CU_STREAM_CAPTURE_STATUS_NONE = 0,
 	SIM_CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
@@ -46,6 +53,7 @@ enum {
 /* CUgraphInstantiate_flags: AUTO_FREE_ON_LAUNCH 1, UPLOAD 2, DEVICE_LAUNCH 4,
  * USE_NODE_PRIORITY 8. */
 #define SIM_CUDA_GRAPH_INSTANTIATE_FLAGS 0xfull
+#define SIM_CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH 0x1ull
 
 typedef struct {
 	unsigned int gridDimX;
@@ -92,6 +100,20 @@ enum {
 	CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
 	CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
 };
+
+/* ---- sim-only knobs (libcuda.so.1) ------------------------------------- */
+
+/* Not driver API: the "hamiSim" prefix keeps them clear of every cu* name.
+ * Both need cuInit first and answer a CUresult. */
+
+/* Set this process's driver-internal bytes on CUDA device DEVICE to exactly
+ * BYTES (0 gives them back): memory its driver holds that no allocation call
+ * returned. CUDA_ERROR_OUT_OF_MEMORY (and nothing changes) when the device
+ * has no room for the growth. */
+int hamiSimDriverInternal(int device, unsigned long long bytes);
+/* GRAPHICS nonzero: NVML lists this process among the graphics processes
+ * (nvmlDeviceGetGraphicsRunningProcesses*) instead of the compute ones. */
+int hamiSimGraphicsProcess(int graphics);
 
 /* ---- NVML ----------------------------------------------------------------- */
 

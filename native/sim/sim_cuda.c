@@ -43,6 +43,20 @@ enum kind {
 enum { CAPTURE_NONE = SIM_CU_STREAM_CAPTURE_STATUS_NONE, CAPTURE_ACTIVE = SIM_CU_STREAM_CAPTURE_STATUS_ACTIVE,
        CAPTURE_INVALIDATED = SIM_CU_STREAM_CAPTURE_STATUS_INVALIDATED };
 
+/* A graph's memory nodes, in capture order (kernels are only counted). */
+enum gnode_kind {
+	GN_ALLOC,   /* an allocation node: its address, taken at capture */
+	GN_FREE,    /* a free node of an allocation node of the same graph */
+	GN_FREE_EXT /* a free node of an allocation made before the capture */
+};
+
+struct gnode {
+	enum gnode_kind kind;
+	CUdeviceptr addr;
+	uint64_t size; /* alloc, free: the allocation's size as asked */
+	int freed;     /* alloc: a free node of the same graph frees it */
+};
+
 struct obj {
 	enum kind kind;
 	int dev;           /* physical device; -1 for host memory handles */
@@ -57,6 +71,21 @@ struct obj {
 	 * back, ns in all); stream under capture: what it captured so far */
 	int capture;
 	uint64_t kernels, ns;
+	/* stream under capture: its mode, the thread that began it, the graph it
+	 * fills (handed out by cuStreamEndCapture) and the sequence's id */
+	int cap_mode;
+	uint64_t cap_thread, cap_graph, cap_id;
+	/* graph, exec: memory nodes */
+	struct gnode *nodes;
+	size_t nnodes, cap_nodes;
+	int capturing;   /* graph: a capture still fills it */
+	unsigned execs;  /* graph with memory nodes: its live executables (at most one) */
+	int mdev;        /* graph, exec: the device its memory nodes allocate on */
+	uint64_t graph;  /* exec: the graph it was instantiated from */
+	uint64_t need;   /* exec: graph pool bytes one run needs (its allocations' peak) */
+	uint64_t mapped; /* exec: graph pool bytes mapped to it */
+	unsigned live;   /* exec: its allocations still live after a run (not freed in the graph) */
+	uint64_t live_bytes;
 	int primary, active; /* ctx */
 	/* pool */
 	int is_default, dying;
@@ -82,6 +111,17 @@ struct alloc {
 	uint64_t off;
 	unsigned char *host;
 	int dirty; /* written by a copy: the extent's data must go on free */
+	/* A graph allocation a run left live: its memory is the graph pool's
+	 * (footprint bytes, mapped to the executable GEXEC, 0 once destroyed). */
+	int graph;
+	uint64_t gexec, footprint;
+};
+
+/* A device's graph memory pool (this process's). reserved is charged to the
+ * device; used is what is associated with graphs: the executables' mappings
+ * plus orphan, the live allocations of destroyed executables. */
+struct gpool {
+	uint64_t reserved, reserved_high, used, used_high, orphan;
 };
 
 static struct {
@@ -100,6 +140,10 @@ static struct {
 	unsigned prim_flags[SIM_MAX_DEVICES];
 	uint64_t def_pool[SIM_MAX_DEVICES];
 	uint64_t cur_pool[SIM_MAX_DEVICES];
+	struct gpool gp[SIM_MAX_DEVICES];
+	uint64_t internal[SIM_MAX_DEVICES]; /* hamiSimDriverInternal's bytes */
+	unsigned ncaptures;                 /* streams capturing (active or invalidated) */
+	uint64_t capture_ids;
 } C = {.mu = PTHREAD_MUTEX_INITIALIZER, .free_head = UINT32_MAX, .next_va = VA_BASE};
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -107,6 +151,20 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 /* The calling thread's context stack; the top is the current context. */
 static __thread uint64_t t_stack[CTX_STACK];
 static __thread int t_depth;
+
+/* The calling thread's stream capture interaction mode
+ * (cuThreadExchangeStreamCaptureMode; GLOBAL by default), and a number for it
+ * that no other thread of the process ever has. */
+static __thread int t_capmode = SIM_CU_STREAM_CAPTURE_MODE_GLOBAL;
+static __thread uint64_t t_id;
+static _Atomic uint64_t thread_ids;
+
+static uint64_t thread_id(void)
+{
+	if (!t_id)
+		t_id = atomic_fetch_add(&thread_ids, 1) + 1;
+	return t_id;
+}
 
 #define H(x) ((uint64_t)(uintptr_t)(x))
 
@@ -211,6 +269,7 @@ static void obj_free(uint64_t h)
 	uint32_t i = (uint32_t)((h >> 8) & 0xffffff) - 1;
 	struct obj *o = C.slots[i].o;
 	free(o->name);
+	free(o->nodes);
 	free(o);
 	C.slots[i].o = NULL;
 	C.slots[i].next_free = C.free_head;
@@ -253,7 +312,41 @@ static int al_reserve(void)
 static void al_push(CUdeviceptr base, uint64_t size, uint64_t charged, uint64_t ctx, uint64_t pool, int dev,
 		    uint64_t off)
 {
-	C.al[C.nal++] = (struct alloc){base, size, charged, ctx, pool, dev, 1, off, NULL, 0};
+	C.al[C.nal++] = (struct alloc){.base = base, .size = size, .charged = charged, .ctx = ctx, .pool = pool,
+				       .dev = dev, .live = 1, .off = off};
+}
+
+/* After al_room(1): a record at its place in base order (graph allocations
+ * come back at the address their node took at capture), after any dead
+ * record of the same base. */
+static struct alloc *al_insert(CUdeviceptr base, uint64_t size, uint64_t ctx, int dev, uint64_t off)
+{
+	size_t lo = 0, hi = C.nal;
+	while (lo < hi) { /* first base > base */
+		size_t mid = lo + (hi - lo) / 2;
+		if (C.al[mid].base <= base)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	memmove(&C.al[lo + 1], &C.al[lo], (C.nal - lo) * sizeof(*C.al));
+	C.nal++;
+	C.al[lo] = (struct alloc){.base = base, .size = size, .ctx = ctx, .dev = dev, .live = 1, .off = off};
+	return &C.al[lo];
+}
+
+/* Room for N more records. */
+static int al_room(size_t n)
+{
+	while (C.cap_al - C.nal < n) {
+		size_t cap = C.cap_al ? C.cap_al * 2 : 256;
+		struct alloc *a = realloc(C.al, cap * sizeof(*a));
+		if (!a)
+			return 0;
+		C.al = a;
+		C.cap_al = cap;
+	}
+	return 1;
 }
 
 /* The live allocation starting at P (exact) or containing P. */
@@ -366,13 +459,101 @@ static uint64_t current_pool(int dev)
 	return obj_get(C.cur_pool[dev], K_POOL) ? C.cur_pool[dev] : default_pool(dev);
 }
 
+/* ---- the graph memory pools --------------------------------------------- */
+
+/*
+ * Graph allocations take no memory when captured. An executable maps what one
+ * run of it needs (its allocations' peak, each rounded to GRAN) at its first
+ * launch or upload, out of its device's graph pool: spare reserved bytes
+ * first, then the pool grows (charged to the device, or OUT_OF_MEMORY). The
+ * mapping stays for relaunches; destroying the executable leaves it reserved
+ * as spare, and only cuDeviceGraphMemTrim (or the end of a context on the
+ * device) gives spare memory back, along with the mappings of executables not
+ * running. Allocations a run leaves live keep their bytes in use throughout.
+ */
+
+static void sub_to_zero(uint64_t *v, uint64_t n)
+{
+	*v = *v > n ? *v - n : 0;
+}
+
+/* High watermarks, and the figure hami-simctl shows for our entry. */
+static void gp_note(int dev)
+{
+	struct gpool *g = &C.gp[dev];
+	if (g->used > g->used_high)
+		g->used_high = g->used;
+	if (g->reserved > g->reserved_high)
+		g->reserved_high = g->reserved;
+	sim_note_graph((unsigned)dev, g->reserved);
+}
+
+/* A live graph allocation was freed: its bytes stay mapped to its executable,
+ * or, that gone, become spare. */
+static void graph_alloc_gone(struct alloc *a)
+{
+	struct obj *x = a->gexec ? obj_get(a->gexec, K_GEXEC) : NULL;
+	if (x) {
+		x->live = x->live ? x->live - 1 : 0;
+		sub_to_zero(&x->live_bytes, a->footprint);
+		return;
+	}
+	struct gpool *g = &C.gp[a->dev];
+	sub_to_zero(&g->orphan, a->footprint);
+	sub_to_zero(&g->used, a->footprint);
+	gp_note(a->dev);
+}
+
+/* Map what executable X needs; OUT_OF_MEMORY (nothing changed) when the
+ * device has no room for the pool to grow. */
+static CUresult exec_map(struct obj *x)
+{
+	if (x->mapped >= x->need)
+		return CUDA_SUCCESS;
+	struct gpool *g = &C.gp[x->mdev];
+	uint64_t shortfall = x->need - x->mapped, spare = g->reserved - g->used;
+	uint64_t grow = shortfall > spare ? shortfall - spare : 0;
+	if (grow) {
+		CUresult r = charge(x->mdev, grow);
+		if (r)
+			return r;
+		g->reserved += grow;
+	}
+	g->used += shortfall;
+	x->mapped = x->need;
+	gp_note(x->mdev);
+	return CUDA_SUCCESS;
+}
+
+/* cuDeviceGraphMemTrim: executables whose work has ended keep only what their
+ * live allocations use; every byte not associated with a graph goes back. */
+static void gpool_trim(int dev)
+{
+	struct gpool *g = &C.gp[dev];
+	uint64_t now = sim_now_ns();
+	for (uint32_t i = 0; i < C.nslots; i++) {
+		struct obj *x = C.slots[i].o;
+		if (!x || x->kind != K_GEXEC || x->mdev != dev || x->mapped <= x->live_bytes || x->last_end > now)
+			continue;
+		sub_to_zero(&g->used, x->mapped - x->live_bytes);
+		x->mapped = x->live_bytes;
+	}
+	if (g->reserved > g->used) {
+		sim_uncharge((unsigned)dev, g->reserved - g->used);
+		g->reserved = g->used;
+	}
+	gp_note(dev);
+}
+
 /* ---- allocations -------------------------------------------------------- */
 
 static void alloc_release(struct alloc *a)
 {
 	sim_mem_release(a->off, a->size, a->host, a->dirty);
 	a->host = NULL;
-	if (a->pool)
+	if (a->graph)
+		graph_alloc_gone(a);
+	else if (a->pool)
 		pool_give(a->pool, a->size);
 	else
 		sim_uncharge((unsigned)a->dev, a->charged);
@@ -397,6 +578,167 @@ static CUresult alloc_plain(CUdeviceptr *dptr, uint64_t size, uint64_t bytes, ui
 	al_push(base, size, bytes, ctxh, 0, dev, off);
 	*dptr = base;
 	return CUDA_SUCCESS;
+}
+
+/* ---- capture bookkeeping ------------------------------------------------ */
+
+/* Executable H goes: its mapping minus what its live allocations use becomes
+ * spare; those allocations stay live (and in use) until freed. */
+static void exec_destroy(uint64_t h, struct obj *x)
+{
+	int dev = x->mdev;
+	struct gpool *g = &C.gp[dev];
+	if (x->live) {
+		for (size_t i = 0; i < C.nal; i++)
+			if (C.al[i].live && C.al[i].graph && C.al[i].gexec == h)
+				C.al[i].gexec = 0;
+		g->orphan += x->live_bytes;
+	}
+	sub_to_zero(&g->used, x->mapped - x->live_bytes);
+	struct obj *gr = obj_get(x->graph, K_GRAPH);
+	if (gr && gr->execs)
+		gr->execs--;
+	obj_free(h);
+	gp_note(dev);
+}
+
+/* A stream's capture ends without a graph (stream destroyed, capture
+ * invalidated and ended). */
+static void capture_drop(struct obj *so)
+{
+	if (so->capture == CAPTURE_NONE)
+		return;
+	if (obj_get(so->cap_graph, K_GRAPH))
+		obj_free(so->cap_graph);
+	so->capture = CAPTURE_NONE;
+	so->cap_graph = 0;
+	if (C.ncaptures)
+		C.ncaptures--;
+}
+
+/*
+ * A capture-unsafe call (cuMemAlloc, cuMemFree, cuCtxSynchronize...) from the
+ * calling thread; C.mu held. As the driver documents the interaction modes:
+ * a thread whose mode is RELAXED may make them; otherwise they are prohibited
+ * while the thread itself has a capture under way that did not begin RELAXED,
+ * and, when the thread's mode is GLOBAL, while any other thread has a capture
+ * under way that began GLOBAL. A prohibited call does nothing and answers
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and every capture that prohibited it
+ * is invalidated. An invalidated capture still counts until its
+ * cuStreamEndCapture.
+ */
+static CUresult capture_unsafe(void)
+{
+	if (!C.ncaptures || t_capmode == SIM_CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_SUCCESS;
+	uint64_t me = thread_id();
+	int hit = 0;
+	for (uint32_t i = 0; i < C.nslots; i++) {
+		struct obj *o = C.slots[i].o;
+		if (!o || o->kind != K_STREAM || o->capture == CAPTURE_NONE ||
+		    o->cap_mode == SIM_CU_STREAM_CAPTURE_MODE_RELAXED)
+			continue;
+		if (o->cap_thread == me ||
+		    (o->cap_mode == SIM_CU_STREAM_CAPTURE_MODE_GLOBAL && t_capmode == SIM_CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+			o->capture = CAPTURE_INVALIDATED;
+			hit = 1;
+		}
+	}
+	return hit ? SIM_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+/* A captured operation that failed invalidates its capture (as an error
+ * during capture does on the real driver). */
+static CUresult capture_fail(struct obj *so, CUresult r)
+{
+	if (r != CUDA_SUCCESS && r != SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+		so->capture = CAPTURE_INVALIDATED;
+	return r;
+}
+
+static int graph_node_add(struct obj *g, struct gnode n)
+{
+	if (g->nnodes == g->cap_nodes) {
+		size_t cap = g->cap_nodes ? g->cap_nodes * 2 : 16;
+		struct gnode *a = realloc(g->nodes, cap * sizeof(*a));
+		if (!a)
+			return 0;
+		g->nodes = a;
+		g->cap_nodes = cap;
+	}
+	g->nodes[g->nnodes++] = n;
+	return 1;
+}
+
+/* [P, P + N) lies in a live allocation, or in an allocation node of SO's
+ * capture that no free node freed yet. */
+static int capture_range_ok(struct obj *so, CUdeviceptr p, size_t n)
+{
+	struct alloc *a = al_find(p, 0);
+	if (a)
+		return n <= a->base + a->size - p;
+	struct obj *g = obj_get(so->cap_graph, K_GRAPH);
+	for (size_t i = 0; g && i < g->nnodes; i++) {
+		const struct gnode *k = &g->nodes[i];
+		if (k->kind == GN_ALLOC && !k->freed && p >= k->addr && p - k->addr < k->size)
+			return n <= k->addr + k->size - p;
+	}
+	return 0;
+}
+
+/* cuMemAllocAsync / cuMemAllocFromPoolAsync on capturing stream SO: an
+ * allocation node. Its address is taken now and is its own for good; no
+ * memory is (POOL: a given pool must be valid; its memory is not used). */
+static CUresult capture_alloc(struct obj *so, CUdeviceptr *dptr, uint64_t size, uint64_t poolh)
+{
+	if (so->capture == CAPTURE_INVALIDATED)
+		return SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	struct obj *p = poolh ? obj_get(poolh, K_POOL) : NULL;
+	if (poolh && (!p || p->dying))
+		return capture_fail(so, CUDA_ERROR_INVALID_VALUE);
+	struct obj *g = obj_get(so->cap_graph, K_GRAPH);
+	CUdeviceptr base = va_take(size);
+	if (!g || !base || !graph_node_add(g, (struct gnode){GN_ALLOC, base, size, 0}))
+		return capture_fail(so, CUDA_ERROR_OUT_OF_MEMORY);
+	*dptr = base;
+	return CUDA_SUCCESS;
+}
+
+/* cuMemFreeAsync on capturing stream SO: a free node, of an allocation node
+ * of the same capture (once), or of a live allocation made before it (freed
+ * when the graph runs). */
+static CUresult capture_free(struct obj *so, CUdeviceptr p)
+{
+	if (so->capture == CAPTURE_INVALIDATED)
+		return SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+	struct obj *g = obj_get(so->cap_graph, K_GRAPH);
+	if (!g)
+		return capture_fail(so, CUDA_ERROR_INVALID_VALUE);
+	for (size_t i = 0; i < g->nnodes; i++) {
+		struct gnode *k = &g->nodes[i];
+		if (k->addr != p || k->kind == GN_FREE)
+			continue;
+		if (k->kind == GN_FREE_EXT || k->freed)
+			return capture_fail(so, CUDA_ERROR_INVALID_VALUE); /* freed twice */
+		if (!graph_node_add(g, (struct gnode){GN_FREE, p, k->size, 0}))
+			return capture_fail(so, CUDA_ERROR_OUT_OF_MEMORY);
+		g->nodes[i].freed = 1; /* (the add may have moved the array) */
+		return CUDA_SUCCESS;
+	}
+	struct alloc *a = p ? al_find(p, 1) : NULL;
+	if (!a)
+		return capture_fail(so, CUDA_ERROR_INVALID_VALUE);
+	if (!graph_node_add(g, (struct gnode){GN_FREE_EXT, p, a->size, 0}))
+		return capture_fail(so, CUDA_ERROR_OUT_OF_MEMORY);
+	return CUDA_SUCCESS;
+}
+
+static CUresult unsafe_call(void)
+{
+	pthread_mutex_lock(&C.mu);
+	CUresult r = capture_unsafe();
+	pthread_mutex_unlock(&C.mu);
+	return r;
 }
 
 /* ---- contexts ----------------------------------------------------------- */
@@ -446,11 +788,18 @@ static void ctx_teardown(uint64_t h, struct obj *c)
 		struct obj *o = C.slots[i].o;
 		if (!o || o->ctx != h || o->kind == K_CTX)
 			continue;
+		if (o->kind == K_GEXEC) {
+			exec_destroy(slot_handle(i), o);
+			continue;
+		}
+		if (o->kind == K_STREAM)
+			capture_drop(o);
 		if (o->bytes)
 			sim_uncharge((unsigned)o->dev, o->bytes);
 		obj_free(slot_handle(i));
 	}
 	pools_settle(c->dev);
+	gpool_trim(c->dev);
 	sim_uncharge((unsigned)c->dev, c->bytes);
 	sim_ctx_count((unsigned)c->dev, -1);
 	c->bytes = 0;
@@ -555,6 +904,7 @@ static void cu_child(void)
 	for (uint32_t i = 0; i < C.nslots; i++) {
 		if (C.slots[i].o) {
 			free(C.slots[i].o->name);
+			free(C.slots[i].o->nodes);
 			free(C.slots[i].o);
 		}
 	}
@@ -569,6 +919,9 @@ static void cu_child(void)
 	memset(C.prim_refs, 0, sizeof(C.prim_refs));
 	memset(C.def_pool, 0, sizeof(C.def_pool));
 	memset(C.cur_pool, 0, sizeof(C.cur_pool));
+	memset(C.gp, 0, sizeof(C.gp));
+	memset(C.internal, 0, sizeof(C.internal));
+	C.ncaptures = 0;
 	t_depth = 0;
 	pthread_mutex_unlock(&C.mu);
 }
@@ -1110,6 +1463,8 @@ CUresult cuCtxSynchronize(void)
 	CUresult r = ready();
 	if (r)
 		return r;
+	if ((r = unsafe_call()) != CUDA_SUCCESS) /* capture-unsafe */
+		return r;
 	pthread_mutex_lock(&C.mu);
 	struct obj *c = cur_ctx(NULL);
 	uint64_t end = c ? c->last_end : 0;
@@ -1129,6 +1484,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	CUresult r = ready();
 	if (r)
 		return r;
+	if ((r = unsafe_call()) != CUDA_SUCCESS) /* capture-unsafe */
+		return r;
 	if (!dptr || !bytesize)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&C.mu);
@@ -1145,6 +1502,8 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 	GATE();
 	CUresult r = ready();
 	if (r)
+		return r;
+	if ((r = unsafe_call()) != CUDA_SUCCESS) /* capture-unsafe */
 		return r;
 	if (!dptr || !pPitch || !WidthInBytes || !Height ||
 	    (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
@@ -1169,6 +1528,8 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
 	CUresult r = ready();
 	if (r)
 		return r;
+	if ((r = unsafe_call()) != CUDA_SUCCESS) /* capture-unsafe */
+		return r;
 	if (!dptr || !bytesize || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&C.mu);
@@ -1184,6 +1545,8 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
 	GATE();
 	CUresult r = ready();
 	if (r)
+		return r;
+	if ((r = unsafe_call()) != CUDA_SUCCESS) /* capture-unsafe */
 		return r;
 	pthread_mutex_lock(&C.mu);
 	struct alloc *a = dptr ? al_find(dptr, 1) : NULL;
@@ -1203,6 +1566,8 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
 	GATE();
 	CUresult r = ready();
 	if (r)
+		return r;
+	if ((r = unsafe_call()) != CUDA_SUCCESS) /* capture-unsafe */
 		return r;
 	if (!free || !total)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -1271,12 +1636,23 @@ static CUresult copy(enum copy_kind kind, uint64_t dst, uint64_t src, size_t n, 
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&C.mu);
 	unsigned char *d = (unsigned char *)(uintptr_t)dst, *from = (unsigned char *)(uintptr_t)src;
-	struct obj *c, *so;
+	struct obj *c, *so = NULL;
 	uint64_t ch;
 	if (s)
 		r = stream_ctx(*s, &c, &ch, &so);
 	else if (!cur_ctx(NULL))
 		r = CUDA_ERROR_INVALID_CONTEXT;
+	if (r == CUDA_SUCCESS && so && so->capture != CAPTURE_NONE) {
+		/* Captured: checked against what the graph may touch, and no
+		 * byte moves, now or when the graph runs. */
+		if (so->capture == CAPTURE_INVALIDATED)
+			r = SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+		else if (n && ((kind != DTOH && !capture_range_ok(so, dst, n)) ||
+			       (kind != HTOD && !capture_range_ok(so, src, n))))
+			r = capture_fail(so, CUDA_ERROR_INVALID_VALUE);
+		pthread_mutex_unlock(&C.mu);
+		return r;
+	}
 	if (r == CUDA_SUCCESS && n && kind != DTOH)
 		r = dev_bytes(dst, n, 1, &d);
 	if (r == CUDA_SUCCESS && n && kind != HTOD)
@@ -1364,7 +1740,8 @@ CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
 /* ---- stream-ordered memory ---------------------------------------------- */
 
 /* POOL 0: the current pool of the stream's device. The free happens at the
- * call, not when the stream reaches it. */
+ * call, not when the stream reaches it. On a capturing stream both become
+ * graph memory nodes (capture_alloc, capture_free). */
 static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, uint64_t poolh, CUstream s)
 {
 	CUresult r = ready();
@@ -1377,6 +1754,10 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, uint64_t poolh, 
 	uint64_t ch;
 	if ((r = stream_ctx(s, &c, &ch, &so)) != CUDA_SUCCESS)
 		goto out;
+	if (so && so->capture != CAPTURE_NONE) {
+		r = capture_alloc(so, dptr, bytesize, poolh);
+		goto out;
+	}
 	if (!poolh)
 		poolh = current_pool(c->dev);
 	p = obj_get(poolh, K_POOL);
@@ -1444,6 +1825,10 @@ static CUresult free_async(CUdeviceptr dptr, CUstream s)
 	struct alloc *a;
 	if ((r = stream_ctx(s, &c, &ch, &so)) != CUDA_SUCCESS)
 		goto out;
+	if (so && so->capture != CAPTURE_NONE) {
+		r = capture_free(so, dptr);
+		goto out;
+	}
 	if (!dptr || !(a = al_find(dptr, 1))) {
 		r = CUDA_ERROR_INVALID_VALUE;
 		goto out;
@@ -1545,6 +1930,8 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
 	CUresult r = ready();
 	if (r)
 		return r;
+	if ((r = unsafe_call()) != CUDA_SUCCESS) /* capture-unsafe */
+		return r;
 	if (!value)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&C.mu);
@@ -1579,6 +1966,8 @@ CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
 	GATE();
 	CUresult r = ready();
 	if (r)
+		return r;
+	if ((r = unsafe_call()) != CUDA_SUCCESS) /* capture-unsafe */
 		return r;
 	if (!value)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -1928,10 +2317,13 @@ CUresult cuStreamDestroy_v2(CUstream hStream)
 	if (r)
 		return r;
 	pthread_mutex_lock(&C.mu);
-	if (obj_get(H(hStream), K_STREAM))
+	struct obj *so = obj_get(H(hStream), K_STREAM);
+	if (so) {
+		capture_drop(so); /* a capture under way ends with no graph */
 		obj_free(H(hStream));
-	else
+	} else {
 		r = CUDA_ERROR_INVALID_HANDLE;
+	}
 	pthread_mutex_unlock(&C.mu);
 	return r;
 }
@@ -2099,24 +2491,29 @@ static uint64_t add_sat(uint64_t a, uint64_t b)
 }
 
 /* Queue DUR ns on the device behind context C (stream SO, NULL for the
- * default streams); C.mu held. */
-static void queue_work(struct obj *c, struct obj *so, uint64_t dur)
+ * default streams); C.mu held. Returns when that work ends. */
+static uint64_t queue_work(struct obj *c, struct obj *so, uint64_t dur)
 {
 	uint64_t end = sim_launch((unsigned)c->dev, dur);
 	if (so && end > so->last_end)
 		so->last_end = end;
 	if (end > c->last_end)
 		c->last_end = end;
+	return end;
 }
 
-/* Work launched on a capturing stream does not run: it joins the capture.
- * Into a capture some illegal call invalidated, nothing more goes. */
+/* Work launched on a capturing stream does not run: it joins the graph the
+ * capture fills. Into a capture some illegal call invalidated, nothing more
+ * goes. */
 static CUresult capture_add(struct obj *so, uint64_t kernels, uint64_t ns)
 {
 	if (so->capture == CAPTURE_INVALIDATED)
 		return SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-	so->kernels = add_sat(so->kernels, kernels);
-	so->ns = add_sat(so->ns, ns);
+	struct obj *g = obj_get(so->cap_graph, K_GRAPH);
+	if (g) {
+		g->kernels = add_sat(g->kernels, kernels);
+		g->ns = add_sat(g->ns, ns);
+	}
 	return CUDA_SUCCESS;
 }
 
@@ -2402,10 +2799,12 @@ CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEn
 
 /* ---- stream capture and graphs ------------------------------------------ */
 
-/* A graph is what its kernels add up to: a count and a total duration; a
- * launch runs them back to back. Graphs belong to no context (they outlive
- * the one they were captured in); executables to the context current when
- * they were instantiated. */
+/* A graph is what its kernels add up to (a count and a total duration; a
+ * launch runs them back to back) and its memory nodes. Graphs belong to no
+ * context (they outlive the one they were captured in); executables to the
+ * context current when they were instantiated. A capture fills a graph object
+ * from its beginning (cuStreamGetCaptureInfo_v2 can name it), handed out by
+ * cuStreamEndCapture. */
 
 /* The stream object a capture call works on: only created streams capture
  * here (the legacy stream cannot on the real driver either). */
@@ -2419,22 +2818,33 @@ static CUresult capture_stream(CUstream s, struct obj **so)
 	return r;
 }
 
-/* MODE: CUstreamCaptureMode; the sim treats all three alike. */
+/* MODE: CUstreamCaptureMode, which decides which capture-unsafe calls
+ * invalidate this capture (capture_unsafe). The calling thread owns it: a
+ * capture not begun RELAXED must end on it. */
 static CUresult begin_capture(CUstream s, int mode)
 {
 	CUresult r = ready();
 	if (r)
 		return r;
-	if (mode < 0 || mode > SIM_CU_STREAM_CAPTURE_MODE_RELAXED)
+	if (mode < SIM_CU_STREAM_CAPTURE_MODE_GLOBAL || mode > SIM_CU_STREAM_CAPTURE_MODE_RELAXED)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&C.mu);
-	struct obj *so;
+	struct obj *so, *g;
+	uint64_t gh;
 	if ((r = capture_stream(s, &so)) == CUDA_SUCCESS) {
 		if (so->capture != CAPTURE_NONE) {
 			r = SIM_CUDA_ERROR_ILLEGAL_STATE;
+		} else if (!(gh = obj_new(K_GRAPH, &g))) {
+			r = CUDA_ERROR_OUT_OF_MEMORY;
 		} else {
+			g->dev = g->mdev = so->dev;
+			g->capturing = 1;
 			so->capture = CAPTURE_ACTIVE;
-			so->kernels = so->ns = 0;
+			so->cap_mode = mode;
+			so->cap_thread = thread_id();
+			so->cap_graph = gh;
+			so->cap_id = ++C.capture_ids;
+			C.ncaptures++;
 		}
 	}
 	pthread_mutex_unlock(&C.mu);
@@ -2445,13 +2855,13 @@ static CUresult begin_capture(CUstream s, int mode)
 CUresult cuStreamBeginCapture(CUstream hStream)
 {
 	GATE();
-	return begin_capture(hStream, 0);
+	return begin_capture(hStream, SIM_CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
 
 CUresult cuStreamBeginCapture_ptsz(CUstream hStream)
 {
 	GATE();
-	return begin_capture(hStream, 0);
+	return begin_capture(hStream, SIM_CU_STREAM_CAPTURE_MODE_GLOBAL);
 }
 
 CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode)
@@ -2466,7 +2876,9 @@ CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, int mode)
 	return begin_capture(hStream, mode);
 }
 
-/* Ends the capture either way; an invalidated one gives no graph. */
+/* Ends the capture either way; an invalidated one gives no graph. From a
+ * thread other than the one that began it (unless it began RELAXED):
+ * CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, and the capture goes on. */
 static CUresult end_capture(CUstream s, CUgraph *phGraph)
 {
 	CUresult r = ready();
@@ -2476,26 +2888,27 @@ static CUresult end_capture(CUstream s, CUgraph *phGraph)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&C.mu);
 	struct obj *so, *g;
-	uint64_t h;
 	if ((r = capture_stream(s, &so)) != CUDA_SUCCESS)
 		goto out;
 	if (so->capture == CAPTURE_NONE) {
 		r = SIM_CUDA_ERROR_ILLEGAL_STATE;
 		goto out;
 	}
-	*phGraph = NULL;
-	if (so->capture == CAPTURE_INVALIDATED) {
-		r = SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-	} else if (!(h = obj_new(K_GRAPH, &g))) {
-		r = CUDA_ERROR_OUT_OF_MEMORY;
-	} else {
-		g->dev = so->dev;
-		g->kernels = so->kernels;
-		g->ns = so->ns;
-		*phGraph = (CUgraph)(uintptr_t)h;
+	if (so->cap_mode != SIM_CU_STREAM_CAPTURE_MODE_RELAXED && so->cap_thread != thread_id()) {
+		r = SIM_CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+		goto out;
 	}
+	*phGraph = NULL;
+	if (so->capture == CAPTURE_INVALIDATED || !(g = obj_get(so->cap_graph, K_GRAPH))) {
+		capture_drop(so);
+		r = SIM_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+		goto out;
+	}
+	g->capturing = 0;
+	*phGraph = (CUgraph)(uintptr_t)so->cap_graph;
 	so->capture = CAPTURE_NONE;
-	so->kernels = so->ns = 0;
+	so->cap_graph = 0;
+	C.ncaptures--;
 out:
 	pthread_mutex_unlock(&C.mu);
 	return r;
@@ -2513,7 +2926,8 @@ CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
 	return end_capture(hStream, phGraph);
 }
 
-/* STATUS: CUstreamCaptureStatus. The default streams never capture here. */
+/* STATUS: CUstreamCaptureStatus. The default streams never capture here.
+ * Capture-safe: it never invalidates anything. */
 static CUresult is_capturing(CUstream s, int *status)
 {
 	CUresult r = ready();
@@ -2542,6 +2956,107 @@ CUresult cuStreamIsCapturing_ptsz(CUstream hStream, int *captureStatus)
 	return is_capturing(hStream, captureStatus);
 }
 
+/* cuStreamGetCaptureInfo, _v2 and _v3 (capture-safe). The status always;
+ * the rest only while the capture is active, as documented: the sequence's
+ * id (unique in the process), the graph it fills, and no dependencies (the
+ * sim keeps no node edges). Output pointers may be NULL but the status's. */
+static CUresult capture_info(CUstream s, int *status, cuuint64_t *id, CUgraph *graph, const CUgraphNode **deps,
+			     const CUgraphEdgeData **edges, size_t *ndeps)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!status || (edges && !deps))
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c, *so;
+	uint64_t ch;
+	if ((r = stream_ctx(s, &c, &ch, &so)) == CUDA_SUCCESS) {
+		*status = so ? so->capture : CAPTURE_NONE;
+		if (so && so->capture == CAPTURE_ACTIVE) {
+			if (id)
+				*id = so->cap_id;
+			if (graph)
+				*graph = (CUgraph)(uintptr_t)so->cap_graph;
+			if (deps)
+				*deps = NULL;
+			if (edges)
+				*edges = NULL;
+			if (ndeps)
+				*ndeps = 0;
+		}
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuStreamGetCaptureInfo(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out)
+{
+	GATE();
+	return capture_info(hStream, captureStatus_out, id_out, NULL, NULL, NULL, NULL);
+}
+
+CUresult cuStreamGetCaptureInfo_ptsz(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out)
+{
+	GATE();
+	return capture_info(hStream, captureStatus_out, id_out, NULL, NULL, NULL, NULL);
+}
+
+CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+				   const CUgraphNode **dependencies_out, size_t *numDependencies_out)
+{
+	GATE();
+	return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, NULL,
+			    numDependencies_out);
+}
+
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out,
+					CUgraph *graph_out, const CUgraphNode **dependencies_out,
+					size_t *numDependencies_out)
+{
+	GATE();
+	return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, NULL,
+			    numDependencies_out);
+}
+
+CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out, CUgraph *graph_out,
+				   const CUgraphNode **dependencies_out, const CUgraphEdgeData **edgeData_out,
+				   size_t *numDependencies_out)
+{
+	GATE();
+	return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+			    numDependencies_out);
+}
+
+CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, int *captureStatus_out, cuuint64_t *id_out,
+					CUgraph *graph_out, const CUgraphNode **dependencies_out,
+					const CUgraphEdgeData **edgeData_out, size_t *numDependencies_out)
+{
+	GATE();
+	return capture_info(hStream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+			    numDependencies_out);
+}
+
+/* The calling thread's interaction mode: *MODE in, the previous one out. */
+CUresult cuThreadExchangeStreamCaptureMode(int *mode)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!mode || *mode < SIM_CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > SIM_CU_STREAM_CAPTURE_MODE_RELAXED)
+		return CUDA_ERROR_INVALID_VALUE;
+	int old = t_capmode;
+	t_capmode = *mode;
+	*mode = old;
+	return CUDA_SUCCESS;
+}
+
+/* An executable copies its graph's memory nodes and works out what one run
+ * needs of the graph pool: the peak, in node order, of the allocations live
+ * at once (each rounded up to GRAN). A graph with memory nodes has at most
+ * one executable at a time (CUDA_ERROR_INVALID_VALUE), as documented; a
+ * graph a capture still fills cannot be instantiated (the sim's choice). */
 static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
 {
 	CUresult r = ready();
@@ -2551,18 +3066,39 @@ static CUresult instantiate(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned l
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&C.mu);
 	struct obj *g = obj_get(H(hGraph), K_GRAPH), *c, *x;
+	struct gnode *nodes = NULL;
 	uint64_t ch, h;
-	if (!g) {
+	if (!g || g->capturing || (g->nnodes && g->execs)) {
 		r = CUDA_ERROR_INVALID_VALUE;
 	} else if (!(c = cur_ctx(&ch))) {
 		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (g->nnodes && !(nodes = malloc(g->nnodes * sizeof(*nodes)))) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
 	} else if (!(h = obj_new(K_GEXEC, &x))) {
+		free(nodes);
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	} else {
 		x->dev = c->dev;
 		x->ctx = ch;
 		x->kernels = g->kernels;
 		x->ns = g->ns;
+		x->flags = (unsigned)flags;
+		x->mdev = g->mdev;
+		x->graph = H(hGraph);
+		if (g->nnodes) {
+			memcpy(nodes, g->nodes, g->nnodes * sizeof(*nodes));
+			x->nodes = nodes;
+			x->nnodes = x->cap_nodes = g->nnodes;
+			g->execs++;
+		}
+		uint64_t run = 0;
+		for (size_t i = 0; i < x->nnodes; i++) {
+			uint64_t fp = round_up(x->nodes[i].size, GRAN);
+			if (x->nodes[i].kind == GN_ALLOC && (run = add_sat(run, fp)) > x->need)
+				x->need = run;
+			else if (x->nodes[i].kind == GN_FREE)
+				sub_to_zero(&run, fp);
+		}
 		*phGraphExec = (CUgraphExec)(uintptr_t)h;
 	}
 	pthread_mutex_unlock(&C.mu);
@@ -2587,8 +3123,90 @@ CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraph
 	return instantiate(phGraphExec, hGraph, 0);
 }
 
+/* Free the allocations executable H's last run left live. */
+static void exec_free_live(uint64_t h)
+{
+	for (size_t i = 0; i < C.nal; i++)
+		if (C.al[i].live && C.al[i].graph && C.al[i].gexec == h)
+			alloc_release(&C.al[i]);
+}
+
+/*
+ * One run of executable X (handle H) on stream SO of context C, not capturing.
+ * Refused with CUDA_ERROR_INVALID_VALUE, before anything happens, while
+ * allocations of its last run are live (unless it was instantiated with
+ * AUTO_FREE_ON_LAUNCH: they are freed first) or when a free node's
+ * allocation made before the capture is gone. Then its memory is mapped
+ * (CUDA_ERROR_OUT_OF_MEMORY), its kernels queued, the allocations it does
+ * not free become live at their addresses, holding bytes like any other, and
+ * the allocations its free nodes name are freed.
+ */
+static CUresult exec_run(uint64_t h, struct obj *x, struct obj *c, struct obj *so)
+{
+	size_t keep = 0, made = 0;
+	uint64_t *offs = NULL;
+	CUresult r = CUDA_SUCCESS;
+	if (x->live && !(x->flags & SIM_CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH))
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < x->nnodes; i++) {
+		const struct gnode *k = &x->nodes[i];
+		if (k->kind == GN_FREE_EXT && !al_find(k->addr, 1))
+			return CUDA_ERROR_INVALID_VALUE;
+		if (k->kind == GN_ALLOC && !k->freed)
+			keep++;
+	}
+	if (keep && (!(offs = malloc(keep * sizeof(*offs))) || !al_room(keep))) {
+		free(offs);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	for (size_t i = 0; i < x->nnodes && made < keep; i++) {
+		const struct gnode *k = &x->nodes[i];
+		if (k->kind == GN_ALLOC && !k->freed && sim_mem_reserve(k->size, &offs[made++]) < 0) {
+			made--;
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+			break;
+		}
+	}
+	if (r == CUDA_SUCCESS)
+		r = exec_map(x);
+	if (r != CUDA_SUCCESS) {
+		size_t n = 0;
+		for (size_t i = 0; i < x->nnodes && n < made; i++) {
+			const struct gnode *k = &x->nodes[i];
+			if (k->kind == GN_ALLOC && !k->freed)
+				sim_mem_release(offs[n++], k->size, NULL, 0);
+		}
+		free(offs);
+		return r;
+	}
+	if (x->live)
+		exec_free_live(h); /* AUTO_FREE_ON_LAUNCH */
+	x->last_end = x->kernels ? queue_work(c, so, x->ns) : sim_now_ns();
+	made = 0;
+	for (size_t i = 0; i < x->nnodes; i++) {
+		const struct gnode *k = &x->nodes[i];
+		if (k->kind == GN_ALLOC && !k->freed) {
+			struct alloc *a = al_insert(k->addr, k->size, x->ctx, x->mdev, offs[made++]);
+			a->graph = 1;
+			a->gexec = h;
+			a->footprint = round_up(k->size, GRAN);
+			x->live++;
+			x->live_bytes += a->footprint;
+		}
+	}
+	free(offs);
+	for (size_t i = 0; i < x->nnodes; i++) {
+		struct alloc *a;
+		if (x->nodes[i].kind == GN_FREE_EXT && (a = al_find(x->nodes[i].addr, 1)) != NULL)
+			alloc_release(a);
+	}
+	al_compact();
+	return CUDA_SUCCESS;
+}
+
 /* On a capturing stream the graph's kernels join the capture (as a child
- * graph would). */
+ * graph would); one with memory nodes cannot (CUDA_ERROR_NOT_SUPPORTED, and
+ * the capture is invalidated: child graphs may not hold memory nodes). */
 static CUresult graph_launch(CUgraphExec e, CUstream s)
 {
 	CUresult r = ready();
@@ -2607,10 +3225,14 @@ static CUresult graph_launch(CUgraphExec e, CUstream s)
 		r = CUDA_ERROR_INVALID_CONTEXT; /* instantiated in another context */
 		goto out;
 	}
-	if (so && so->capture != CAPTURE_NONE)
-		r = capture_add(so, x->kernels, x->ns);
-	else if (x->kernels)
-		queue_work(c, so, x->ns);
+	if (so && so->capture != CAPTURE_NONE) {
+		if (x->nnodes && so->capture == CAPTURE_ACTIVE)
+			r = capture_fail(so, CUDA_ERROR_NOT_SUPPORTED);
+		else
+			r = capture_add(so, x->kernels, x->ns);
+	} else {
+		r = exec_run(H(e), x, c, so);
+	}
 out:
 	pthread_mutex_unlock(&C.mu);
 	return r;
@@ -2628,18 +3250,60 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 	return graph_launch(hGraphExec, hStream);
 }
 
+/* Maps the executable's graph memory now (CUDA_ERROR_OUT_OF_MEMORY), so
+ * that its launches need not; runs nothing. Into a capture: unsupported. */
+static CUresult graph_upload(CUgraphExec e, CUstream s)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct obj *x = obj_get(H(e), K_GEXEC), *c, *so;
+	uint64_t ch;
+	if (!x)
+		r = CUDA_ERROR_INVALID_HANDLE;
+	else if ((r = stream_ctx(s, &c, &ch, &so)) != CUDA_SUCCESS)
+		;
+	else if (ch != x->ctx)
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	else if (so && so->capture != CAPTURE_NONE)
+		r = capture_fail(so, SIM_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+	else
+		r = exec_map(x);
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream)
+{
+	GATE();
+	return graph_upload(hGraphExec, hStream);
+}
+
+CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
+	GATE();
+	return graph_upload(hGraphExec, hStream);
+}
+
 /* Bad graph handles are INVALID_VALUE here, as the real driver documents them
- * for these calls (and for instantiation); a launch says INVALID_HANDLE. */
+ * for these calls (and for instantiation); a launch says INVALID_HANDLE.
+ * Destroying an executable leaves its graph memory reserved (spare) and the
+ * allocations its runs left live; destroying a graph a capture still fills
+ * is refused (the sim's choice). */
 static CUresult graph_free(uint64_t h, enum kind k)
 {
 	CUresult r = ready();
 	if (r)
 		return r;
 	pthread_mutex_lock(&C.mu);
-	if (obj_get(h, k))
-		obj_free(h);
-	else
+	struct obj *o = obj_get(h, k);
+	if (!o || (k == K_GRAPH && o->capturing))
 		r = CUDA_ERROR_INVALID_VALUE;
+	else if (k == K_GEXEC)
+		exec_destroy(h, o);
+	else
+		obj_free(h);
 	pthread_mutex_unlock(&C.mu);
 	return r;
 }
@@ -2654,6 +3318,110 @@ CUresult cuGraphDestroy(CUgraph hGraph)
 {
 	GATE();
 	return graph_free(H(hGraph), K_GRAPH);
+}
+
+/* ---- graph memory ------------------------------------------------------- */
+
+/* CUgraphMem_attribute of DEV's graph pool (this process's), cuuint64_t. */
+CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(device);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!value)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	const struct gpool *g = &C.gp[p];
+	switch (attr) {
+	case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = g->used; break;
+	case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: *(cuuint64_t *)value = g->used_high; break;
+	case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *(cuuint64_t *)value = g->reserved; break;
+	case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *(cuuint64_t *)value = g->reserved_high; break;
+	default: r = CUDA_ERROR_INVALID_VALUE; break;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* Only the high watermarks, and only reset: writing 0 brings them down to
+ * the current figure (as the pools' attributes do). */
+CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(device);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (!value || *(cuuint64_t *)value != 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct gpool *g = &C.gp[p];
+	if (attr == CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)
+		g->used_high = g->used;
+	else if (attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)
+		g->reserved_high = g->reserved;
+	else
+		r = CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuDeviceGraphMemTrim(CUdevice device)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(device);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&C.mu);
+	gpool_trim(p);
+	pthread_mutex_unlock(&C.mu);
+	return CUDA_SUCCESS;
+}
+
+/* ---- sim-only knobs ------------------------------------------------------- */
+
+/* Memory the driver takes by itself (modules, local memory, workspaces):
+ * charged to the device and to our entry like any other, so NVML's
+ * per-process figure and the device's used show it, and a reclaim returns it. */
+int hamiSimDriverInternal(int device, unsigned long long bytes)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	int p = phys(device);
+	if (p < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&C.mu);
+	uint64_t old = C.internal[p];
+	if (bytes > old)
+		r = charge(p, bytes - old);
+	else if (bytes < old)
+		sim_uncharge((unsigned)p, old - bytes);
+	if (r == CUDA_SUCCESS) {
+		C.internal[p] = bytes;
+		sim_note_internal((unsigned)p, bytes);
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+int hamiSimGraphicsProcess(int graphics)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	return sim_set_graphics(graphics) == SIM_OK ? CUDA_SUCCESS : CUDA_ERROR_OPERATING_SYSTEM;
 }
 
 /* ---- process checkpoints ------------------------------------------------ */
@@ -2838,12 +3606,24 @@ LOCAL(cuStreamEndCapture);
 LOCAL(cuStreamEndCapture_ptsz);
 LOCAL(cuStreamIsCapturing);
 LOCAL(cuStreamIsCapturing_ptsz);
+LOCAL(cuStreamGetCaptureInfo);
+LOCAL(cuStreamGetCaptureInfo_ptsz);
+LOCAL(cuStreamGetCaptureInfo_v2);
+LOCAL(cuStreamGetCaptureInfo_v2_ptsz);
+LOCAL(cuStreamGetCaptureInfo_v3);
+LOCAL(cuStreamGetCaptureInfo_v3_ptsz);
+LOCAL(cuThreadExchangeStreamCaptureMode);
 LOCAL(cuGraphInstantiate_v2);
 LOCAL(cuGraphInstantiateWithFlags);
 LOCAL(cuGraphLaunch);
 LOCAL(cuGraphLaunch_ptsz);
 LOCAL(cuGraphExecDestroy);
 LOCAL(cuGraphDestroy);
+LOCAL(cuGraphUpload);
+LOCAL(cuGraphUpload_ptsz);
+LOCAL(cuDeviceGetGraphMemAttribute);
+LOCAL(cuDeviceSetGraphMemAttribute);
+LOCAL(cuDeviceGraphMemTrim);
 LOCAL(cuCheckpointProcessLock);
 LOCAL(cuCheckpointProcessCheckpoint);
 LOCAL(cuCheckpointProcessRestore);
@@ -2942,12 +3722,20 @@ static const struct {
 	{"cuStreamBeginCapture", 10010, local_cuStreamBeginCapture_v2, local_cuStreamBeginCapture_v2_ptsz},
 	{"cuStreamEndCapture", 10000, local_cuStreamEndCapture, local_cuStreamEndCapture_ptsz},
 	{"cuStreamIsCapturing", 10000, local_cuStreamIsCapturing, local_cuStreamIsCapturing_ptsz},
+	{"cuStreamGetCaptureInfo", 10010, local_cuStreamGetCaptureInfo, local_cuStreamGetCaptureInfo_ptsz},
+	{"cuStreamGetCaptureInfo", 11030, local_cuStreamGetCaptureInfo_v2, local_cuStreamGetCaptureInfo_v2_ptsz},
+	{"cuStreamGetCaptureInfo", 12030, local_cuStreamGetCaptureInfo_v3, local_cuStreamGetCaptureInfo_v3_ptsz},
+	{"cuThreadExchangeStreamCaptureMode", 10010, local_cuThreadExchangeStreamCaptureMode, NULL},
 	{"cuGraphInstantiate", 11000, local_cuGraphInstantiate_v2, NULL},
 	{"cuGraphInstantiate", 12000, local_cuGraphInstantiateWithFlags, NULL},
 	{"cuGraphInstantiateWithFlags", 11040, local_cuGraphInstantiateWithFlags, NULL},
 	{"cuGraphLaunch", 10000, local_cuGraphLaunch, local_cuGraphLaunch_ptsz},
 	{"cuGraphExecDestroy", 10000, local_cuGraphExecDestroy, NULL},
 	{"cuGraphDestroy", 10000, local_cuGraphDestroy, NULL},
+	{"cuGraphUpload", 11010, local_cuGraphUpload, local_cuGraphUpload_ptsz},
+	{"cuDeviceGetGraphMemAttribute", 11040, local_cuDeviceGetGraphMemAttribute, NULL},
+	{"cuDeviceSetGraphMemAttribute", 11040, local_cuDeviceSetGraphMemAttribute, NULL},
+	{"cuDeviceGraphMemTrim", 11040, local_cuDeviceGraphMemTrim, NULL},
 	{"cuCheckpointProcessLock", 12080, local_cuCheckpointProcessLock, NULL},
 	{"cuCheckpointProcessCheckpoint", 12080, local_cuCheckpointProcessCheckpoint, NULL},
 	{"cuCheckpointProcessRestore", 12080, local_cuCheckpointProcessRestore, NULL},

@@ -166,10 +166,13 @@ struct pinfo {
 	uint64_t used;
 };
 
-/* Live processes with a context or memory on device D (dead ones swept). A
- * checkpointed process keeps its contexts but holds no device memory: it is
- * listed with 0 bytes. */
-static unsigned list_procs(unsigned d, struct pinfo *out)
+/* Live processes with a context or memory on device D (dead ones swept):
+ * GRAPHICS 0 the compute processes, 1 those marked graphics processes
+ * (hamiSimGraphicsProcess). used is every byte the process holds there:
+ * allocations, contexts, pools' and the graph pool's reserves, decoders,
+ * what its driver holds by itself. A checkpointed process keeps its contexts
+ * but holds no device memory: it is listed with 0 bytes. */
+static unsigned list_procs(unsigned d, struct pinfo *out, int graphics)
 {
 	struct sim_state *st = sim_st();
 	unsigned n = 0;
@@ -177,7 +180,7 @@ static unsigned list_procs(unsigned d, struct pinfo *out)
 	sim_sweep();
 	for (unsigned i = 0; i < SIM_MAX_PROCS; i++) {
 		struct sim_proc *p = &st->proc[i];
-		if (atomic_load(&p->state) != SIM_PROC_LIVE)
+		if (atomic_load(&p->state) != SIM_PROC_LIVE || (atomic_load(&p->graphics) != 0) != (graphics != 0))
 			continue;
 		uint64_t used = atomic_load(&p->used[d]);
 		int32_t pid = atomic_load(&p->pid);
@@ -400,8 +403,9 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
 /* ---- processes ---------------------------------------------------------- */
 
 /* Standard NVML sizing: *count in = capacity; too small -> INSUFFICIENT_SIZE
- * with the count needed. ELEM: 1 = v1 element, 2 = v2/v3 element. */
-static nvmlReturn_t running(nvmlDevice_t device, unsigned *count, void *infos, int elem)
+ * with the count needed. ELEM: 1 = v1 element, 2 = v2/v3 element. GRAPHICS:
+ * the graphics list, else the compute one. */
+static nvmlReturn_t running(nvmlDevice_t device, unsigned *count, void *infos, int elem, int graphics)
 {
 	struct pinfo list[SIM_MAX_PROCS];
 	unsigned i;
@@ -410,7 +414,7 @@ static nvmlReturn_t running(nvmlDevice_t device, unsigned *count, void *infos, i
 		return r;
 	if (!count)
 		return NVML_ERROR_INVALID_ARGUMENT;
-	unsigned n = list_procs(i, list);
+	unsigned n = list_procs(i, list, graphics);
 	if (n > *count) {
 		*count = n;
 		return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -437,47 +441,39 @@ static nvmlReturn_t running(nvmlDevice_t device, unsigned *count, void *infos, i
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
 						  nvmlProcessInfo_v1_t *infos)
 {
-	return running(device, infoCount, infos, 1);
+	return running(device, infoCount, infos, 1, 0);
 }
 
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
 						     nvmlProcessInfo_t *infos)
 {
-	return running(device, infoCount, infos, 2);
+	return running(device, infoCount, infos, 2, 0);
 }
 
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
 						     nvmlProcessInfo_t *infos)
 {
-	return running(device, infoCount, infos, 2);
+	return running(device, infoCount, infos, 2, 0);
 }
 
-/* Nothing draws on a simulated GPU. */
-static nvmlReturn_t no_graphics(nvmlDevice_t device, unsigned *count)
+/* Processes marked with hamiSimGraphicsProcess (a sim-only knob: nothing
+ * draws on a simulated GPU), with the same elements and figures. */
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+						   nvmlProcessInfo_v1_t *infos)
 {
-	unsigned i;
-	nvmlReturn_t r = dev_index(device, &i);
-	if (r)
-		return r;
-	if (!count)
-		return NVML_ERROR_INVALID_ARGUMENT;
-	*count = 0;
-	return NVML_SUCCESS;
+	return running(device, infoCount, infos, 1, 1);
 }
 
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t device, unsigned int *infoCount, void *infos)
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+						      nvmlProcessInfo_t *infos)
 {
-	return no_graphics(device, infoCount);
+	return running(device, infoCount, infos, 2, 1);
 }
 
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount, void *infos)
+nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+						      nvmlProcessInfo_t *infos)
 {
-	return no_graphics(device, infoCount);
-}
-
-nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, void *infos)
-{
-	return no_graphics(device, infoCount);
+	return running(device, infoCount, infos, 2, 1);
 }
 
 /* Live processes with a context on device D, or whose kernels ran on it in

@@ -605,8 +605,11 @@ static void reclaim(struct sim_proc *p)
 	atomic_store(&p->cuda, 0);
 	atomic_store(&p->ckpt, SIM_CKPT_RUNNING);
 	atomic_store(&p->inflight, 0);
+	atomic_store(&p->graphics, 0);
 	for (unsigned d = 0; d < SIM_MAX_DEVICES; d++) {
 		atomic_store(&p->parked[d], 0);
+		atomic_store(&p->graph[d], 0);
+		atomic_store(&p->internal[d], 0);
 		uint64_t v = atomic_exchange(&p->used[d], 0);
 		if (v)
 			dev_sub(d, v);
@@ -682,8 +685,11 @@ int sim_self(void)
 		atomic_store(&p->cuda, 0);
 		atomic_store(&p->ckpt, SIM_CKPT_RUNNING);
 		atomic_store(&p->inflight, 0);
+		atomic_store(&p->graphics, 0);
 		for (unsigned d = 0; d < SIM_MAX_DEVICES; d++) {
 			atomic_store(&p->parked[d], 0);
+			atomic_store(&p->graph[d], 0);
+			atomic_store(&p->internal[d], 0);
 			atomic_store(&p->busy_ns[d], 0);
 			for (unsigned k = 0; k < SIM_UTIL_SLOTS; k++)
 				atomic_store(&p->util[d][k], 0);
@@ -818,6 +824,29 @@ void sim_decoder_count(unsigned d, int delta)
 		sub32_clamped(&g.st->proc[self].decoders[d], (uint32_t)-delta);
 		sub32_clamped(&g.st->dev[d].decoders, (uint32_t)-delta);
 	}
+}
+
+void sim_note_graph(unsigned d, uint64_t bytes)
+{
+	int self = sim_self();
+	if (self >= 0 && d < SIM_MAX_DEVICES)
+		atomic_store(&g.st->proc[self].graph[d], bytes);
+}
+
+void sim_note_internal(unsigned d, uint64_t bytes)
+{
+	int self = sim_self();
+	if (self >= 0 && d < SIM_MAX_DEVICES)
+		atomic_store(&g.st->proc[self].internal[d], bytes);
+}
+
+int sim_set_graphics(int on)
+{
+	int self = sim_self();
+	if (self < 0)
+		return self;
+	atomic_store(&g.st->proc[self].graphics, on ? 1u : 0u);
+	return SIM_OK;
 }
 
 /* ---- time --------------------------------------------------------------- */

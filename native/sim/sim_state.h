@@ -30,7 +30,8 @@
 #include <stdint.h>
 
 #define SIM_MAGIC "HAMISIM1" /* 8 bytes, no terminator */
-#define SIM_VERSION 3u /* 2: NVDEC decoder counts and frame counters; 3: checkpoints */
+#define SIM_VERSION 4u /* 2: NVDEC decoder counts and frame counters; 3: checkpoints;
+                         * 4: graph memory, driver-internal bytes, graphics processes */
 #define SIM_MAX_DEVICES 16
 #define SIM_MAX_PROCS 128
 #define SIM_UUID_LEN 48 /* "GPU-" + 36 + NUL fits */
@@ -116,6 +117,13 @@ struct sim_proc {
 	_Atomic uint32_t ckpt;     /* SIM_CKPT_*; a futex its blocked calls sleep on */
 	_Atomic uint32_t inflight; /* its calls inside gated driver entry points; a futex */
 	_Atomic uint64_t parked[SIM_MAX_DEVICES]; /* device bytes a checkpoint moved to host memory */
+	/* Parts of its footprint (counted in used, or in parked while
+	 * checkpointed) that no allocation call returned, shown by hami-simctl:
+	 * its graph memory pool's reserved bytes, and what its driver holds by
+	 * itself (hamiSimDriverInternal). */
+	_Atomic uint64_t graph[SIM_MAX_DEVICES];
+	_Atomic uint64_t internal[SIM_MAX_DEVICES];
+	_Atomic uint32_t graphics; /* NVML lists it as a graphics process, not a compute one */
 	_Atomic uint64_t busy_ns[SIM_MAX_DEVICES];
 	_Atomic uint64_t util[SIM_MAX_DEVICES][SIM_UTIL_SLOTS];
 };
@@ -177,6 +185,13 @@ SIM_HIDDEN void sim_ctx_count(unsigned dev, int delta);
 /* One more (DELTA 1) or one fewer (-1) live decoder of this process on DEV:
  * the device's count and our entry's, which a dead process's reclaim returns. */
 SIM_HIDDEN void sim_decoder_count(unsigned dev, int delta);
+/* Record what our entry's graph memory pool reserves on DEV, and what its
+ * driver holds by itself there (both already charged with sim_charge: these
+ * only say which part of the footprint they are). */
+SIM_HIDDEN void sim_note_graph(unsigned dev, uint64_t bytes);
+SIM_HIDDEN void sim_note_internal(unsigned dev, uint64_t bytes);
+/* Mark our entry a graphics process (1) or a compute one (0). */
+SIM_HIDDEN int sim_set_graphics(int on);
 /* Queue DUR ns of work on DEV's timeline; returns its end (CLOCK_MONOTONIC). */
 SIM_HIDDEN uint64_t sim_launch(unsigned dev, uint64_t dur);
 /* Return dead processes' memory. */

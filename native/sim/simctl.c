@@ -3,7 +3,8 @@
  *
  *   hami-simctl [--state PATH] status       JSON: devices, live processes (memory,
  *                                           contexts, NVDEC decoders and frames,
- *                                           checkpoint state and host bytes)
+ *                                           checkpoint state and host bytes, graph
+ *                                           pool and driver-internal bytes, graphics)
  *   hami-simctl [--state PATH] reset-peak   peak_used := used, every device
  *   hami-simctl [--state PATH] reset        new state file (none may use it)
  *
@@ -119,7 +120,13 @@ static int status(void)
 		printf("], \"checkpoint\": \"%s\", \"in_flight\": %u, \"host_bytes\": %llu, \"parked\": ",
 		       ckpt_name(atomic_load(&p->ckpt)), (unsigned)atomic_load(&p->inflight), (unsigned long long)host);
 		json_u64_array(p->parked, ndev);
-		printf("}");
+		/* Parts of its footprint no allocation returned: the graph memory
+		 * pool's reserve and what its driver holds by itself. */
+		printf(", \"graph\": ");
+		json_u64_array(p->graph, ndev);
+		printf(", \"internal\": ");
+		json_u64_array(p->internal, ndev);
+		printf(", \"graphics\": %s}", atomic_load(&p->graphics) ? "true" : "false");
 		first = 0;
 	}
 	printf("]}\n");

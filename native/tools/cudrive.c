@@ -29,6 +29,7 @@
  *   memcreate SIZE DEV|host [NAME] | array W H FMT CH [NAME]
  *   array3d W H D FMT CH [NAME] | mipmap W H D FMT CH LEVELS [NAME]
  *   free NAME | freeraw PTR | freeall | list
+ *   freeasync NAME              cuMemFreeAsync of any memory object (alloc, async...)
  *   write NAME BYTE             fill the allocation NAME with BYTE (cuMemcpyHtoD_v2)
  *   check NAME BYTE             read NAME back (cuMemcpyDtoH_v2): equal (every byte is BYTE),
  *                               mismatches, and the first one's offset (first_mismatch, -1
@@ -39,9 +40,16 @@
  *   dlsym NAME | nvmldlsym NAME | resolve dlsym|next|default|procaddr|procaddr1 [VERSION [FLAGS]]
  *                               (next, default: dlsym(RTLD_NEXT / RTLD_DEFAULT, ...) from cudrive)
  *   nvml | nvmlcount | nvmlmem IDX | nvmluuid IDX | nvmlshutdown
- *   nvmlprocs IDX               nvmlDeviceGetComputeRunningProcesses_v3: processes [{pid, used}]
+ *   nvmlprocs IDX [1|2|3]       nvmlDeviceGetComputeRunningProcesses (_v2, _v3; default 3):
+ *                               processes [{pid, used}], count, version
+ *   nvmlgraphics IDX [1|2|3]    the same of nvmlDeviceGetGraphicsRunningProcesses
  *   sleep MS | echo [WORD] | waitfile PATH [TIMEOUT_MS] | hold | exit [N] | stdin
- *   child ... endchild
+ *   child ... endchild          the commands in between in a fork()ed child; then
+ *                               {"op":"child","child":PID,"status":N,"signal":N}
+ *   worker NAME ... endworker   the commands in between on cudrive's worker thread NAME, made
+ *                               at its first block with the caller's current context; it keeps
+ *                               its context, capture mode and captures between blocks. The caller
+ *                               waits for the block, then prints {"op":"worker","name":..,"blocks":N}
  *
  * Process checkpoints (another process's GPU memory to host memory and back):
  *   ckpt lock PID [TIMEOUT_MS]  cuCheckpointProcessLock (no TIMEOUT_MS: NULL args, no timeout);
@@ -56,9 +64,36 @@
  *                               cuLaunchKernel / cuLaunchKernelEx / cuLaunchCooperativeKernel on
  *                               the NULL stream, or on the capture stream while capturing
  *   capture begin [global|thread|relaxed] | capture end [NAME] | capture status
- *                               stream capture on cudrive's own (non-blocking) stream
- *   graph NAME | graphlaunch NAME [COUNT]
- *                               instantiate a captured graph / launch it on the capture stream
+ *                               stream capture on cudrive's own (non-blocking) stream (status:
+ *                               CUstreamCaptureStatus, 0 none, 1 active, 2 invalidated); an end
+ *                               answered CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD leaves it going
+ *   capture info                cuStreamGetCaptureInfo_v2 (dlsym): status, id, graph, dependencies
+ *   capturemode global|thread|relaxed
+ *                               cuThreadExchangeStreamCaptureMode for the calling thread: mode,
+ *                               previous
+ *   graph NAME [autofree] | graphlaunch NAME [COUNT]
+ *                               instantiate a captured graph (again: the old executable is
+ *                               destroyed first; autofree: CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_
+ *                               ON_LAUNCH) / launch it on the capture stream
+ *   ungraph NAME | graphupload NAME
+ *                               cuGraphExecDestroy of its executable / cuGraphUpload of it
+ *   graphmem DEV                cuDeviceGetGraphMemAttribute: used, used_high, reserved,
+ *                               reserved_high
+ *   graphmemreset DEV | graphtrim DEV
+ *                               cuDeviceSetGraphMemAttribute (both high marks := 0) /
+ *                               cuDeviceGraphMemTrim
+ * While a capture is under way, async, poolalloc, freeasync and the free of
+ * async/poolalloc memory go to the capture stream (their records say
+ * "stream":"capture"): graph allocation and free nodes. Other commands call
+ * what they always call (alloc, free of alloc memory, sync, meminfo, poolattr
+ * are capture-unsafe calls).
+ *
+ * The simulated GPU's own knobs (dlsym in libcuda.so.1; CUDA_ERROR_NOT_FOUND
+ * on a real driver), after init:
+ *   internal DEV SIZE           hamiSimDriverInternal: this process's driver-internal bytes on
+ *                               CUDA device DEV become SIZE (0 gives them back)
+ *   graphics [0|1]              hamiSimGraphicsProcess: NVML lists this process as a graphics
+ *                               process (1, the default) or a compute one (0)
  *   event NS                    timing events around one kernel: query, synchronize, elapsed time
  *   burn launch|launchex|coop|graph NS SECONDS [SYNC_EVERY]
  *                               launch NS kernels for SECONDS of wall time (graph: a graph of 8),
@@ -225,6 +260,13 @@ typedef CUresult (*fn_event_create)(CUevent *, unsigned int);
 typedef CUresult (*fn_event)(CUevent); /* destroy, query, synchronize */
 typedef CUresult (*fn_event_record)(CUevent, CUstream);
 typedef CUresult (*fn_event_elapsed)(float *, CUevent, CUevent);
+typedef CUresult (*fn_capture_mode)(int *); /* cuThreadExchangeStreamCaptureMode */
+typedef CUresult (*fn_capture_info)(CUstream, int *, cuuint64_t *, CUgraph *, const void **, size_t *);
+typedef CUresult (*fn_graph_upload)(CUgraphExec, CUstream);
+typedef CUresult (*fn_graph_mem_attr)(CUdevice, int, void *); /* cuDevice{Get,Set}GraphMemAttribute */
+typedef CUresult (*fn_graph_mem_trim)(CUdevice);
+typedef int (*fn_sim_internal)(int, unsigned long long); /* the simulated GPU's knobs */
+typedef int (*fn_sim_graphics)(int);
 
 typedef CUresult (*fn_cuvid_caps)(CUVIDDECODECAPS *);
 typedef CUresult (*fn_cuvid_create)(CUvideodecoder *, CUVIDDECODECREATEINFO *);
@@ -249,6 +291,11 @@ typedef nvmlReturn_t (*fn_nvml_mem)(nvmlDevice_t, nvmlMemory_t *);
 typedef nvmlReturn_t (*fn_nvml_mem2)(nvmlDevice_t, nvmlMemory_v2_t *);
 typedef nvmlReturn_t (*fn_nvml_uuid)(nvmlDevice_t, char *, unsigned int);
 typedef nvmlReturn_t (*fn_nvml_procs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+/* nvmlDeviceGet{Compute,Graphics}RunningProcesses (v1) element. */
+typedef struct {
+	unsigned int pid;
+	unsigned long long usedGpuMemory;
+} nvml_proc_v1;
 
 /* ---- error names ---------------------------------------------------------- */
 
@@ -305,6 +352,8 @@ static const struct code_name cu_names[] = {
 	{802, "CUDA_ERROR_SYSTEM_NOT_READY"},
 	{803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"},
 	{900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
+	{901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},
+	{908, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"},
 	{909, "CUDA_ERROR_TIMEOUT"},
 	{999, "CUDA_ERROR_UNKNOWN"},
 };
@@ -533,6 +582,12 @@ enum fn_id {
 	F_CKPT_RESTORE,
 	F_CKPT_UNLOCK,
 	F_CKPT_STATE,
+	F_CAPTURE_MODE,
+	F_CAPTURE_INFO,
+	F_GRAPH_UPLOAD,
+	F_GRAPH_MEM_GET_ATTR,
+	F_GRAPH_MEM_SET_ATTR,
+	F_GRAPH_MEM_TRIM,
 	F_COUNT
 };
 
@@ -605,6 +660,13 @@ static const struct fn_entry fn_table[F_COUNT] = {
 	[F_CKPT_RESTORE] = {"cuCheckpointProcessRestore", "cuCheckpointProcessRestore"},
 	[F_CKPT_UNLOCK] = {"cuCheckpointProcessUnlock", "cuCheckpointProcessUnlock"},
 	[F_CKPT_STATE] = {"cuCheckpointProcessGetState", "cuCheckpointProcessGetState"},
+	[F_CAPTURE_MODE] = {"cuThreadExchangeStreamCaptureMode", "cuThreadExchangeStreamCaptureMode"},
+	/* Always through dlsym: the base name's form (and signature) depends on the version. */
+	[F_CAPTURE_INFO] = {"cuStreamGetCaptureInfo_v2", NULL},
+	[F_GRAPH_UPLOAD] = {"cuGraphUpload", "cuGraphUpload"},
+	[F_GRAPH_MEM_GET_ATTR] = {"cuDeviceGetGraphMemAttribute", "cuDeviceGetGraphMemAttribute"},
+	[F_GRAPH_MEM_SET_ATTR] = {"cuDeviceSetGraphMemAttribute", "cuDeviceSetGraphMemAttribute"},
+	[F_GRAPH_MEM_TRIM] = {"cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim"},
 };
 
 static void *fn_cache[F_COUNT];
@@ -852,7 +914,8 @@ static const char *const command_words[] = {
 	"echo", "list", "waitfile", "module", "launch", "launchex", "coop", "capture", "graph",
 	"graphlaunch", "event", "burn", "threads", "cuvidcaps", "decoder", "undecoder", "decode", "mapframe",
 	"unmapframe", "mapframe32", "unmapframe32", "reconfigure", "decodestatus", "parser", "unparser",
-	"ctxlock", "cuviddlsym", "write", "check", "ckpt", NULL};
+	"ctxlock", "cuviddlsym", "write", "check", "ckpt", "freeasync", "capturemode", "ungraph", "graphupload",
+	"graphmem", "graphmemreset", "graphtrim", "nvmlgraphics", "internal", "graphics", "worker", "endworker", NULL};
 
 static bool is_command_word(const char *w)
 {
@@ -1183,6 +1246,11 @@ static int cmd_managed(struct stream *s, struct result *r)
 	return 0;
 }
 
+/* While `capture begin` is under way, stream-ordered commands (async,
+ * poolalloc, the free of their memory, freeasync) go to the capture stream:
+ * graph memory nodes. Defined with the capture commands. */
+static bool capturing_stream(CUstream *s);
+
 static int cmd_async(struct stream *s, struct result *r)
 {
 	char name[NAME_LEN];
@@ -1191,8 +1259,10 @@ static int cmd_async(struct stream *s, struct result *r)
 		return -1;
 	NEED(f, fn_mem_async, F_MEM_ALLOC_ASYNC);
 	CUdeviceptr p = 0;
+	CUstream st = NULL;
 	res_u64(r, "size", size);
-	r->rc = f(&p, (size_t)size, NULL);
+	res_str(r, "stream", capturing_stream(&st) ? "capture" : "null");
+	r->rc = f(&p, (size_t)size, st);
 	if (r->rc == 0) {
 		struct obj *o = store(r, name, K_ASYNC);
 		if (o) {
@@ -1266,8 +1336,10 @@ static int cmd_poolalloc(struct stream *s, struct result *r)
 	if (k)
 		return k < 0 ? -1 : 0;
 	CUdeviceptr p = 0;
+	CUstream st = NULL;
 	res_u64(r, "size", size);
-	r->rc = f(&p, (size_t)size, pool, NULL);
+	res_str(r, "stream", capturing_stream(&st) ? "capture" : "null");
+	r->rc = f(&p, (size_t)size, pool, st);
 	if (r->rc == 0) {
 		struct obj *o = store(r, name, K_ASYNC);
 		if (o) {
@@ -1493,9 +1565,12 @@ static CUresult destroy_obj(struct result *r, struct obj *o)
 		res_str(r, "detail", resolve_error);
 		return CUDA_ERROR_NOT_FOUND;
 	}
+	CUstream st = NULL;
+	if (o->kind == K_ASYNC)
+		capturing_stream(&st);
 	switch (o->kind) {
 	case K_MEM: rc = ((fn_mem_free)f)(o->ptr); break;
-	case K_ASYNC: rc = ((fn_mem_free_async)f)(o->ptr, NULL); break;
+	case K_ASYNC: rc = ((fn_mem_free_async)f)(o->ptr, st); break;
 	case K_ARRAY: rc = ((fn_array_destroy)f)((CUarray)o->h); break;
 	case K_MIPMAP: rc = ((fn_mipmap_destroy)f)((CUmipmappedArray)o->h); break;
 	case K_HANDLE: rc = ((fn_mem_release)f)(o->handle); break;
@@ -1519,7 +1594,31 @@ static int cmd_free(struct stream *s, struct result *r)
 	res_str(r, "name", name);
 	res_str(r, "kind", kind_name[o->kind]);
 	res_u64(r, "size", o->size);
+	CUstream st;
+	if (o->kind == K_ASYNC)
+		res_str(r, "stream", capturing_stream(&st) ? "capture" : "null");
 	r->rc = destroy_obj(r, o);
+	return 0;
+}
+
+/* cuMemFreeAsync of any memory object (the capture stream while capturing:
+ * a free node, of memory allocated before the capture too). */
+static int cmd_freeasync(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	struct obj *o = obj_find(name);
+	if (!o || (o->kind != K_MEM && o->kind != K_ASYNC)) {
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no memory named \"%s\"", name);
+		return -1;
+	}
+	NEED(f, fn_mem_free_async, F_MEM_FREE_ASYNC);
+	CUstream st = NULL;
+	res_str(r, "name", name);
+	res_u64(r, "size", o->size);
+	res_str(r, "stream", capturing_stream(&st) ? "capture" : "null");
+	r->rc = f(o->ptr, st);
+	if (r->rc == 0)
+		obj_remove(o);
 	return 0;
 }
 
@@ -2337,6 +2436,26 @@ static int cmd_coop(struct stream *s, struct result *r)
 	return launch_common(s, r, L_COOP, F_LAUNCH_COOPERATIVE);
 }
 
+static bool capturing_stream(CUstream *s)
+{
+	if (!cap.capturing)
+		return false;
+	*s = cap.s;
+	return true;
+}
+
+static const char *const capture_modes[] = {"global", "thread", "relaxed"};
+
+/* A capture mode word: its CUstreamCaptureMode, or -1 (usage error reported). */
+static int capture_mode_arg(struct result *r, const char *m)
+{
+	for (int mode = 0; mode < 3; mode++)
+		if (strcmp(capture_modes[mode], m) == 0)
+			return mode;
+	usage_error(r->op, "CUDRIVE_USAGE", "bad MODE \"%s\" (global, thread, relaxed)", m);
+	return -1;
+}
+
 static struct graph_entry *graph_find(const char *name)
 {
 	for (int i = 0; i < ngraphs; i++)
@@ -2351,18 +2470,11 @@ static int cmd_capture(struct stream *s, struct result *r)
 	ARG(what, "begin|end|status");
 	res_str(r, "what", what);
 	if (strcmp(what, "begin") == 0) {
-		static const char *const modes[] = {"global", "thread", "relaxed"};
 		int mode = 0;
 		const char *m = opt_arg(s);
-		if (m) {
-			for (mode = 0; mode < 3 && strcmp(modes[mode], m) != 0; mode++)
-				;
-			if (mode == 3) {
-				usage_error(r->op, "CUDRIVE_USAGE", "bad MODE \"%s\" (global, thread, relaxed)", m);
-				return -1;
-			}
-		}
-		res_str(r, "mode", modes[mode]);
+		if (m && (mode = capture_mode_arg(r, m)) < 0)
+			return -1;
+		res_str(r, "mode", capture_modes[mode]);
 		fn_begin_capture begin = (fn_begin_capture)need(r, F_BEGIN_CAPTURE);
 		if (!begin) {
 			r->rc = CUDA_ERROR_NOT_FOUND;
@@ -2404,7 +2516,9 @@ static int cmd_capture(struct stream *s, struct result *r)
 		r->rc = end(cap.s, &g);
 		unsigned long long kernels = cap.kernels;
 		res_u64(r, "kernels", kernels);
-		/* The driver ends the capture whatever it answers (but "not capturing"). */
+		if (r->rc == 908) /* CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: the capture goes on */
+			return 0;
+		/* The driver ends the capture whatever else it answers (but "not capturing"). */
 		cap.capturing = false;
 		cap.kernels = 0;
 		forget_stream(r->rc);
@@ -2440,8 +2554,45 @@ static int cmd_capture(struct stream *s, struct result *r)
 		forget_stream(r->rc);
 		return 0;
 	}
-	usage_error(r->op, "CUDRIVE_USAGE", "bad capture step \"%s\" (begin, end, status)", what);
+	if (strcmp(what, "info") == 0) {
+		fn_capture_info info = (fn_capture_info)need(r, F_CAPTURE_INFO);
+		if (!info) {
+			r->rc = CUDA_ERROR_NOT_FOUND;
+			return 0;
+		}
+		if ((r->rc = cap_stream(r)) != 0)
+			return 0;
+		int status = -1;
+		cuuint64_t id = 0;
+		CUgraph g = NULL;
+		const void *deps = NULL;
+		size_t ndeps = 0;
+		r->rc = info(cap.s, &status, &id, &g, &deps, &ndeps);
+		res_i64(r, "status", status);
+		res_u64(r, "id", id);
+		res_hex(r, "graph", g);
+		res_u64(r, "dependencies", ndeps);
+		forget_stream(r->rc);
+		return 0;
+	}
+	usage_error(r->op, "CUDRIVE_USAGE", "bad capture step \"%s\" (begin, end, status, info)", what);
 	return -1;
+}
+
+/* capturemode global|thread|relaxed: the calling thread's interaction mode. */
+static int cmd_capturemode(struct stream *s, struct result *r)
+{
+	ARG(m, "global|thread|relaxed");
+	int mode = capture_mode_arg(r, m);
+	if (mode < 0)
+		return -1;
+	NEED(f, fn_capture_mode, F_CAPTURE_MODE);
+	int x = mode;
+	r->rc = f(&x);
+	res_str(r, "mode", capture_modes[mode]);
+	if (r->rc == 0)
+		res_str(r, "previous", x >= 0 && x < 3 ? capture_modes[x] : "unknown");
+	return 0;
 }
 
 static struct graph_entry *graph_arg(struct result *r, const char *name)
@@ -2456,11 +2607,17 @@ static struct graph_entry *graph_arg(struct result *r, const char *name)
 static int cmd_graph(struct stream *s, struct result *r)
 {
 	ARG(name, "NAME");
+	const char *flag = opt_arg(s);
+	if (flag && strcmp(flag, "autofree") != 0) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad flag \"%s\" (autofree)", flag);
+		return -1;
+	}
 	struct graph_entry *e = graph_arg(r, name);
 	if (!e)
 		return -1;
 	res_str(r, "name", name);
 	res_u64(r, "kernels", e->kernels);
+	res_i64(r, "autofree", flag != NULL);
 	fn_graph_instantiate inst = (fn_graph_instantiate)need(r, F_GRAPH_INSTANTIATE);
 	if (!inst) {
 		r->rc = CUDA_ERROR_NOT_FOUND;
@@ -2473,9 +2630,100 @@ static int cmd_graph(struct stream *s, struct result *r)
 		e->exec = NULL;
 	}
 	CUgraphExec x = NULL;
-	r->rc = inst(&x, e->g, 0);
+	r->rc = inst(&x, e->g, flag ? 1 /* CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH */ : 0);
 	if (r->rc == 0)
 		e->exec = x;
+	return 0;
+}
+
+/* An instantiated graph entry, or NULL with the usage error reported. */
+static struct graph_entry *graph_exec_arg(struct result *r, const char *name)
+{
+	struct graph_entry *e = graph_arg(r, name);
+	if (e && !e->exec) {
+		usage_error(r->op, "CUDRIVE_USAGE", "graph \"%s\" is not instantiated (run: graph %s)", name, name);
+		return NULL;
+	}
+	return e;
+}
+
+/* ungraph NAME: cuGraphExecDestroy of its executable (the graph stays). */
+static int cmd_ungraph(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	struct graph_entry *e = graph_exec_arg(r, name);
+	if (!e)
+		return -1;
+	res_str(r, "name", name);
+	NEED(destroy, fn_graph_exec_destroy, F_GRAPH_EXEC_DESTROY);
+	r->rc = destroy(e->exec);
+	if (r->rc == 0)
+		e->exec = NULL;
+	return 0;
+}
+
+/* graphupload NAME: cuGraphUpload on cudrive's stream. */
+static int cmd_graphupload(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	struct graph_entry *e = graph_exec_arg(r, name);
+	if (!e)
+		return -1;
+	res_str(r, "name", name);
+	NEED(upload, fn_graph_upload, F_GRAPH_UPLOAD);
+	if ((r->rc = cap_stream(r)) != 0)
+		return 0;
+	r->rc = upload(e->exec, cap.s);
+	forget_stream(r->rc);
+	return 0;
+}
+
+/* graphmem DEV: the four CUgraphMem_attribute figures of the device. */
+static int cmd_graphmem(struct stream *s, struct result *r)
+{
+	INT_ARG(ord, "DEV");
+	NEED(get, fn_graph_mem_attr, F_GRAPH_MEM_GET_ATTR);
+	static const char *const keys[4] = {"used", "used_high", "reserved", "reserved_high"};
+	CUdevice dev;
+	res_i64(r, "dev", ord);
+	if ((r->rc = device_get(r, ord, &dev)) != 0)
+		return 0;
+	for (int a = 0; a < 4; a++) {
+		cuuint64_t v = 0;
+		CUresult rc = get(dev, a, &v);
+		if (rc) {
+			r->rc = rc;
+			return 0;
+		}
+		res_u64(r, keys[a], v);
+	}
+	return 0;
+}
+
+/* graphmemreset DEV: both high watermarks down to the current figures. */
+static int cmd_graphmemreset(struct stream *s, struct result *r)
+{
+	INT_ARG(ord, "DEV");
+	NEED(set, fn_graph_mem_attr, F_GRAPH_MEM_SET_ATTR);
+	CUdevice dev;
+	res_i64(r, "dev", ord);
+	if ((r->rc = device_get(r, ord, &dev)) != 0)
+		return 0;
+	cuuint64_t zero = 0;
+	if ((r->rc = set(dev, 1 /* USED_MEM_HIGH */, &zero)) == 0)
+		r->rc = set(dev, 3 /* RESERVED_MEM_HIGH */, &zero);
+	return 0;
+}
+
+/* graphtrim DEV: cuDeviceGraphMemTrim. */
+static int cmd_graphtrim(struct stream *s, struct result *r)
+{
+	INT_ARG(ord, "DEV");
+	NEED(trim, fn_graph_mem_trim, F_GRAPH_MEM_TRIM);
+	CUdevice dev;
+	res_i64(r, "dev", ord);
+	if ((r->rc = device_get(r, ord, &dev)) == 0)
+		r->rc = trim(dev);
 	return 0;
 }
 
@@ -2485,14 +2733,10 @@ static int cmd_graphlaunch(struct stream *s, struct result *r)
 	unsigned long long count, ok = 0, failed = 0;
 	if (opt_count(s, r, &count) < 0)
 		return -1;
-	struct graph_entry *e = graph_arg(r, name);
+	struct graph_entry *e = graph_exec_arg(r, name);
 	if (!e)
 		return -1;
 	res_str(r, "name", name);
-	if (!e->exec) {
-		usage_error(r->op, "CUDRIVE_USAGE", "graph \"%s\" is not instantiated (run: graph %s)", name, name);
-		return -1;
-	}
 	fn_graph_launch launch = (fn_graph_launch)need(r, F_GRAPH_LAUNCH);
 	if (!launch) {
 		r->rc = CUDA_ERROR_NOT_FOUND;
@@ -2772,26 +3016,99 @@ static int cmd_nvmlmem(struct stream *s, struct result *r)
 	return 0;
 }
 
-static int cmd_nvmlprocs(struct stream *s, struct result *r)
+/* nvmlprocs / nvmlgraphics IDX [1|2|3]: the device's compute or graphics
+ * processes through that version of the call (default 3): [{pid, used}]. */
+static int running_procs(struct stream *s, struct result *r, const char *base)
 {
 	INT_ARG(idx, "IDX");
+	long long version = 3;
+	const char *v = opt_arg(s);
+	if (v && (!parse_int(v, &version) || version < 1 || version > 3)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad VERSION \"%s\" (1, 2, 3)", v);
+		return -1;
+	}
+	char fname[96];
+	if (version == 1)
+		snprintf(fname, sizeof(fname), "%s", base);
+	else
+		snprintf(fname, sizeof(fname), "%s_v%lld", base, version);
 	r->nvml = true;
 	NEED_NVML(gethandle, fn_nvml_handle, "nvmlDeviceGetHandleByIndex_v2");
-	NEED_NVML(procs, fn_nvml_procs, "nvmlDeviceGetComputeRunningProcesses_v3");
+	NEED_NVML(procs, fn_nvml_procs, fname);
 	nvmlDevice_t dev = NULL;
 	res_i64(r, "index", idx);
+	res_i64(r, "version", version);
 	if ((r->rc = gethandle((unsigned int)idx, &dev)) != 0)
 		return 0;
 	nvmlProcessInfo_t info[64];
-	unsigned int n = sizeof(info) / sizeof(info[0]);
+	nvml_proc_v1 info1[64];
+	unsigned int n = 64;
 	memset(info, 0, sizeof(info));
-	if ((r->rc = procs(dev, &n, info)) != 0)
+	memset(info1, 0, sizeof(info1));
+	if ((r->rc = procs(dev, &n, version == 1 ? (nvmlProcessInfo_t *)(void *)info1 : info)) != 0)
 		return 0;
 	res_u64(r, "count", n);
 	res_raw(r, ",\"processes\":[");
-	for (unsigned int i = 0; i < n; i++)
-		res_raw(r, "%s{\"pid\":%u,\"used\":%llu}", i ? "," : "", info[i].pid, info[i].usedGpuMemory);
+	for (unsigned int i = 0; i < n; i++) {
+		unsigned pid = version == 1 ? info1[i].pid : info[i].pid;
+		unsigned long long used = version == 1 ? info1[i].usedGpuMemory : info[i].usedGpuMemory;
+		res_raw(r, "%s{\"pid\":%u,\"used\":%llu}", i ? "," : "", pid, used);
+	}
 	res_raw(r, "]");
+	return 0;
+}
+
+static int cmd_nvmlprocs(struct stream *s, struct result *r)
+{
+	return running_procs(s, r, "nvmlDeviceGetComputeRunningProcesses");
+}
+
+static int cmd_nvmlgraphics(struct stream *s, struct result *r)
+{
+	return running_procs(s, r, "nvmlDeviceGetGraphicsRunningProcesses");
+}
+
+/* ---- the simulated GPU's knobs ------------------------------------------------- */
+
+/* Not driver API: found with dlsym in libcuda.so.1 (only the simulated GPU
+ * has them; elsewhere the command reports CUDA_ERROR_NOT_FOUND). */
+static void *sim_knob(struct result *r, const char *name)
+{
+	void *f = cuda_dlsym(name);
+	if (!f) {
+		r->rc = CUDA_ERROR_NOT_FOUND;
+		res_str(r, "detail", resolve_error);
+	}
+	return f;
+}
+
+/* internal DEV SIZE: hamiSimDriverInternal, this process's driver-internal bytes. */
+static int cmd_internal(struct stream *s, struct result *r)
+{
+	INT_ARG(ord, "DEV");
+	SIZE_ARG(size, "SIZE");
+	res_i64(r, "dev", ord);
+	res_u64(r, "size", size);
+	fn_sim_internal f = (fn_sim_internal)sim_knob(r, "hamiSimDriverInternal");
+	if (f)
+		r->rc = f((int)ord, size);
+	return 0;
+}
+
+/* graphics [0|1]: hamiSimGraphicsProcess (default 1: NVML lists this process
+ * as a graphics process). */
+static int cmd_graphics(struct stream *s, struct result *r)
+{
+	long long on = 1;
+	const char *v = opt_arg(s);
+	if (v && (!parse_int(v, &on) || (on != 0 && on != 1))) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad value \"%s\" (0, 1)", v);
+		return -1;
+	}
+	res_i64(r, "graphics", on);
+	fn_sim_graphics f = (fn_sim_graphics)sim_knob(r, "hamiSimGraphicsProcess");
+	if (f)
+		r->rc = f((int)on);
 	return 0;
 }
 
@@ -3733,6 +4050,57 @@ static int cmd_stdin(struct stream *s, struct result *r)
 static void free_tokens(struct stream *t);
 
 /*
+ * The words of a block, up to the CLOSE word that matches (OPEN words nest),
+ * read on from further lines of standard input in stdin mode. *SRC is S, or
+ * LINE when lines were read: then the words after CLOSE on that line are left
+ * in LINE (the caller runs them after the block and frees LINE). False when
+ * the block never closed (LINE already freed).
+ */
+static bool collect_block(struct stream *s, const char *open, const char *close, struct stream *block,
+			  struct stream *line, struct stream **src)
+{
+	int cap = 0, depth = 1;
+	bool more_lines = s->is_stdin;
+	bool closed = false;
+
+	memset(block, 0, sizeof(*block));
+	memset(line, 0, sizeof(*line));
+	*src = s;
+	for (;;) {
+		const char *w = next_arg(*src);
+		if (!w) {
+			if (!more_lines)
+				break;
+			if (*src == line)
+				free_tokens(line);
+			if (!read_line_tokens(line))
+				break;
+			*src = line;
+			continue;
+		}
+		if (strcmp(w, open) == 0)
+			depth++;
+		else if (strcmp(w, close) == 0 && --depth == 0) {
+			closed = true;
+			break;
+		}
+		if (block->n == cap) {
+			cap = cap ? cap * 2 : 16;
+			char **n = realloc(block->tok, (size_t)cap * sizeof(char *));
+			if (!n)
+				break;
+			block->tok = n;
+		}
+		block->tok[block->n++] = strdup(w);
+	}
+	if (*src == line && (!closed || line->pos >= line->n))
+		free_tokens(line); /* nothing left on it to run */
+	if (!closed)
+		free_tokens(block);
+	return closed;
+}
+
+/*
  * child ... endchild: the commands in between run in a fork()ed child, which
  * then exits; the parent waits and reports how it ended. The block is read
  * completely before the fork (from further lines in stdin mode), so the child
@@ -3740,44 +4108,9 @@ static void free_tokens(struct stream *t);
  */
 static int cmd_child(struct stream *s, struct result *r)
 {
-	struct stream block = {0};
-	int cap = 0, depth = 1;
-	struct stream line = {0};
-	bool more_lines = s->is_stdin;
-	bool closed = false;
-	struct stream *src = s;
+	struct stream block, line, *src;
 
-	for (;;) {
-		const char *w = next_arg(src);
-		if (!w) {
-			if (!more_lines)
-				break;
-			if (src == &line)
-				free_tokens(&line);
-			if (!read_line_tokens(&line))
-				break;
-			src = &line;
-			continue;
-		}
-		if (strcmp(w, "child") == 0)
-			depth++;
-		else if (strcmp(w, "endchild") == 0 && --depth == 0) {
-			closed = true;
-			break;
-		}
-		if (block.n == cap) {
-			cap = cap ? cap * 2 : 16;
-			char **n = realloc(block.tok, (size_t)cap * sizeof(char *));
-			if (!n)
-				break;
-			block.tok = n;
-		}
-		block.tok[block.n++] = strdup(w);
-	}
-	if (src == &line && (!closed || line.pos >= line.n))
-		free_tokens(&line); /* nothing left on it to run */
-	if (!closed) {
-		free_tokens(&block);
+	if (!collect_block(s, "child", "endchild", &block, &line, &src)) {
 		usage_error(r->op, "CUDRIVE_USAGE", "child without endchild");
 		return -1;
 	}
@@ -3824,6 +4157,119 @@ static int cmd_child(struct stream *s, struct result *r)
 		free_tokens(&line);
 	}
 	return 1;
+}
+
+/*
+ * worker NAME ... endworker: the commands in between run on cudrive's worker
+ * thread NAME (started at its first block, with the caller's current context
+ * made current on it; it keeps its own context, capture mode and captures
+ * from block to block), while the caller waits for the block to end. Each
+ * command prints its own line, then the caller prints the worker's.
+ */
+#define MAX_WORKERS 16
+
+static struct worker {
+	char name[NAME_LEN];
+	pthread_t tid;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct stream *job; /* the block to run; NULL once done */
+	CUcontext ctx;      /* made current when it starts */
+	unsigned long blocks;
+} workers[MAX_WORKERS];
+static int nworkers;
+static __thread struct worker *self_worker;
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	self_worker = w;
+	fn_ctx_set set = (fn_ctx_set)resolve(F_CTX_SET_CURRENT);
+	if (w->ctx && set)
+		set(w->ctx);
+	pthread_mutex_lock(&w->mu);
+	for (;;) {
+		while (!w->job)
+			pthread_cond_wait(&w->cv, &w->mu);
+		struct stream *job = w->job;
+		pthread_mutex_unlock(&w->mu);
+		run_stream(job);
+		fflush(stdout);
+		pthread_mutex_lock(&w->mu);
+		w->job = NULL;
+		pthread_cond_broadcast(&w->cv);
+	}
+	return NULL;
+}
+
+static int cmd_worker(struct stream *s, struct result *r)
+{
+	struct stream block, line, *src;
+	ARG(name, "NAME");
+	if (strlen(name) >= NAME_LEN || strcmp(name, "endworker") == 0) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad worker name \"%s\"", name);
+		return -1;
+	}
+	if (!collect_block(s, "worker", "endworker", &block, &line, &src)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "worker without endworker");
+		return -1;
+	}
+	struct worker *w = NULL;
+	for (int i = 0; i < nworkers && !w; i++)
+		if (strcmp(workers[i].name, name) == 0)
+			w = &workers[i];
+	if (w && w == self_worker) {
+		free_tokens(&block);
+		if (src == &line)
+			free_tokens(&line);
+		usage_error(r->op, "CUDRIVE_USAGE", "worker %s cannot wait for itself", name);
+		return -1;
+	}
+	res_str(r, "name", name);
+	if (!w && nworkers == MAX_WORKERS) {
+		r->rc = RC_USAGE;
+		r->err = "CUDRIVE_TOO_MANY_WORKERS";
+	} else if (!w) {
+		w = &workers[nworkers];
+		memset(w, 0, sizeof(*w));
+		snprintf(w->name, sizeof(w->name), "%s", name);
+		fn_ctx_get_current get = (fn_ctx_get_current)resolve(F_CTX_GET_CURRENT);
+		if (get && get(&w->ctx) != CUDA_SUCCESS)
+			w->ctx = NULL;
+		pthread_mutex_init(&w->mu, NULL);
+		pthread_cond_init(&w->cv, NULL);
+		if (pthread_create(&w->tid, NULL, worker_main, w) != 0) {
+			r->rc = CUDA_ERROR_OPERATING_SYSTEM;
+			res_str(r, "detail", "pthread_create failed");
+			w = NULL;
+		} else {
+			nworkers++;
+		}
+	}
+	if (w) {
+		fflush(stdout);
+		pthread_mutex_lock(&w->mu);
+		w->job = &block;
+		pthread_cond_broadcast(&w->cv);
+		while (w->job)
+			pthread_cond_wait(&w->cv, &w->mu);
+		w->blocks++;
+		res_u64(r, "blocks", w->blocks);
+		pthread_mutex_unlock(&w->mu);
+	}
+	free_tokens(&block);
+	res_emit(r);
+	if (src == &line) {
+		run_stream(&line);
+		free_tokens(&line);
+	}
+	return 1;
+}
+
+static int cmd_endworker(struct stream *s, struct result *r)
+{
+	usage_error(r->op, "CUDRIVE_USAGE", "endworker without worker");
+	return -1;
 }
 
 static int cmd_endchild(struct stream *s, struct result *r)
@@ -3914,6 +4360,18 @@ static const struct {
 	{"write", cmd_write},
 	{"check", cmd_check},
 	{"ckpt", cmd_ckpt},
+	{"freeasync", cmd_freeasync},
+	{"capturemode", cmd_capturemode},
+	{"ungraph", cmd_ungraph},
+	{"graphupload", cmd_graphupload},
+	{"graphmem", cmd_graphmem},
+	{"graphmemreset", cmd_graphmemreset},
+	{"graphtrim", cmd_graphtrim},
+	{"nvmlgraphics", cmd_nvmlgraphics},
+	{"internal", cmd_internal},
+	{"graphics", cmd_graphics},
+	{"worker", cmd_worker},
+	{"endworker", cmd_endworker},
 };
 
 static void run_stream(struct stream *s)

@@ -132,7 +132,10 @@ def test_captured_graph_runs_its_kernels_back_to_back(cudrive, gpu):
     p.ok("capture begin")
     assert p.ok("launch 1000000 8")["stream"] == "capture"
     assert p.ok("capture status")["status"] == 1
+    # cuCtxSynchronize is capture-unsafe: only a thread in relaxed mode may call it.
+    p.ok("capturemode relaxed")
     p.ok("sync")
+    p.ok("capturemode global")
     assert busy_ns(gpu, p.pid) == 0  # captured work does not run
     rec = p.ok("capture end G")
     assert (rec["name"], rec["kernels"]) == ("G", 8)

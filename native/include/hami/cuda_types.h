@@ -140,6 +140,15 @@ typedef enum {
 
 enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };
 
+/* cuDeviceGetGraphMemAttribute / cuDeviceSetGraphMemAttribute (CUDA 11.4):
+ * the device's graph memory pool, values cuuint64_t. */
+typedef enum {
+	CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,     /* bytes associated with graphs now */
+	CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,        /* its high watermark (reset by setting 0) */
+	CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2, /* bytes the graph allocator holds */
+	CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3     /* its high watermark (reset by setting 0) */
+} CUgraphMem_attribute;
+
 /* The process checkpoint API (driver 550+): one process moves another's GPU
  * state to host memory and back. The args are optional (NULL: defaults). */
 typedef enum {
