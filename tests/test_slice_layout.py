@@ -57,7 +57,7 @@ C_FIELDS = {
         "state", "pid", "pid_ns", "uid", "txn", "started_unix_ns",
         "active_unix_ns", "kernel_id[]", "comm[]", "memory_used[]", "sm_util[]",
         "decoders[]", "frames_decoded", "frames_mapped", "decode_ns", "park_state", "park_wanted",
-        "park_wait", "park_error", "park_unix_ns", "gpu_active_unix_ns", "parked[]", "reserved[]",
+        "park_wait", "park_error", "park_unix_ns", "gpu_active_unix_ns", "parked[]", "driver_bytes[]", "reserved[]",
     ],
     "hami_slice_file": ["header", "limits", "device[]", "slot[]"],
     "hami_limits_file": ["magic[]", "version_major", "version_minor", "file_size", "reserved[]", "limits"],

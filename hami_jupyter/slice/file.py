@@ -128,6 +128,7 @@ class Slot:
     park_unix_ns: int = 0
     gpu_active_unix_ns: int = 0  # its last driver call, as its parking thread saw it
     parked: dict[int, int] = None  # bytes in host memory by slice device index
+    driver_bytes: dict[int, int] = None  # part of memory_used that is the driver's own (the true-up)
 
 
 @dataclass
@@ -358,6 +359,7 @@ class SliceFile:
                 park_unix_ns=s.park_unix_ns,
                 gpu_active_unix_ns=s.gpu_active_unix_ns,
                 parked={d: s.parked[d] for d in indexes},
+                driver_bytes={d: s.driver_bytes[d] for d in indexes},
             )
             (live if write_locked(self._fd, offset) else stale).append(slot)
         h = self.header

@@ -16,7 +16,7 @@ import os
 
 HAMI_SLICE_MAGIC = b"HAMISLCE"  # 8 bytes, no terminator
 HAMI_SLICE_VERSION_MAJOR = 1
-HAMI_SLICE_VERSION_MINOR = 4
+HAMI_SLICE_VERSION_MINOR = 5
 
 HAMI_LIMITS_MAGIC = b"HAMILIMT"  # the companion limits file, 8 bytes
 HAMI_LIMITS_VERSION_MAJOR = 1
@@ -162,7 +162,8 @@ class HamiSlot(ctypes.Structure):
         ("park_unix_ns", ctypes.c_uint64),
         ("gpu_active_unix_ns", ctypes.c_uint64),
         ("parked", ctypes.c_uint64 * HAMI_SLICE_MAX_DEVICES),
-        ("reserved", ctypes.c_uint8 * 528),
+        ("driver_bytes", ctypes.c_uint64 * HAMI_SLICE_MAX_DEVICES),
+        ("reserved", ctypes.c_uint8 * 400),
     ]
 
 

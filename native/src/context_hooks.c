@@ -19,7 +19,6 @@ typedef CUresult (*create2_fn)(CUcontext *, unsigned int, CUdevice);
 typedef CUresult (*create3_fn)(CUcontext *, void *, int, unsigned int, CUdevice);
 typedef CUresult (*create4_fn)(CUcontext *, void *, unsigned int, CUdevice);
 typedef CUresult (*destroy_fn)(CUcontext);
-typedef nvmlReturn_t (*nvml_procs_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 typedef nvmlReturn_t (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -46,23 +45,6 @@ static int nvml_device_used(int sdev, uint64_t *used)
 	return 0;
 }
 
-/* This process's own device memory as NVML sees it (same PID namespace only). */
-static int nvml_process_used(int sdev, uint64_t *used)
-{
-	nvml_procs_fn procs = HAMI_REAL(nvml_procs_fn, "nvmlDeviceGetComputeRunningProcesses_v3");
-	nvmlDevice_t dev = hami_nvml_device(sdev);
-	nvmlProcessInfo_t info[64];
-	unsigned int n = 64;
-	if (!procs || !dev || procs(dev, &n, info) != NVML_SUCCESS)
-		return -1;
-	for (unsigned int i = 0; i < n; i++)
-		if (info[i].pid == (unsigned int)getpid()) {
-			*used = info[i].usedGpuMemory;
-			return 0;
-		}
-	return -1;
-}
-
 /* Measure what a context just created on slice device sdev cost (its cost was
  * not known before; another thread may have measured one meanwhile). */
 static uint64_t measure_context(int sdev, int have_before, uint64_t device_used_before)
@@ -75,7 +57,7 @@ static uint64_t measure_context(int sdev, int have_before, uint64_t device_used_
 	int slot = hami_slot();
 	if (f && slot >= 0)
 		mine = __atomic_load_n(&f->slot[slot].memory_used[sdev], __ATOMIC_ACQUIRE);
-	if (nvml_process_used(sdev, &used) == 0 && used > mine)
+	if (hami_nvml_process_used(sdev, &used) == 0 && used > mine)
 		measured = used - mine;
 	else if (have_before && nvml_device_used(sdev, &used) == 0 && used > device_used_before)
 		measured = used - device_used_before; /* racy with neighbours, still close */

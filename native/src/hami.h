@@ -150,6 +150,20 @@ void hami_schedule_after_fork(void);
 /* context_hooks.c */
 void hami_contexts_after_fork(void);
 
+/* capture.c: stream capture, as the hooks respect it */
+int hami_stream_capturing(CUstream stream, int per_thread);
+int hami_capture_relaxed_begin(void); /* returns the mode hami_capture_relaxed_end restores */
+void hami_capture_relaxed_end(int previous);
+
+/* graph_memory.c: a graph's memory nodes, charged when the graph runs */
+void hami_graph_memory_seen(void);
+void hami_graph_memory_after_launch(CUresult rc);
+
+/* true_up.c: the charge follows what NVML says the process really holds */
+int hami_nvml_process_used(int sdev, uint64_t *used);
+void hami_true_up_tick(void);
+void hami_true_up_after_fork(void);
+
 /*
  * park.c: parking (docs/parking.md). Every hook that calls the driver brackets
  * the call with hami_call_begin/hami_call_end: a parked process's call waits
@@ -209,7 +223,8 @@ enum hami_kind {
 	HAMI_KIND_HANDLE,     /* cuMemCreate */
 	HAMI_KIND_CONTEXT,    /* cuCtxCreate */
 	HAMI_KIND_POOL,       /* a memory pool: bytes = reserved bytes charged */
-	HAMI_KIND_DECODER     /* an NVDEC decoder: pool = its shape (cuvid_hooks.c) */
+	HAMI_KIND_DECODER,    /* an NVDEC decoder: pool = its shape (cuvid_hooks.c) */
+	HAMI_KIND_GRAPH_POOL  /* a device's graph memory pool: key = ordinal (graph_memory.c) */
 };
 struct hami_record {
 	uint64_t key;

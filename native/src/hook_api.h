@@ -62,6 +62,9 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned 
 					CUstream stream, void **params);
 CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
 CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
+CUresult cuGraphUpload(CUgraphExec exec, CUstream stream);
+CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream);
+CUresult cuDeviceGraphMemTrim(CUdevice device);
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);

@@ -123,11 +123,15 @@ static CUresult graph(graph_fn fn, int per_thread, CUgraphExec exec, CUstream st
 {
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
-	if (!watching())
-		return fn(exec, stream);
+	if (!watching()) {
+		CUresult rc = fn(exec, stream);
+		hami_graph_memory_after_launch(rc);
+		return rc;
+	}
 	hami_sm_before_launch(stream, per_thread);
 	CUresult rc = fn(exec, stream);
 	hami_sm_after_launch(rc);
+	hami_graph_memory_after_launch(rc);
 	return rc;
 }
 

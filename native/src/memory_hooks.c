@@ -158,11 +158,18 @@ HAMI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
  */
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* A pool attribute. In the relaxed capture mode: a program capturing a graph
+ * in the global mode on another thread must not lose its capture to us. */
 static int pool_attr(CUmemoryPool pool, CUmemPool_attribute a, uint64_t *v)
 {
 	pool_attr_fn fn = HAMI_REAL(pool_attr_fn, "cuMemPoolGetAttribute");
 	cuuint64_t x = 0;
-	if (!fn || fn(pool, a, &x) != CUDA_SUCCESS)
+	if (!fn)
+		return -1;
+	int mode = hami_capture_relaxed_begin();
+	CUresult rc = fn(pool, a, &x);
+	hami_capture_relaxed_end(mode);
+	if (rc != CUDA_SUCCESS)
 		return -1;
 	*v = x;
 	return 0;
@@ -199,7 +206,7 @@ static int pool_device(CUmemoryPool pool, int fallback)
 }
 
 static CUresult pooled_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
-			     async_fn fn, pool_async_fn from_pool, const char *what)
+			     int per_thread, async_fn fn, pool_async_fn from_pool, const char *what)
 {
 	if (!dptr)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -209,6 +216,11 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
 	CUresult rc = governed_device(&sdev, &ordinal);
 	if (rc != CUDA_SUCCESS)
 		return rc;
+	if (sdev >= 0 && hami_stream_capturing(stream, per_thread)) {
+		/* A graph memory node: nothing is allocated now; charged when the graph runs. */
+		hami_graph_memory_seen();
+		sdev = -1;
+	}
 	if (sdev < 0)
 		return from_pool ? from_pool(dptr, bytes, pool, stream) : fn(dptr, bytes, stream);
 	if (!pool) {
@@ -245,15 +257,15 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
 HAMI_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
 	HAMI_IN_DRIVER();
-	return pooled_alloc(dptr, bytesize, NULL, stream, HAMI_REAL(async_fn, "cuMemAllocAsync"), NULL,
+	return pooled_alloc(dptr, bytesize, NULL, stream, 0, HAMI_REAL(async_fn, "cuMemAllocAsync"), NULL,
 			    "cuMemAllocAsync");
 }
 
 HAMI_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream stream)
 {
 	HAMI_IN_DRIVER();
-	return pooled_alloc(dptr, bytesize, NULL, stream, HAMI_REAL(async_fn, "cuMemAllocAsync_ptsz"), NULL,
-			    "cuMemAllocAsync");
+	return pooled_alloc(dptr, bytesize, NULL, stream, 1, HAMI_REAL(async_fn, "cuMemAllocAsync_ptsz"),
+			    NULL, "cuMemAllocAsync");
 }
 
 HAMI_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
@@ -262,7 +274,7 @@ HAMI_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
 	HAMI_IN_DRIVER();
 	if (!pool)
 		return CUDA_ERROR_INVALID_VALUE;
-	return pooled_alloc(dptr, bytesize, pool, stream, NULL,
+	return pooled_alloc(dptr, bytesize, pool, stream, 0, NULL,
 			    HAMI_REAL(pool_async_fn, "cuMemAllocFromPoolAsync"), "cuMemAllocFromPoolAsync");
 }
 
@@ -272,20 +284,26 @@ HAMI_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t byte
 	HAMI_IN_DRIVER();
 	if (!pool)
 		return CUDA_ERROR_INVALID_VALUE;
-	return pooled_alloc(dptr, bytesize, pool, stream, NULL,
+	return pooled_alloc(dptr, bytesize, pool, stream, 1, NULL,
 			    HAMI_REAL(pool_async_fn, "cuMemAllocFromPoolAsync_ptsz"), "cuMemAllocFromPoolAsync");
 }
 
-static CUresult free_async(CUdeviceptr dptr, CUstream stream, free_async_fn fn)
+/*
+ * Captured into a graph (a free node), the memory goes back when the graph
+ * runs; it is counted as freed now: a pooled block simply leaves the pool's
+ * charge to be settled at the pool's next call, a plain one is credited.
+ */
+static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread, free_async_fn fn)
 {
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
 	struct hami_record r;
 	if (hami_record_take(HAMI_KIND_POOLED, dptr, &r) == 0) {
+		int captured = hami_stream_capturing(stream, per_thread);
 		CUresult rc = fn(dptr, stream);
 		if (rc != CUDA_SUCCESS)
 			hami_record_put(&r);
-		else
+		else if (!captured)
 			pool_settle((CUmemoryPool)(uintptr_t)r.pool, r.sdev, 0);
 		return rc;
 	}
@@ -299,13 +317,13 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, free_async_fn fn)
 HAMI_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
 	HAMI_IN_DRIVER();
-	return free_async(dptr, stream, HAMI_REAL(free_async_fn, "cuMemFreeAsync"));
+	return free_async(dptr, stream, 0, HAMI_REAL(free_async_fn, "cuMemFreeAsync"));
 }
 
 HAMI_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream)
 {
 	HAMI_IN_DRIVER();
-	return free_async(dptr, stream, HAMI_REAL(free_async_fn, "cuMemFreeAsync_ptsz"));
+	return free_async(dptr, stream, 1, HAMI_REAL(free_async_fn, "cuMemFreeAsync_ptsz"));
 }
 
 /* CUmemPoolProps starts like CUmemAllocationProp: type, handle types, location. */

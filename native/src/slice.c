@@ -511,8 +511,10 @@ static void reclaim_slot(struct hami_slice_file *f, int i, int dead)
 			;
 	}
 	/* Parked bytes were host memory of the process: they died with it. */
-	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++)
+	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++) {
 		__atomic_store_n(&s->parked[d], 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&s->driver_bytes[d], 0, __ATOMIC_RELAXED);
+	}
 	__atomic_store_n(&s->park_state, HAMI_PARK_RUNNING, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->park_wanted, 0, __ATOMIC_RELAXED);
 	if (dead && __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE)
@@ -590,8 +592,10 @@ static void *housekeeper(void *arg)
 		hami_slice_sweep();
 		/* NVML blocks in a process the driver has locked for parking: not then. */
 		struct hami_slot *me = __atomic_load_n(&hami_parkable_slot, __ATOMIC_ACQUIRE);
-		if (!me || __atomic_load_n(&me->park_state, __ATOMIC_ACQUIRE) == HAMI_PARK_RUNNING)
+		if (!me || __atomic_load_n(&me->park_state, __ATOMIC_ACQUIRE) == HAMI_PARK_RUNNING) {
 			hami_sm_tick();
+			hami_true_up_tick();
+		}
 	}
 	return NULL;
 }
@@ -647,6 +651,7 @@ static int claim_slot(struct hami_slice_file *f)
 		s->park_unix_ns = 0;
 		s->gpu_active_unix_ns = s->started_unix_ns;
 		memset(s->parked, 0, sizeof(s->parked));
+		memset(s->driver_bytes, 0, sizeof(s->driver_bytes));
 		__atomic_store_n(&s->state, HAMI_SLOT_LIVE, __ATOMIC_RELEASE);
 		return i;
 	}
@@ -767,6 +772,7 @@ static void after_fork_child(void)
 	housekeeper_running = 0;
 	slot_index = -1;
 	hami_park_after_fork();
+	hami_true_up_after_fork();
 	if (map_fd >= 0) {
 		int fd = reopen(map_fd, map_writable);
 		close(map_fd);

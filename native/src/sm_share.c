@@ -44,7 +44,6 @@ typedef CUresult (*ctx_current_fn)(CUcontext *);
 typedef CUresult (*event_create_fn)(CUevent *, unsigned int);
 typedef CUresult (*event_record_fn)(CUevent, CUstream);
 typedef CUresult (*event_fn)(CUevent);
-typedef CUresult (*capturing_fn)(CUstream, int *);
 typedef nvmlReturn_t (*proc_util_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
 				     unsigned long long);
 typedef nvmlReturn_t (*dev_util_fn)(nvmlDevice_t, nvmlUtilization_t *);
@@ -71,18 +70,6 @@ static int launch_device(void)
 	if (hami_ordinal_count() == 1)
 		return hami_ordinal_device(0);
 	return hami_current_device(NULL);
-}
-
-static int capturing(CUstream stream, int per_thread)
-{
-	capturing_fn fn = per_thread ? HAMI_REAL(capturing_fn, "cuStreamIsCapturing_ptsz")
-				     : HAMI_REAL(capturing_fn, "cuStreamIsCapturing");
-	int status = 0;
-	if (!fn)
-		return 0;
-	/* An error here (e.g. the legacy stream during another capture) is read
-	 * as "capturing": then we neither wait nor record, which is always safe. */
-	return fn(stream, &status) != CUDA_SUCCESS || status != 0;
 }
 
 /* The open fraction in force; a new share restarts it from the share itself. */
@@ -169,7 +156,7 @@ void hami_sm_before_launch(CUstream stream, int per_thread)
 	__atomic_add_fetch(&launches, 1, __ATOMIC_RELAXED);
 	struct hami_slice_device *d = &f->device[sdev];
 	uint32_t ppm = open_ppm(d, l.sm_share);
-	if (ppm >= FULL_PPM || capturing(stream, per_thread))
+	if (ppm >= FULL_PPM || hami_stream_capturing(stream, per_thread))
 		return; /* not binding, or not real work yet (graph capture) */
 	int bounded = queue_ready();
 	if (bounded)

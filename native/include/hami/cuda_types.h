@@ -140,6 +140,13 @@ typedef enum {
 
 enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };
 
+/* Stream capture interaction modes (cuThreadExchangeStreamCaptureMode). */
+enum {
+	CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+	CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+	CU_STREAM_CAPTURE_MODE_RELAXED = 2
+};
+
 /* cuDeviceGetGraphMemAttribute / cuDeviceSetGraphMemAttribute (CUDA 11.4):
  * the device's graph memory pool, values cuuint64_t. */
 typedef enum {

@@ -33,7 +33,7 @@
 
 #define HAMI_SLICE_MAGIC "HAMISLCE" /* 8 bytes, no terminator */
 #define HAMI_SLICE_VERSION_MAJOR 1u
-#define HAMI_SLICE_VERSION_MINOR 4u
+#define HAMI_SLICE_VERSION_MINOR 5u
 
 #define HAMI_LIMITS_MAGIC "HAMILIMT" /* the companion limits file, 8 bytes */
 #define HAMI_LIMITS_VERSION_MAJOR 1u
@@ -180,7 +180,10 @@ struct hami_slot {
 	uint64_t park_unix_ns;   /* when the last park or resume finished */
 	uint64_t gpu_active_unix_ns; /* last time a thread of the process called the driver */
 	uint64_t parked[HAMI_SLICE_MAX_DEVICES]; /* bytes in host memory, by slice device index */
-	uint8_t reserved[528];
+	/* the true-up (1.5): part of memory_used that is the driver's own memory
+	 * for the process (NVML's figure minus what the hooks charged) */
+	uint64_t driver_bytes[HAMI_SLICE_MAX_DEVICES];
+	uint8_t reserved[400];
 };
 
 /* The whole file, in order. */

@@ -1,0 +1,121 @@
+"""The true-up: the slice's charge follows what NVML says each process really
+holds on the device, also the memory the driver takes by itself (modules,
+local memory, library handles), which no hook sees.
+
+The simulated GPU's ``internal DEV SIZE`` knob plays the driver taking memory
+by itself: it is on the device and in NVML's per-process figure, never seen by
+any hook. The housekeeper reads NVML about once a second.
+"""
+
+from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, MiB, SIM_CONTEXT, slot_of, wait_for
+
+READING = 1.0  # the housekeeper's NVML reading, about once a second
+WAIT = 6 * READING
+
+
+def _process(cudrive, env, *lines):
+    p = cudrive.start(env)
+    p.ok("init")
+    p.ok("ctx 0")
+    for line in lines:
+        p.ok(line)
+    return p
+
+
+def _driver_bytes(s, pid):
+    snap = s.snapshot()
+    slot = slot_of(snap, pid)
+    return slot.driver_bytes.get(0, 0) if slot else None
+
+
+def _within_bound(reported, real):
+    return abs(reported - real) <= 16 * MiB + 0.02 * real
+
+
+def test_memory_the_driver_takes_by_itself_is_charged_within_a_few_readings(cudrive, gpu, make_slice):
+    s = make_slice(limit="2g", overhead="64m")
+    p = _process(cudrive, s.env, "alloc 100m")
+    assert s.slot_used(p.pid) == SIM_CONTEXT + 100 * MiB
+    p.ok("internal 0 300m")
+    real = gpu.process_used(p.pid, 0)
+    assert real == SIM_CONTEXT + 400 * MiB
+    wait_for(lambda: s.slot_used(p.pid) == real, WAIT, what="the slot's charge reaching NVML's figure")
+    assert _driver_bytes(s, p.pid) == 300 * MiB
+    assert s.used() == real
+
+
+def test_a_process_whose_real_use_reaches_the_cap_is_refused_at_its_next_allocation(cudrive, gpu, make_slice):
+    s = make_slice(limit="1g", overhead="64m")
+    p = _process(cudrive, s.env, "internal 0 700m")
+    # Before the reading the hooks know nothing of the driver's 700 MiB.
+    wait_for(lambda: s.used() >= SIM_CONTEXT + 700 * MiB, WAIT, what="the true-up")
+    rec = p.cmd("alloc 300m")  # 64 + 700 + 300 MiB > 1 GiB
+    assert rec["rc"] == CUDA_ERROR_OUT_OF_MEMORY, rec
+    assert "hami:" in p.stderr()
+    p.ok("alloc 200m")
+    assert s.used() == SIM_CONTEXT + 900 * MiB
+
+
+def test_memory_the_driver_gives_back_is_credited_after_two_agreeing_readings(cudrive, gpu, make_slice):
+    s = make_slice(limit="2g", overhead="64m")
+    p = _process(cudrive, s.env, "internal 0 256m")
+    wait_for(lambda: _driver_bytes(s, p.pid) == 256 * MiB, WAIT, what="the charge")
+    p.ok("internal 0 32m")
+    wait_for(lambda: _driver_bytes(s, p.pid) == 32 * MiB, 2 * WAIT, what="the credit")
+    assert s.slot_used(p.pid) == SIM_CONTEXT + 32 * MiB == gpu.process_used(p.pid, 0)
+    p.ok("internal 0 0")
+    wait_for(lambda: _driver_bytes(s, p.pid) == 0, 2 * WAIT, what="the credit to nothing")
+    assert s.slot_used(p.pid) == SIM_CONTEXT
+
+
+def test_small_differences_are_left_alone(cudrive, gpu, make_slice):
+    s = make_slice(limit="2g", overhead="64m")
+    p = _process(cudrive, s.env, "internal 0 1m")
+    p.ok("sleep 2500")  # two readings at least: still nothing charged for one MiB
+    assert _driver_bytes(s, p.pid) == 0
+    assert s.slot_used(p.pid) == SIM_CONTEXT
+
+
+def test_a_process_holding_memory_of_every_kind_is_reported_within_the_bound(cudrive, gpu, make_slice):
+    s = make_slice(limit="4g", overhead="64m")
+    p = _process(cudrive, s.env, "alloc 3m plain", "async 3m pooled", "array 1024 1024 u8 1 arr",
+                 "pitch 4000 300 4 pitched", "managed 5m um", "pool 0 P", "poolalloc P 7m fromp",
+                 "capture begin relaxed", "async 10m G1", "capture end G", "graph G", "graphlaunch G",
+                 "internal 0 150m")
+    real = gpu.process_used(p.pid, 0)
+    wait_for(lambda: _within_bound(s.slot_used(p.pid), real), WAIT,
+             what=f"the slot's charge within 16 MiB + 2 % of NVML's {real}")
+    # Freeing everything brings both back to the context alone.
+    for name in ("plain", "pooled", "arr", "pitched", "um", "fromp", "G1"):
+        p.ok(f"free {name}")
+    p.ok("sync")
+    p.ok("internal 0 0")
+    p.ok("graphtrim 0")
+    p.ok("pooltrim default 0")
+    p.ok("pooltrim P 0")
+    real = gpu.process_used(p.pid, 0)
+    wait_for(lambda: _within_bound(s.slot_used(p.pid), real), 2 * WAIT, what="the charge after the frees")
+
+
+def test_every_process_of_the_slice_is_trued_up_on_its_own(cudrive, gpu, make_slice):
+    s = make_slice(limit="4g", overhead="64m")
+    a = _process(cudrive, s.env, "internal 0 128m")
+    b = _process(cudrive, s.env, "internal 0 64m", "alloc 10m")
+    wait_for(lambda: _driver_bytes(s, a.pid) == 128 * MiB and _driver_bytes(s, b.pid) == 64 * MiB, WAIT,
+             what="both processes' driver memory charged")
+    assert s.used() == 2 * SIM_CONTEXT + 202 * MiB == gpu.used(0)
+    # A process that dies gives its driver memory back with everything else.
+    b.kill9()
+    wait_for(lambda: s.used() == SIM_CONTEXT + 128 * MiB, WAIT, what="the dead process reclaimed")
+
+
+def test_status_shows_the_driver_bytes_of_each_process(cudrive, gpu, make_slice):
+    from hami_jupyter.slice.status import format_text, slice_status
+
+    s = make_slice(limit="2g", overhead="64m")
+    p = _process(cudrive, s.env, "internal 0 96m")
+    wait_for(lambda: _driver_bytes(s, p.pid) == 96 * MiB, WAIT, what="the charge")
+    status = slice_status(s.path)
+    proc = next(x for x in status["other_processes"] if x["pid"] == p.pid)
+    assert proc["memory_driver"] == {gpu.uuid(0): 96 * MiB}
+    assert "96.0 MiB the driver's own" in format_text(status)
