@@ -209,6 +209,8 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
             "frames_mapped": s.frames_mapped,
             "decode_ms": round(s.decode_ns / 1e6, 3),
             "parked": {uuid_of[d]: v for d, v in (s.parked or {}).items() if v},
+            # Part of memory_used: what the driver took by itself (the true-up).
+            "memory_driver": {uuid_of[d]: v for d, v in (s.driver_bytes or {}).items() if v},
             "park_state": PARK_STATES.get(s.park_state, "running"),
             "park_wait": PARK_WAITS.get(s.park_wait) if s.park_wanted else None,
             "gpu_active_unix": s.gpu_active_unix_ns / 1e9,
@@ -341,6 +343,13 @@ def _video(p):
             f"({p['frames_mapped']} mapped, {p['decode_ms']:.1f} ms)")
 
 
+def _driver(p):
+    """" (96.0 MiB the driver's own)" when the true-up charged the process for
+    memory the driver took by itself, else ""."""
+    n = sum((p.get("memory_driver") or {}).values())
+    return f" ({format_size(n)} the driver's own)" if n else ""
+
+
 def format_text(status):
     """Plain-text rendering for terminals and logs."""
     lines = [f"hami slice {status['slice']!r}  ({status['path']})"]
@@ -377,12 +386,13 @@ def format_text(status):
                      f"{format_size(k['memory_used'])}, SM {k['sm_util']} %{parking_text(k)}")
         for p in k["processes"]:
             lines.append(f"      pid {p['pid']} {p['comm']}: "
-                         f"{format_size(sum(p['memory_used'].values()))}, "
+                         f"{format_size(sum(p['memory_used'].values()))}{_driver(p)}, "
                          f"SM {sum(p['sm_util'].values())} %{_video(p)}")
     if status["other_processes"]:
         lines.append("  other processes (not started by a kernel):")
     for p in status["other_processes"]:
-        lines.append(f"    pid {p['pid']} {p['comm']}: {format_size(sum(p['memory_used'].values()))}, "
+        lines.append(f"    pid {p['pid']} {p['comm']}: {format_size(sum(p['memory_used'].values()))}"
+                     f"{_driver(p)}, "
                      f"SM {sum(p['sm_util'].values())} %")
     if status["dead_processes"]:
         lines.append(f"  {status['dead_processes']} dead process(es) not reclaimed yet "
