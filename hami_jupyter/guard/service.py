@@ -79,6 +79,7 @@ class Guard:
         self.recent = []  # the latest actions, oldest first (the report keeps MAX_ACTIONS)
         self.warned = set()  # (slice, uuid) warned about while it stays over
         self.over_rounds = {}  # (slice, uuid) -> intervals in a row it was seen over
+        self._write_error = None
 
     def start(self):
         """Start NVML (NvmlUnavailable when it cannot) and take back what a
@@ -97,23 +98,37 @@ class Guard:
         reading = self.reader.read()
         errors.extend(reading.errors)
         slices = self.slices.read(errors)
-        placed, facts_of = [], {}
+        placed, unseen, facts_of = [], [], {}
         for gp in reading.processes:
             if gp.pid not in facts_of:
                 facts_of[gp.pid] = self.procs.facts(gp.pid)
             facts = facts_of[gp.pid]
-            if facts is None:
-                continue  # ended since NVML listed it
+            if facts is None:  # ended since NVML listed it, or in a PID namespace we do not see
+                unseen.append({"pid": gp.pid, "uuid": gp.uuid, "real_bytes": gp.used_bytes, "user": None,
+                               "why": "not in the guard's /proc: it ended, or runs in a PID namespace "
+                                      "the guard does not see"})
+                continue
             placed.append(Placed(gp.uuid, gp.used_bytes, facts, self.attributor.attribute(facts, slices)))
         self.procs.keep(facts_of)
         self.attributor.keep((f.pid, f.start_ticks) for f in facts_of.values() if f is not None)
         measured, unattributed = measure(set(reading.gpus), placed, slices, self.tolerance)
         self._act(measured, set(reading.gpus), errors)
         self.recent = self.recent[-MAX_ACTIONS:]
-        report = build(measured, slices, unattributed, errors, self.recent,
+        report = build(measured, slices, unattributed + unseen, errors, self.recent,
                        interval=self.interval, action=self.action, now=now)
-        write_report(report, self.root)
+        self._write(report)
         return report
+
+    def _write(self, report):
+        try:
+            write_report(report, self.root)
+        except OSError as e:  # said once, not every half second
+            message = f"cannot write the report in {self.root}: {e.strerror or e}"
+            if message != self._write_error:
+                log.error("guard: %s", message)
+            self._write_error = message
+        else:
+            self._write_error = None
 
     def _act(self, measured, read, errors):
         over_now = set()

@@ -241,3 +241,27 @@ def test_not_root_is_said_and_the_guard_runs(root, monkeypatch, caplog):
         assert service.main(root, once=True, reader=ListedReader()) == 0
     assert "not running as root (uid 4242)" in caplog.text
     assert read_report(root)["slices"]["alice"] == {"path": str(root / "alice.slice"), "gpus": {}}
+
+
+def test_a_process_nvml_lists_but_proc_does_not_show_is_listed_unattributed(root):
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: its PID names no process (as one in a PID namespace we do not see)
+    reader = ListedReader()
+    reader.listed = {gone.pid: 3 * GiB}
+    report = service.Guard(root, reader=reader).round()
+    [entry] = report["unattributed"]
+    assert (entry["pid"], entry["uuid"], entry["real_bytes"]) == (gone.pid, "GPU-t", 3 * GiB)
+    assert "not in the guard's /proc" in entry["why"]
+    assert report["actions"] == []
+
+
+def test_a_report_that_cannot_be_written_is_said_once_and_the_guard_goes_on(root, monkeypatch, caplog):
+    def refuse(report, root):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(service, "write_report", refuse)
+    guard = service.Guard(root, reader=ListedReader())
+    with caplog.at_level(logging.INFO, "hami_jupyter.guard"):
+        for _ in range(3):
+            guard.round()
+    assert caplog.text.count(f"cannot write the report in {root}: Permission denied") == 1
