@@ -183,8 +183,8 @@ def _guard(args):
     from ..slice.size import parse_size
 
     problems = []
-    if not args.interval > 0:
-        problems.append(f"--interval {args.interval:g}: give a number of seconds above 0")
+    if not 0 < args.interval < 86400:
+        problems.append(f"--interval {args.interval:g}: give a number of seconds above 0 (and below a day)")
     tolerance = service.DEFAULT_TOLERANCE
     if args.tolerance is not None:
         try:

@@ -39,7 +39,7 @@ def test_without_its_slice_root_it_refuses_to_start(gpu, tmp_path):
 def test_bad_arguments_are_usage_errors(gpu, root):
     run = guard_once(gpu, "--root", root, "--interval", "0", "--tolerance", "lots")
     assert run.returncode == 2
-    assert "--interval 0: give a number of seconds above 0" in run.stderr
+    assert "--interval 0: give a number of seconds above 0 (and below a day)" in run.stderr
     assert "--tolerance: invalid size 'lots'" in run.stderr
     run = guard_once(gpu, "--root", root, "--action", "shout")
     assert run.returncode == 2 and "invalid choice: 'shout'" in run.stderr
