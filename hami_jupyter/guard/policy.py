@@ -33,7 +33,8 @@ within limit + tolerance:
 
 A process holding no memory on that GPU is never chosen (ending it frees
 nothing there), nor PID 1, nor the guard itself. When one process is ended
-for one GPU, its bytes on the slice's other GPUs count as freed there too.
+for one GPU, its bytes on the slice's other GPUs count as freed there too,
+and so do they in later intervals while NVML still lists them.
 """
 
 from __future__ import annotations
@@ -124,12 +125,15 @@ class Kill:
     real_before: int
 
 
-def plan_kills(gpus, protected=None, only=None):
+def plan_kills(gpus, protected=None, only=None, ended=()):
     """The processes to end for one slice's *gpus* (its :class:`SliceGpu` list),
     in order, as :class:`Kill`. Empty when no GPU of it is over. *only*: the
-    UUIDs to act on (default: every GPU that is over)."""
+    UUIDs to act on (default: every GPU that is over). *ended*: PIDs already
+    sent SIGKILL whose memory NVML still lists (a driver takes a moment to free
+    a large process): their bytes count as freed, so that nobody else is ended
+    for them."""
     protected = protected_pids() if protected is None else protected
-    ended = set()  # its bytes on the slice's other GPUs are freed as well
+    ended = set(ended)  # its bytes on the slice's other GPUs are freed as well
     by_pid = {}
     for g in gpus:
         for p in g.processes:
@@ -138,7 +142,7 @@ def plan_kills(gpus, protected=None, only=None):
     for g in sorted(gpus, key=lambda g: g.uuid):
         if not g.over or (only is not None and g.uuid not in only):
             continue
-        real = g.real_bytes - sum(by_pid[pid].get(g.uuid, 0) for pid in ended)
+        real = g.real_bytes - sum(by_pid.get(pid, {}).get(g.uuid, 0) for pid in ended)
         for p in victim_order(g.processes):
             if not is_over(real, g.limit_bytes, g.tolerance_bytes):
                 break

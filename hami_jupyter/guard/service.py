@@ -80,6 +80,7 @@ class Guard:
         self.warned = set()  # (slice, uuid) warned about while it stays over
         self.over_rounds = {}  # (slice, uuid) -> intervals in a row it was seen over
         self._write_error = None
+        self.ended = {}  # pid -> start ticks of processes killed that NVML may still list
 
     def start(self):
         """Start NVML (NvmlUnavailable when it cannot) and take back what a
@@ -110,6 +111,8 @@ class Guard:
                 continue
             placed.append(Placed(gp.uuid, gp.used_bytes, facts, self.attributor.attribute(facts, slices)))
         self.procs.keep(facts_of)
+        self.ended = {pid: ticks for pid, ticks in self.ended.items()
+                      if facts_of.get(pid) is not None and facts_of[pid].start_ticks == ticks}
         self.attributor.keep((f.pid, f.start_ticks) for f in facts_of.values() if f is not None)
         measured, unattributed = measure(set(reading.gpus), placed, slices, self.tolerance)
         self._act(measured, set(reading.gpus), errors)
@@ -150,9 +153,12 @@ class Guard:
                         self.warned.add((name, uuid))
                         self.recent.append(self.actions.warn(gpus[uuid], errors))
                 continue
-            for planned in plan_kills(list(gpus.values()), only=confirmed):
+            ended = {p.pid for g in gpus.values() for p in g.processes
+                     if self.ended.get(p.pid) == p.start_ticks}
+            for planned in plan_kills(list(gpus.values()), only=confirmed, ended=ended):
                 done = self.actions.kill(planned, errors)
                 if done is not None:
+                    self.ended[planned.process.pid] = planned.process.start_ticks
                     self.recent.append(done)
         # A GPU read this interval and not over there any more has recovered:
         # the next time it is over is a new state, warned about again. A GPU

@@ -89,3 +89,9 @@ def test_a_process_ended_for_one_gpu_frees_its_bytes_on_the_others():
 def test_the_cap_in_force_decides(limit_mib, expect):
     ps = [proc(60, 500, True, start=1), proc(61, 700, True, start=2)]
     assert pids(plan_kills([gpu(ps, limit_mib=limit_mib)])) == expect
+
+
+def test_memory_of_a_process_already_ended_counts_as_freed():
+    ps = [proc(70, 1500, start=9), proc(71, 300, True, start=1)]  # 70 was ended; NVML still lists it
+    assert pids(plan_kills([gpu(ps)], ended={70})) == []
+    assert pids(plan_kills([gpu(ps + [proc(72, 900, True, start=5)])], ended={70})) == [72]

@@ -265,3 +265,22 @@ def test_a_report_that_cannot_be_written_is_said_once_and_the_guard_goes_on(root
         for _ in range(3):
             guard.round()
     assert caplog.text.count(f"cannot write the report in {root}: Permission denied") == 1
+
+
+def test_a_process_ended_but_still_listed_costs_nobody_else_their_process(root, sleeper):
+    older, newer = sleeper(), sleeper()
+    reader = ListedReader()
+    reader.listed = {older.pid: 100 * MiB, newer.pid: 2 * GiB}
+    guard = service.Guard(root, reader=reader)
+    guard.start()
+    guard.round()
+    assert [a["pid"] for a in guard.round()["actions"]] == [newer.pid]
+    # Not reaped yet (a zombie keeps its /proc entry), and the driver is slow to
+    # free it: NVML still lists its 2 GiB. The slice still looks over...
+    for _ in range(3):
+        report = guard.round()
+        assert report["slices"]["alice"]["gpus"]["GPU-t"]["state"] == "over"
+    # ...but what it held is on its way back: the older process is not ended for it.
+    assert older.poll() is None
+    assert [a["pid"] for a in report["actions"]] == [newer.pid]
+    assert newer.wait(10) == -9
