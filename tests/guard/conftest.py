@@ -191,3 +191,17 @@ def wait_dead(it, timeout):
             raise AssertionError(f"pid {it.pid} still alive after {timeout} s")
         time.sleep(0.02)
     return time.monotonic() - began
+
+
+def wait_exec(child, program, timeout=10.0):
+    """Wait until *child* (a Popen) runs *program*: before its exec, /proc shows
+    the forked copy of our own environment, not the one it was given."""
+    import shutil
+
+    want = os.path.realpath(shutil.which(program))
+    deadline = time.monotonic() + timeout
+    while os.path.realpath(f"/proc/{child.pid}/exe") != want:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pid {child.pid} did not start {program} within {timeout} s")
+        time.sleep(0.005)
+    return child

@@ -7,6 +7,7 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
+from conftest import wait_exec
 
 from hami_jupyter.guard.attribution import ENVIRON, SLOT, USER, Attributor, library_path
 from hami_jupyter.guard.procs import ProcessFacts, ProcessTable, pid_namespace, read_facts, start_ticks
@@ -142,6 +143,7 @@ def test_the_facts_of_a_real_process(tmp_path):
            "SECRET": "not kept"}
     child = subprocess.Popen(["sleep", "30"], env=env)
     try:
+        wait_exec(child, "sleep")
         found = read_facts(child.pid)
         assert found.slice_ref == "alice" and found.context_overhead == 128 * MiB
         assert "SECRET" not in found.environ

@@ -14,6 +14,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from conftest import wait_exec
 
 from hami_jupyter.admin import audit
 from hami_jupyter.guard import service
@@ -167,7 +168,7 @@ def sleeper(root):
         env = {"PATH": os.environ["PATH"], "HAMI_SLICE": str(root / f"{slice_name}.slice")}
         child = subprocess.Popen(["sleep", "60"], env=env)
         started.append(child)
-        return child
+        return wait_exec(child, "sleep")
 
     yield start
     for child in started:
