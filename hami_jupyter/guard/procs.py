@@ -123,6 +123,8 @@ def _environ(pid, proc):
             data = f.read()
     except OSError:
         return None
+    if not data:  # in the middle of an exec (or a kernel thread): nothing to go by yet
+        return None
     out = {}
     for item in data.split(b"\0"):
         name, sep, value = item.partition(b"=")
@@ -153,7 +155,8 @@ def read_facts(pid, ticks=None, proc="/proc"):
 class ProcessTable:
     """:class:`ProcessFacts` by PID, cached per ``(pid, start time)``.
 
-    :meth:`facts` costs one small read for a process seen before; :meth:`keep`
+    :meth:`facts` costs one small read for a process seen before (and the
+reads again for one whose environment could not be read); :meth:`keep`
     forgets the processes that left the GPUs, so the cache stays as small as
     the GPU process list.
     """
@@ -168,8 +171,8 @@ class ProcessTable:
             self._cache.pop(pid, None)
             return None
         cached = self._cache.get(pid)
-        if cached is not None and cached.start_ticks == ticks:
-            return cached
+        if cached is not None and cached.start_ticks == ticks and cached.environ is not None:
+            return cached  # (an environment not read is tried again: it may be readable now)
         found = read_facts(pid, ticks, self.proc)
         if found is not None:
             self._cache[pid] = found

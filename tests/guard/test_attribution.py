@@ -7,7 +7,7 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
-from conftest import wait_exec
+from guard_helpers import wait_exec
 
 from hami_jupyter.guard.attribution import ENVIRON, SLOT, USER, Attributor, library_path
 from hami_jupyter.guard.procs import ProcessFacts, ProcessTable, pid_namespace, read_facts, start_ticks
@@ -168,3 +168,16 @@ def test_start_time_survives_an_odd_process_name(tmp_path):
     fields[19] = "987999"  # the PID now names another process
     (proc / "5" / "stat").write_text("5 (x) " + " ".join(fields) + "\n")
     assert table.facts(5).start_ticks == 987999 and table.facts(5) is not first
+
+
+def test_an_environment_not_readable_yet_is_read_again(tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "6").mkdir(parents=True)
+    fields = ["S"] + ["0"] * 18 + ["4242"] + ["0"] * 30
+    (proc / "6" / "stat").write_text("6 (python) " + " ".join(fields) + "\n")
+    (proc / "6" / "environ").write_bytes(b"")  # caught in the middle of its exec
+    table = ProcessTable(str(proc))
+    assert table.facts(6).environ is None and table.facts(6).slice_ref is None
+    (proc / "6" / "environ").write_bytes(b"PATH=/bin\0HAMI_SLICE=alice\0")
+    assert table.facts(6).slice_ref == "alice"
+    assert table.facts(6) is table.facts(6)  # and now it is kept

@@ -8,7 +8,7 @@ alive, the report (guard.json), the audit log and the guard's log.
 
 import time
 
-from conftest import CONTEXT, KILL_WITHIN_S, GiB, MiB, audit_records, wait_dead
+from guard_helpers import CONTEXT, KILL_WITHIN_S, GiB, MiB, audit_records, wait_dead
 
 from hami_jupyter.admin import audit
 from hami_jupyter.slice import layout

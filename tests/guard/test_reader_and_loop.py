@@ -14,7 +14,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from conftest import wait_exec
+from guard_helpers import wait_exec
 
 from hami_jupyter.admin import audit
 from hami_jupyter.guard import service

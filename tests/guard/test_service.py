@@ -5,7 +5,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import KILL_WITHIN_S, audit_records, guard_env, wait_dead
+from guard_helpers import KILL_WITHIN_S, audit_records, guard_env, wait_dead
 
 from hami_jupyter.admin import audit
 

@@ -11,7 +11,7 @@ slice.
 import os
 import random
 
-from conftest import CONTEXT, MiB, audit_records
+from guard_helpers import CONTEXT, MiB, audit_records
 
 SEED = int(os.environ.get("HAMI_GUARD_SEED", "20261125"))
 WORKLOADS = 100
