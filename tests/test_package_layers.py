@@ -31,6 +31,7 @@ FLOORS = {
     "magic": 3,  # %hami (inside kernels)
     "admin": 4,  # administrators' changes, the audit log, the panel
     "hub": 5,  # JupyterHub: policy, spawner, hub-made slices
+    "guard": 5,  # hami-jupyter guard: memory caps held with NVML's per-process figures
     "server": 6,  # the Jupyter server extension
     "commands": 7,  # the hami-jupyter command
     "__main__": 8,

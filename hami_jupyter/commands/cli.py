@@ -4,8 +4,8 @@
 ``kernelspec install|list`` manages kernelspecs of set slice sizes,
 ``slice list|set|reset`` shows and resizes slices (administrators), ``audit
 verify`` checks the audit log, ``admin-service`` applies administrators'
-changes as root, and ``demo``
-shows a slice at work. This module only parses arguments and prints;
+changes as root, ``guard`` holds memory caps with the driver's figures (a
+root service), and ``demo`` shows a slice at work. This module only parses arguments and prints;
 the work is done by the modules it calls.
 
 Exit status: 0 when all went well, 1 when something failed (a slice that
@@ -173,6 +173,36 @@ def _resume(args):
     return 0
 
 
+# ---- guard --------------------------------------------------------------------
+
+
+def _guard(args):
+    import logging
+
+    from ..guard import service
+    from ..slice.size import parse_size
+
+    problems = []
+    if not 0 < args.interval < 86400:
+        problems.append(f"--interval {args.interval:g}: give a number of seconds above 0 (and below a day)")
+    tolerance = service.DEFAULT_TOLERANCE
+    if args.tolerance is not None:
+        try:
+            tolerance = parse_size(args.tolerance)
+        except ValueError as e:
+            problems.append(f"--tolerance: {e}")
+    if problems:
+        raise UsageError(*problems)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("hami_jupyter").setLevel(args.log_level.upper())
+    root = Path(args.root) if args.root else default_root()
+    try:
+        return service.main(root, interval=args.interval, action=args.action, once=args.once,
+                            tolerance=tolerance, audit_path=args.audit_log)
+    except service.GuardStartError as e:
+        raise Failure(str(e)) from None
+
+
 # ---- demo ---------------------------------------------------------------------
 
 
@@ -245,6 +275,30 @@ def build_parser(with_demo_options=False):
             p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                            help="how long to wait for room (default 300); then it stays parked")
         p.set_defaults(func=func, cli_prog=p.prog)
+
+    p = sub.add_parser(
+        "guard", help="end processes over their slice's memory cap, by the driver's figures (root)",
+        description="Every interval, read each GPU process's device memory from NVML, charge it "
+                    "to a slice (its HAMI_SLICE, its slot in a slice file, or its user's slice), "
+                    "and act on slices over their cap: end their processes (kill) or report them "
+                    "(warn). Writes <root>/guard.json and appends to the audit log. Run it as "
+                    "root (docs/guard.md).")
+    p.add_argument("--root", metavar="DIR",
+                   help="slice root to guard (default: HAMI_SLICE_ROOT, /run/hami-jupyter, "
+                        "$XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>)")
+    p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
+                   help="seconds between looks (default 0.5)")
+    p.add_argument("--action", choices=("warn", "kill"), default="kill",
+                   help="kill: end the over slice's processes (default); warn: log, audit and "
+                        "report only")
+    p.add_argument("--tolerance", metavar="SIZE",
+                   help="how far past its cap a slice may be before the guard acts, when its "
+                        "processes do not set HAMI_CONTEXT_OVERHEAD (default 64m)")
+    p.add_argument("--audit-log", metavar="FILE", help="audit log (default: <root>/audit.log)")
+    p.add_argument("--once", action="store_true", help="one look, one report, then exit")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                   help="what the log shows (default info)")
+    p.set_defaults(func=_guard, cli_prog=p.prog)
 
     p = sub.add_parser("demo", help="show a slice at work (on the simulated GPU without a driver)")
     if with_demo_options:

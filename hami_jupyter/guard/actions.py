@@ -1,0 +1,158 @@
+"""What the guard does about a slice over its cap, and the trail each act leaves.
+
+Two actions (``--action``):
+
+- **warn**: a log line, an audit record (``"guard-warn"``) and the slice
+  marked ``"over"`` in the report, where ``%hami status``, the panel,
+  ``slice list`` and ``/metrics`` show it. Nothing is ended: for a first
+  deployment, to see what the guard would do before it does it.
+- **kill**: the processes :func:`.policy.plan_kills` chose are ended with
+  SIGKILL, each with a log line and an audit record (``"guard-kill"``).
+  SIGKILL because a process past its cap without the library has shown it
+  will not keep to it, and a polite signal can be caught and ignored; the
+  driver frees a killed process's memory at once.
+
+Both leave the same record in the administrators' audit log
+(:mod:`hami_jupyter.admin.audit`, hash-chained), so that "who ended my
+kernel?" has an answer that outlives the report: who (the guard), the
+slice, the GPU, the process and its user, the real bytes NVML saw, the bytes
+the slice reported and the cap.
+
+A PID is only signalled while it still names the process the guard looked
+at: a pidfd is opened first, then the start time is checked again, then the
+signal goes through the pidfd, so a process that ended and whose PID was
+reused in between is never hit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+from ..admin import audit
+from ..slice.size import format_size
+from .procs import start_ticks
+
+GUARD_WHO = "hami-jupyter guard"
+WARN, KILL = "warn", "kill"
+ACTIONS = (WARN, KILL)
+
+log = logging.getLogger("hami_jupyter.guard")
+
+
+def end_process(pid, ticks, proc="/proc"):
+    """SIGKILL *pid* if it is still the process that started at *ticks*.
+
+    True when signalled, False when that process is gone (or its PID now
+    names another); PermissionError when this user may not signal it.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # a kernel before 5.3: check, then kill by PID
+        fd = None
+    try:
+        if start_ticks(pid, proc) != ticks:
+            return False
+        try:
+            if fd is not None:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return True
+
+
+def _preload(p):
+    return "under the preload library" if p.preload else "without the preload library"
+
+
+class Actions:
+    """Warns and kills for the service; *audit_path*: the audit log to append to
+    (None: no audit records, for tests of the policy alone)."""
+
+    def __init__(self, mode, audit_path, proc="/proc", end=end_process):
+        if mode not in ACTIONS:
+            raise ValueError(f"action {mode!r}: use one of {', '.join(ACTIONS)}")
+        self.mode = mode
+        self.audit_path = audit_path
+        self.proc = proc
+        self._end = end
+        self._refused = set()  # (pid, start) whose kill was refused: said once
+
+    def _common(self, gpu, now):
+        return {"unix": now, "slice": gpu.slice, "uuid": gpu.uuid,
+                "reported_bytes": gpu.reported_bytes, "limit_bytes": gpu.limit_bytes,
+                "tolerance_bytes": gpu.tolerance_bytes}
+
+    def _audit(self, gpu, kind, fields, errors):
+        if self.audit_path is None:
+            return
+        record = audit.make_record(gpu.slice, gpu.path, gpu.device, gpu.uuid, None, None,
+                                   who=GUARD_WHO, action=f"guard-{kind}", **fields)
+        try:
+            with audit.AuditLog(self.audit_path) as trail:
+                trail.append(record)
+        except (audit.AuditLogError, OSError) as e:
+            message = f"the audit record of a guard {kind} could not be written: {e}"
+            log.error("guard: %s", message)
+            errors.append(message)
+
+    def warn(self, gpu, errors, now=None):
+        """Say that *gpu* (a :class:`~.policy.SliceGpu`) is over; returns the
+        report's action record."""
+        now = time.time() if now is None else now
+        pids = sorted(p.pid for p in gpu.processes)
+        why = (f"slice {gpu.slice} really uses {format_size(gpu.real_bytes)} on GPU {gpu.uuid}, over "
+               f"its {format_size(gpu.limit_bytes)} cap + {format_size(gpu.tolerance_bytes)} "
+               f"tolerance (the slice counts {format_size(gpu.reported_bytes)})")
+        who = ", ".join(f"{p.pid} ({p.user or p.uid}, {format_size(p.real_bytes)}, "
+                        f"{_preload(p)})" for p in sorted(gpu.processes, key=lambda p: p.pid))
+        log.warning("guard: WARN %s; processes: %s; nothing ended (--action warn)", why, who)
+        record = dict(self._common(gpu, now), action=WARN, pid=None, pids=pids,
+                      real_bytes=gpu.real_bytes, why=why)
+        self._audit(gpu, WARN, {"pid": None, "pids": pids, "real_bytes": gpu.real_bytes,
+                                "reported_bytes": gpu.reported_bytes, "limit_bytes": gpu.limit_bytes,
+                                "tolerance_bytes": gpu.tolerance_bytes,
+                                "users": sorted({p.user or str(p.uid) for p in gpu.processes})},
+                    errors)
+        return record
+
+    def kill(self, planned, errors, now=None):
+        """End the process of *planned* (a :class:`~.policy.Kill`); returns the
+        report's action record, or None when nothing was ended."""
+        gpu, p = planned.gpu, planned.process
+        now = time.time() if now is None else now
+        try:
+            ended = self._end(p.pid, p.start_ticks, self.proc)
+        except PermissionError:
+            key = (p.pid, p.start_ticks)
+            message = (f"may not end pid {p.pid} (user {p.user or p.uid}) of slice {gpu.slice}, over "
+                       "its cap: the guard must run as root to end other users' processes")
+            errors.append(message)
+            if key not in self._refused:
+                self._refused.add(key)
+                log.error("guard: %s", message)
+            return None
+        if not ended:
+            return None  # it ended on its own (or its PID is another process's now)
+        why = (f"slice {gpu.slice} really used {format_size(planned.real_before)} on GPU {gpu.uuid}, "
+               f"over its {format_size(gpu.limit_bytes)} cap + {format_size(gpu.tolerance_bytes)} "
+               f"tolerance (the slice counts {format_size(gpu.reported_bytes)}); pid {p.pid} held "
+               f"{format_size(p.real_bytes)} there, {_preload(p)}, attributed by {p.attributed_by}")
+        log.warning("guard: KILL pid %d (user %s): %s", p.pid, p.user or p.uid, why)
+        fields = {"pid": p.pid, "user": p.user, "process_uid": p.uid, "real_bytes": planned.real_before,
+                  "process_bytes": p.real_bytes, "reported_bytes": gpu.reported_bytes,
+                  "limit_bytes": gpu.limit_bytes, "tolerance_bytes": gpu.tolerance_bytes,
+                  "preload": p.preload, "attributed_by": p.attributed_by}
+        self._audit(gpu, KILL, fields, errors)
+        return dict(self._common(gpu, now), action=KILL, pid=p.pid, user=p.user,
+                    real_bytes=planned.real_before, process_bytes=p.real_bytes, preload=p.preload,
+                    why=why)

@@ -1,0 +1,212 @@
+"""The guard ends what passes a slice's cap, and only that: a real guard, real processes.
+
+Each test starts ``hami-jupyter guard`` as a child process on a simulated GPU
+and processes that hold device memory (cudrive), with or without the
+preload library, then looks at what a user would: which processes are still
+alive, the report (guard.json), the audit log and the guard's log.
+"""
+
+import time
+
+from guard_helpers import CONTEXT, KILL_WITHIN_S, GiB, MiB, audit_records, wait_dead
+
+from hami_jupyter.admin import audit
+from hami_jupyter.slice import layout
+from hami_jupyter.slice.file import read_snapshot
+
+
+def gpu_entry(report, name, uuid):
+    """The report's entry for slice *name* on GPU *uuid*; {} when it has none."""
+    return report["slices"].get(name, {}).get("gpus", {}).get(uuid, {})
+
+
+def test_a_bypass_named_by_its_environment_is_ended_within_two_seconds(
+        gpu, slices, start_guard, holder, root):
+    path = slices.make("alice", memory="1g")
+    guard = start_guard("--action", "kill")
+    # No LD_PRELOAD: the slice's accounting never sees this process.
+    bypass = holder(slices.env("alice", preload=False), 0, "1500m")
+
+    took = wait_dead(bypass, KILL_WITHIN_S)
+    assert bypass.proc.returncode == -9
+    print(f"ended {took:.2f} s after its allocation returned")
+
+    uuid = gpu.uuid(0)
+    report = guard.wait_report(lambda r: r["actions"], what="the kill in the report")
+    [action] = report["actions"]
+    assert action["action"] == "kill" and action["pid"] == bypass.pid
+    assert action["slice"] == "alice" and action["uuid"] == uuid
+    assert action["real_bytes"] == 1500 * MiB + CONTEXT
+    assert action["reported_bytes"] == 0 and action["limit_bytes"] == GiB
+
+    [record] = audit_records(root, "guard-kill")
+    assert record["who"] == "hami-jupyter guard"
+    assert (record["slice"], record["uuid"], record["pid"], record["user"]) == ("alice", uuid, bypass.pid, "root")
+    assert record["real_bytes"] == 1500 * MiB + CONTEXT
+    assert record["reported_bytes"] == 0 and record["limit_bytes"] == GiB
+    assert record["path"] == str(path)
+    assert audit.verify(audit.default_path(root))[0] == []
+    assert f"KILL pid {bypass.pid}" in guard.log()
+
+    # The memory came back; the report no longer shows the slice on that GPU
+    # (none of its processes is there, and its own processes never met it).
+    guard.wait_report(lambda r: gpu_entry(r, "alice", uuid) == {}, what="the slice gone from GPU 0")
+    assert gpu.used(0) == 0
+
+
+def test_a_bypass_of_a_user_with_a_slice_of_their_name_is_ended(gpu, slices, start_guard, holder, root):
+    import getpass
+
+    me = getpass.getuser()
+    slices.make(me, memory="1g")
+    guard = start_guard()
+    # Neither the preload library nor HAMI_SLICE: only the user's slice can be charged.
+    bypass = holder(gpu.env(), 1, "1200m")
+
+    wait_dead(bypass, KILL_WITHIN_S)
+    report = guard.wait_report(lambda r: r["actions"], what="the kill in the report")
+    [action] = report["actions"]
+    assert (action["pid"], action["slice"], action["uuid"]) == (bypass.pid, me, gpu.uuid(1))
+    [record] = audit_records(root, "guard-kill")
+    assert record["attributed_by"] == "user" and record["preload"] is False
+
+
+def test_the_report_shows_real_and_reported_bytes_and_who_is_counted(gpu, slices, start_guard, holder):
+    slices.make("alice", memory="4g")
+    guard = start_guard()
+    counted = holder(slices.env("alice"), 0, "512m")
+    bypass = holder(slices.env("alice", preload=False), 0, "256m")
+    stranger = holder(gpu.env(), 0, "128m")  # root has no slice here: nobody's
+    uuid = gpu.uuid(0)
+
+    report = guard.wait_report(
+        lambda r: gpu_entry(r, "alice", uuid).get("real_bytes") == 768 * MiB + 2 * CONTEXT,
+        what="both of alice's processes in the report")
+    entry = gpu_entry(report, "alice", uuid)
+    assert entry["reported_bytes"] == 512 * MiB + CONTEXT  # the bypass is not counted by the slice
+    assert entry["limit_bytes"] == 4 * GiB and entry["tolerance_bytes"] == CONTEXT
+    assert entry["state"] == "ok"
+    by_pid = {p["pid"]: p for p in entry["processes"]}
+    assert by_pid[counted.pid]["preload"] is True and by_pid[counted.pid]["attributed_by"] == "environ"
+    assert by_pid[bypass.pid]["preload"] is False and by_pid[bypass.pid]["attributed_by"] == "environ"
+    assert [(u["pid"], u["real_bytes"]) for u in report["unattributed"]] == [(stranger.pid, 128 * MiB + CONTEXT)]
+    assert report["errors"] == [] and report["actions"] == []
+    assert all(p.alive() for p in (counted, bypass, stranger))
+
+
+def zero_counters(path, pid, uuid):
+    """What a user can do to their own slice file: zero the slice's and their
+    process's usage counters on one GPU."""
+    import ctypes
+    import mmap
+    import struct
+
+    snap = read_snapshot(path)
+    [device] = [d for d in snap.devices if d.uuid == uuid]
+    [slot] = [s for s in snap.slots if s.pid == pid]
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), layout.FILE_SIZE) as m:
+        at = layout.DEVICES_OFFSET + device.index * ctypes.sizeof(layout.HamiSliceDevice)
+        struct.pack_into("=Q", m, at + layout.HamiSliceDevice.memory_used.offset, 0)
+        at = layout.slot_offset(slot.index) + layout.HamiSlot.memory_used.offset + 8 * device.index
+        struct.pack_into("=Q", m, at, 0)
+
+
+def test_tampered_usage_counters_are_seen_through_and_acted_on(gpu, slices, start_guard, holder, root):
+    path = slices.make("alice", memory="1g")
+    guard = start_guard()
+    uuid = gpu.uuid(0)
+    kernel = holder(slices.env("alice"), 0, "700m")
+    # The library holds it to its cap: a second 700m does not fit...
+    assert kernel.cmd("alloc 700m")["rc"] == 2
+    # ...until the user zeroes the counters in their own slice file.
+    zero_counters(path, kernel.pid, uuid)
+    assert kernel.ok("alloc 700m")["rc"] == 0
+    assert read_snapshot(path).devices[0].memory_used == 700 * MiB  # the slice believes it
+
+    wait_dead(kernel, KILL_WITHIN_S)
+    report = guard.wait_report(lambda r: r["actions"], what="the kill in the report")
+    [action] = report["actions"]
+    assert action["pid"] == kernel.pid and action["preload"] is True
+    assert action["real_bytes"] == 1400 * MiB + CONTEXT
+    assert action["reported_bytes"] == 700 * MiB  # what the tampered file said
+    [record] = audit_records(root, "guard-kill")
+    assert record["attributed_by"] == "environ" and record["preload"] is True
+
+
+def test_only_the_slice_over_its_cap_is_acted_on_and_its_bypass_goes_first(
+        gpu, slices, start_guard, holder, root):
+    slices.make("alice", memory="1g")
+    slices.make("bob", memory="1g")
+    guard = start_guard()
+    alice_kernel = holder(slices.env("alice"), 0, "256m")  # older, within the cap by itself
+    bob_kernel = holder(slices.env("bob"), 0, "256m")
+    bob_bypass = holder(slices.env("bob", preload=False), 0, "512m")  # bob: 896m + 2 contexts, within
+    time.sleep(0.2)
+    alice_bypass = holder(slices.env("alice", preload=False), 0, "900m")  # alice: over
+
+    wait_dead(alice_bypass, KILL_WITHIN_S)
+    report = guard.rounds(4)
+    assert [a["pid"] for a in report["actions"]] == [alice_bypass.pid]
+    assert all(p.alive() for p in (alice_kernel, bob_kernel, bob_bypass))
+    uuid = gpu.uuid(0)
+    assert gpu_entry(report, "bob", uuid)["real_bytes"] == 768 * MiB + 2 * CONTEXT
+    assert gpu_entry(report, "bob", uuid)["state"] == "ok"
+    assert gpu_entry(report, "alice", uuid)["state"] == "ok"
+    assert [r["pid"] for r in audit_records(root, "guard-kill", "guard-warn")] == [alice_bypass.pid]
+
+
+def test_newest_first_when_every_process_has_the_preload(gpu, slices, start_guard, holder, root):
+    path = slices.make("alice", memory="1g")
+    older = holder(slices.env("alice"), 0, "400m")
+    newer = holder(slices.env("alice"), 0, "400m")
+    # 800m + two contexts fit; then the counters go and both grow past the cap.
+    zero_counters(path, older.pid, gpu.uuid(0))
+    zero_counters(path, newer.pid, gpu.uuid(0))
+    older.ok("alloc 300m")
+    newer.ok("alloc 300m")  # 1400m + 2 contexts: ending the newer one is enough
+    start_guard(wait=False)
+
+    wait_dead(newer, 10)
+    time.sleep(1.5)
+    assert older.alive()
+    assert [r["pid"] for r in audit_records(root, "guard-kill")] == [newer.pid]
+
+
+def test_warn_ends_nothing_and_warns_once_per_time_over(gpu, slices, start_guard, holder, root):
+    slices.make("alice", memory="1g")
+    guard = start_guard("--action", "warn")
+    uuid = gpu.uuid(0)
+    bypass = holder(slices.env("alice", preload=False), 0, "1500m")
+
+    report = guard.wait_report(lambda r: r["actions"], what="the warning in the report")
+    assert gpu_entry(report, "alice", uuid)["state"] == "over"
+    [action] = report["actions"]
+    assert action["action"] == "warn" and action["pids"] == [bypass.pid]
+    report = guard.rounds(4)  # still over: not warned again
+    assert gpu_entry(report, "alice", uuid)["state"] == "over"
+    assert len(report["actions"]) == 1
+    assert bypass.alive()
+    [record] = audit_records(root, "guard-warn")
+    assert (record["slice"], record["uuid"], record["pids"]) == ("alice", uuid, [bypass.pid])
+    assert record["real_bytes"] == 1500 * MiB + CONTEXT and record["limit_bytes"] == GiB
+    log = guard.log()
+    assert log.count("WARN slice alice") == 1 and "nothing ended" in log
+
+    bypass.ok("free a0")  # back within the cap: recovered
+    guard.wait_report(lambda r: gpu_entry(r, "alice", uuid).get("state") == "ok", what="recovery")
+    bypass.ok("alloc 1500m")  # over again: a new warning
+    report = guard.wait_report(lambda r: len(r["actions"]) == 2, what="the second warning")
+    assert len(audit_records(root, "guard-warn")) == 2
+    assert audit_records(root, "guard-kill") == []
+    assert bypass.alive()
+
+
+def test_a_slice_without_a_memory_cap_is_never_acted_on(gpu, slices, start_guard, holder, root):
+    slices.make("free", memory=None)
+    guard = start_guard()
+    bypass = holder(slices.env("free", preload=False), 0, "3g")
+    report = guard.rounds(4)
+    entry = gpu_entry(report, "free", gpu.uuid(0))
+    assert entry["limit_bytes"] == 0 and entry["state"] == "ok"
+    assert entry["real_bytes"] == 3 * GiB + CONTEXT
+    assert bypass.alive() and report["actions"] == []

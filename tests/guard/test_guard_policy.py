@@ -1,0 +1,97 @@
+"""The policy alone: when a slice is over, and whom the guard ends, in which order."""
+
+import os
+
+import pytest
+
+from hami_jupyter.guard.policy import (
+    DEFAULT_TOLERANCE, SliceGpu, ProcessUse, is_over, plan_kills, tolerance_for, victim_order)
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def proc(pid, mib, preload=False, start=None, by="environ"):
+    return ProcessUse(pid, start if start is not None else pid, mib * MiB, preload, by)
+
+
+def gpu(processes, limit_mib=1024, tolerance_mib=64, uuid="GPU-0", reported_mib=0):
+    return SliceGpu("alice", "/r/alice.slice", uuid, 0, sum(p.real_bytes for p in processes),
+                    reported_mib * MiB, limit_mib * MiB, tolerance_mib * MiB, list(processes))
+
+
+def pids(plan):
+    return [k.process.pid for k in plan]
+
+
+def test_over_means_past_the_cap_by_more_than_the_tolerance():
+    assert not is_over(GiB + 64 * MiB, GiB, 64 * MiB)
+    assert is_over(GiB + 64 * MiB + 1, GiB, 64 * MiB)
+    assert not is_over(100 * GiB, 0, 0)  # no cap: never over
+
+
+def test_the_tolerance_is_the_slices_context_overhead_else_the_default():
+    assert tolerance_for([None, 512 * MiB, 300 * MiB]) == 512 * MiB
+    assert tolerance_for([None, None]) == DEFAULT_TOLERANCE == 64 * MiB
+    assert tolerance_for([], default=7) == 7
+
+
+def test_a_slice_within_its_cap_loses_nothing():
+    assert plan_kills([gpu([proc(10, 500), proc(11, 500)])]) == []  # 1000 MiB of 1024 + 64
+    assert plan_kills([gpu([proc(10, 5000)], limit_mib=0)]) == []  # no cap
+
+
+def test_processes_without_the_preload_go_first_then_the_newest():
+    older_bypass = proc(10, 300, preload=False, start=100)
+    newer_bypass = proc(11, 300, preload=False, start=200)
+    newest_counted = proc(12, 300, preload=True, start=300)
+    oldest_counted = proc(13, 300, preload=True, start=50)
+    assert [p.pid for p in victim_order([oldest_counted, newest_counted, older_bypass, newer_bypass])] == \
+        [11, 10, 12, 13]
+    # 1200 MiB: ending the newer bypass is enough.
+    assert pids(plan_kills([gpu([older_bypass, newer_bypass, newest_counted, oldest_counted])])) == [11]
+    # 2000 MiB with the preloaded ones bigger: both bypasses, then the newest preloaded one.
+    big = [proc(10, 100, start=100), proc(11, 100, start=200), proc(12, 900, True, start=300),
+           proc(13, 900, True, start=50)]
+    assert pids(plan_kills([gpu(big)])) == [11, 10, 12]
+
+
+def test_it_stops_as_soon_as_the_slice_is_within_cap_and_tolerance():
+    ps = [proc(20 + i, 200, preload=True, start=i) for i in range(8)]  # 1600 MiB
+    plan = plan_kills([gpu(ps)])
+    assert pids(plan) == [27, 26, 25]  # 1600 -> 1400 -> 1200 -> 1000 MiB, within 1024 + 64
+    assert [k.real_before for k in plan] == [1600 * MiB, 1400 * MiB, 1200 * MiB]
+
+
+def test_pid_1_the_guard_and_processes_holding_nothing_there_are_never_chosen():
+    me = os.getpid()
+    ps = [proc(1, 900, start=500), proc(me, 900, start=400), proc(30, 0, start=300),
+          proc(31, 900, True, start=1)]
+    assert pids(plan_kills([gpu(ps)])) == [31]
+    assert pids(plan_kills([gpu(ps[:3])])) == []  # nothing else to end: none of them is touched
+
+
+def test_only_the_gpus_asked_for_are_acted_on():
+    g0 = gpu([proc(40, 2000)], uuid="GPU-0")
+    g1 = gpu([proc(41, 2000)], uuid="GPU-1")
+    assert pids(plan_kills([g0, g1], only={"GPU-1"})) == [41]
+
+
+def test_a_process_ended_for_one_gpu_frees_its_bytes_on_the_others():
+    both = 50  # on both GPUs
+    g0 = gpu([proc(both, 800, start=9), proc(51, 400, True, start=1)], uuid="GPU-0")  # 1200: over
+    g1 = gpu([proc(both, 700, start=9), proc(52, 500, True, start=2)], uuid="GPU-1")  # 1200: over
+    # Ending 50 for GPU-0 brings GPU-1 to 500 MiB as well: nothing more is ended.
+    assert pids(plan_kills([g0, g1])) == [both]
+
+
+@pytest.mark.parametrize("limit_mib, expect", [(1024, [61]), (2048, []), (256, [61, 60])])
+def test_the_cap_in_force_decides(limit_mib, expect):
+    ps = [proc(60, 500, True, start=1), proc(61, 700, True, start=2)]
+    assert pids(plan_kills([gpu(ps, limit_mib=limit_mib)])) == expect
+
+
+def test_memory_of_a_process_already_ended_counts_as_freed():
+    ps = [proc(70, 1500, start=9), proc(71, 300, True, start=1)]  # 70 was ended; NVML still lists it
+    assert pids(plan_kills([gpu(ps)], ended={70})) == []
+    assert pids(plan_kills([gpu(ps + [proc(72, 900, True, start=5)])], ended={70})) == [72]
