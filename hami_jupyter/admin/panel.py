@@ -113,14 +113,15 @@ def _memory_table(views, note):
 
 def _guard_notice(status):
     """A notice heading a slice the guard sees over its cap; "" otherwise."""
-    over = [g for g in (status or {}).get("gpus", []) if g.get("guard_state") == "over"]
+    elsewhere = ((status or {}).get("guard") or {}).get("elsewhere") or []
+    over = [g for g in (status or {}).get("gpus", []) + elsewhere if g.get("guard_state") == "over"]
     if not over:
         return ""
     def cap(g):
-        return g["memory_limit"] if g.get("guard_limit") is None else g["guard_limit"]
+        return g.get("memory_limit", 0) if g.get("guard_limit") is None else g["guard_limit"]
 
-    where = ", ".join(f"GPU {g['index']} ({format_size(g['memory_real'])} really in use, cap "
-                      f"{format_size(cap(g))})" for g in over)
+    where = ", ".join(f"GPU {g.get('index', g['uuid'])} ({format_size(g['memory_real'])} really in use, "
+                      f"cap {format_size(cap(g))})" for g in over)
     action = (status.get("guard") or {}).get("action")
     text = (f"Slice {status['slice']} is over its memory cap, as the guard sees it: {where}."
             + (f" The guard's action: {action}." if action else ""))

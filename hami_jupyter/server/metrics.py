@@ -103,6 +103,8 @@ def add_slice(families, status, server_kernels):
             families[name].add_metric((status["slice"], user, g["uuid"]), g[key])
         if g.get(REAL_GAUGE[2]) is not None:  # a fresh report of the guard: see slice_status
             families[REAL_GAUGE[0]].add_metric((status["slice"], user, g["uuid"]), g[REAL_GAUGE[2]])
+    for g in (status.get("guard") or {}).get("elsewhere") or []:
+        families[REAL_GAUGE[0]].add_metric((status["slice"], user, g["uuid"]), g["memory_real"])
     for k in status["kernels"]:
         if k["kernel_id"] not in server_kernels:
             continue

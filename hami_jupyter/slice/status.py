@@ -30,6 +30,10 @@ slice's ``guard`` entry says whether a guard is running (``running``: a fresh
 report exists), its ``action`` and when it last wrote (``written_unix``; both
 from a stale report too, None without one), and ``error``, why a report that
 exists could not be read. A report that cannot be read never fails the status.
+A GPU the guard sees the slice use where no process of the slice runs under
+the library (a bypass, so the slice file has no entry for it) is in the guard
+entry's ``elsewhere``: ``{"uuid", "memory_real", "guard_state", "guard_limit",
+"guard_reported"}`` each, and every rendering shows it.
 """
 
 import os
@@ -193,6 +197,13 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
             **_guard_fields(d.uuid, guard["running"], seen, errors),
         })
 
+    known = {d.uuid for d in snap.devices}
+    guard["elsewhere"] = []
+    for uuid in sorted(seen or {}):
+        fields = _guard_fields(uuid, guard["running"], seen, errors)
+        if uuid not in known and fields["memory_real"]:
+            guard["elsewhere"].append({"uuid": uuid, **fields})
+
     registered = {k.kernel_id: k for k in registry.kernels(snap.path)}
     uuid_of = {d.index: d.uuid for d in snap.devices}
     kernels, others = {}, []
@@ -309,8 +320,8 @@ def guard_over_text(gpu, status=None):
     reported = gpu.get("guard_reported")
     text = guard_report.over_text({
         "state": "over", "real_bytes": gpu["memory_real"],
-        "limit_bytes": gpu["memory_limit"] if limit is None else limit,
-        "reported_bytes": gpu["memory_used"] if reported is None else reported}, format_size)
+        "limit_bytes": gpu.get("memory_limit", 0) if limit is None else limit,
+        "reported_bytes": gpu.get("memory_used", 0) if reported is None else reported}, format_size)
     action = ((status or {}).get("guard") or {}).get("action")
     return f"{text}; the guard's action: {action}" if action else text
 
@@ -375,6 +386,12 @@ def format_text(status):
         elif g["memory_level"] == "critical":
             lines.append(f"    CRITICAL: {level_words('critical', status)} "
                          "(`%hami release` returns framework caches)")
+        over = guard_over_text(g, status)
+        if over:
+            lines.append(f"    OVER CAP: {over}")
+    for g in (status.get("guard") or {}).get("elsewhere") or []:
+        lines.append(f"  GPU {g['uuid']} (no process of this slice runs the library there)")
+        lines.append(f"    memory real {format_size(g['memory_real'])} (guard)")
         over = guard_over_text(g, status)
         if over:
             lines.append(f"    OVER CAP: {over}")

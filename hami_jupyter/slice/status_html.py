@@ -159,6 +159,13 @@ def format_html(status, current_kernel=None):
     if not status["gpus"]:
         parts.append(_no_gpu_line(status))
     parts.extend(_gpu_table(g, status) for g in status["gpus"])
+    for g in (status.get("guard") or {}).get("elsewhere") or []:
+        over = guard_over_text(g, status)
+        text = (f"GPU {g['uuid']}: the guard sees {format_size(g['memory_real'])} of this slice really "
+                "in use where none of its processes runs the library")
+        style = f' style="font-weight: 600; color: {LEVEL_COLOUR["critical"]}"' if over else ""
+        parts.append(f'<div class="hami-guard-over"{style}>{escape(text)}'
+                     + (f" (over the cap: {escape(over)})" if over else "") + "</div>")
     if status["kernels"] or status["other_processes"]:
         parts.append(_processes_table(status, current_kernel))
     if status["dead_processes"]:
