@@ -115,6 +115,71 @@ def kernels():
     result(matmul_err=mm_err, bf16_rel_err=bf_rel, conv_err=conv_err, cudnn=torch.backends.cudnn.version())
 
 
+def grow(step_bytes, max_bytes):
+    """Allocate STEP_BYTES at a time (PyTorch) every 0.25 s up to MAX_BYTES, printing
+    after each one the wall time and the bytes held: a process past its cap."""
+    import torch
+
+    held = []
+    while len(held) * step_bytes < max_bytes:
+        held.append(torch.empty(step_bytes, dtype=torch.uint8, device="cuda"))
+        torch.cuda.synchronize()
+        print(f"HELD {len(held) * step_bytes} {time.time():.3f}", flush=True)
+        time.sleep(0.25)
+    result(held=len(held) * step_bytes)
+
+
+def _torch_workload():
+    """Convolutions (cuDNN autotuned, three dtypes), FFT, QR, SVD and sort: the
+    kinds of work that make the driver and the libraries take memory of their own."""
+    import torch
+
+    torch.manual_seed(0)
+    torch.backends.cudnn.benchmark = True
+    kept = []
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        conv = torch.nn.Conv2d(32, 64, kernel_size=3, padding=1).cuda().to(dtype)
+        kept.append(conv(torch.randn(16, 32, 128, 128, device="cuda", dtype=dtype)))
+    x = torch.randn(4096, 4096, device="cuda")
+    kept.append(torch.fft.fft2(x))
+    kept.extend(torch.linalg.qr(x[:2048, :2048]))
+    kept.append(torch.linalg.svdvals(x[:1024, :1024]))
+    kept.append(torch.sort(x.flatten()).values)
+    torch.cuda.synchronize()
+    return f"torch {torch.__version__}", kept
+
+
+def _cupy_workload():
+    import cupy
+
+    x = cupy.random.standard_normal((4096, 4096), dtype=cupy.float32)
+    kept = [x @ x, cupy.fft.fft2(x), *cupy.linalg.qr(x[:2048, :2048]),
+            cupy.linalg.svd(x[:1024, :1024], compute_uv=False), cupy.sort(x.ravel())]
+    cupy.cuda.Device().synchronize()
+    return f"cupy {cupy.__version__}", kept
+
+
+def _jax_workload():
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (4096, 4096), dtype=jnp.float32)
+    kept = [x @ x, jnp.fft.fft2(x), *jnp.linalg.qr(x[:2048, :2048]),
+            jnp.linalg.svd(x[:1024, :1024], compute_uv=False), jnp.sort(x.ravel())]
+    for k in kept:
+        k.block_until_ready()
+    return f"jax {jax.__version__}", kept
+
+
+def workload(framework):
+    """Run a mixed workload, keep its results, say READY, wait for EOF on stdin:
+    the test compares the slice's charge with NVML's figure meanwhile."""
+    version, kept = {"torch": _torch_workload, "cupy": _cupy_workload, "jax": _jax_workload}[framework]()
+    print(f"READY {version}, {len(kept)} results kept", flush=True)
+    sys.stdin.read()
+    result(framework=framework, version=version)
+
+
 def main():
     name, args = sys.argv[1], sys.argv[2:]
     if name == "torch_cap":
@@ -127,6 +192,10 @@ def main():
         train()
     elif name == "kernels":
         kernels()
+    elif name == "workload":
+        workload(args[0])
+    elif name == "grow":
+        grow(int(args[0]), int(args[1]))
     else:
         raise SystemExit(f"unknown scenario {name}")
 
