@@ -9,8 +9,9 @@
  *
  * Only upward of what the hooks charged: a charge is made before its
  * allocation and a credit after its free, so an allocation or free in flight
- * makes the real figure look smaller for a moment, never larger. A lower
- * figure is believed when two readings in a row agree.
+ * makes the real figure look smaller for a moment, never larger, provided the
+ * hooks' figure compared is the larger of the ones read just before and just
+ * after NVML's. A lower figure is believed when two readings in a row agree.
  *
  * NVML lists host PIDs: in a container with its own PID namespace this
  * process is not found, and nothing is trued up (the host's guard sees it).
@@ -63,18 +64,30 @@ int hami_nvml_process_used(int sdev, uint64_t *used)
 	return 0;
 }
 
+/* What the hooks have charged the process on sdev (its charge less the driver's part). */
+static uint64_t hooks_charged(struct hami_slot *s, int sdev)
+{
+	uint64_t charged = __atomic_load_n(&s->memory_used[sdev], __ATOMIC_ACQUIRE);
+	uint64_t driver = __atomic_load_n(&s->driver_bytes[sdev], __ATOMIC_ACQUIRE);
+	return charged > driver ? charged - driver : 0;
+}
+
 static void true_up_device(struct hami_slot *s, int sdev)
 {
 	uint64_t real;
+	/* The hooks' figure before and after the reading, the larger: a free
+	 * between them was still in the reading, an allocation maybe already. */
+	uint64_t hooks = hooks_charged(s, sdev);
 	if (hami_nvml_process_used(sdev, &real) < 0) {
 		if (!told_not_listed++)
 			hami_log(HAMI_LOG_INFO, "NVML does not list this process (another PID namespace?): "
 				 "the driver's own memory is not charged to the slice here");
 		return;
 	}
-	uint64_t charged = __atomic_load_n(&s->memory_used[sdev], __ATOMIC_ACQUIRE);
+	uint64_t after = hooks_charged(s, sdev);
 	uint64_t driver = __atomic_load_n(&s->driver_bytes[sdev], __ATOMIC_ACQUIRE);
-	uint64_t hooks = charged > driver ? charged - driver : 0;
+	if (after > hooks)
+		hooks = after;
 	uint64_t target = real > hooks ? real - hooks : 0;
 	if (target >= driver + NOISE_BYTES) {
 		hami_charge_force(sdev, target - driver);
