@@ -146,7 +146,8 @@ def guard_entry(report, error):
     return {"running": fresh,
             "action": report.get("action") if report else None,
             "written_unix": report.get("written_unix") if report else None,
-            "error": error}
+            "error": error,
+            "elsewhere": []}
 
 
 def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
@@ -198,7 +199,6 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
         })
 
     known = {d.uuid for d in snap.devices}
-    guard["elsewhere"] = []
     for uuid in sorted(seen or {}):
         fields = _guard_fields(uuid, guard["running"], seen, errors)
         if uuid not in known and fields["memory_real"]:
