@@ -140,6 +140,11 @@ void hami_sm_gate_decode(void);
 void hami_sm_tick(void);
 void hami_sm_refresh(void);
 
+/* sm_work.c: the work a busy second buys, from the GPU's power (x1000) */
+uint32_t hami_sm_work_update(int sdev, nvmlDevice_t dev, uint32_t busy_pct);
+uint32_t hami_sm_work_last(int sdev);
+int hami_sm_share_of_time(void);
+
 /* gpu_schedule.c: the slices' windows side by side on each GPU */
 void hami_schedule_tick(int sdev, uint32_t open_ppm);
 void hami_schedule_leave(int sdev);
