@@ -84,6 +84,7 @@ def build_plan(a):
                          workers=workers or [], **extra))
 
     for wl, what in (("matmul", f"bf16 matmul {a.matmul_size}^3 loop"),
+                     ("copy", "device-to-device copy by a kernel (1 GiB, bf16 dst = src * 1)"),
                      ("small", f"short kernels, eager ({a.small_layers} x [{a.small_rows}x{a.small_width}] "
                                f"@ [{a.small_width}x{a.small_width}] + relu + bias)"),
                      ("graph", "short kernels, the same step as one CUDA graph replay")):
@@ -91,6 +92,9 @@ def build_plan(a):
     for p in (25, 50, 75):
         add(f"matmul_{p}", f"matmul at {p} % (hard)", "single", [worker("A", "matmul", p)],
             workload="matmul", share=p, tol=0.03, tol_1s=0.05)
+    for p in (25, 50, 75):
+        add(f"copy_{p}", f"memory-bound copy kernel at {p} % (hard)", "single", [worker("A", "copy", p)],
+            workload="copy", share=p, tol=0.05, tol_1s=None)
     for wl in ("small", "graph"):
         add(f"{wl}_50", f"{wl} at 50 % (hard)", "single", [worker("A", wl, 50)],
             workload=wl, share=50, tol=0.05, tol_1s=None)

@@ -5,7 +5,7 @@ Runs a PyTorch workload in a loop on cuda:0 and prints ONE JSON line on stdout
 at the end: the work units (matmuls, steps or graph replays) completed in each
 `--window`-second window of the measured part, their total and units_per_s.
 
-    python3 bench/sm_worker.py --workload matmul|small|graph [--seconds 10]
+    python3 bench/sm_worker.py --workload matmul|copy|small|graph [--seconds 10]
         [--window 0.1] [--warmup 1.0] [--ready-file F --start-file G]
         [--change-at T --change-to P [--slice PATH]]
 
@@ -41,7 +41,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", choices=("matmul", "small", "graph"), required=True)
+    p.add_argument("--workload", choices=("matmul", "copy", "small", "graph"), required=True)
+    p.add_argument("--copy-mib", type=int, default=1024, help="MiB per device-to-device copy (copy workload)")
     p.add_argument("--seconds", type=float, default=10.0, help="length of the measured part")
     p.add_argument("--window", type=float, default=0.1, help="report granularity, seconds")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of work before ready")
@@ -96,6 +97,18 @@ def build_workload(args, torch):
             torch.matmul(a, b, out=c)
 
         return matmul, 2.0 * n * n * n, {"unit": "matmul", "shape": [n, n, n], "dtype": "bfloat16"}
+    if args.workload == "copy":
+        # Memory-bound: a device-to-device copy by a kernel (an elementwise
+        # copy of bf16 to bf16 through the SMs), whose speed is the memory's.
+        # (cudaMemcpy between device buffers is no kernel launch: see docs/sm-share.md.)
+        n = (args.copy_mib << 20) // 2
+        src = torch.randn(n, device=dev, dtype=bf16)
+        dst = torch.empty(n, device=dev, dtype=bf16)
+
+        def copy():
+            torch.mul(src, 1, out=dst)
+
+        return copy, 0.0, {"unit": "copy", "bytes": 2 * n, "how": "elementwise kernel dst = src * 1, bf16"}
 
     rows, width, layers = args.small_rows, args.small_width, args.small_layers
     x = torch.randn(rows, width, device=dev, dtype=bf16)
