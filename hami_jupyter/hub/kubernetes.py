@@ -12,7 +12,12 @@ enforces the same limits at the container level:
 
 Set ``c.KubeSpawner.profile_list = kubespawner_profiles(policy)``: a callable,
 so each user sees the sizes offered to them.
+
+KubeSpawner puts a profile's ``display_name`` and ``description`` into its
+spawn form as HTML, so they are escaped here: a name shows as written.
 """
+
+import html
 
 from .sizes import SliceSize
 
@@ -31,9 +36,9 @@ def profile(size: SliceSize, hami_resources=True, default=False):
             limits["nvidia.com/gpucores"] = str(size.limits.sm_share)
         override["extra_resource_limits"] = limits
     entry = {
-        "display_name": size.display_name or f"GPU slice {size.name}",
+        "display_name": html.escape(size.display_name or f"GPU slice {size.name}"),
         "slug": size.name,
-        "description": size.description or size.describe(),
+        "description": html.escape(size.description or size.describe()),
         "kubespawner_override": override,
     }
     if default:

@@ -147,25 +147,31 @@ def hami_env(container):
 
 class ProfileForm(HTMLParser):
     """The choices of KubeSpawner's profile form: (slug, checked) of each
-    ``profile`` radio button, and the headings' text."""
+    ``profile`` radio button; the text of each heading (a profile's
+    display_name) and paragraph (its description), as a browser shows it."""
 
     def __init__(self, text):
         super().__init__()
-        self.choices, self.headings, self._in_heading = [], [], False
+        self.choices, self.headings, self.paragraphs = [], [], []
+        self._text = None
         self.feed(text)
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
         if tag == "input" and attrs.get("name") == "profile":
             self.choices.append((attrs.get("value"), "checked" in attrs))
-        self._in_heading = tag == "h3"
+        # A tag inside a heading or paragraph (markup in a name) ends the text
+        # that test compares.
+        self._text = {"h3": self.headings, "p": self.paragraphs}.get(tag)
+        if self._text is not None:
+            self._text.append("")
 
     def handle_endtag(self, tag):
-        self._in_heading = False
+        self._text = None
 
     def handle_data(self, data):
-        if self._in_heading:
-            self.headings.append(data)
+        if self._text is not None:
+            self._text[-1] += data
 
 
 def options_form(KubeSpawner, config, user):
@@ -278,6 +284,16 @@ def test_a_user_with_no_size_gets_no_profile(KubeSpawner):
     assert not any(k.startswith("nvidia.com/") for k in container["resources"].get("limits") or {})
     with pytest.raises(ValueError, match="No such profile: large"):
         start(KubeSpawner, c, HubUser("erin"), options={"profile": "large"})
+
+
+def test_names_and_descriptions_show_as_written(KubeSpawner):
+    # KubeSpawner puts display_name and description into its form as HTML.
+    c = make_config(sizes={**SIZES, "course": {
+        "memory": "2g", "display_name": "Course <GPU> & tutors",
+        "description": "for <b>ml-course</b> only"}})
+    form = options_form(KubeSpawner, c, HubUser("carol", ["ml-course"]))
+    assert form.headings == ["Course <GPU> & tutors"]
+    assert form.paragraphs == ["for <b>ml-course</b> only"]
 
 
 # ---- with the deployment's own settings ---------------------------------------
