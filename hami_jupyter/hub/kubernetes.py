@@ -10,6 +10,12 @@ enforces the same limits at the container level:
 - ``nvidia.com/gpumem``: MiB per GPU (the size's memory);
 - ``nvidia.com/gpucores``: percent of each GPU (the size's SM share).
 
+They are set as limits (``extra_resource_limits``) and, the same, as
+requests (``extra_resource_guarantees``): Kubernetes takes a missing request
+of an extended resource to be its limit, but refuses a pod whose request
+differs from its limit, which a request set for every pod by the deployment
+(Zero to JupyterHub's ``singleuser.extraResource.guarantees``) would.
+
 Set ``c.KubeSpawner.profile_list = kubespawner_profiles(policy)``: a callable,
 so each user sees the sizes offered to them.
 
@@ -35,6 +41,7 @@ def profile(size: SliceSize, hami_resources=True, default=False):
         if size.limits.sm_share:
             limits["nvidia.com/gpucores"] = str(size.limits.sm_share)
         override["extra_resource_limits"] = limits
+        override["extra_resource_guarantees"] = dict(limits)
     entry = {
         "display_name": html.escape(size.display_name or f"GPU slice {size.name}"),
         "slug": size.name,

@@ -229,10 +229,9 @@ def test_each_profile_is_the_pod_hami_and_the_provisioner_read(KubeSpawner, case
     # The device plugin picks the GPUs; a policy's `gpus` never reaches the pod.
     assert "CUDA_VISIBLE_DEVICES" not in env_of(container)
     assert container["resources"]["limits"] == limits
-    # Kubernetes takes a missing request of an extended resource to be its
-    # limit; one set (here or by the deployment) must equal it.
-    requests = container["resources"].get("requests") or {}
-    assert all(requests.get(k, v) == v for k, v in limits.items())
+    # An extended resource's request must equal its limit (Kubernetes refuses
+    # the pod otherwise): the profile sets both.
+    assert container["resources"]["requests"] == limits
 
 
 def test_a_posted_form_picks_the_profile(KubeSpawner):
@@ -314,6 +313,19 @@ def test_profiles_add_to_the_deployments_environment_and_resources(KubeSpawner):
     assert limits["nvidia.com/gpumem"] == "4096"
 
 
+def test_a_deployments_gpu_request_follows_the_profile(KubeSpawner):
+    # Zero to JupyterHub's singleuser.extraResource.guarantees: a GPU request
+    # for every pod. The profile's own request replaces it, so request and
+    # limit agree, as Kubernetes requires of extended resources.
+    c = make_config()
+    c.KubeSpawner.extra_resource_guarantees = {"nvidia.com/gpu": "1"}
+    c.KubeSpawner.extra_resource_limits = {"nvidia.com/gpu": "1"}
+    _, pod = start(KubeSpawner, c, HubUser("dave", ["research"]), options={"profile": "pair"})
+    resources = notebook_container(pod)["resources"]
+    assert resources["limits"] == resources["requests"] == {
+        "nvidia.com/gpu": "2", "nvidia.com/gpumem": "20480"}
+
+
 def test_without_hami_resources_only_the_environment(KubeSpawner):
     c = make_config()
     c.KubeSpawner.profile_list = kubespawner_profiles(SlicePolicy(config=c), hami_resources=False)
@@ -345,7 +357,7 @@ def test_the_z2jh_example_through_kubespawner(KubeSpawner):
     assert hami_env(container) == {
         "HAMI_SLICE_ROOT": "/tmp/hami-jupyter", "HAMI_MEMORY_LIMIT": str(24 * GiB),
         "HAMI_SM_LIMIT": "50", "HAMI_SM_MODE": "hard", "HAMI_SLICE_SIZE": "large"}
-    assert container["resources"]["limits"] == {
+    assert container["resources"]["limits"] == container["resources"]["requests"] == {
         "nvidia.com/gpu": "1", "nvidia.com/gpumem": "24576", "nvidia.com/gpucores": "50"}
     assert "--HamiParking.enabled=True" in container["args"]
     # Not in research: the small size alone; large is refused.
