@@ -7,7 +7,8 @@ that HAMi's scheduler places the pod on a GPU with room and its device plugin
 enforces the same limits at the container level:
 
 - ``nvidia.com/gpu``: GPUs (the size's ``gpus`` count, else 1);
-- ``nvidia.com/gpumem``: MiB per GPU (the size's memory);
+- ``nvidia.com/gpumem``: MiB per GPU (the size's memory, rounded up to a
+  whole MiB, so the container's share is never below the slice);
 - ``nvidia.com/gpucores``: percent of each GPU (the size's SM share).
 
 They are set as limits (``extra_resource_limits``) and, the same, as
@@ -37,7 +38,7 @@ def profile(size: SliceSize, hami_resources=True, default=False):
     if hami_resources:
         limits = {"nvidia.com/gpu": str(len(size.gpus) if size.gpus else 1)}
         if size.limits.memory_limit:
-            limits["nvidia.com/gpumem"] = str(size.limits.memory_limit // MiB)
+            limits["nvidia.com/gpumem"] = str(-(-size.limits.memory_limit // MiB))
         if size.limits.sm_share:
             limits["nvidia.com/gpucores"] = str(size.limits.sm_share)
         override["extra_resource_limits"] = limits

@@ -234,6 +234,16 @@ def test_each_profile_is_the_pod_hami_and_the_provisioner_read(KubeSpawner, case
     assert container["resources"]["requests"] == limits
 
 
+def test_gpumem_is_never_below_the_slice(KubeSpawner):
+    # HAMi counts memory in whole MiB: a slice that is not a whole number of
+    # MiB gets the MiB above it, so the container's share holds the slice.
+    c = make_config(sizes={**SIZES, "odd": {"memory": "1000000000"}}, default="odd")
+    _, pod = start(KubeSpawner, c, HubUser("erin"))
+    container = notebook_container(pod)
+    assert hami_env(container)["HAMI_MEMORY_LIMIT"] == "1000000000"
+    assert container["resources"]["limits"]["nvidia.com/gpumem"] == "954"  # 953.67 MiB
+
+
 def test_a_posted_form_picks_the_profile(KubeSpawner):
     # What JupyterHub hands options_from_form when the spawn page is posted.
     spawner, pod = start(KubeSpawner, make_config(), HubUser("dave", ["research"]),
