@@ -18,6 +18,7 @@ so CI can never skip them silently.
 
 import asyncio
 import os
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +26,7 @@ from types import SimpleNamespace
 import pytest
 from traitlets.config import Config
 
-from hami_jupyter.hub import SlicePolicy, kubespawner_profiles
+from hami_jupyter.hub import PolicyError, SlicePolicy, kubespawner_profiles
 
 REQUIRE_ENV = "HAMI_REQUIRE_KUBESPAWNER"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -269,6 +270,46 @@ def test_a_groups_users_see_their_sizes_and_only_those(KubeSpawner):
     # the same spawner class and config, other users, other lists.
     assert options_form(KubeSpawner, c, HubUser("frank", ["ml-course", "research"])).choices == [
         ("course", True), ("small", False), ("pair", False)]
+
+
+@pytest.mark.parametrize("user", [
+    HubUser("dave", ["research"]),
+    HubUser("alice", ["research"]),           # her own size is written out
+    HubUser('o"neil&lt;co', ["research"]),   # so is this one's: a name HTML mangles
+])
+def test_every_choice_of_the_form_posts_back_to_its_size(KubeSpawner, user):
+    # What a browser posts for each radio button (the parser unescapes the
+    # value as a browser does) starts the size it stands for.
+    c = make_config(users={"alice": {"memory": "8g", "sm": 30},
+                           'o"neil&lt;co': {"memory": "6g", "sm": 30}})
+    policy = SlicePolicy(config=c)
+    offered = policy.offered(user.name, [g.name for g in user.groups])
+    form = options_form(KubeSpawner, c, user)
+    assert len(form.choices) == len(offered) == 3
+    for (value, _), size in zip(form.choices, offered):
+        _, pod = start(KubeSpawner, c, user, form={"profile": [value]})
+        env = hami_env(notebook_container(pod))
+        assert (env["HAMI_SLICE_SIZE"], env["HAMI_MEMORY_LIMIT"]) == (
+            size.name, str(size.limits.memory_limit))
+
+
+def test_a_written_out_size_is_picked_as_own(KubeSpawner):
+    c = make_config()
+    form = options_form(KubeSpawner, c, HubUser("alice", ["research"]))
+    assert form.choices == [("(own)", True), ("small", False), ("pair", False)]
+    _, pod = start(KubeSpawner, c, HubUser("alice", ["research"]), options={"profile": "(own)"})
+    assert hami_env(notebook_container(pod))["HAMI_SLICE_SIZE"] == "users['alice']"
+    # A slug like any other: dave's own size is named, he has no "(own)".
+    with pytest.raises(ValueError, match=r"No such profile: \(own\)"):
+        start(KubeSpawner, c, HubUser("dave", ["research"]), options={"profile": "(own)"})
+
+
+@pytest.mark.parametrize("name", ["big one", "r&d", 'x"y', "-x", "größe", ""])
+def test_a_size_name_that_cannot_be_a_slug_stops_the_hub(name):
+    c = make_config()
+    c.SlicePolicy.sizes = {**SIZES, name: {"memory": "1g"}}
+    with pytest.raises(PolicyError, match=f"slice size {re.escape(repr(name))}: a KubeSpawner"):
+        kubespawner_profiles(SlicePolicy(config=c))
 
 
 @pytest.mark.parametrize("pick", ["large", "pair", "huge"])
