@@ -18,6 +18,9 @@ source dev/setup.sh
 # which must run here, never skip.
 bash dev/hub-deps.sh
 export HAMI_REQUIRE_HUB_E2E=1
+# jupyterhub-kubespawner (the test extras) for tests/hub/test_kubespawner_profiles.py,
+# which must run here, never skip.
+export HAMI_REQUIRE_KUBESPAWNER=1
 # Debian's headless Chromium for the JupyterLab browser test in tests/browser,
 # which must run here, never skip.
 bash dev/browser-deps.sh

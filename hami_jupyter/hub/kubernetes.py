@@ -7,33 +7,56 @@ that HAMi's scheduler places the pod on a GPU with room and its device plugin
 enforces the same limits at the container level:
 
 - ``nvidia.com/gpu``: GPUs (the size's ``gpus`` count, else 1);
-- ``nvidia.com/gpumem``: MiB per GPU (the size's memory);
+- ``nvidia.com/gpumem``: MiB per GPU (the size's memory, rounded up to a
+  whole MiB, so the container's share is never below the slice);
 - ``nvidia.com/gpucores``: percent of each GPU (the size's SM share).
+
+They are set as limits (``extra_resource_limits``) and, the same, as
+requests (``extra_resource_guarantees``): Kubernetes takes a missing request
+of an extended resource to be its limit, but refuses a pod whose request
+differs from its limit, which a request set for every pod by the deployment
+(Zero to JupyterHub's ``singleuser.extraResource.guarantees``) would.
 
 Set ``c.KubeSpawner.profile_list = kubespawner_profiles(policy)``: a callable,
 so each user sees the sizes offered to them.
+
+KubeSpawner puts a profile's ``display_name`` and ``description`` into its
+spawn form as HTML, so they are escaped here: a name shows as written. It
+puts the ``slug`` in as it is (the value of a radio button), and the browser
+posts back what it reads there, so a slug must need no escaping: a size's
+slug is its name, which must therefore be letters, digits, ``.``, ``_`` and
+``-`` (:func:`kubespawner_profiles` refuses others when the hub starts). A
+user's own size written out in ``users`` or ``groups`` (or a ``default``
+written out) has no name a user could pick, and a user name may hold
+anything; its slug is ``(own)``, which no size name can be.
 """
 
-from .sizes import SliceSize
+import html
+import re
+
+from .sizes import PolicyError, SliceSize
 
 MiB = 1 << 20
+SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+OWN_SLUG = "(own)"
 
 
-def profile(size: SliceSize, hami_resources=True, default=False):
-    """One KubeSpawner profile for *size*."""
+def profile(size: SliceSize, hami_resources=True, default=False, slug=None):
+    """One KubeSpawner profile for *size*, picked by *slug* (else its name)."""
     override = {"environment": size.environment()}
     override["environment"].pop("CUDA_VISIBLE_DEVICES", None)  # the device plugin decides
     if hami_resources:
         limits = {"nvidia.com/gpu": str(len(size.gpus) if size.gpus else 1)}
         if size.limits.memory_limit:
-            limits["nvidia.com/gpumem"] = str(size.limits.memory_limit // MiB)
+            limits["nvidia.com/gpumem"] = str(-(-size.limits.memory_limit // MiB))
         if size.limits.sm_share:
             limits["nvidia.com/gpucores"] = str(size.limits.sm_share)
         override["extra_resource_limits"] = limits
+        override["extra_resource_guarantees"] = dict(limits)
     entry = {
-        "display_name": size.display_name or f"GPU slice {size.name}",
-        "slug": size.name,
-        "description": size.description or size.describe(),
+        "display_name": html.escape(size.display_name or f"GPU slice {size.name}"),
+        "slug": slug or size.name,
+        "description": html.escape(size.description or size.describe()),
         "kubespawner_override": override,
     }
     if default:
@@ -42,11 +65,22 @@ def profile(size: SliceSize, hami_resources=True, default=False):
 
 
 def kubespawner_profiles(policy, hami_resources=True):
-    """A ``KubeSpawner.profile_list`` callable: the sizes offered to the user."""
+    """A ``KubeSpawner.profile_list`` callable: the sizes offered to the user,
+    their own first (the default). PolicyError, at once, for a size name that
+    cannot be a slug."""
+    named = set(policy.size_names)
+    for name in policy.size_names:
+        if not SLUG.fullmatch(name):
+            raise PolicyError(f"slice size {name!r}: a KubeSpawner profile is picked by the "
+                              f"size's name, which must be letters, digits, '.', '_' and '-' "
+                              f"(KubeSpawner's form carries it unescaped); rename it and "
+                              f"show the text as its display_name")
 
     def profiles(spawner):
         groups = policy.spawner_groups(spawner)
         sizes = policy.offered(spawner.user.name, groups)
-        return [profile(s, hami_resources, default=(i == 0)) for i, s in enumerate(sizes)]
+        return [profile(s, hami_resources, default=(i == 0),
+                        slug=s.name if s.name in named else OWN_SLUG)
+                for i, s in enumerate(sizes)]
 
     return profiles

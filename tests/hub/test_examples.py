@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from traitlets.config import Config
 
-from hami_jupyter.hub import SlicePolicy, kubespawner_profiles
+from hami_jupyter.hub import SlicePolicy
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
