@@ -3,11 +3,14 @@ import { GIB, MIB } from '../src/format';
 import {
   DEFAULT_HISTORY_MINUTES,
   historyCapacity,
+  MAX_HISTORY_MINUTES,
+  MIN_HISTORY_MINUTES,
   normalizeHistoryMinutes,
   RingBuffer,
   SliceHistory
 } from '../src/history';
 import { IKernelSliceStatus, ISliceKernel } from '../src/types';
+import schema from '../schema/plugin.json';
 
 describe('RingBuffer', () => {
   it('keeps the items oldest first until it is full', () => {
@@ -99,6 +102,13 @@ describe('the history setting', () => {
     expect(normalizeHistoryMinutes('5')).toBe(5);
     expect(normalizeHistoryMinutes(undefined)).toBe(5);
     expect(normalizeHistoryMinutes(NaN)).toBe(5);
+  });
+
+  it('says the same as the settings schema', () => {
+    const setting = schema.properties.historyMinutes;
+    expect(setting.default).toBe(DEFAULT_HISTORY_MINUTES);
+    expect(setting.minimum).toBe(MIN_HISTORY_MINUTES);
+    expect(setting.maximum).toBe(MAX_HISTORY_MINUTES);
   });
 
   it('sizes a series for twice the polls of the window at the fastest refresh rate, plus one', () => {
