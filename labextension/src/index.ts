@@ -25,6 +25,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
 
 import { normalizeRefreshRate, shortId } from './format';
+import { normalizeHistoryMinutes } from './history';
 import { gpuIcon } from './icon';
 import { SliceModel } from './model';
 import { KernelAction, PANEL_ID, SlicePanel } from './panel';
@@ -152,6 +153,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       // The memory thresholds are no setting: the server sends them with each status.
       const apply = (settings: ISettingRegistry.ISettings): void => {
         model.refreshRate = normalizeRefreshRate(settings.get('refreshRate').composite);
+        model.historyMinutes = normalizeHistoryMinutes(settings.get('historyMinutes').composite);
       };
       settingRegistry
         .load(PLUGIN_ID)

@@ -1,7 +1,9 @@
 /**
  * What the status bar item and the slice panel show: the answer of
  * `GET {baseUrl}hami/v1/kernels/<id>` for the current notebook's kernel,
- * polled at the settings' refresh rate while the page is visible.
+ * polled at the settings' refresh rate while the page is visible, and the
+ * last minutes of those answers for the panel's charts (history.ts: kept
+ * here in the browser, a gap where a poll got no answer).
  */
 
 import { URLExt } from '@jupyterlab/coreutils';
@@ -13,11 +15,13 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { KERNEL_API_PATH } from './api';
 import {
   DEFAULT_REFRESH_RATE,
+  MIN_REFRESH_RATE,
   normalizeRefreshRate,
   parseKernelStatus,
   sliceLevel,
   statusThresholds
 } from './format';
+import { DEFAULT_HISTORY_MINUTES, normalizeHistoryMinutes, SliceHistory } from './history';
 import { IKernelSliceStatus, IThresholds, Level } from './types';
 
 export { KERNEL_API_PATH };
@@ -25,10 +29,24 @@ export { KERNEL_API_PATH };
 /** A failed poll backs off up to this many refresh intervals. */
 const MAX_BACKOFF_FACTOR = 10;
 
+/**
+ * Two readings more than this many refresh intervals apart are not joined by
+ * the charts' lines: polls were missed (the page was hidden, the poll stood by).
+ */
+const GAP_INTERVALS = 3;
+
+const MINUTE_MS = 60_000;
+
 export class SliceModel implements IDisposable {
   constructor(options: SliceModel.IOptions = {}) {
     this._serverSettings = options.serverSettings ?? ServerConnection.makeSettings();
     this._refreshRate = normalizeRefreshRate(options.refreshRate ?? DEFAULT_REFRESH_RATE);
+    this._now = options.now ?? Date.now;
+    this._historyMinutes = normalizeHistoryMinutes(options.historyMinutes ?? DEFAULT_HISTORY_MINUTES);
+    this._history = new SliceHistory({
+      windowMs: this._historyMinutes * MINUTE_MS,
+      minIntervalMs: MIN_REFRESH_RATE
+    });
     this._poll = new Poll({
       factory: () => this._fetch(),
       frequency: this._frequency(),
@@ -109,6 +127,40 @@ export class SliceModel implements IDisposable {
     this._poll.frequency = this._frequency();
   }
 
+  /**
+   * The last minutes of the slice (the current kernel's), one series per GPU
+   * and per kernel, for the charts. It belongs to the slice: switching to
+   * another notebook of the same slice keeps it.
+   */
+  get history(): SliceHistory {
+    return this._history;
+  }
+
+  /** How many minutes the history keeps (the chart history setting). */
+  get historyMinutes(): number {
+    return this._historyMinutes;
+  }
+
+  set historyMinutes(minutes: number) {
+    const value = normalizeHistoryMinutes(minutes);
+    if (value === this._historyMinutes) {
+      return;
+    }
+    this._historyMinutes = value;
+    this._history.windowMs = value * MINUTE_MS;
+    this._changed.emit();
+  }
+
+  /** Readings further apart than this (ms) are not joined in the charts: polls were missed. */
+  get maxGapMs(): number {
+    return GAP_INTERVALS * this._refreshRate;
+  }
+
+  /** The clock the history's samples are taken with (ms since the epoch); the charts end at it. */
+  now(): number {
+    return this._now();
+  }
+
   /** Asks the server now (after a kernel action, on showing the panel); `changed` tells the answer. */
   async refresh(): Promise<void> {
     if (this._kernelId === null || this.isDisposed) {
@@ -162,6 +214,8 @@ export class SliceModel implements IDisposable {
     } catch (reason) {
       if (id === this._kernelId) {
         this._error = reason instanceof Error ? reason.message : String(reason);
+        // The charts break their lines here: the server said nothing.
+        this._history.recordGap(this._now());
         this._changed.emit();
       }
       throw reason; // the poll backs off
@@ -171,6 +225,7 @@ export class SliceModel implements IDisposable {
     }
     this._status = status;
     this._error = null;
+    this._history.record(status, this._now());
     this._changed.emit();
   }
 
@@ -179,6 +234,9 @@ export class SliceModel implements IDisposable {
   private _status: IKernelSliceStatus | null = null;
   private _error: string | null = null;
   private _refreshRate: number;
+  private _historyMinutes: number;
+  private _history: SliceHistory;
+  private _now: () => number;
   private _poll: Poll;
   private _changed = new Signal<this, void>(this);
 }
@@ -187,5 +245,9 @@ export namespace SliceModel {
   export interface IOptions {
     serverSettings?: ServerConnection.ISettings;
     refreshRate?: number;
+    /** Minutes of history the charts show (the setting `historyMinutes`); 5 by default. */
+    historyMinutes?: number;
+    /** The clock, ms since the epoch; `Date.now` by default (tests pass their own). */
+    now?: () => number;
   }
 }

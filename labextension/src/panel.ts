@@ -3,10 +3,17 @@
  * in it with its GPU memory and SM use, biggest first, and where a kernel's
  * memory is parked in host memory, how much and what its resume waits for.
  * Kernels of this server get buttons to park or resume them (whichever
- * applies) and to interrupt, restart or shut them down.
+ * applies) and to interrupt, restart or shut them down. Each GPU and each
+ * kernel has two small live charts of the last minutes (the setting
+ * historyMinutes), memory against the cap and SM use against the share
+ * (chartview.ts), from the model's history.
  *
- * Stable hooks for browser tests: the panel's id `hami-slice-panel`, rows
- * `.hami-kernel-row[data-kernel-id]` (with `data-park-state`), their park line
+ * Stable hooks for browser tests: the panel's id `hami-slice-panel`, a
+ * kernel's `tbody.hami-kernel[data-kernel-id]` with its row
+ * `.hami-kernel-row[data-kernel-id]` (with `data-park-state`) and its charts'
+ * row `.hami-kernel-charts`; a GPU's `.hami-panel-gpu[data-gpu]` with its line
+ * `.hami-panel-gpu-text`; the charts' legend `.hami-chart-legend`; the charts
+ * themselves as chartview.ts says. The rows' park line
  * `.hami-kernel-park`, buttons `.hami-kernel-park-button`,
  * `.hami-kernel-resume-button`, `.hami-kernel-interrupt`,
  * `.hami-kernel-restart`, `.hami-kernel-shutdown`; the outcome of a park or
@@ -28,6 +35,8 @@ import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { parkKernel, resumeKernel } from './api';
+import { formatWindow } from './chart';
+import { ChartPair, ChartTime } from './chartview';
 import {
   formatBytes,
   formatPercent,
@@ -50,9 +59,10 @@ import {
   sliceText,
   sortKernels
 } from './format';
+import { gpuKey } from './history';
 import { gpuIcon } from './icon';
 import { SliceModel } from './model';
-import { ISliceKernel } from './types';
+import { IGpuStatus, ISliceKernel } from './types';
 
 export const PANEL_ID = 'hami-slice-panel';
 
@@ -83,9 +93,22 @@ const ACTIONS: ReadonlyArray<{ action: RowAction; cls: string; label: string; ic
 /** How long the notice of a park or resume that worked stays (one that failed stays until dismissed). */
 const NOTICE_MS = 10_000;
 
-/** The DOM of one kernel's row, kept across refreshes (a click is never lost to a re-render). */
+/** The kernels' table's columns: heading and class; a kernel's charts span them all. */
+const COLUMNS: ReadonlyArray<[string, string]> = [
+  ['Kernel', 'hami-col-kernel'],
+  ['Memory', 'hami-col-memory'],
+  ['SM', 'hami-col-sm'],
+  ['', 'hami-col-actions']
+];
+
+/**
+ * The DOM of one kernel, kept across refreshes (a click is never lost to a
+ * re-render): its own tbody with its row and the row of its charts.
+ */
 interface IRow {
+  body: HTMLTableSectionElement;
   row: HTMLTableRowElement;
+  charts: ChartPair;
   name: HTMLElement;
   meta: HTMLElement;
   park: HTMLElement;
@@ -94,6 +117,13 @@ interface IRow {
   actions: HTMLTableCellElement;
   buttons: Map<RowAction, HTMLButtonElement>;
   thisServer: boolean | null;
+}
+
+/** The DOM of one GPU's line and charts, kept across refreshes. */
+interface IGpuItem {
+  item: HTMLLIElement;
+  text: HTMLElement;
+  charts: ChartPair;
 }
 
 function element<K extends keyof HTMLElementTagNameMap>(
@@ -139,20 +169,17 @@ export class SlicePanel extends Widget {
     this._usage = element('div', 'hami-panel-usage', this._summary);
     const meter = element('div', 'hami-meter', this._summary);
     this._meterFill = element('div', 'hami-meter-fill', meter);
+    this._legend = this._createLegend();
+    this._summary.appendChild(this._legend);
     this._gpus = element('ul', 'hami-panel-gpus', this._summary);
 
     this._table = element('table', 'hami-kernel-table', this.node);
     const headRow = element('tr', '', element('thead', '', this._table));
-    for (const [text, cls] of [
-      ['Kernel', 'hami-col-kernel'],
-      ['Memory', 'hami-col-memory'],
-      ['SM', 'hami-col-sm'],
-      ['', 'hami-col-actions']
-    ]) {
+    for (const [text, cls] of COLUMNS) {
       element('th', cls, headRow).textContent = text;
     }
-    this._tbody = element('tbody', '', this._table);
-    this._tbody.addEventListener('click', this);
+    // One tbody per kernel follows (its row and its charts' row).
+    this._table.addEventListener('click', this);
 
     this._model.changed.connect(this.render, this);
     this.render();
@@ -163,7 +190,7 @@ export class SlicePanel extends Widget {
       return;
     }
     this._model.changed.disconnect(this.render, this);
-    this._tbody.removeEventListener('click', this);
+    this._table.removeEventListener('click', this);
     this._notice.removeEventListener('click', this);
     this._clearNoticeTimer();
     super.dispose();
@@ -225,6 +252,7 @@ export class SlicePanel extends Widget {
     this._summary.hidden = !usable;
     this._table.hidden = !usable;
     if (!usable || status === null) {
+      this._renderGpus([]);
       this._renderKernels([]);
       return;
     }
@@ -239,21 +267,81 @@ export class SlicePanel extends Widget {
     this._meterFill.parentElement!.hidden = fraction === null;
     this._meterFill.style.width = `${Math.min(100, (fraction ?? 0) * 100).toFixed(1)}%`;
 
-    this._gpus.textContent = '';
-    for (const gpu of status.gpus ?? []) {
-      const item = element('li', `hami-panel-gpu ${levelClass(gpuLevel(gpu, model.thresholds))}`, this._gpus);
-      item.classList.toggle(GUARD_OVER_CLASS, gpuGuardOver(gpu));
-      item.textContent = gpuText(gpu);
-      if (gpu.uuid) {
-        item.title = gpu.uuid;
+    const gpus = status.gpus ?? [];
+    this._legendWindow.textContent = `Last ${formatWindow(model.history.windowMs)}:`;
+    this._legendReal.hidden = !gpus.some(gpu => typeof gpu.memory_real === 'number');
+    this._renderGpus(gpus);
+    this._renderKernels(sortKernels(status.kernels ?? []));
+  }
+
+  /** The time the charts are drawn at: now, over the history's window. */
+  private _chartTime(): ChartTime {
+    const model = this._model;
+    return { now: model.now(), windowMs: model.history.windowMs, maxGapMs: model.maxGapMs };
+  }
+
+  /** The legend of the charts: the window, then what each line is. */
+  private _createLegend(): HTMLElement {
+    const legend = element('div', 'hami-chart-legend');
+    legend.setAttribute('aria-hidden', 'true'); // each chart says it all in its label
+    this._legendWindow = element('span', 'hami-legend-window', legend);
+    const entries: Array<[string, string]> = [
+      ['hami-legend-line', 'in use'],
+      ['hami-legend-limit', 'cap / share'],
+      ['hami-legend-parked', 'parked'],
+      ['hami-legend-real', 'real (guard)']
+    ];
+    for (const [cls, text] of entries) {
+      const entry = element('span', `hami-legend-entry ${cls}`, legend);
+      element('span', 'hami-legend-swatch', entry);
+      entry.append(text);
+      if (cls === 'hami-legend-real') {
+        this._legendReal = entry;
       }
     }
-    this._renderKernels(sortKernels(status.kernels ?? []));
+    return legend;
+  }
+
+  /** The GPUs' lines and charts, in the order of the answer. */
+  private _renderGpus(gpus: readonly IGpuStatus[]): void {
+    const model = this._model;
+    const time = this._chartTime();
+    const seen = new Set<string>();
+    gpus.forEach((gpu, position) => {
+      const key = gpuKey(gpu);
+      seen.add(key);
+      let parts = this._gpuItems.get(key);
+      if (!parts) {
+        const item = element('li', 'hami-panel-gpu');
+        item.dataset.gpu = key;
+        const text = element('div', 'hami-panel-gpu-text', item);
+        const charts = new ChartPair(`GPU ${gpu.index}`, `gpu-${key}`);
+        item.appendChild(charts.node);
+        parts = { item, text, charts };
+        this._gpuItems.set(key, parts);
+      }
+      parts.item.classList.remove(...LEVEL_CLASSES);
+      parts.item.classList.add(levelClass(gpuLevel(gpu, model.thresholds)));
+      parts.item.classList.toggle(GUARD_OVER_CLASS, gpuGuardOver(gpu));
+      parts.text.textContent = gpuText(gpu);
+      parts.text.title = gpu.uuid ? `${gpuText(gpu)}\n${gpu.uuid}` : gpuText(gpu);
+      parts.charts.update(model.history.gpu(key), time);
+      if (this._gpus.children[position] !== parts.item) {
+        this._gpus.insertBefore(parts.item, this._gpus.children[position] ?? null);
+      }
+    });
+    for (const [key, parts] of this._gpuItems) {
+      if (!seen.has(key)) {
+        parts.item.remove();
+        this._gpuItems.delete(key);
+      }
+    }
   }
 
   private _renderKernels(kernels: ISliceKernel[]): void {
     const status = this._model.status;
     const limit = status?.memory_limit ?? 0;
+    const time = this._chartTime();
     const seen = new Set<string>();
     this._kernels.clear();
     kernels.forEach((kernel, position) => {
@@ -265,21 +353,25 @@ export class SlicePanel extends Widget {
         this._rows.set(kernel.kernel_id, parts);
       }
       this._fillRow(parts, kernel, position === 0 && kernels.length > 1, limit);
-      // Keep the DOM in the sorted order, moving only rows out of place.
-      if (this._tbody.children[position] !== parts.row) {
-        this._tbody.insertBefore(parts.row, this._tbody.children[position] ?? null);
+      parts.charts.update(this._model.history.kernel(kernel.kernel_id), time);
+      // Keep the DOM in the sorted order, moving only kernels out of place.
+      const bodies = this._table.tBodies;
+      if (bodies[position] !== parts.body) {
+        this._table.insertBefore(parts.body, bodies[position] ?? null);
       }
     });
     for (const [id, parts] of this._rows) {
       if (!seen.has(id)) {
-        parts.row.remove();
+        parts.body.remove();
         this._rows.delete(id);
       }
     }
   }
 
   private _createRow(kernelId: string): IRow {
-    const row = element('tr', 'hami-kernel-row');
+    const body = element('tbody', 'hami-kernel');
+    body.dataset.kernelId = kernelId;
+    const row = element('tr', 'hami-kernel-row', body);
     row.dataset.kernelId = kernelId;
     const cell = element('td', 'hami-kernel-cell-name', row);
     const name = element('div', 'hami-kernel-name', cell);
@@ -289,7 +381,11 @@ export class SlicePanel extends Widget {
     const memory = element('td', 'hami-kernel-memory', row);
     const sm = element('td', 'hami-kernel-sm', row);
     const actions = element('td', 'hami-kernel-actions', row);
-    return { row, name, meta, park, memory, sm, actions, buttons: new Map(), thisServer: null };
+    const chartCell = element('td', 'hami-kernel-charts-cell', element('tr', 'hami-kernel-charts', body));
+    chartCell.colSpan = COLUMNS.length;
+    const charts = new ChartPair(`Kernel ${shortId(kernelId)}`, `kernel-${kernelId}`);
+    chartCell.appendChild(charts.node);
+    return { body, row, charts, name, meta, park, memory, sm, actions, buttons: new Map(), thisServer: null };
   }
 
   private _fillRow(parts: IRow, kernel: ISliceKernel, top: boolean, sliceLimit: number): void {
@@ -411,9 +507,12 @@ export class SlicePanel extends Widget {
   private _summary: HTMLElement;
   private _usage: HTMLElement;
   private _meterFill: HTMLElement;
+  private _legend: HTMLElement;
+  private _legendWindow!: HTMLElement;
+  private _legendReal!: HTMLElement;
   private _gpus: HTMLUListElement;
+  private _gpuItems = new Map<string, IGpuItem>();
   private _table: HTMLTableElement;
-  private _tbody: HTMLTableSectionElement;
   private _rows = new Map<string, IRow>();
   private _kernels = new Map<string, ISliceKernel>();
   /** The kernels with an action under way, and which. */

@@ -32,6 +32,9 @@ function answer(used: number, fractions: Record<string, unknown>): IKernelSliceS
   } as IKernelSliceStatus;
 }
 
+/** The models' clock (their history's time), ms since the epoch; the tests move it. */
+let clock = 1_700_000_000_000;
+
 /** A model whose requests go to `reply` (a JSON body, or an HTTP status to fail with). */
 function fakeServer(reply: () => unknown): { model: SliceModel; paths: string[] } {
   const paths: string[] = [];
@@ -54,7 +57,7 @@ function fakeServer(reply: () => unknown): { model: SliceModel; paths: string[] 
   });
   // The poll's timers are fake and never reach the interval: only the
   // refreshes of the tests ask the server.
-  const model = new SliceModel({ serverSettings, refreshRate: 60_000 });
+  const model = new SliceModel({ serverSettings, refreshRate: 60_000, now: () => clock });
   return { model, paths };
 }
 
@@ -165,5 +168,62 @@ describe('the model', () => {
     expect(model.inSlice).toBe(false);
     expect(model.thresholds).toEqual(DEFAULT_THRESHOLDS);
     expect(model.level).toBeNull();
+  });
+
+  it('keeps each answer in its history, and a gap where the server did not answer', async () => {
+    const start = clock;
+    let reply: unknown = answer(2 * GIB, {});
+    const server = fakeServer(() => reply);
+    model = server.model;
+    expect(model.historyMinutes).toBe(5);
+    expect(model.history.windowMs).toBe(5 * 60_000);
+    expect(model.maxGapMs).toBe(3 * 60_000); // three refresh intervals
+    model.kernelId = 'k1';
+    await until(model, m => m.status !== null);
+
+    clock += 1000;
+    reply = 500;
+    await refreshUntil(model, m => m.error !== null);
+
+    clock += 1000;
+    reply = answer(3 * GIB, {});
+    await refreshUntil(model, m => m.error === null && m.status?.memory_used === 3 * GIB);
+
+    expect(model.history.slice).toBe('/run/hami/slices/alice.slice');
+    expect(model.history.gpu('0').map(s => [s.t - start, s.gap, s.used])).toEqual([
+      [0, false, 2 * GIB],
+      [1000, true, null],
+      [2000, false, 3 * GIB]
+    ]);
+
+    // The setting resizes the window, and the widgets hear of it.
+    let changes = 0;
+    model.changed.connect(() => changes++);
+    model.historyMinutes = 10;
+    expect(model.history.windowMs).toBe(10 * 60_000);
+    expect(changes).toBe(1);
+    model.historyMinutes = 0;
+    expect(model.historyMinutes).toBe(1);
+  });
+
+  it('keeps the history of the slice across its kernels, and nothing of a kernel outside one', async () => {
+    let reply: unknown = answer(GIB, {});
+    const server = fakeServer(() => reply);
+    model = server.model;
+    model.kernelId = 'k1';
+    await until(model, m => m.status !== null);
+    await jest.advanceTimersByTimeAsync(0);
+
+    reply = { kernel_id: 'k2', in_slice: false, reason: 'not HAMi' };
+    model.kernelId = 'k2';
+    await until(model, m => m.status !== null);
+    expect(model.history.gpu('0')).toHaveLength(1);
+    await jest.advanceTimersByTimeAsync(0);
+
+    clock += 1000;
+    reply = { ...answer(GIB, {}), kernel_id: 'k3' };
+    model.kernelId = 'k3';
+    await until(model, m => m.status !== null);
+    expect(model.history.gpu('0')).toHaveLength(2);
   });
 });

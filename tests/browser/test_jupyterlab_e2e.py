@@ -10,6 +10,14 @@ opened from the item, lists the kernel with its 864 MiB; the screenshot
 kernel from the panel (after its confirmation dialog) gives the memory back:
 a new kernel process, 0 B, the item "ok" again. A notebook on the plain
 ``python3`` kernel has no status item, and switching tabs shows and hides it.
+
+The panel's live charts (issue 16): while a kernel allocates 50 MiB at a time
+the memory charts of its GPU and of the kernel draw, and two samples of their
+lines some seconds apart differ, the later one ending higher; the cap line
+lies at the 1 GiB cap and the SM share line at 25 %; each chart's label says
+the latest figures in words; and at JupyterLab's default layout the panel
+opens wide enough that none of its text rows wraps or is cut. The screenshot
+``test-artifacts/jupyterlab-slice-charts.png`` shows the charts.
 """
 
 import re
@@ -24,6 +32,7 @@ CELL_TIMEOUT_MS = 30_000
 # The item polls every 500 ms: a few polls, with room for a slow machine.
 STATUS_TIMEOUT_MS = 10_000
 SCREENSHOT = ARTIFACTS / "jupyterlab-slice.png"
+CHARTS_SCREENSHOT = ARTIFACTS / "jupyterlab-slice-charts.png"
 
 ALLOCATE = ("from hami_jupyter import driver_memory as c\n"
             "c.init()\n"
@@ -31,6 +40,22 @@ ALLOCATE = ("from hami_jupyter import driver_memory as c\n"
             "print('allocated', len(b), 'buffers of 300 MiB')")
 ALLOCATE_MORE = ("b.append(c.DeviceBuffer(200 << 20))\n"
                  "print('allocated 200 MiB more')")
+# 12 x 50 MiB, one every 0.6 s: about 7 s of memory use going up.
+ALLOCATE_STEPS = ("import time\n"
+                  "from hami_jupyter import driver_memory as c\n"
+                  "c.init()\n"
+                  "b = []\n"
+                  "for _ in range(12):\n"
+                  "    b.append(c.DeviceBuffer(50 << 20))\n"
+                  "    time.sleep(0.6)\n"
+                  "print('allocated 12 buffers of 50 MiB')")
+STEPS_TOTAL = 64 * (1 << 20) + 12 * 50 * (1 << 20)  # the context and the buffers: 664 MiB
+
+# chartview.ts / chart.ts: every chart's viewBox, and how far apart two samples of a line are taken.
+CHART_HEIGHT = 40
+# style/base.css: the panel's minimum width, at which its rows fit on one line.
+PANEL_MIN_WIDTH = 500
+SAMPLE_GAP_MS = 2_500
 
 # statusText() in labextension/src/format.ts: GiB with one decimal, SM in whole percent.
 OK_TEXT = re.compile(r"^vGPU 0\.6 / 1\.0 GiB · SM \d+ % / 25 %$")  # 664 MiB
@@ -180,4 +205,186 @@ def test_plain_python3_notebook_has_no_status_item(page, lab):
     expect(item).to_be_visible(timeout=STATUS_TIMEOUT_MS)
     page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=plain).click()
     expect(item).to_be_hidden(timeout=STATUS_TIMEOUT_MS)
+    assert not page.page_errors, page.page_errors
+
+
+def start_cell(page, index):
+    """Starts the notebook's cell *index* the way a user does, without waiting for it."""
+    cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell").nth(index)
+    cell.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+    return cell
+
+
+def chart(panel, key, kind):
+    """The chart ``data-chart=key`` (``gpu-0``, ``kernel-<id>``) of *kind* (memory or sm)."""
+    return panel.locator(f'.hami-chart-{kind}[data-chart="{key}"]')
+
+
+LAST_POINT = re.compile(r"(-?[\d.]+) (-?[\d.]+)$")
+
+
+def last_point(d):
+    """The last (x, y) of an SVG path's ``d`` (chart.ts writes "M x y L x y …")."""
+    match = LAST_POINT.search(d or "")
+    assert match, f"no point in the path {d!r}"
+    return float(match.group(1)), float(match.group(2))
+
+
+def sample_line(locator):
+    """``(d, scale top)`` of a chart's line now."""
+    d = locator.locator("path.hami-chart-line").get_attribute("d")
+    top = float(locator.locator("svg.hami-chart-svg").get_attribute("data-max"))
+    return d, top
+
+
+def limit_y(locator):
+    """The y of a chart's cap or share line, which must be level: "M0 yH300"."""
+    d = locator.locator("path.hami-chart-limit").get_attribute("d")
+    match = re.fullmatch(r"M0 (-?[\d.]+)H300", d or "")
+    assert match, f"the limit line is not level across the chart: {d!r}"
+    return float(match.group(1))
+
+
+# In the page: every text row of the panel that must stay on one line, with
+# the number of line boxes its text lays out in, and whether it is cut (an
+# ellipsis); the panel's width and minimum width and whether it scrolls sideways.
+ROWS_JS = """
+panel => {
+  const selectors = ['.hami-panel-title', '.hami-panel-usage', '.hami-panel-gpu-text',
+    '.hami-chart-legend', '.hami-chart-caption', '.hami-kernel-table th',
+    '.hami-kernel-name', '.hami-kernel-meta', '.hami-kernel-memory', '.hami-kernel-sm'];
+  const lines = node => {
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    const tops = [...range.getClientRects()].filter(r => r.width > 0).map(r => r.top);
+    // Line boxes: tops further apart than half a line are different lines.
+    const height = parseFloat(getComputedStyle(node).fontSize) || 13;
+    const distinct = [];
+    for (const top of tops.sort((a, b) => a - b)) {
+      if (!distinct.length || top - distinct[distinct.length - 1] > height / 2) distinct.push(top);
+    }
+    return distinct.length;
+  };
+  const rows = [];
+  for (const selector of selectors) {
+    for (const node of panel.querySelectorAll(selector)) {
+      if (node.closest('[hidden]') || node.textContent.trim() === '') continue;
+      rows.push({selector, text: node.textContent, lines: lines(node),
+                 cut: node.scrollWidth > node.clientWidth + 1});
+    }
+  }
+  // A row's buttons lie side by side.
+  for (const cell of panel.querySelectorAll('.hami-kernel-actions')) {
+    const tops = [...cell.querySelectorAll('button:not([hidden])')]
+      .map(b => Math.round(b.getBoundingClientRect().top));
+    rows.push({selector: '.hami-kernel-actions', text: `${tops.length} buttons`,
+               lines: new Set(tops).size, cut: false});
+  }
+  const style = getComputedStyle(panel);
+  return {rows, width: panel.getBoundingClientRect().width, minWidth: parseFloat(style.minWidth),
+          scrolls: panel.scrollWidth > panel.clientWidth + 1};
+}
+"""
+
+
+def test_panel_charts_draw_move_and_rows_fit(page, lab):
+    expect = _expect()
+    name = lab.write_notebook("charts.ipynb", "hami-python3", "Python 3 (HAMi vGPU)",
+                              [ALLOCATE_STEPS])
+    kernel_id = open_notebook(page, lab, name, "charts")
+
+    # The panel, from the status bar item, at JupyterLab's default layout.
+    item = page.locator("#jp-main-statusbar .hami-statusbar")
+    expect(item).to_be_visible(timeout=STATUS_TIMEOUT_MS)
+    item.click()
+    panel = page.locator("#hami-slice-panel")
+    expect(panel).to_be_visible()
+    expect(panel.locator(f'.hami-kernel-row[data-kernel-id="{kernel_id}"]')).to_be_visible(
+        timeout=STATUS_TIMEOUT_MS)
+    gpu_memory = chart(panel, "gpu-0", "memory")
+    kernel_memory = chart(panel, f"kernel-{kernel_id}", "memory")
+    # The kernel's charts at once; its GPU's once a kernel of the slice used one.
+    for locator in (kernel_memory, chart(panel, f"kernel-{kernel_id}", "sm")):
+        expect(locator.locator("svg.hami-chart-svg")).to_be_visible()
+    expect(panel.locator(".hami-chart-legend")).to_contain_text("Last 5 min")
+
+    # While the kernel allocates, two samples of each memory line some seconds apart.
+    cell = start_cell(page, 0)
+    deadline = time.monotonic() + CELL_TIMEOUT_MS / 1000
+    while lab.slice_status(kernel_id)["kernel"]["memory_used"] < 200 * MiB:
+        assert time.monotonic() < deadline, lab.slice_status(kernel_id)
+        page.wait_for_timeout(200)
+    for locator in (gpu_memory, chart(panel, "gpu-0", "sm")):
+        expect(locator.locator("svg.hami-chart-svg")).to_be_visible(timeout=STATUS_TIMEOUT_MS)
+    expect(gpu_memory.locator("path.hami-chart-line")).to_have_attribute("d", re.compile("L"))
+    first = {"gpu": sample_line(gpu_memory), "kernel": sample_line(kernel_memory)}
+    used_at_first = lab.slice_status(kernel_id)["kernel"]["memory_used"]
+    page.wait_for_timeout(SAMPLE_GAP_MS)
+    second = {"gpu": sample_line(gpu_memory), "kernel": sample_line(kernel_memory)}
+    used_at_second = lab.slice_status(kernel_id)["kernel"]["memory_used"]
+    # The kernel was still allocating between the two samples (else nothing had to move).
+    assert used_at_second >= used_at_first + 100 * MiB, (used_at_first, used_at_second)
+    for which in ("gpu", "kernel"):
+        (d1, top1), (d2, top2) = first[which], second[which]
+        assert d1 and d2 and d1 != d2, (which, d1, d2)
+        # The same scale (the cap's) both times, so a smaller y is more memory: higher up.
+        assert top1 == top2, (which, top1, top2)
+        (_, y1), (_, y2) = last_point(d1), last_point(d2)
+        assert y2 < y1, f"the {which} chart's last point did not rise: {y1} -> {y2}"
+
+    output = cell.locator(".jp-OutputArea-output")
+    expect(output.first).to_contain_text("allocated 12 buffers of 50 MiB", timeout=CELL_TIMEOUT_MS)
+    status = lab.slice_status(kernel_id)
+    cap = status["gpus"][0]["memory_limit"]
+    assert cap == 1 << 30 and status["memory_limit"] == cap, status
+    assert status["kernel"]["memory_used"] == STEPS_TOTAL, status
+    expect(kernel_memory.locator(".hami-chart-caption")).to_have_text("memory 664 MiB",
+                                                                      timeout=STATUS_TIMEOUT_MS)
+
+    # The cap line lies at the cap on both memory charts: in the SVG's units, and on the screen.
+    for locator in (gpu_memory, kernel_memory):
+        assert locator.locator("path.hami-chart-limit").get_attribute("data-value") == str(cap)
+        _, top = sample_line(locator)
+        y_cap = limit_y(locator)
+        assert y_cap == pytest.approx(CHART_HEIGHT * (1 - cap / top), abs=0.01), (y_cap, top)
+        box = locator.locator("svg.hami-chart-svg").bounding_box()
+        line = locator.locator("path.hami-chart-limit").bounding_box()
+        drawn = (box["y"] + box["height"] - line["y"]) / box["height"]
+        assert drawn == pytest.approx(cap / top, abs=0.03), (box, line, top)
+        # And the line of use against it: 664 MiB of the 1 GiB cap, as high as that.
+        d, _ = sample_line(locator)
+        _, y_used = last_point(d)
+        ratio = (CHART_HEIGHT - y_used) / (CHART_HEIGHT - y_cap)
+        assert ratio == pytest.approx(STEPS_TOTAL / cap, abs=0.01), (d, y_cap)
+    # The SM share line at 25 % of the whole GPU.
+    for key in ("gpu-0", f"kernel-{kernel_id}"):
+        sm = chart(panel, key, "sm")
+        assert sm.locator("path.hami-chart-limit").get_attribute("data-value") == "25"
+        assert limit_y(sm) == pytest.approx(CHART_HEIGHT * 0.75, abs=0.01)
+
+    # Each chart says its latest figures in words (title and aria-label).
+    svg = kernel_memory.locator("svg.hami-chart-svg")
+    label = svg.get_attribute("aria-label")
+    assert svg.get_attribute("role") == "img"
+    assert label.startswith(f"Kernel {kernel_id[:8]} memory, last 5 min: 664 MiB in use of the "
+                            "1.0 GiB cap (65 %)"), label
+    assert svg.locator("title").text_content() == label
+    sm_label = chart(panel, "gpu-0", "sm").locator("svg").get_attribute("aria-label")
+    assert re.fullmatch(r"GPU 0 SM, last 5 min: \d+ % in use of a 25 % share; highest \d+ %",
+                        sm_label), sm_label
+
+    # No text row of the panel wraps or is cut, and the panel does not scroll sideways.
+    layout = panel.evaluate(ROWS_JS)
+    assert layout["minWidth"] == PANEL_MIN_WIDTH and layout["width"] >= PANEL_MIN_WIDTH, layout
+    assert not layout["scrolls"], layout
+    checked = {row["selector"] for row in layout["rows"]}
+    assert {".hami-panel-usage", ".hami-panel-gpu-text", ".hami-kernel-meta",
+            ".hami-chart-legend", ".hami-kernel-actions"} <= checked, checked
+    bad = [row for row in layout["rows"] if row["lines"] != 1 or row["cut"]]
+    assert not bad, f"panel rows that wrap or are cut at {layout['width']}px: {bad}"
+
+    page.mouse.move(700, 450)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(CHARTS_SCREENSHOT), full_page=True)
     assert not page.page_errors, page.page_errors

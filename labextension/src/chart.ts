@@ -1,0 +1,334 @@
+/**
+ * The maths of the panel's charts: where a sample lies in the SVG's own
+ * units (time along x, newest at the right edge; a value up from the bottom),
+ * the scale of a memory or SM chart, the paths of its lines (broken where the
+ * server gave no reading), the cap or share line, the spans of parked memory,
+ * and the chart's label in words. Pure functions of the samples (history.ts),
+ * no DOM, so the unit tests run in plain Node; chartview.ts puts the results
+ * into SVG elements.
+ */
+
+import { formatBytes, formatPercent, MIB } from './format';
+import { ISample } from './history';
+
+/** The drawing area of a chart, in the units of its viewBox, and the time it spans. */
+export interface IChartFrame {
+  width: number;
+  height: number;
+  /** The time at the right edge, ms since the epoch. */
+  now: number;
+  /** The time the width spans, ms: the left edge is `now - windowMs`. */
+  windowMs: number;
+  /**
+   * Two readings further apart than this are not joined (the page was hidden,
+   * the poll stood by): the line breaks between them, as at a gap sample.
+   */
+  maxGapMs: number;
+}
+
+/** The viewBox of every chart; CSS stretches it to the chart's box. */
+export const CHART_WIDTH = 300;
+export const CHART_HEIGHT = 40;
+
+/** Room above the highest value (or the cap), as a fraction of it: the cap line stays inside. */
+export const HEADROOM = 0.1;
+
+/** The smallest top of a memory chart's scale: an idle slice without a cap is no flat line at the top. */
+export const MIN_MEMORY_MAX = 64 * MIB;
+
+/** The top of an SM chart's scale when nothing goes higher: the whole GPU. */
+export const SM_MAX = 100;
+
+/** Coordinates keep two decimals: enough at any size a chart is shown. */
+function round(value: number): number {
+  return Math.round(value * 100) / 100;
+}
+
+/** x of time `t`: 0 at `now - windowMs`, `width` at `now`; outside that range beyond the edges. */
+export function timeX(t: number, frame: IChartFrame): number {
+  return round(((t - (frame.now - frame.windowMs)) / frame.windowMs) * frame.width);
+}
+
+/** y of `value` on a scale from 0 (the bottom, `height`) to `max` (the top, 0); clamped to the chart. */
+export function valueY(value: number, max: number, height: number): number {
+  if (!(max > 0)) {
+    return height;
+  }
+  const fraction = Math.min(1, Math.max(0, value / max));
+  return round(height - fraction * height);
+}
+
+/** The largest of the numbers, 0 for none. */
+function largest(values: Iterable<number | null>): number {
+  let top = 0;
+  for (const v of values) {
+    if (v !== null && Number.isFinite(v) && v > top) {
+      top = v;
+    }
+  }
+  return top;
+}
+
+/**
+ * The top of a memory chart's scale: the highest of what it draws (used,
+ * parked and the guard's bytes, and every cap) plus HEADROOM, at least
+ * MIN_MEMORY_MAX. With a cap the line of the cap lies at 1 / (1 + HEADROOM)
+ * of the height as long as nothing passed it.
+ */
+export function memoryMax(samples: readonly ISample[]): number {
+  const top = largest(
+    samples.flatMap(s => (s.gap ? [] : [s.used, s.real, s.parked, s.cap]))
+  );
+  return Math.max(MIN_MEMORY_MAX, top * (1 + HEADROOM));
+}
+
+/**
+ * The top of an SM chart's scale: SM_MAX (the whole GPU), or the highest use
+ * or share plus HEADROOM where one goes beyond it (a kernel on several GPUs).
+ */
+export function smMax(samples: readonly ISample[]): number {
+  const top = largest(samples.flatMap(s => (s.gap ? [] : [s.sm, s.share])));
+  return top > SM_MAX ? top * (1 + HEADROOM) : SM_MAX;
+}
+
+/** Samples inside the frame, plus the last one before it (where a line enters from the left edge). */
+export function visible(samples: readonly ISample[], frame: IChartFrame): ISample[] {
+  const start = frame.now - frame.windowMs;
+  let first = 0;
+  while (first + 1 < samples.length && samples[first + 1].t <= start) {
+    first++;
+  }
+  return samples.slice(first).filter(s => s.t <= frame.now);
+}
+
+/**
+ * The SVG path of a line through `value` of each sample: `"M x y L x y …"`,
+ * a new `M` (the line breaks) after a gap sample, where `value` is null, and
+ * between readings further apart than `maxGapMs`. A reading alone between two
+ * breaks is a zero-length segment (`"M x y L x y"`), drawn as a dot by round
+ * line caps. Empty when there is nothing to draw.
+ */
+export function linePath(
+  samples: readonly ISample[],
+  value: (sample: ISample) => number | null,
+  max: number,
+  frame: IChartFrame
+): string {
+  const parts: string[] = [];
+  let previous: ISample | null = null;
+  let runLength = 0;
+  let lastPoint = '';
+  const closeRun = (): void => {
+    if (runLength === 1) {
+      parts.push(`L${lastPoint}`);
+    }
+    runLength = 0;
+  };
+  for (const sample of visible(samples, frame)) {
+    const v = sample.gap ? null : value(sample);
+    if (v === null || !Number.isFinite(v)) {
+      closeRun();
+      previous = null;
+      continue;
+    }
+    const point = `${timeX(sample.t, frame)} ${valueY(v, max, frame.height)}`;
+    const joined = previous !== null && sample.t - previous.t <= frame.maxGapMs;
+    if (!joined) {
+      closeRun();
+    }
+    parts.push(`${joined ? 'L' : 'M'}${point}`);
+    runLength++;
+    lastPoint = point;
+    previous = sample;
+  }
+  closeRun();
+  return parts.join('');
+}
+
+/**
+ * The SVG path of a limit (the memory cap, the SM share) as it was over time:
+ * level while it stays, a step where it changed. It reaches from the left edge
+ * (the first limit known is taken for the time before it) to the right edge
+ * (the last one, until a new answer says otherwise); gaps do not break it, a
+ * limit does not change with an unanswered poll. Where the limit is 0 (none)
+ * there is no line. Empty when no sample has a limit.
+ */
+export function limitPath(
+  samples: readonly ISample[],
+  limit: (sample: ISample) => number,
+  max: number,
+  frame: IChartFrame
+): string {
+  const readings = visible(samples, frame).filter(s => !s.gap);
+  const parts: string[] = [];
+  let current = 0;
+  readings.forEach((sample, i) => {
+    const value = Math.max(0, limit(sample) || 0);
+    if (i > 0 && value === current) {
+      return;
+    }
+    const x = i === 0 ? 0 : Math.min(frame.width, Math.max(0, timeX(sample.t, frame)));
+    if (current > 0) {
+      parts.push(`H${x}`);
+    }
+    if (value > 0) {
+      const y = valueY(value, max, frame.height);
+      parts.push(current > 0 ? `V${y}` : `M${x} ${y}`);
+    }
+    current = value;
+  });
+  if (current > 0) {
+    parts.push(`H${frame.width}`);
+  }
+  return parts.join('');
+}
+
+/** The latest limit of the samples (the last reading's), 0 when none. */
+export function latestLimit(samples: readonly ISample[], limit: (sample: ISample) => number): number {
+  const reading = lastReading(samples);
+  return reading ? limit(reading) : 0;
+}
+
+/** Whether a sample holds parked memory: a kernel not running, a GPU with bytes parked from it. */
+export function isParked(sample: ISample): boolean {
+  if (sample.gap) {
+    return false;
+  }
+  return sample.state !== null ? sample.state !== 'running' : sample.parked > 0;
+}
+
+/**
+ * The time spans in which memory was parked, as `[x0, x1]` pairs within the
+ * chart: from the first parked reading to the next reading that is not (or the
+ * right edge, while it stays parked), clamped to the edges.
+ */
+export function parkedSpans(samples: readonly ISample[], frame: IChartFrame): Array<[number, number]> {
+  const spans: Array<[number, number]> = [];
+  const clamp = (x: number): number => Math.min(frame.width, Math.max(0, x));
+  let start: number | null = null;
+  for (const sample of visible(samples, frame)) {
+    const parked = isParked(sample);
+    if (parked && start === null) {
+      start = clamp(timeX(sample.t, frame));
+    } else if (!parked && start !== null) {
+      spans.push([start, clamp(timeX(sample.t, frame))]);
+      start = null;
+    }
+  }
+  if (start !== null) {
+    spans.push([start, frame.width]);
+  }
+  return spans;
+}
+
+/** The bytes on the GPU, where the chart draws them as used: a kernel's while it runs, a GPU's always. */
+export function usedValue(sample: ISample): number | null {
+  return sample.state !== null && isParked(sample) ? null : sample.used;
+}
+
+/** The parked bytes, where they are drawn as their own (dashed) segment: while memory is parked. */
+export function parkedValue(sample: ISample): number | null {
+  return isParked(sample) ? sample.parked : null;
+}
+
+/** The guard's real bytes (the second line of a GPU's memory chart). */
+export function realValue(sample: ISample): number | null {
+  return sample.real;
+}
+
+export function smValue(sample: ISample): number | null {
+  return sample.sm;
+}
+
+/** The newest sample that is a reading (no gap); `null` when none. */
+export function lastReading(samples: readonly ISample[]): ISample | null {
+  for (let i = samples.length - 1; i >= 0; i--) {
+    if (!samples[i].gap) {
+      return samples[i];
+    }
+  }
+  return null;
+}
+
+/** A window in words: `"5 min"`, `"90 s"`, `"1 h"`. */
+export function formatWindow(ms: number): string {
+  const seconds = Math.round(ms / 1000);
+  if (seconds % 3600 === 0 && seconds >= 3600) {
+    return `${seconds / 3600} h`;
+  }
+  if (seconds % 60 === 0 && seconds >= 60) {
+    return `${seconds / 60} min`;
+  }
+  return `${seconds} s`;
+}
+
+/** The readings within the window (gaps left out). */
+function readingsIn(samples: readonly ISample[], frame: Pick<IChartFrame, 'now' | 'windowMs'>): ISample[] {
+  const start = frame.now - frame.windowMs;
+  return samples.filter(s => !s.gap && s.t >= start && s.t <= frame.now);
+}
+
+/** The start of a label: what the server said last, when the newest poll got no answer. */
+function staleNote(samples: readonly ISample[]): string {
+  const newest = samples[samples.length - 1];
+  return newest?.gap ? 'no answer from the server at the last reading; before that ' : '';
+}
+
+/**
+ * The memory chart's label in words, with the latest figures, e.g.
+ * `"GPU 0 memory, last 5 min: 864 MiB in use of the 1.0 GiB cap (84 %);
+ * the guard reads 900 MiB; highest 864 MiB"`. A parked kernel reads
+ * `"…: parked, 800 MiB in host memory; highest …"`, a GPU with parked memory
+ * adds `"; 800 MiB parked in host memory"`. `"…: no readings yet"` without any.
+ */
+export function memoryLabel(
+  name: string,
+  samples: readonly ISample[],
+  frame: Pick<IChartFrame, 'now' | 'windowMs'>
+): string {
+  const head = `${name} memory, last ${formatWindow(frame.windowMs)}: `;
+  const readings = readingsIn(samples, frame);
+  const latest = readings[readings.length - 1];
+  if (!latest) {
+    return `${head}no readings yet`;
+  }
+  const parts: string[] = [];
+  const used = latest.used ?? 0;
+  if (latest.state !== null && isParked(latest)) {
+    parts.push(`${latest.state}, ${formatBytes(latest.parked)} in host memory`);
+  } else if (latest.cap > 0) {
+    parts.push(
+      `${formatBytes(used)} in use of the ${formatBytes(latest.cap)} cap (${formatPercent((used / latest.cap) * 100)})`
+    );
+  } else {
+    parts.push(`${formatBytes(used)} in use, no cap`);
+  }
+  if (latest.real !== null) {
+    parts.push(`the guard reads ${formatBytes(latest.real)}`);
+  }
+  if (latest.state === null && latest.parked > 0) {
+    parts.push(`${formatBytes(latest.parked)} parked in host memory`);
+  }
+  parts.push(`highest ${formatBytes(largest(readings.map(s => s.used)))}`);
+  return head + staleNote(samples) + parts.join('; ');
+}
+
+/**
+ * The SM chart's label in words, e.g. `"GPU 0 SM, last 5 min: 3 % in use of
+ * a 25 % share; highest 20 %"` (`"…: 3 % in use, no SM limit; …"`).
+ */
+export function smLabel(
+  name: string,
+  samples: readonly ISample[],
+  frame: Pick<IChartFrame, 'now' | 'windowMs'>
+): string {
+  const head = `${name} SM, last ${formatWindow(frame.windowMs)}: `;
+  const readings = readingsIn(samples, frame);
+  const latest = readings[readings.length - 1];
+  if (!latest) {
+    return `${head}no readings yet`;
+  }
+  const sm = formatPercent(latest.sm ?? 0);
+  const now = latest.share > 0 ? `${sm} in use of a ${formatPercent(latest.share)} share` : `${sm} in use, no SM limit`;
+  return `${head}${staleNote(samples)}${now}; highest ${formatPercent(largest(readings.map(s => s.sm)))}`;
+}
