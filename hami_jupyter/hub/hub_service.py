@@ -73,9 +73,10 @@ def _command():
 
 def register_hub_service(c, policy=None, *, name="hami-hub", port=10101, proxy_url=None,
                          service_url=None, admin_groups=(), refresh=5.0, allow_stop_server=True,
-                         kubernetes=False, next_sizes_file=None, extra_args=()):
+                         kubernetes=False, next_sizes_file=None, extra_args=(), environment=None):
     """Add the hub service to JupyterHub config *c* (see the module docstring).
-    Returns the service's entry of ``c.JupyterHub.services``."""
+    *extra_args* go to ``hami-jupyter hub-service`` as they are, *environment*
+    into its environment. Returns the service's entry of ``c.JupyterHub.services``."""
     proxy_url = (proxy_url or _proxy_url(c)).rstrip("/")
     base = c.JupyterHub.base_url if "base_url" in c.JupyterHub else "/"
     prefix = f"{base.rstrip('/')}/services/{name}/"
@@ -99,6 +100,8 @@ def register_hub_service(c, policy=None, *, name="hami-hub", port=10101, proxy_u
         "display": True,
         "info": {"description": "GPU slices of every server: per node, per GPU, per user"},
     }
+    if environment:
+        entry["environment"] = dict(environment)
     existing = c.JupyterHub.services if "services" in c.JupyterHub else []
     c.JupyterHub.services = [s for s in existing if s.get("name") != name] + [entry]
 

@@ -118,7 +118,7 @@ class Actions:
         if action == "park" and isinstance(body, dict) and "parked_bytes" in body:
             message += f" ({body['parked_bytes']} bytes to host memory in {body.get('seconds')} s)"
         self.log.info("hami-jupyter hub-service: %s %s", who, message)
-        self.service.refresh_soon()
+        await self.service.refresh_after(action)
         return {"ok": True, "message": message, "result": body}
 
     async def _stop_server(self, request, who):
@@ -131,7 +131,7 @@ class Actions:
         except Exception as e:  # HubAPIError, or the hub gone
             raise ActionError(502, f"the hub did not stop {ref.key}: {e}") from None
         self.log.info("hami-jupyter hub-service: %s stopped the server %s", who, ref.key)
-        self.service.refresh_soon()
+        await self.service.refresh_after("stop-server")
         return {"ok": True, "message": f"asked the hub to stop {ref.user}'s server"
                                       + (f" {ref.name!r}" if ref.name else "")}
 
@@ -197,7 +197,7 @@ class Actions:
                               errors=c.errors if c is not None else [str(e)],
                               warnings=c.warnings if c is not None else []) from None
         self.log.info("hami-jupyter hub-service: %s: %s", actor, message)
-        self.service.refresh_soon()
+        await self.service.refresh_after(action)
         return {"ok": True, "message": message,
                 "change": change.as_dict() if change is not None else None,
                 "warnings": change.warnings if change is not None else []}

@@ -10,8 +10,8 @@ what JupyterHub gives a managed service in its environment
 Every ``refresh_interval`` seconds it asks the Hub for the running servers,
 reads them all at once through the proxy, builds the document and adds one
 sample to the history; requests are answered from the last document, so a
-busy hub view never multiplies the load on the servers. An action asks for
-a refresh at once, so its effect shows in the next read.
+busy hub view never multiplies the load on the servers. An action refreshes
+before it answers, so its effect shows in the next read.
 
 The service keeps no state of its own beyond the history of the last
 minutes: the Hub knows the servers, the servers know their slices.
@@ -167,7 +167,7 @@ class HamiHubService(Application):
         self.history = History(self.history_seconds)
         self.registry = metrics.registry(lambda: self.document)
         self.actions = Actions(self)
-        self._wake = None
+        self._refreshing = asyncio.Lock()
 
     def audit_path(self):
         return Path(self.audit_log) if self.audit_log else audit.default_path(Path(self.slice_root))
@@ -193,7 +193,12 @@ class HamiHubService(Application):
     # ---- refreshing ----
 
     async def refresh(self):
-        """Read the hub and every server once; the new document and one history sample."""
+        """Read the hub and every server once; the new document and one history sample.
+        One refresh at a time: an action's refresh waits for the loop's."""
+        async with self._refreshing:
+            return await self._refresh()
+
+    async def _refresh(self):
         hub_error = None
         try:
             refs = await self.hub_api.running_servers()
@@ -207,26 +212,22 @@ class HamiHubService(Application):
         self.history.add(self.document)
         return self.document
 
-    def refresh_soon(self):
-        """Refresh now rather than at the next interval (after an action)."""
-        if self._wake is not None:
-            self._wake.set()
+    async def refresh_after(self, what):
+        """Refresh at once after an action, so that its answer, and the next read
+        of the document, show its effect (*what* names it in the log if that fails)."""
+        try:
+            await self.refresh()
+        except Exception:
+            self.log.exception("hami-jupyter hub-service: refresh after %s failed", what)
 
     async def _loop(self):
-        self._wake = asyncio.Event()
         while True:
             started = time.monotonic()
             try:
                 await self.refresh()
             except Exception:  # keep serving the last document; try again next time
                 self.log.exception("hami-jupyter hub-service: refresh failed")
-            left = self.refresh_interval - (time.monotonic() - started)
-            try:
-                await asyncio.wait_for(self._wake.wait(), max(left, 0.05))
-                await asyncio.sleep(0.2)  # let the server settle after an action
-            except asyncio.TimeoutError:
-                pass
-            self._wake.clear()
+            await asyncio.sleep(max(self.refresh_interval - (time.monotonic() - started), 0.05))
 
     # ---- serving ----
 

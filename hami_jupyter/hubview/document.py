@@ -217,23 +217,6 @@ def _nodes(gathered):
     return out
 
 
-def every_kernel(document):
-    """Every kernel entry of *document* once (a kernel on two GPUs, once), in order."""
-    seen, out = set(), []
-    for node in document.get("nodes", []):
-        for gpu in node["gpus"]:
-            for s in gpu["slices"]:
-                for k in s["kernels"]:
-                    if k["kernel_id"] not in seen:
-                        seen.add(k["kernel_id"])
-                        out.append(k)
-        for k in node["kernels_without_gpu"]:
-            if k["kernel_id"] not in seen:
-                seen.add(k["kernel_id"])
-                out.append(k)
-    return out
-
-
 def _users(readings, nodes):
     users = {}
     for r in readings:
