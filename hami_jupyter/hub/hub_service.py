@@ -71,17 +71,29 @@ def _command():
     return [here if os.access(here, os.X_OK) else (shutil.which("hami-jupyter") or here)]
 
 
-def register_hub_service(c, policy=None, *, name="hami-hub", port=10101, proxy_url=None,
-                         service_url=None, admin_groups=(), refresh=5.0, allow_stop_server=True,
-                         kubernetes=False, next_sizes_file=None, extra_args=(), environment=None):
+def register_hub_service(c, policy=None, *, name="hami-hub", port=10101, url=None, listen=None,
+                         proxy_url=None, service_url=None, admin_groups=(), refresh=5.0,
+                         allow_stop_server=True, kubernetes=False, next_sizes_file=None,
+                         extra_args=(), environment=None, spawner="Spawner"):
     """Add the hub service to JupyterHub config *c* (see the module docstring).
-    *extra_args* go to ``hami-jupyter hub-service`` as they are, *environment*
-    into its environment. Returns the service's entry of ``c.JupyterHub.services``."""
+
+    *url* is where the proxy reaches the service (default
+    ``http://127.0.0.1:<port>``); *listen*, where it listens when that differs
+    (a pod: ``http://0.0.0.0:10101`` behind ``url="http://hub:10101"``).
+    *proxy_url* is the origin the service reads the servers through (default:
+    the hub's own bind URL as this config sets it). *extra_args* go to
+    ``hami-jupyter hub-service`` as they are, *environment* into its
+    environment. *spawner* names the config section of the servers' token
+    scopes and environment: "KubeSpawner" under z2jh, which sets
+    ``c.KubeSpawner.environment`` itself (a more specific section wins over
+    ``c.Spawner``). Returns the service's entry of ``c.JupyterHub.services``."""
     proxy_url = (proxy_url or _proxy_url(c)).rstrip("/")
     base = c.JupyterHub.base_url if "base_url" in c.JupyterHub else "/"
     prefix = f"{base.rstrip('/')}/services/{name}/"
     args = [f"--proxy-url={proxy_url}", f"--HamiHubService.refresh_interval={refresh}"]
     args += [f"--HamiHubService.admin_groups={g}" for g in admin_groups]
+    if listen:
+        args.append(f"--HamiHubService.service_url={listen}")
     if not allow_stop_server:
         args.append("--no-stop-server")
     if kubernetes:
@@ -94,7 +106,7 @@ def register_hub_service(c, policy=None, *, name="hami-hub", port=10101, proxy_u
         args.append(f"--next-sizes-file={next_sizes_file}")
     entry = {
         "name": name,
-        "url": f"http://127.0.0.1:{port}",
+        "url": url or f"http://127.0.0.1:{port}",
         "command": _command() + ["hub-service", *args, *extra_args],
         "oauth_no_confirm": True,
         "display": True,
@@ -116,14 +128,15 @@ def register_hub_service(c, policy=None, *, name="hami-hub", port=10101, proxy_u
     names = {r["name"] for r in roles}
     c.JupyterHub.load_roles = [r for r in loaded if r.get("name") not in names] + roles
 
-    scopes = c.Spawner.server_token_scopes if "server_token_scopes" in c.Spawner else None
+    section = c[spawner]
+    scopes = section.server_token_scopes if "server_token_scopes" in section else None
     if callable(scopes):
-        raise ValueError("c.Spawner.server_token_scopes is a callable: add "
-                         f"{access!r} to what it returns yourself, then call "
-                         "register_hub_service before setting it")
+        raise ValueError(f"c.{spawner}.server_token_scopes is a callable: add {access!r} to "
+                         "what it returns yourself, then call register_hub_service before "
+                         "setting it")
     scopes = list(scopes or SERVER_ROLE_SCOPES)
     if access not in scopes:
         scopes.append(access)
-    c.Spawner.server_token_scopes = scopes
-    c.Spawner.environment.update({"HAMI_HUB_SERVICE_URL": service_url or f"{proxy_url}{prefix}"})
+    section.server_token_scopes = scopes
+    section.environment.update({"HAMI_HUB_SERVICE_URL": service_url or f"{proxy_url}{prefix}"})
     return entry
