@@ -1,5 +1,11 @@
 """The admin panel: every GPU and slice of the host, and forms that change limits live.
 
+Under JupyterHub, where the hub runs ``hami-jupyter hub-service`` and this
+user is one of its administrators, ``AdminPanel()`` shows the whole hub
+instead, every node, GPU, user and kernel, with the same controls
+(:mod:`.hub_view`); a user the service refuses gets what follows, for this
+host, with a one-line note why. Everything below is that host view.
+
 ``AdminPanel()`` in a notebook shows the host's GPUs (NVML: name, memory,
 utilization, and how much memory hard slices are promised on each), a table
 of each slice's memory per GPU, what the slice counts beside what the guard
