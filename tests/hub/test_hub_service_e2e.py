@@ -10,7 +10,8 @@ node-a as its own node (the one whose limits files it holds).
 
 What a user of the hub view would notice: the document lists every user's
 kernels under the right node and GPU with the numbers their slices count;
-an administrator's restart and shut-down through it act on the kernels; a
+an administrator's restart, shut-down, park and resume through it act on the
+kernels, and stopping a server through it stops it; a
 non-administrator gets 403, whether their token lacks the service's scope
 or has it; a server killed under it is listed as unreachable within one
 refresh; and ``AdminPanel()`` shows the hub and resizes a slice through it.
@@ -349,6 +350,19 @@ def test_restart_and_shutdown_through_the_service(view_hub):
                             what="bob's kernel gone and alice's restarted one off the GPU")
     _, s = slice_on(doc, "node-a", "bob")
     assert s is None or s["kernels"] == []
+    # Park and resume carol's kernel on the other node: its GPU memory to host memory and back.
+    carol_kernel = hub.kernels["carol"]
+    status, answer = hub.act(action="park", user="carol", kernel_id=carol_kernel)
+    assert status == 200 and answer["ok"], answer
+    doc = hub.document()  # the action refreshed the document before it answered
+    node, _, k = kernels_of(doc)[carol_kernel]
+    assert (node, k["park_state"], k["memory_used"]) == ("node-b", "parked", 0)
+    assert k["memory_parked"] >= 300 * MiB
+    status, answer = hub.act(action="resume", user="carol", kernel_id=carol_kernel)
+    assert status == 200 and answer["ok"], answer
+    _, _, k = kernels_of(hub.document())[carol_kernel]
+    assert (k["park_state"], k["memory_parked"]) == ("running", 0)
+    assert k["memory_used"] == 300 * MiB + CONTEXT
     # A kernel the server does not have: the server's 404, passed on.
     status, answer = hub.act(action="interrupt", user="bob", kernel_id=bob_kernel)
     assert status == 404, answer
@@ -388,6 +402,10 @@ def test_the_admin_panel_shows_the_hub_and_resizes_through_it(view_hub, monkeypa
         panel.refresh()
         _, s = slice_on(view.document, "node-a", "alice")
         assert s["memory_limit"] == 3 * GiB
+
+        # A kernel's buttons act through the service.
+        assert view.kernel_rows[hub.kernels[ADMIN]].act("interrupt") is not None
+        assert view.message.startswith("interrupted kernel"), view.message
 
         # Another node's limits files are that node's: refused, saying where.
         other = view.slice_forms[("node-b", "carol")]
@@ -439,3 +457,8 @@ def test_a_killed_server_is_unreachable_within_one_refresh(view_hub):
     assert carol["error"] and carol["url"] == "/user/carol/"
     assert all(n["node"] != "node-b" for n in doc["nodes"])  # nothing of it is made up
     assert {s["user"] for s in doc["servers"]} == set(PLACE)  # never dropped
+    # An administrator stops it through the service: the hub stops listing it.
+    status, answer = hub.act(action="stop-server", user="carol")
+    assert status == 200 and answer["ok"], answer
+    hub.wait_document(lambda d: "carol" not in {s["user"] for s in d["servers"]},
+                      what="carol's server gone from the hub's list")
