@@ -93,8 +93,9 @@ class Servers:
     async def read(self, ref):
         """*ref*'s ``hami/v1/slices`` as a :class:`~.document.Reading` (never raises)."""
         if not ref.ready:
-            return Reading(ref, error=f"the server is {'starting' if ref.pending == 'spawn' else ref.pending or 'not ready'}"
-                           if ref.pending else "the hub says the server is not ready")
+            doing = {"spawn": "starting", "stop": "stopping"}.get(ref.pending)
+            return Reading(ref, error=f"the server is {doing}" if doing
+                           else "the hub says the server is not ready")
         started = time.monotonic()
         try:
             _, body = await self.call(ref, "GET", SLICES_PATH)

@@ -220,3 +220,14 @@ def test_a_chart_draws_use_and_the_cap_as_a_line():
     assert "alice: 3.0 GiB of 4.0 GiB, last 1 min" in svg
     assert 'class="hami-spark-cap"' not in sparkline([[0, GiB, 0, 0]])  # no cap: no line
     assert sparkline([]) == ""
+
+
+def test_the_command_refuses_to_start_without_a_token(tmp_path):
+    import subprocess
+    import sys
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "hami_jupyter", "hub-service", "--refresh=2"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert "no API token" in run.stderr and "JUPYTERHUB_API_TOKEN" in run.stderr
