@@ -19,7 +19,7 @@
 import os
 import sys
 
-from hami_jupyter.hub import SlicePolicy
+from hami_jupyter.hub import SlicePolicy, register_hub_service
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 
@@ -79,3 +79,12 @@ c.JupyterHub.services = [{
     "command": [os.path.join(_venv_bin, "hami-jupyter"), "admin-service",
                 "--root", str(policy.slice_root), "--admin-group", policy.admin_group],
 }]
+
+# The hub view (docs/hub-view.md): one service that reads every server's
+# slices through the proxy and shows them per node, GPU and user in
+# AdminPanel(), with actions for administrators: JupyterHub admins
+# (c.Authenticator.admin_users) and members of the JupyterHub group named here
+# (a JupyterHub group, whatever the Unix group above is called). It resizes
+# slices of this host live, audit-logged like the admin service's changes.
+# Prometheus finds every server's /metrics at /services/hami-hub/api/targets.
+register_hub_service(c, policy, admin_groups=["hami-admin"])

@@ -33,6 +33,7 @@ FLOORS = {
     "hub": 5,  # JupyterHub: policy, spawner, hub-made slices
     "guard": 5,  # hami-jupyter guard: memory caps held with NVML's per-process figures
     "server": 6,  # the Jupyter server extension
+    "hubview": 6,  # hami-jupyter hub-service: the hub-wide view, a JupyterHub service
     "commands": 7,  # the hami-jupyter command
     "__main__": 8,
 }

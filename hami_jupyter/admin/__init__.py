@@ -4,6 +4,9 @@
 shows every GPU and slice and lets an administrator change limits live;
 ``hami-jupyter slice list|set`` does the same from a shell. Both go through
 :mod:`.changes` (checks, applying) and :mod:`.audit` (the log of changes).
+Under JupyterHub with the hub service, ``AdminPanel()`` shows the whole hub
+instead (:mod:`.hub_client` reaches the service, :mod:`.hub_view` draws it,
+:mod:`.sparkline` its charts).
 
 :class:`AdminPanel` is imported on first use, so the CLI does not pay for
 ipywidgets.

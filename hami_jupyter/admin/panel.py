@@ -1,5 +1,11 @@
 """The admin panel: every GPU and slice of the host, and forms that change limits live.
 
+Under JupyterHub, where the hub runs ``hami-jupyter hub-service`` and this
+user is one of its administrators, ``AdminPanel()`` shows the whole hub
+instead, every node, GPU, user and kernel, with the same controls
+(:mod:`.hub_view`); a user the service refuses gets what follows, for this
+host, with a one-line note why. Everything below is that host view.
+
 ``AdminPanel()`` in a notebook shows the host's GPUs (NVML: name, memory,
 utilization, and how much memory hard slices are promised on each), a table
 of each slice's memory per GPU, what the slice counts beside what the guard
@@ -51,8 +57,9 @@ from ..slice import parking
 from ..slice.paths import default_root
 from ..slice.size import format_size
 from ..slice.status_html import LEVEL_COLOUR, format_html
-from . import actions, audit, changes, marks
+from . import actions, audit, changes, hub_client, marks
 from .changes import READ_ONLY
+from .hub_view import HubView
 
 DEFAULT = -1  # the entry selector's value for the slice's default entry
 
@@ -387,10 +394,18 @@ class AdminPanel:
     default); *audit_path* defaults to ``<root>/audit.log``; *overcommit*
     is the initial state of the "allow memory overcommit" box. With
     ``start=False`` nothing refreshes by itself (call :meth:`refresh`).
+
+    Under JupyterHub with the hub service (``HAMI_HUB_SERVICE_URL`` in the
+    environment, see :mod:`.hub_client`), and no *root* given, it shows the
+    whole hub instead (:class:`.hub_view.HubView`, in :attr:`hub`; :attr:`mode`
+    is "hub"). When the service refuses this user or does not answer, it shows
+    this host as above, with a one-line note why (:attr:`hub_note`). *hub*:
+    "auto" (the default), False (this host only), or a
+    :class:`.hub_client.HubClient`.
     """
 
     def __init__(self, root=None, *, audit_path=None, gpu_source=None, interval=1.0,
-                 overcommit=False, start=True):
+                 overcommit=False, start=True, hub="auto"):
         self.root = Path(root) if root else default_root()
         self.audit_path = Path(audit_path) if audit_path else audit.default_path(self.root)
         self.gpu_source, self.interval = gpu_source or read_gpus, interval
@@ -402,6 +417,17 @@ class AdminPanel:
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hami-admin", daemon=True)
+        self.hub, self.hub_note = self._connect_hub(hub, root)
+        self.mode = "local" if self.hub is None else "hub"
+        self.footer = widgets.HTML()
+        if self.hub is not None:
+            # The service refreshes on its own clock: reading faster shows nothing new.
+            self.interval = max(interval, float(self.hub.service.get("refresh_seconds") or 0) / 2)
+            self.widget = widgets.VBox([self.hub.widget, self.footer])
+            self.refresh()
+            if start:
+                self.start()
+            return
         self.title = widgets.HTML(f"<b>HAMi slices</b> <span style='{_MUTED}'>"
                                   f"{escape(str(self.root))}</span>")
         self.banner = widgets.HTML()
@@ -411,19 +437,42 @@ class AdminPanel:
         self.gpu_table = widgets.HTML()
         self.memory_table = widgets.HTML()  # each slice per GPU: used, cap, real (guard)
         self.slices = widgets.VBox()
-        self.footer = widgets.HTML()
-        self.widget = widgets.VBox([self.title, self.banner, self.gpu_table, self.overcommit,
-                                    self.memory_table, self.slices, self.footer])
+        self.hub_notice = widgets.HTML(
+            f'<div class="hami-hub-note" style="{_MUTED}">{escape(self.hub_note)}</div>'
+            if self.hub_note else "")
+        self.widget = widgets.VBox([self.title, self.hub_notice, self.banner, self.gpu_table,
+                                    self.overcommit, self.memory_table, self.slices, self.footer])
         self.refresh()
         if start:
             self.start()
+
+    @staticmethod
+    def _connect_hub(hub, root):
+        """``(HubView or None, note or None)`` for the *hub* argument (see the class)."""
+        if hub is False or (hub == "auto" and root is not None):
+            return None, None
+        if hub == "auto":
+            client, first, note = hub_client.connect()
+        else:
+            client, first, note = hub, None, None
+            try:
+                first = client.document()
+            except hub_client.HubServiceError as e:
+                client, note = None, (f"the hub view is unavailable ({e}): this shows this "
+                                      "server's host only")
+        if client is None:
+            return None, note
+        return HubView(client, first), None
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
 
     @property
     def read_only(self):
-        """True when this user can change no slice shown."""
+        """True when this user can change no slice shown (the hub view: never; the
+        service answers only administrators)."""
+        if self.hub is not None:
+            return False
         return all(f.read_only for f in self.forms.values())
 
     @property
@@ -431,7 +480,14 @@ class AdminPanel:
         return self._thread.is_alive() and not self._stopping.is_set()
 
     def refresh(self):
-        """Read the GPUs and every slice once, and show them."""
+        """Read the GPUs and every slice once (the hub view: the service's document), and show them."""
+        if self.hub is not None:
+            with self._lock:
+                self.hub.refresh()
+                self.refresh_count += 1
+                self.footer.value = (f"<small style='{_MUTED}'>updated {time.strftime('%H:%M:%S')}"
+                                     f"{f', every {self.interval:g} s' if self.running else ''}</small>")
+            return
         with self._lock:
             try:
                 gpus, message = self.gpu_source()

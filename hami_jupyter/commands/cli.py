@@ -5,7 +5,9 @@
 ``slice list|set|reset`` shows and resizes slices (administrators), ``audit
 verify`` checks the audit log, ``admin-service`` applies administrators'
 changes as root, ``guard`` holds memory caps with the driver's figures (a
-root service), and ``demo`` shows a slice at work. This module only parses arguments and prints;
+root service), ``hub-service`` is the hub-wide view (a JupyterHub service,
+configured with traitlets: its arguments go to it untouched), and ``demo``
+shows a slice at work. This module only parses arguments and prints;
 the work is done by the modules it calls.
 
 Exit status: 0 when all went well, 1 when something failed (a slice that
@@ -203,6 +205,15 @@ def _guard(args):
         raise Failure(str(e)) from None
 
 
+# ---- hub-service ----------------------------------------------------------------
+
+
+def _hub_service(options):
+    from ..hubview.app import main as service_main
+
+    return service_main(options)
+
+
 # ---- demo ---------------------------------------------------------------------
 
 
@@ -300,6 +311,13 @@ def build_parser(with_demo_options=False):
                    help="what the log shows (default info)")
     p.set_defaults(func=_guard, cli_prog=p.prog)
 
+    p = sub.add_parser(
+        "hub-service", add_help=False,
+        help="one view of every server's slices under JupyterHub (a JupyterHub service)",
+        description="Run the hub-wide view as a JupyterHub service (docs/hub-view.md). Its "
+                    "options are traitlets settings: `hami-jupyter hub-service --help-all`.")
+    p.set_defaults(cli_prog=p.prog)
+
     p = sub.add_parser("demo", help="show a slice at work (on the simulated GPU without a driver)")
     if with_demo_options:
         from . import demo
@@ -314,6 +332,8 @@ def build_parser(with_demo_options=False):
 def main(argv=None):
     """Run the command line; return the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["hub-service"]:  # traitlets parses its own options, --help included
+        return _hub_service(argv[1:])
     parser = build_parser(with_demo_options=argv[:1] == ["demo"])
     try:
         args = parser.parse_args(argv)

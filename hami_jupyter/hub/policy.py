@@ -26,6 +26,10 @@ allowed).
 
 Every size is checked when the policy is built, so a typo stops the hub at
 start-up with a message naming the size, never at a user's spawn.
+
+With ``next_sizes_file`` set, a size an administrator picked for a user's
+next start (through the hub service, on Kubernetes, where a running slice
+cannot grow: :mod:`.next_sizes`) beats all of the above until it is cleared.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import pwd
 from traitlets import Dict, Unicode, Union
 from traitlets.config import LoggingConfigurable
 
-from . import spawner
+from . import next_sizes, spawner
 from .sizes import PolicyError, parse_size_spec
 
 class SlicePolicy(LoggingConfigurable):
@@ -57,6 +61,11 @@ class SlicePolicy(LoggingConfigurable):
                          help="Folder the hub keeps slice files in (created if missing).")
     admin_group = Unicode(None, allow_none=True, config=True,
                           help="Unix group whose members may change limits (panel, CLI).")
+    next_sizes_file = Unicode(
+        None, allow_none=True, config=True,
+        help="JSON file of the sizes administrators picked for users' next starts "
+             "(written by `hami-jupyter hub-service`, read at every spawn; a picked size "
+             "beats users, groups and default). None: no such picks.")
     group_source = Unicode(
         "jupyterhub", config=True,
         help="Which groups the names in ``groups`` and ``offer`` mean. "
@@ -178,9 +187,19 @@ class SlicePolicy(LoggingConfigurable):
                 return size
         return self._default
 
+    def own_size(self, user, groups=()):
+        """:meth:`size_of`, unless an administrator picked the user's next size."""
+        picked = next_sizes.size_for(self.next_sizes_file, user) if self.next_sizes_file else None
+        if picked is not None:
+            if picked in self._sizes:
+                return self._sizes[picked]
+            self.log.warning("hami-jupyter: the next size picked for %s, %r, is no size of the "
+                             "policy any more: the policy's size counts", user, picked)
+        return self.size_of(user, groups)
+
     def offered(self, user, groups=()):
         """Sizes the user may pick, their own first (names unique, order kept)."""
-        own = self.size_of(user, groups)
+        own = self.own_size(user, groups)
         names = []
         for who in ("*", *groups, user):
             names += self.offer.get(who, [])
@@ -194,7 +213,7 @@ class SlicePolicy(LoggingConfigurable):
         """The size a spawn uses: *picked* (a size name from a form or profile)
         if the user may have it, else their own. PolicyError if not allowed."""
         if not picked:
-            return self.size_of(user, groups)
+            return self.own_size(user, groups)
         if picked not in self._sizes:
             raise PolicyError(f"no slice size named {picked!r}; sizes: {', '.join(self._sizes) or 'none'}")
         for size in self.offered(user, groups):

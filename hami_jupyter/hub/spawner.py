@@ -51,7 +51,7 @@ def _refuse(policy, spawner, error):
     from tornado.web import HTTPError
 
     _forget_pick(spawner)
-    own = policy.size_of(spawner.user.name, _groups(policy, spawner))
+    own = policy.own_size(spawner.user.name, _groups(policy, spawner))
     then = f"your own size ({own.name})" if own is not None else "no slice limits"
     return HTTPError(400, f"{error}. This choice is not kept: a start without "
                           f"{FORM_FIELD!r} gets {then}")

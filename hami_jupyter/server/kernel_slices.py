@@ -7,18 +7,24 @@ same reading ``%hami status`` shows, summed up for a status bar, with memory
 levels by the server's configured thresholds (:class:`.config.SliceDisplay`),
 and the guard's figures beside the slice's own (``memory_real``,
 ``guard_state`` and ``guard`` of the slice; per GPU in ``gpus``).
+The answer of ``hami/v1/slices`` also says where the server runs (``node``),
+that host's GPUs (``host_gpus``) and how idle each kernel is
+(``kernel_activity``), from :mod:`.host`: what the hub service needs to place
+this server's slices among the hub's nodes and GPUs.
 A slice file that cannot be read is one line of advice
 (:mod:`hami_jupyter.advice`), never an error of the whole answer: the other
 slices and kernels still show.
 """
 
 import os
+import time
 
 from ..advice import advice
 from ..provisioning.provisioner import HamiProvisioner
 from ..slice.file import SliceFileError
 from ..slice.paths import SliceNameError, slice_name, slice_path
 from ..slice.status import CRITICAL_FRACTION, WARNING_FRACTION, slice_status
+from . import host
 
 NOT_HAMI = ("the kernel was not started by the HAMi provisioner (its kernelspec does not "
             "use hami-provisioner), so no GPU slice limits it")
@@ -90,9 +96,15 @@ def read_slice(path, server_kernels, fractions=(WARNING_FRACTION, CRITICAL_FRACT
 def slices_body(kernel_manager, fractions=(WARNING_FRACTION, CRITICAL_FRACTION)):
     """The body of ``GET hami/v1/slices``."""
     by_kernel, paths = server_slices(kernel_manager)
+    gpus, gpu_message = host.host_gpus()
     return {
         "slices": [read_slice(p, set(by_kernel), fractions) for p in paths],
         "kernels": {k: (slice_name(p) if p is not None else None) for k, p in by_kernel.items()},
+        "node": host.node_name(),
+        "read_unix": time.time(),
+        "host_gpus": gpus,
+        "host_gpus_error": gpu_message,
+        "kernel_activity": host.kernel_activity(kernel_manager),
     }
 
 

@@ -70,3 +70,51 @@ def test_z2jh_values_profiles_are_what_the_policy_produces(monkeypatch):
     exec(values["hub"]["extraConfig"]["hami-slices"], {"c": c})
     produced = c.KubeSpawner.profile_list(user("dave", "research"))
     assert values["singleuser"]["profileList"] == produced
+
+
+def _service(c, name="hami-hub"):
+    (entry,) = [s for s in c.JupyterHub.services if s["name"] == name]
+    return entry
+
+
+def test_single_host_example_runs_the_hub_view(monkeypatch):
+    from hami_jupyter.hubview.app import HamiHubService
+
+    c = run_config(EXAMPLES / "jupyterhub_config.py", monkeypatch)
+    entry = _service(c)
+    assert os.path.basename(entry["command"][0]) == "hami-jupyter"
+    assert entry["command"][1] == "hub-service"
+    app = HamiHubService()
+    app.initialize(entry["command"][2:])  # the command line the hub will run, as it parses it
+    assert (app.slice_root, app.admin_groups, app.kubernetes) == ("/run/hami-jupyter",
+                                                                  ["hami-admin"], False)
+    assert app.proxy_url == "http://127.0.0.1:8000"  # JupyterHub's default bind_url
+    assert "hami-admin" in _service(c, "hami-admin")["command"]  # the admin service stays
+    assert "access:services!service=hami-hub" in c.Spawner.server_token_scopes
+    assert c.Spawner.environment["HAMI_HUB_SERVICE_URL"] == \
+        "http://127.0.0.1:8000/services/hami-hub/"
+    roles = {r["name"]: r for r in c.JupyterHub.load_roles}
+    assert "delete:servers" in roles["hami-hub"]["scopes"]
+    assert roles["hami-hub-admins"]["groups"] == ["hami-admin"]
+
+
+def test_z2jh_values_run_the_hub_view_for_next_starts():
+    from hami_jupyter.hubview.app import HamiHubService
+
+    yaml = pytest.importorskip("yaml")
+    values = yaml.safe_load((EXAMPLES / "z2jh-values.yaml").read_text())
+    c = Config()
+    c.KubeSpawner.environment = dict(values["singleuser"]["extraEnv"])  # as z2jh sets it
+    exec(values["hub"]["extraConfig"]["hami-slices"], {"c": c})
+    entry = _service(c)
+    assert entry["url"] == "http://hub:10101"
+    app = HamiHubService()
+    app.initialize(entry["command"][2:])
+    assert app.kubernetes and app.service_url == "http://0.0.0.0:10101"
+    assert app.next_sizes_file == c.SlicePolicy.next_sizes_file
+    assert app.sizes == ["small", "large"]
+    assert c.KubeSpawner.environment["HAMI_HUB_SERVICE_URL"] == \
+        "http://proxy-public/services/hami-hub/"
+    assert values["singleuser"]["extraEnv"]["HAMI_NODE_NAME"]["valueFrom"]["fieldRef"] == \
+        {"fieldPath": "spec.nodeName"}
+    assert {p["port"] for p in values["hub"]["service"]["extraPorts"]} == {10101}

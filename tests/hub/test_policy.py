@@ -226,3 +226,24 @@ def test_unknown_jupyterhub_group_names_warn_at_first_spawn(unix_host, caplog):
 def test_unknown_group_source_stops_the_hub():
     with pytest.raises(PolicyError, match="group_source: 'ldap' is not one of"):
         policy(group_source="ldap")
+
+
+def test_an_administrators_next_size_beats_the_policy_until_cleared(tmp_path):
+    """What the hub service stores on Kubernetes: the user's next start gets the
+    picked size, first among their profiles; clearing it gives the policy's back."""
+    from hami_jupyter.hub import next_sizes
+
+    store = tmp_path / "next-sizes.json"
+    p = policy(next_sizes_file=str(store))
+    assert p.own_size("dave").name == "small"
+    next_sizes.pick(store, "dave", "large", by="root", sizes=p.size_names)
+    assert p.choose("dave").name == "large"
+    profiles = kubespawner_profiles(p)(spawner("dave"))
+    assert [(x["slug"], x.get("default", False)) for x in profiles][0] == ("large", True)
+    assert p.size_of("dave").name == "small"  # the policy itself is unchanged
+    with pytest.raises(next_sizes.NextSizesError, match="no slice size named 'huge'"):
+        next_sizes.pick(store, "dave", "huge", by="root", sizes=p.size_names)
+    next_sizes.pick(store, "dave", None, by="root")
+    assert p.choose("dave").name == "small"
+    store.write_text("{not json")  # damaged: no pick counts, no spawn is refused
+    assert p.choose("dave").name == "small"

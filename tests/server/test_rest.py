@@ -138,7 +138,8 @@ async def test_kernel_outside_a_slice(start_kernel, get_json):
     assert set(body) == {"kernel_id", "in_slice", "reason"}
     assert (body["kernel_id"], body["in_slice"]) == (k.id, False)
     assert "HAMi provisioner" in body["reason"]
-    assert await get_json("hami", "v1", "slices") == {"slices": [], "kernels": {k.id: None}}
+    body = await get_json("hami", "v1", "slices")
+    assert (body["slices"], body["kernels"]) == ([], {k.id: None})
 
 
 async def test_unknown_kernel_is_a_json_404(jp_fetch):
@@ -190,12 +191,34 @@ async def test_slices_lists_the_kernels_slices(start_kernel, get_json, jp_fetch,
     for kernel in (a, b, plain):
         await jp_fetch("api", "kernels", kernel.id, method="DELETE")
     kernel_registry.unregister(path, other)
-    assert await get_json("hami", "v1", "slices") == {"slices": [], "kernels": {}}
+    empty = await get_json("hami", "v1", "slices")
+    assert (empty["slices"], empty["kernels"], empty["kernel_activity"]) == ([], {}, {})
     monkeypatch.setenv("HAMI_SLICE", USER)
     (s,) = (await get_json("hami", "v1", "slices"))["slices"]
     assert (s["slice"], s["path"], s["kernels"]) == (USER, str(path), [])
     monkeypatch.setenv("HAMI_SLICE", "nobody")
     assert (await get_json("hami", "v1", "slices"))["slices"] == []
+
+
+async def test_slices_say_where_the_server_runs(start_kernel, get_json, monkeypatch):
+    """The hub service places each server's slices by these: the node (HAMI_NODE_NAME
+    over the host name), the node's GPUs from NVML, each kernel's idle time."""
+    monkeypatch.setenv("HAMI_NODE_NAME", "gpu-node-7")
+    k = await start_kernel()
+    await k.run("pass")
+    body = await get_json("hami", "v1", "slices")
+    assert body["node"] == "gpu-node-7"
+    # This test's server runs in the pytest process, which cannot load the
+    # simulated NVML (LD_LIBRARY_PATH counts at process start): the answer says
+    # why there are no GPUs. The hub service's test reads them from real servers.
+    assert body["host_gpus"] == []
+    assert "NVML" in body["host_gpus_error"]
+    activity = body["kernel_activity"][k.id]
+    assert activity["execution_state"] == "idle"
+    assert 0 <= activity["idle_seconds"] < 60
+    monkeypatch.delenv("HAMI_NODE_NAME")
+    import socket
+    assert (await get_json("hami", "v1", "slices"))["node"] == socket.gethostname()
 
 
 async def test_damaged_slice_file_is_advice(start_kernel, get_json, jp_fetch, slice_env):

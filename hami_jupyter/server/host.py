@@ -1,0 +1,66 @@
+"""Which host a server runs on, its GPUs, and how idle each of its kernels is.
+
+The hub service (:mod:`hami_jupyter.hubview`) puts every server's answer of
+``hami/v1/slices`` under the node the server runs on and the GPUs of that
+node, so the answer says both. Nothing else tells the hub where a server
+runs: the Hub REST API knows a server's URL, not its host.
+
+The node is ``HAMI_NODE_NAME`` when set, else the host name. On Kubernetes a
+pod's host name is the pod's name, so the spawner should pass the node's name
+in (``HAMI_NODE_NAME`` from the downward API's ``spec.nodeName``); tests use
+it to put servers of one machine on two "nodes".
+
+The GPUs are NVML's, read in the server process, which runs without the
+preload library, so the figures are physical (:mod:`hami_jupyter.gpus`).
+A kernel's idle time is Jupyter's own: the time since its last message.
+"""
+
+import os
+import socket
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+
+from ..gpus import read_gpus
+
+NODE_VARIABLE = "HAMI_NODE_NAME"
+
+
+def node_name(env=None):
+    """``HAMI_NODE_NAME``, else this host's name."""
+    env = os.environ if env is None else env
+    return env.get(NODE_VARIABLE) or socket.gethostname()
+
+
+def host_gpus():
+    """``(gpus as dicts, why they are missing or None)``: NVML's GPUs of this host."""
+    gpus, message = read_gpus()
+    return [asdict(g) for g in gpus], message
+
+
+def _unix(when):
+    if not isinstance(when, datetime):
+        return None
+    if when.tzinfo is None:  # jupyter_server keeps UTC
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+def kernel_activity(kernel_manager, now=None):
+    """``{kernel_id: {"execution_state", "last_activity_unix", "idle_seconds"}}``
+    of every kernel of the server; idle is None when Jupyter has no time for it.
+    The server works the idle time out itself, so no two hosts' clocks meet."""
+    now = time.time() if now is None else now
+    found = {}
+    for kernel_id in kernel_manager.list_kernel_ids():
+        try:
+            kernel = kernel_manager.get_kernel(kernel_id)
+        except KeyError:  # shut down meanwhile
+            continue
+        last = _unix(getattr(kernel, "last_activity", None))
+        found[kernel_id] = {
+            "execution_state": getattr(kernel, "execution_state", None),
+            "last_activity_unix": last,
+            "idle_seconds": None if last is None else max(0.0, round(now - last, 1)),
+        }
+    return found

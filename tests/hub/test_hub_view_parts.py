@@ -1,0 +1,233 @@
+"""The hub view's parts without a hub: the document from servers' answers, the
+history, Prometheus's targets, the actions' answers on Kubernetes, the
+service's registration in a config, and the charts."""
+
+import asyncio
+import logging
+from types import SimpleNamespace
+
+import pytest
+from traitlets.config import Config
+
+from hami_jupyter.admin.sparkline import sparkline
+from hami_jupyter.hub import SlicePolicy, next_sizes, register_hub_service
+from hami_jupyter.hubview import document as doc
+from hami_jupyter.hubview.actions import ActionError, Actions
+from hami_jupyter.hubview.app import HamiHubService
+from hami_jupyter.hubview.history import History
+from hami_jupyter.hubview.metrics import targets
+
+MiB, GiB = 1 << 20, 1 << 30
+GPU = "GPU-aaaaaaaa-0000-4000-8000-00000000000a"
+
+
+def kernel(kid, user, mib=0, parked=0):
+    used = {GPU: mib * MiB} if mib else {}
+    return {"kernel_id": kid, "user": user, "kernelspec": "hami-python3", "pid": 1,
+            "memory_used": mib * MiB, "memory_parked": parked, "sm_util": 0,
+            "park_state": "parked" if parked else "running",
+            "processes": [{"pid": 10, "memory_used": used, "sm_util": {},
+                           "parked": {GPU: parked} if parked else {}}] if (mib or parked) else []}
+
+
+def status(name, kernels, used=0, limit=GiB):
+    return {"slice": name, "path": f"/run/hami-jupyter/{name}.slice",
+            "default_limit": {"memory_limit": limit, "sm_share": 25, "mode": "hard"},
+            "gpus": [{"index": 0, "uuid": GPU, "memory_total": 16 * GiB, "memory_used": used,
+                      "memory_limit": limit, "memory_parked": 0, "memory_real": None,
+                      "guard_state": None, "sm_share": 25, "sm_util": 3, "mode": "hard",
+                      "memory_level": "ok", "limit_is_fallback": True}],
+            "kernels": kernels}
+
+
+def answer(node, slices, own, activity=None):
+    return {"node": node, "slices": slices, "kernels": {k: s for k, s in own.items()},
+            "host_gpus": [{"index": 0, "uuid": GPU, "name": "Simulated GPU",
+                           "memory_total": 16 * GiB, "memory_used": GiB, "utilization": 5}],
+            "host_gpus_error": None, "kernel_activity": activity or {}}
+
+
+def test_one_users_two_servers_on_one_node_share_a_slice_listed_once():
+    k1, k2 = kernel("k1", "alice", 100), kernel("k2", "alice", 50)
+    shared = status("alice", [k1, k2], used=150 * MiB)
+    readings = [
+        doc.Reading(doc.ServerRef("alice", "", "/user/alice/"),
+                    answer("n1", [shared], {"k1": "alice"},
+                           {"k1": {"execution_state": "busy", "idle_seconds": 0.0}})),
+        doc.Reading(doc.ServerRef("alice", "gpu2", "/user/alice/gpu2/"),
+                    answer("n1", [shared], {"k2": "alice"},
+                           {"k2": {"execution_state": "idle", "idle_seconds": 42.0}})),
+    ]
+    d = doc.build(readings, 1000.0)
+    (node,) = d["nodes"]
+    (gpu,) = node["gpus"]
+    assert (gpu["name"], gpu["memory_total"], gpu["memory_used"]) == ("Simulated GPU", 16 * GiB,
+                                                                      150 * MiB)
+    (s,) = gpu["slices"]  # once, though both servers reported it
+    owners = {k["kernel_id"]: (k["server"], k["execution_state"], k["idle_seconds"])
+              for k in s["kernels"]}
+    assert owners == {"k1": ("", "busy", 0.0), "k2": ("gpu2", "idle", 42.0)}
+    (alice,) = d["users"]
+    assert (alice["servers"], alice["kernels"], alice["memory_used"], alice["memory_limit"]) == \
+        (["", "gpu2"], 2, 150 * MiB, GiB)
+
+
+def test_servers_that_do_not_answer_stay_listed_and_kernels_off_the_gpu_too():
+    idle = kernel("k3", "bob")  # started, never touched the GPU
+    readings = [
+        doc.Reading(doc.ServerRef("bob", "", "/user/bob/"),
+                    answer("n2", [status("bob", [idle]),
+                                  {"slice": "broken", "path": "/x/broken.slice",
+                                   "error": "hami: damaged"}],
+                           {"k3": "bob", "k4": None})),
+        doc.Reading(doc.ServerRef("carol", "", "/user/carol/"), error="HTTP 503 Service Unavailable"),
+        doc.Reading(doc.ServerRef("dave", "", "/user/dave/", ready=False, pending="spawn"),
+                    error="the server is starting"),
+    ]
+    d = doc.build(readings, 1000.0)
+    states = {s["user"]: (s["state"], s["error"]) for s in d["servers"]}
+    assert states == {"bob": ("ready", None), "carol": ("unreachable", "HTTP 503 Service Unavailable"),
+                      "dave": ("pending", "the server is starting")}
+    assert [s["user"] for s in d["unreachable"]] == ["carol"]
+    (node,) = d["nodes"]
+    assert [k["kernel_id"] for k in node["kernels_without_gpu"]] == ["k3", "k4"]
+    assert node["kernels_without_gpu"][1]["slice"] is None  # not started in a slice
+    assert node["errors"][0]["error"] == "hami: damaged"
+
+
+def test_history_keeps_the_last_minutes_only():
+    h = History(seconds=60)
+    readings = [doc.Reading(doc.ServerRef("alice", "", "/user/alice/"),
+                            answer("n1", [status("alice", [kernel("k1", "alice", 10)],
+                                                 used=10 * MiB)], {"k1": "alice"}))]
+    for t in (0, 30, 61, 90):
+        h.add(doc.build(readings, float(t)))
+    samples = h.as_dict()["gpus"][f"n1/{GPU}"]
+    assert [s[0] for s in samples] == [30, 61, 90]
+    assert samples[-1][1:3] == [10 * MiB, 16 * GiB]
+    assert h.as_dict()["users"]["alice"][-1][1:3] == [10 * MiB, GiB]
+
+
+def test_prometheus_targets_go_through_the_proxy_or_a_subdomain():
+    d = {"servers": [{"user": "a", "server": "", "url": "/hub-base/user/a/", "node": "n1"},
+                     {"user": "b", "server": "x", "url": "https://b.hub.example.org/user/b/x/",
+                      "node": None}]}
+    a, b = targets(d, "http://127.0.0.1:8000")
+    assert a == {"targets": ["127.0.0.1:8000"],
+                 "labels": {"__scheme__": "http", "__metrics_path__": "/hub-base/user/a/metrics",
+                            "user": "a", "server": "", "node": "n1"}}
+    assert (b["targets"], b["labels"]["__scheme__"], b["labels"]["__metrics_path__"]) == \
+        (["b.hub.example.org"], "https", "/user/b/x/metrics")
+
+
+class FakeService(SimpleNamespace):
+    async def refresh_after(self, what):
+        self.refreshed.append(what)
+
+
+def fake_service(tmp_path, **kw):
+    d = doc.build([doc.Reading(doc.ServerRef("alice", "", "/user/alice/"),
+                               answer("n1", [status("alice", [kernel("k1", "alice", 10)])],
+                                      {"k1": "alice"}))], 0.0)
+    settings = dict(document=d, kubernetes=False, node="n1", slice_root=str(tmp_path),
+                    sizes=["small", "large"], next_sizes_file=str(tmp_path / "next.json"),
+                    log=logging.getLogger("test"), refreshed=[], allow_stop_server=True,
+                    audit_path=lambda: tmp_path / "audit.log",
+                    server_ref=lambda user, name="": None)
+    return FakeService(**{**settings, **kw})
+
+
+def run(service, **request):
+    return asyncio.run(Actions(service).run(request, "ada"))
+
+
+def test_on_kubernetes_a_resize_says_next_start_and_the_next_size_is_stored(tmp_path):
+    service = fake_service(tmp_path, kubernetes=True)
+    with pytest.raises(ActionError) as refused:
+        run(service, action="resize", node="n1", slice="alice", memory="4g")
+    e = refused.value
+    assert e.status == 409 and "next server start" in str(e)
+    assert e.extra["applies"] == "next-start"
+    assert e.extra["next_size"] == {"user": "alice", "sizes": ["small", "large"], "available": True}
+    answer_ = run(service, action="next-size", user="alice", size="large")
+    assert answer_["ok"] and "'large'" in answer_["message"]
+    assert next_sizes.read(tmp_path / "next.json")["alice"]["by"] == "ada"
+    with pytest.raises(ActionError, match="no slice size named 'huge'"):
+        run(service, action="next-size", user="alice", size="huge")
+    run(service, action="next-size", user="alice", size=None)
+    assert next_sizes.read(tmp_path / "next.json") == {}
+
+
+def test_actions_refuse_what_the_hub_does_not_list(tmp_path):
+    service = fake_service(tmp_path)
+    with pytest.raises(ActionError) as e:
+        run(service, action="restart", user="alice", kernel_id="k1")
+    assert e.value.status == 404 and "not running" in str(e.value)
+    with pytest.raises(ActionError) as e:
+        run(service, action="resize", node="n2", slice="alice", memory="4g")
+    assert e.value.status == 404
+    with pytest.raises(ActionError) as e:
+        run(service, action="format-disk")
+    assert e.value.status == 400
+    service.allow_stop_server = False
+    with pytest.raises(ActionError) as e:
+        run(service, action="stop-server", user="alice")
+    assert e.value.status == 403
+
+
+def test_registering_the_service_grants_what_it_needs_and_no_more():
+    c = Config()
+    c.JupyterHub.port = 8123
+    c.JupyterHub.load_roles = [{"name": "mine", "scopes": ["read:hub"], "users": ["x"]}]
+    c.Spawner.environment = {"PATH": "/usr/bin"}
+    c.SlicePolicy.sizes = {"small": {"memory": "1g"}}
+    policy = SlicePolicy(config=c)
+    entry = register_hub_service(c, policy, admin_groups=["gpu-admins"], allow_stop_server=False)
+    assert entry["url"] == "http://127.0.0.1:10101"
+    assert "--proxy-url=http://127.0.0.1:8123" in entry["command"]
+    assert f"--slice-root={policy.slice_root}" in entry["command"]
+    assert "--no-stop-server" in entry["command"]
+    roles = {r["name"]: r for r in c.JupyterHub.load_roles}
+    assert roles["mine"]["scopes"] == ["read:hub"]  # the config's own roles stay
+    assert sorted(roles["hami-hub"]["scopes"]) == sorted(
+        ["list:users", "read:servers", "read:users:activity", "access:servers"])
+    assert roles["hami-hub-admins"] == {
+        "name": "hami-hub-admins", "groups": ["gpu-admins"],
+        "scopes": ["access:services!service=hami-hub"],
+        "description": roles["hami-hub-admins"]["description"]}
+    assert c.Spawner.server_token_scopes == [
+        "users:activity!user", "access:servers!server", "access:services!service=hami-hub"]
+    assert c.Spawner.environment == {"PATH": "/usr/bin",
+                                     "HAMI_HUB_SERVICE_URL": "http://127.0.0.1:8123/services/hami-hub/"}
+    # The service's own parser takes the command as written.
+    app = HamiHubService()
+    app.initialize(entry["command"][2:])
+    assert (app.proxy_url, app.admin_groups, app.allow_stop_server, app.sizes) == \
+        ("http://127.0.0.1:8123", ["gpu-admins"], False, ["small"])
+
+
+def test_the_service_admits_hub_admins_and_the_admin_groups():
+    app = HamiHubService()
+    app.initialize(["--HamiHubService.admin_groups=gpu-admins"])
+    assert app.is_admin({"name": "a", "admin": True, "groups": []})
+    assert app.is_admin({"name": "b", "admin": False, "groups": ["x", "gpu-admins"]})
+    assert not app.is_admin({"name": "c", "admin": False, "groups": ["x"]})
+
+
+def test_a_chart_draws_use_and_the_cap_as_a_line():
+    svg = sparkline([[0, 1 * GiB, 4 * GiB, 0], [60, 3 * GiB, 4 * GiB, 0]], label="alice")
+    assert svg.startswith("<svg") and 'class="hami-spark-cap"' in svg
+    assert "alice: 3.0 GiB of 4.0 GiB, last 1 min" in svg
+    assert 'class="hami-spark-cap"' not in sparkline([[0, GiB, 0, 0]])  # no cap: no line
+    assert sparkline([]) == ""
+
+
+def test_the_command_refuses_to_start_without_a_token(tmp_path):
+    import subprocess
+    import sys
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "hami_jupyter", "hub-service", "--refresh=2"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert "no API token" in run.stderr and "JUPYTERHUB_API_TOKEN" in run.stderr
