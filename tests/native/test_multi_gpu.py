@@ -84,19 +84,21 @@ def test_reordered_devices_cap_the_right_physical_gpu(cudrive, make_slice, gpu, 
     """CUDA_VISIBLE_DEVICES=1,0 (or the UUIDs, or unique prefixes of them, in
     that order): CUDA's device 0 is physical GPU 1, so _0's cap lands there;
     the slice file, NVML (physical order) and slice_status say so by UUID."""
-    u0, u1 = _uuids(gpu)
-    if form == "index":
-        cvd = "1,0"
-    elif form == "uuid":
-        cvd = f"{u1},{u0}"
-    else:  # the sim's UUIDs differ in their last digit only: the shortest unique prefixes
-        short = len(u0) - 1
-        assert u0[:short] == u1[:short] and u0 != u1
-        cvd = f"{u1[:short]}{u1[short:][:1]},{u0[:short]}{u0[short:][:1]}"
+    extra = {}
+    if form == "uuid-prefix":
+        # UUIDs that differ early, so that "GPU-bb" names one GPU; the first
+        # process creates the sim's state, and its configuration stays.
+        u0, u1 = "GPU-aaaaaaaa-0000-4000-8000-000000000000", "GPU-bbbbbbbb-0000-4000-8000-000000000001"
+        extra["HAMI_SIM_UUIDS"] = f"{u0},{u1}"
+        cvd = "GPU-bb,GPU-aa"
+    else:
+        u0, u1 = _uuids(gpu)
+        cvd = "1,0" if form == "index" else f"{u1},{u0}"
     s = make_slice(limit=None, overhead="64m", CUDA_DEVICE_MEMORY_LIMIT_0="1g",
-                   CUDA_DEVICE_MEMORY_LIMIT_1="512m", CUDA_VISIBLE_DEVICES=cvd)
+                   CUDA_DEVICE_MEMORY_LIMIT_1="512m", CUDA_VISIBLE_DEVICES=cvd, **extra)
     p = cudrive.start(s.env)
     p.ok("init")
+    assert _uuids(gpu) == [u0, u1]
     assert p.ok("count")["count"] == 2
     assert [p.ok(f"uuid {i}")["uuid"] for i in (0, 1)] == [u1, u0]
     assert [p.ok(f"totalmem {i}")["total"] for i in (0, 1)] == [GiB, 512 * MiB]
