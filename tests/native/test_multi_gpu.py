@@ -11,6 +11,7 @@ sim's context), so the once-a-second true-up against NVML finds nothing to add.
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,76 @@ def test_slice_set_device_changes_one_gpu_of_a_running_process(cudrive, make_sli
     assert (s.used(0), s.used(1)) == (1536 * MiB, GiB)
     assert gpu.peak(1) == GiB
     assert gpu.used(0) == 1536 * MiB
+
+
+# ---- SM shares, one per GPU ------------------------------------------------------
+
+KERNEL_NS = 1_000_000  # 1 ms kernels, as in test_sm_share.py
+SM_TOLERANCE = 0.05
+
+
+def _burner(cudrive, env, dev):
+    p = cudrive.start(env)
+    p.ok("init")
+    p.ok(f"ctx {dev}")
+    return p
+
+
+def _burn_together(procs, seconds):
+    """Every process burns for *seconds* at once; their achieved shares."""
+    for p in procs:
+        p.send(f"burn launch {KERNEL_NS} {seconds}")
+    shares = []
+    for p in procs:
+        rec = p.read(timeout=seconds + 30)
+        assert rec["op"] == "burn" and rec["rc"] == 0 and rec["launches"] > 0, rec
+        shares.append(rec["share"])
+    return shares
+
+
+def test_one_slice_holds_a_different_sm_share_on_each_gpu(cudrive, make_slice, gpu):
+    """One hard slice, SM share 30 % on GPU 0 and 70 % on GPU 1, one process
+    burning on each GPU at the same time: each gets its own GPU's share."""
+    s = make_slice(limit=None, overhead="64m", CUDA_DEVICE_SM_LIMIT_0="30",
+                   CUDA_DEVICE_SM_LIMIT_1="70", HAMI_SM_MODE="hard")
+    procs = [_burner(cudrive, s.env, 0), _burner(cudrive, s.env, 1)]
+    _burn_together(procs, 1)  # the controllers settle
+    got0, got1 = _burn_together(procs, 4)
+    assert abs(got0 - 0.30) <= SM_TOLERANCE and abs(got1 - 0.70) <= SM_TOLERANCE, (got0, got1)
+    snap = s.snapshot()
+    assert slice_device(snap, gpu.uuid(0)).limit.sm_share == 30
+    assert slice_device(snap, gpu.uuid(1)).limit.sm_share == 70
+
+
+def test_reordered_sm_shares_land_on_the_right_physical_gpu(cudrive, make_slice, gpu):
+    """CUDA_VISIBLE_DEVICES=1,0 with _0 = 30 % and _1 = 70 %: the process's
+    device 0 is physical GPU 1, which the sim sees 30 % busy while the same
+    process's device 1 (physical GPU 0) runs 70 % busy."""
+    u0, u1 = _uuids(gpu)
+    s = make_slice(limit=None, overhead="64m", CUDA_DEVICE_SM_LIMIT_0="30",
+                   CUDA_DEVICE_SM_LIMIT_1="70", HAMI_SM_MODE="hard", CUDA_VISIBLE_DEVICES="1,0")
+    on_phys1, on_phys0 = _burner(cudrive, s.env, 0), _burner(cudrive, s.env, 1)
+    _burn_together([on_phys1, on_phys0], 1)
+    for p in (on_phys1, on_phys0):
+        p.send(f"burn launch {KERNEL_NS} 4")
+    time.sleep(2.5)
+    # The sim's own measure, by physical device: busy share of the last second.
+    busy = [d["utilization"] for d in gpu.status()["devices"]]
+    shares = [p.read(timeout=40)["share"] for p in (on_phys1, on_phys0)]
+    assert abs(shares[0] - 0.30) <= SM_TOLERANCE and abs(shares[1] - 0.70) <= SM_TOLERANCE, shares
+    assert abs(busy[1] / 100 - 0.30) <= 2 * SM_TOLERANCE, busy
+    assert abs(busy[0] / 100 - 0.70) <= 2 * SM_TOLERANCE, busy
+    snap = s.snapshot()
+    assert (slice_device(snap, u1).limit.sm_share, slice_device(snap, u0).limit.sm_share) == (30, 70)
+
+
+def test_live_sm_change_on_one_gpu_leaves_the_other(cudrive, make_slice, gpu):
+    """`slice set --device <uuid of GPU 1> --sm 20` while both GPUs burn at
+    50 %: GPU 1 follows, GPU 0 keeps its 50 %."""
+    s = make_slice(limit=None, overhead="64m", CUDA_DEVICE_SM_LIMIT="50", HAMI_SM_MODE="hard")
+    procs = [_burner(cudrive, s.env, 0), _burner(cudrive, s.env, 1)]
+    _burn_together(procs, 1)
+    _slice_set(gpu, s.path, "--device", gpu.uuid(1), "--sm", "20")
+    _burn_together(procs, 2)  # settled within 2 s
+    got0, got1 = _burn_together(procs, 3)
+    assert abs(got0 - 0.50) <= SM_TOLERANCE and abs(got1 - 0.20) <= SM_TOLERANCE, (got0, got1)
