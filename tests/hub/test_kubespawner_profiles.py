@@ -139,7 +139,7 @@ def notebook_container(pod):
 
 
 def env_of(container):
-    return {e["name"]: e["value"] for e in container.get("env") or []}
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env") or []}
 
 
 def hami_env(container):
