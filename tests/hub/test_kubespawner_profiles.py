@@ -407,7 +407,10 @@ def test_the_z2jh_example_through_kubespawner(KubeSpawner):
     assert env["JUPYTER_DEFAULT_PROVISIONER_NAME"] == "hami-provisioner"
     assert hami_env(container) == {
         "HAMI_SLICE_ROOT": "/tmp/hami-jupyter", "HAMI_MEMORY_LIMIT": str(24 * GiB),
-        "HAMI_SM_LIMIT": "50", "HAMI_SM_MODE": "hard", "HAMI_SLICE_SIZE": "large"}
+        "HAMI_SM_LIMIT": "50", "HAMI_SM_MODE": "hard", "HAMI_SLICE_SIZE": "large",
+        # The hub view: the node from the downward API, the service's address.
+        "HAMI_NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+        "HAMI_HUB_SERVICE_URL": "http://proxy-public/services/hami-hub/"}
     assert container["resources"]["limits"] == container["resources"]["requests"] == {
         "nvidia.com/gpu": "1", "nvidia.com/gpumem": "24576", "nvidia.com/gpucores": "50"}
     assert "--HamiParking.enabled=True" in container["args"]
