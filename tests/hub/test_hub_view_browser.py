@@ -11,7 +11,8 @@ notebook on the hami-python3 kernel in ada's JupyterLab and runs
 ``AdminPanel()`` in a cell the way a user does. The ipywidgets render: the
 hub view lists both nodes with their GPUs, and alice's, carol's and ada's
 kernels. In alice's slice form ada types a 2 GiB memory cap and clicks
-Apply. Then: the outcome shows in the page, alice's limits file on node-a
+Apply (the form's row wraps, so Apply lies within the notebook at the
+browser tests' 1440 px). Then: the outcome shows in the page, alice's limits file on node-a
 holds 2 GiB, the audit log has the change (ada, via the hub service), the
 page's hub view shows the new cap, and alice's running kernel follows: the
 same 1.5 GiB allocation now succeeds. The screenshot
@@ -95,7 +96,8 @@ def page(chromium, view_hub, request):
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, env=env,
                                     headless=True, timeout=30_000)
         try:
-            context = browser.new_context(viewport=VIEWPORT)
+            # The browser tests' width; tall enough for the whole panel in the screenshot.
+            context = browser.new_context(viewport={**VIEWPORT, "height": 2000})
             context.set_default_timeout(15_000)
             pg = context.new_page()
             errors = []
@@ -202,9 +204,18 @@ def test_an_admins_click_resizes_a_slice_and_the_running_kernel_follows(view_hub
     memory = form.locator(".widget-text", has=page.locator("label", has_text="memory")).locator(
         "input")
     expect(memory).to_have_value("1g")
+    # Every input of the form and its Apply button lie within the notebook's output,
+    # at JupyterLab's default layout: nothing to scroll sideways to.
+    area = output.first.bounding_box()
+    apply = form.locator("button", has_text="Apply")
+    for name, box in (("Apply", apply.bounding_box()),
+                      ("mode", form.locator(".widget-dropdown", has=page.locator(
+                          "label", has_text="mode")).locator("select").bounding_box())):
+        assert box["x"] >= area["x"] and box["x"] + box["width"] <= area["x"] + area["width"] + 1, \
+            f"{name} of alice's form at {box} sticks out of the output {area}"
     memory.click()
     memory.fill("2g")
-    form.locator("button", has_text="Apply").click()
+    apply.click()
     expect(output.first).to_contain_text("applied", timeout=TIMEOUT_MS)
     expect(output.first).not_to_contain_text("not done")
 
@@ -229,8 +240,11 @@ def test_an_admins_click_resizes_a_slice_and_the_running_kernel_follows(view_hub
         lambda d: (slice_on(d, "node-a", "alice")[1] or {}).get("memory_used")
         == 1636 * MiB + CONTEXT, what="alice's 1.6 GiB"), "node-a", "alice")
     assert s["memory_used"] > GiB
+    # The page follows too: alice's 1.7 GiB of her 2 GiB, in the users' table.
+    expect(output.first).to_contain_text("1.7 GiB / 2.0 GiB", timeout=10_000)
 
     page.mouse.move(5, 5)
+    output.first.scroll_into_view_if_needed()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert SCREENSHOT.stat().st_size > 10_000
