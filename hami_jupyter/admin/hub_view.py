@@ -37,6 +37,10 @@ _MUTED_COLOUR = "var(--jp-ui-font-color2, #757575)"
 _MUTED = f"color: {_MUTED_COLOUR}"
 _CELL = "padding: 1px 10px 1px 0; text-align: left; vertical-align: top"
 DEFAULT = ""  # the entry selector's value for the slice's default entry
+# A form's row wraps where the notebook is narrower than its inputs (300 px
+# each by default): else its Apply button is squeezed or lies past the edge.
+_WRAP = {"flex_flow": "row wrap", "align_items": "center"}
+_BUTTON = {"width": "auto", "flex": "0 0 auto"}
 
 
 def _cap(n):
@@ -262,11 +266,12 @@ class HubSliceForm:
                                continuous_update=False)
         self.mode = widgets.Dropdown(description="mode", options=["hard", "elastic"])
         self.apply_button = widgets.Button(description="Apply", icon="check",
-                                           button_style="primary",
+                                           button_style="primary", layout=_BUTTON,
                                            tooltip="check and apply the edited fields now")
         self.apply_button.on_click(lambda _b: self.apply())
         self.next_size = widgets.Dropdown(description="next start")
         self.next_button = widgets.Button(description="Set next size", icon="forward",
+                                          layout=_BUTTON,
                                           tooltip="the size of the user's next server start")
         self.next_button.on_click(lambda _b: self.set_next_size())
         self.note = widgets.HTML()
@@ -274,8 +279,8 @@ class HubSliceForm:
         self._loading = False
         self.device.observe(lambda _c: None if self._loading else self.load(), names="value")
         self.resize_box = widgets.HBox([self.device, self.memory, self.sm, self.mode,
-                                        self.apply_button])
-        self.next_box = widgets.HBox([self.next_size, self.next_button])
+                                        self.apply_button], layout=_WRAP)
+        self.next_box = widgets.HBox([self.next_size, self.next_button], layout=_WRAP)
         self.box = widgets.VBox([self.label, self.resize_box, self.next_box, self.note])
         self.update(entries)
 

@@ -39,32 +39,18 @@ import uuid
 from pathlib import Path
 
 import pytest
+from chromium_browser import CHROMIUM_ARGS, VIEWPORT, require_browser
 from local_servers import end_tagged, free_ports, log_tail, request_json
 
 from hami_jupyter import native
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
-REQUIRE_ENV = "HAMI_REQUIRE_BROWSER_E2E"
 # Marks every process of one run: the server, its kernels (they inherit the
 # server's environment) and the browser (launched with it). Teardown finds
 # leftovers by it.
 TAG_ENV = "HAMI_BROWSER_E2E_TAG"
 
-# Debian's packages: chromium-headless-shell (what dev/browser-deps.sh
-# installs), else the full chromium.
-CHROMIUM_CANDIDATES = ("/usr/bin/chromium-headless-shell", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-VIEWPORT = {"width": 1440, "height": 900}
 
 LAB_START_TIMEOUT = 30
 REQUEST_TIMEOUT = 10
@@ -79,40 +65,6 @@ SETTINGS = {
     "@jupyterlab/apputils-extension/notification": {"fetchNews": "false",
                                                     "checkForUpdates": False},
 }
-
-# ---- what the tests need ------------------------------------------------------------------------
-
-
-def find_chromium():
-    for path in CHROMIUM_CANDIDATES:
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
-
-
-def require_browser():
-    """Chromium's path; skips (or, with HAMI_REQUIRE_BROWSER_E2E, fails) without
-    Playwright, Chromium or JupyterLab."""
-    missing = []
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        missing.append("the Python package playwright (`pip install -e '.[test]'`)")
-    try:
-        import jupyterlab  # noqa: F401
-    except ImportError:
-        missing.append("jupyterlab (`pip install -e '.[test]'`)")
-    chromium = find_chromium()
-    if chromium is None:
-        missing.append(f"Debian's Chromium ({' or '.join(CHROMIUM_CANDIDATES)}; "
-                       f"run dev/browser-deps.sh as root)")
-    if not missing:
-        return chromium
-    why = "the JupyterLab browser test needs " + " and ".join(missing)
-    if os.environ.get(REQUIRE_ENV):
-        pytest.fail(f"{why}, and {REQUIRE_ENV} is set", pytrace=False)
-    pytest.skip(why)
-
 
 # ---- processes ----------------------------------------------------------------------------------
 
