@@ -66,6 +66,10 @@ DEFAULT = -1  # the entry selector's value for the slice's default entry
 _MUTED_COLOUR = "var(--jp-ui-font-color2, #757575)"
 _MUTED = f"color: {_MUTED_COLOUR}"
 _CELL = "padding: 1px 12px 1px 0; text-align: left"
+# A form's row wraps where the notebook is narrower than its inputs, so that
+# its buttons are never squeezed or pushed past the edge (as in hub_view).
+_WRAP = {"flex_flow": "row wrap", "align_items": "center"}
+_BUTTON = {"width": "auto", "flex": "0 0 auto"}
 _FIELDS = ("memory_limit", "sm_share", "mode")
 
 
@@ -184,8 +188,8 @@ class SliceForm:
                                continuous_update=False)
         self.mode = widgets.Dropdown(description="mode", options=["hard", "elastic"])
         self.apply_button = widgets.Button(description="Apply", icon="check", button_style="primary",
-                                           tooltip="check and apply the edited fields now")
-        self.reset_button = widgets.Button(description="Reset to policy", icon="undo",
+                                           layout=_BUTTON, tooltip="check and apply the edited fields now")
+        self.reset_button = widgets.Button(description="Reset to policy", icon="undo", layout=_BUTTON,
                                            tooltip="drop the limits an administrator set: back to "
                                                    "the hub policy's (otherwise they outlive server "
                                                    "restarts)")
@@ -199,7 +203,8 @@ class SliceForm:
         self.kernel_rows = widgets.VBox()  # a park / resume button per kernel on the GPU
         self._kernel_states = None
         self.box = widgets.VBox([self.guard_notice, self.status, self.kernel_rows, self.banner,
-                                 widgets.HBox(list(self.inputs) + [self.reset_button]), self.message])
+                                 widgets.HBox(list(self.inputs) + [self.reset_button], layout=_WRAP),
+                                 self.message])
         self.update(view)  # loads the inputs too
 
     # -- showing the slice --
