@@ -55,35 +55,43 @@ uint32_t hami_sm_work_update(int sdev, nvmlDevice_t dev, uint32_t busy_pct)
 		if (cap && cap(dev, &c) == NVML_SUCCESS)
 			gpu[sdev].cap_mw = c;
 		gpu[sdev].idle_mw = gpu[sdev].cap_mw / 1000 * DEFAULT_IDLE_PERMILLE;
-		gpu[sdev].milli = HAMI_SM_WORK_ONE;
+		__atomic_store_n(&gpu[sdev].milli, HAMI_SM_WORK_ONE, __ATOMIC_RELAXED);
 	}
 	if (!gpu[sdev].cap_mw || !usage || usage(dev, &mw) != NVML_SUCCESS)
-		return gpu[sdev].milli;
+		return __atomic_load_n(&gpu[sdev].milli, __ATOMIC_RELAXED);
 	if (busy_pct <= IDLE_BUSY_PCT && mw < gpu[sdev].idle_mw)
 		gpu[sdev].idle_mw = mw;
 	uint32_t now = hami_sm_speedup_model(mw, gpu[sdev].cap_mw, gpu[sdev].idle_mw, busy_pct);
-	if (busy_pct >= HAMI_SM_WORK_MIN_BUSY) /* smoothed over about three samples */
-		gpu[sdev].milli = (2 * gpu[sdev].milli + now + 1) / 3;
-	return gpu[sdev].milli;
+	uint32_t milli = __atomic_load_n(&gpu[sdev].milli, __ATOMIC_RELAXED);
+	if (busy_pct >= HAMI_SM_WORK_MIN_BUSY) { /* smoothed over about three samples */
+		milli = (2 * milli + now + 1) / 3;
+		__atomic_store_n(&gpu[sdev].milli, milli, __ATOMIC_RELAXED);
+	}
+	return milli;
 }
 
+/* The last speed-up of sdev's GPU; any thread (the launch path reads it). */
 uint32_t hami_sm_work_last(int sdev)
 {
-	if (sdev < 0 || sdev >= HAMI_SLICE_MAX_DEVICES || !gpu[sdev].milli)
+	if (sdev < 0 || sdev >= HAMI_SLICE_MAX_DEVICES)
 		return HAMI_SM_WORK_ONE;
-	return gpu[sdev].milli;
+	uint32_t milli = __atomic_load_n(&gpu[sdev].milli, __ATOMIC_RELAXED);
+	return milli ? milli : HAMI_SM_WORK_ONE;
 }
 
 /* HAMI_SM_SHARE_OF=time: a hard share is of the GPU's time, as before the
  * work was weighed (for comparison, and for GPUs the model does not fit). */
 int hami_sm_share_of_time(void)
 {
-	static int cached = -1;
-	if (cached < 0) {
+	static int cached = -1; /* any thread: read and set atomically */
+	int known = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+	if (known < 0) {
 		const char *v = getenv("HAMI_SM_SHARE_OF");
-		cached = v && strcmp(v, "time") == 0;
-		if (v && !cached && strcmp(v, "work") != 0)
+		known = v && strcmp(v, "time") == 0;
+		int unset = -1;
+		if (__atomic_compare_exchange_n(&cached, &unset, known, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED) &&
+		    v && !known && strcmp(v, "work") != 0)
 			hami_log(HAMI_LOG_WARN, "HAMI_SM_SHARE_OF=%s is neither work nor time: work it is", v);
 	}
-	return cached;
+	return known;
 }
