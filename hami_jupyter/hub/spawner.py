@@ -117,7 +117,10 @@ def options_form(policy):
         options = []
         for i, size in enumerate(sizes):
             label = size.display_name or f"{size.name}: {size.describe()}"
-            options.append(f'<option value="{html.escape(size.name)}"{" selected" if i == 0 else ""}>'
+            # The user's own size written out in users has no size name: it
+            # goes back as "" (no pick), which is the user's own size.
+            value = size.name if size.name in policy.size_names else ""
+            options.append(f'<option value="{html.escape(value)}"{" selected" if i == 0 else ""}>'
                            f"{html.escape(label)}</option>")
         return (f'<label for="{FORM_FIELD}">GPU slice</label>\n'
                 f'<select class="form-control" name="{FORM_FIELD}" id="{FORM_FIELD}">\n'

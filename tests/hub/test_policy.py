@@ -247,3 +247,17 @@ def test_an_administrators_next_size_beats_the_policy_until_cleared(tmp_path):
     assert p.choose("dave").name == "small"
     store.write_text("{not json")  # damaged: no pick counts, no spawn is refused
     assert p.choose("dave").name == "small"
+
+
+def test_a_written_out_own_size_picked_in_the_form_starts_with_it():
+    # alice's own size is written out in users (no size name): the form offers
+    # it first, and picking it must start her with it, not fail as unknown.
+    p = policy(offer={"*": ["small"]})
+    html = options_form(p)(spawner("alice"))
+    assert 'value="small"' in html
+    own = html[html.index("<option"):html.index("</option>")]
+    assert "selected" in own
+    value = own.split('value="')[1].split('"')[0]
+    picked = options_from_form(p)({"slice_size": [value]} if value else {})
+    size = p.choose("alice", (), picked.get("slice_size"))
+    assert size.limits.memory_limit == 8 << 30 and size.limits.sm_share == 30
