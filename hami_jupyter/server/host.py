@@ -17,6 +17,7 @@ A kernel's idle time is Jupyter's own: the time since its last message.
 
 import os
 import socket
+import threading
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -32,10 +33,24 @@ def node_name(env=None):
     return env.get(NODE_VARIABLE) or socket.gethostname()
 
 
-def host_gpus():
-    """``(gpus as dicts, why they are missing or None)``: NVML's GPUs of this host."""
-    gpus, message = read_gpus()
-    return [asdict(g) for g in gpus], message
+GPUS_FRESH_S = 5.0  # the hub service asks every second; a host's GPUs change rarely
+_gpus_lock = threading.Lock()
+_gpus_cache = {"read": None, "answer": None}
+
+
+def host_gpus(now=None):
+    """``(gpus as dicts, why they are missing or None)``: NVML's GPUs of this host,
+    read again at most every GPUS_FRESH_S seconds (NVML runs in the server's event
+    loop; a busy host must not make every poll of the hub service wait on it)."""
+    now = time.monotonic() if now is None else now
+    with _gpus_lock:
+        read = _gpus_cache["read"]
+        if read is None or now - read >= GPUS_FRESH_S or now < read:
+            gpus, message = read_gpus()
+            _gpus_cache["answer"] = ([asdict(g) for g in gpus], message)
+            _gpus_cache["read"] = now
+        gpus, message = _gpus_cache["answer"]
+    return [dict(g) for g in gpus], message
 
 
 def _unix(when):

@@ -231,3 +231,16 @@ def test_the_command_refuses_to_start_without_a_token(tmp_path):
                          env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 1
     assert "no API token" in run.stderr and "JUPYTERHUB_API_TOKEN" in run.stderr
+
+
+def test_a_servers_gpus_are_read_again_only_every_few_seconds(monkeypatch):
+    from hami_jupyter.server import host
+
+    calls = []
+    monkeypatch.setattr(host, "read_gpus", lambda: (calls.append(1), ([], "no NVML"))[1])
+    monkeypatch.setattr(host, "_gpus_cache", {"read": None, "answer": None})
+    assert host.host_gpus(now=100.0) == ([], "no NVML")
+    host.host_gpus(now=100.0 + host.GPUS_FRESH_S / 2)
+    assert len(calls) == 1  # the hub service's next poll: from the cache
+    host.host_gpus(now=100.0 + host.GPUS_FRESH_S)
+    assert len(calls) == 2
