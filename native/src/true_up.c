@@ -11,7 +11,8 @@
  * allocation and a credit after its free, so an allocation or free in flight
  * makes the real figure look smaller for a moment, never larger, provided the
  * hooks' figure compared is the larger of the ones read just before and just
- * after NVML's. A lower figure is believed when two readings in a row agree.
+ * after NVML's. A higher or lower figure is believed when two readings in a
+ * row agree (the smaller of the two is taken when higher).
  *
  * NVML lists host PIDs: in a container with its own PID namespace this
  * process is not found, and nothing is trued up (the host's guard sees it).
@@ -30,6 +31,7 @@
 typedef nvmlReturn_t (*procs_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 
 static uint64_t lower_seen[HAMI_SLICE_MAX_DEVICES]; /* housekeeper only: last lower target, +1 */
+static uint64_t higher_seen[HAMI_SLICE_MAX_DEVICES]; /* housekeeper only: last higher target, or 0 */
 static int told_not_listed;
 
 int hami_nvml_process_used(int sdev, uint64_t *used)
@@ -90,10 +92,22 @@ static void true_up_device(struct hami_slot *s, int sdev)
 		hooks = after;
 	uint64_t target = real > hooks ? real - hooks : 0;
 	if (target >= driver + NOISE_BYTES) {
-		hami_charge_force(sdev, target - driver);
-		__atomic_store_n(&s->driver_bytes[sdev], target, __ATOMIC_RELEASE);
+		/* Believed when two readings in a row agree, as a lower one is: a
+		 * pool that grows by more than it was asked is charged by its hook
+		 * just after the driver grew it, and one reading may fall between. */
 		lower_seen[sdev] = 0;
+		if (!higher_seen[sdev]) {
+			higher_seen[sdev] = target;
+			return;
+		}
+		uint64_t higher = target < higher_seen[sdev] ? target : higher_seen[sdev];
+		higher_seen[sdev] = 0;
+		if (higher >= driver + NOISE_BYTES) {
+			hami_charge_force(sdev, higher - driver);
+			__atomic_store_n(&s->driver_bytes[sdev], higher, __ATOMIC_RELEASE);
+		}
 	} else if (target + NOISE_BYTES <= driver) {
+		higher_seen[sdev] = 0;
 		if (!lower_seen[sdev]) {
 			lower_seen[sdev] = target + 1; /* believed at the next reading */
 			return;
@@ -105,7 +119,7 @@ static void true_up_device(struct hami_slot *s, int sdev)
 			__atomic_store_n(&s->driver_bytes[sdev], lower, __ATOMIC_RELEASE);
 		}
 	} else {
-		lower_seen[sdev] = 0;
+		lower_seen[sdev] = higher_seen[sdev] = 0;
 	}
 }
 
@@ -131,6 +145,6 @@ void hami_true_up_tick(void)
 void hami_true_up_after_fork(void)
 {
 	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++)
-		lower_seen[d] = 0;
+		lower_seen[d] = higher_seen[d] = 0;
 	told_not_listed = 0;
 }
