@@ -39,15 +39,17 @@ _CELL = "padding: 1px 10px 1px 0; text-align: left; vertical-align: top"
 DEFAULT = ""  # the entry selector's value for the slice's default entry
 # A form's row wraps where the notebook is narrower than its inputs (300 px
 # each by default): else its Apply button is squeezed or lies past the edge.
-_WRAP = {"flex_flow": "row wrap", "align_items": "center"}
-_BUTTON = {"width": "auto", "flex": "0 0 auto"}
+# (The local panel's form uses them too.)
+FORM_ROW = {"flex_flow": "row wrap", "align_items": "center"}
+FORM_BUTTON = {"width": "auto", "flex": "0 0 auto"}
 
 
 def _cap(n):
     return format_size(n) if n else "none"
 
 
-def _memory_text(n):
+def memory_text(n):
+    """A cap as an admin would type it: ``4g``, ``1536m``, bytes, or ``none``."""
     if not n:
         return "none"
     for shift, unit in ((30, "g"), (20, "m")):
@@ -266,12 +268,12 @@ class HubSliceForm:
                                continuous_update=False)
         self.mode = widgets.Dropdown(description="mode", options=["hard", "elastic"])
         self.apply_button = widgets.Button(description="Apply", icon="check",
-                                           button_style="primary", layout=_BUTTON,
+                                           button_style="primary", layout=FORM_BUTTON,
                                            tooltip="check and apply the edited fields now")
         self.apply_button.on_click(lambda _b: self.apply())
         self.next_size = widgets.Dropdown(description="next start")
         self.next_button = widgets.Button(description="Set next size", icon="forward",
-                                          layout=_BUTTON,
+                                          layout=FORM_BUTTON,
                                           tooltip="the size of the user's next server start")
         self.next_button.on_click(lambda _b: self.set_next_size())
         self.note = widgets.HTML()
@@ -279,8 +281,8 @@ class HubSliceForm:
         self._loading = False
         self.device.observe(lambda _c: None if self._loading else self.load(), names="value")
         self.resize_box = widgets.HBox([self.device, self.memory, self.sm, self.mode,
-                                        self.apply_button], layout=_WRAP)
-        self.next_box = widgets.HBox([self.next_size, self.next_button], layout=_WRAP)
+                                        self.apply_button], layout=FORM_ROW)
+        self.next_box = widgets.HBox([self.next_size, self.next_button], layout=FORM_ROW)
         self.box = widgets.VBox([self.label, self.resize_box, self.next_box, self.note])
         self.update(entries)
 
@@ -333,7 +335,7 @@ class HubSliceForm:
         memory, sm, mode = self._limits()
         self._loading = True
         try:
-            self.memory.value = _memory_text(memory)
+            self.memory.value = memory_text(memory)
             self.sm.value = str(sm) if sm else "none"
             self.mode.value = mode if mode in ("hard", "elastic") else "hard"
         finally:

@@ -59,33 +59,19 @@ from ..slice.size import format_size
 from ..slice.status_html import LEVEL_COLOUR, format_html
 from . import actions, audit, changes, hub_client, marks
 from .changes import READ_ONLY
-from .hub_view import HubView
+from .hub_view import FORM_BUTTON, FORM_ROW, HubView, memory_text
 
 DEFAULT = -1  # the entry selector's value for the slice's default entry
 
 _MUTED_COLOUR = "var(--jp-ui-font-color2, #757575)"
 _MUTED = f"color: {_MUTED_COLOUR}"
 _CELL = "padding: 1px 12px 1px 0; text-align: left"
-# A form's row wraps where the notebook is narrower than its inputs, so that
-# its buttons are never squeezed or pushed past the edge (as in hub_view).
-_WRAP = {"flex_flow": "row wrap", "align_items": "center"}
-_BUTTON = {"width": "auto", "flex": "0 0 auto"}
 _FIELDS = ("memory_limit", "sm_share", "mode")
-
-
-def _memory_text(n):
-    """A cap as an admin would type it: ``4g``, ``1536m``, bytes, or ``none``."""
-    if not n:
-        return "none"
-    for shift, unit in ((30, "g"), (20, "m")):
-        if n % (1 << shift) == 0:
-            return f"{n >> shift}{unit}"
-    return str(n)
 
 
 def _texts(limits):
     """The three input values for a limits dict (as slice_status gives them)."""
-    return {"memory_limit": _memory_text(limits["memory_limit"]),
+    return {"memory_limit": memory_text(limits["memory_limit"]),
             "sm_share": str(limits["sm_share"]) if limits["sm_share"] else "none",
             "mode": limits["mode"]}
 
@@ -188,8 +174,8 @@ class SliceForm:
                                continuous_update=False)
         self.mode = widgets.Dropdown(description="mode", options=["hard", "elastic"])
         self.apply_button = widgets.Button(description="Apply", icon="check", button_style="primary",
-                                           layout=_BUTTON, tooltip="check and apply the edited fields now")
-        self.reset_button = widgets.Button(description="Reset to policy", icon="undo", layout=_BUTTON,
+                                           layout=FORM_BUTTON, tooltip="check and apply the edited fields now")
+        self.reset_button = widgets.Button(description="Reset to policy", icon="undo", layout=FORM_BUTTON,
                                            tooltip="drop the limits an administrator set: back to "
                                                    "the hub policy's (otherwise they outlive server "
                                                    "restarts)")
@@ -203,7 +189,7 @@ class SliceForm:
         self.kernel_rows = widgets.VBox()  # a park / resume button per kernel on the GPU
         self._kernel_states = None
         self.box = widgets.VBox([self.guard_notice, self.status, self.kernel_rows, self.banner,
-                                 widgets.HBox(list(self.inputs) + [self.reset_button], layout=_WRAP),
+                                 widgets.HBox(list(self.inputs) + [self.reset_button], layout=FORM_ROW),
                                  self.message])
         self.update(view)  # loads the inputs too
 
