@@ -546,6 +546,14 @@ class CudriveRunner:
         self.started.append(it)
         return it
 
+    def with_context(self, env, *lines):
+        """An interactive CUDA process with a context on device 0 that ran LINES
+        (each must succeed)."""
+        p = self.start(env)
+        for line in ("init", "ctx 0", *lines):
+            p.ok(line)
+        return p
+
     def teardown(self):
         for it in self.started:
             it.teardown()

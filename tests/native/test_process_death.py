@@ -7,15 +7,6 @@ from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, SIM_CONTEXT, slic
 RECLAIM_S = 1.0
 
 
-def _started(cudrive, env, *lines):
-    p = cudrive.start(env)
-    p.ok("init")
-    p.ok("ctx 0")
-    for line in lines:
-        p.ok(line)
-    return p
-
-
 def _accounting(s, uuid):
     """The slice's books on one GPU, for failure messages."""
     snap = s.snapshot()
@@ -33,8 +24,8 @@ def _free_is(p, expected):
 
 def test_killed_holder_returns_its_memory(cudrive, make_slice):
     s = make_slice(limit="2g", overhead="64m")
-    victim = _started(cudrive, s.env, "alloc 1g")
-    other = _started(cudrive, s.env, "alloc 256m")
+    victim = cudrive.with_context(s.env, "alloc 1g")
+    other = cudrive.with_context(s.env, "alloc 256m")
     mine = SIM_CONTEXT + 256 * MiB
     assert other.ok("meminfo")["free"] == 2 * GiB - mine - SIM_CONTEXT - GiB
     victim.kill9()
@@ -51,12 +42,12 @@ def test_killed_holder_returns_its_memory(cudrive, make_slice):
 
 def test_killed_in_the_middle_of_an_allocation_loop(cudrive, make_slice, gpu):
     s = make_slice(limit="2g", overhead="64m")
-    other = _started(cudrive, s.env, "alloc 128m")
+    other = cudrive.with_context(s.env, "alloc 128m")
     mine = SIM_CONTEXT + 128 * MiB
-    runner = _started(cudrive, s.env)
+    runner = cudrive.with_context(s.env)
     runner.ok("race 30 64m 99")  # it works
     for round_ in range(3):
-        victim = _started(cudrive, s.env)
+        victim = cudrive.with_context(s.env)
         victim.send(f"race 100000000 64m {round_ + 1}")  # runs until killed
         wait_for(lambda: s.slot_used(victim.pid, 0) not in (None, SIM_CONTEXT),
                  timeout=10, interval=0.005, what="the loop allocating")
@@ -82,7 +73,7 @@ def test_killed_in_the_middle_of_an_allocation_loop(cudrive, make_slice, gpu):
 
 def test_killed_process_does_not_block_new_processes(cudrive, make_slice):
     s = make_slice(limit="1g", overhead="64m")
-    victim = _started(cudrive, s.env, "alloc 900m")
+    victim = cudrive.with_context(s.env, "alloc 900m")
     victim.kill9()
     # A fresh process finds the whole slice free (within the reclaim bound).
     def fresh_fits():

@@ -46,12 +46,7 @@ ALLOCATIONS = [
 
 def _target(cudrive, gpu, *lines):
     """An interactive CUDA process with a context on device 0 that ran LINES."""
-    p = cudrive.start(gpu.env())
-    p.ok("init")
-    p.ok("ctx 0")
-    for line in lines:
-        p.ok(line)
-    return p
+    return cudrive.with_context(gpu.env(), *lines)
 
 
 def _ckpt(cudrive, gpu, step, pid, *extra):

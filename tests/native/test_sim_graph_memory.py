@@ -40,12 +40,7 @@ ZERO_GRAPH_MEM = {"used": 0, "used_high": 0, "reserved": 0, "reserved_high": 0}
 
 def _target(cudrive, gpu, *lines, env=None):
     """An interactive CUDA process with a context on device 0 that ran LINES."""
-    p = cudrive.start(env or gpu.env())
-    p.ok("init")
-    p.ok("ctx 0")
-    for line in lines:
-        p.ok(line)
-    return p
+    return cudrive.with_context(env or gpu.env(), *lines)
 
 
 def _proc(gpu, pid):

@@ -17,15 +17,6 @@ from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, MiB, SIM_CONTEXT
 ACTIVE = 1  # CUstreamCaptureStatus
 
 
-def _process(cudrive, env, *lines):
-    p = cudrive.start(env)
-    p.ok("init")
-    p.ok("ctx 0")
-    for line in lines:
-        p.ok(line)
-    return p
-
-
 def _answers(p, lines):
     """Each line's answer, without what differs from run to run (pointers, pids)."""
     out = []
@@ -50,10 +41,10 @@ CAPTURE = ["async 64m A", "async 32m B", "launch 1000", "free A", "async 16m C",
 def test_a_graph_with_memory_nodes_captures_and_runs_as_without_the_library(cudrive, gpu, make_slice, mode):
     script = [f"capture begin {mode}", *CAPTURE, "capture end G", "graph G", "graphlaunch G", "graphlaunch G 3",
               "sync", "graphmem 0"]
-    reference = _answers(_process(cudrive, gpu.env()), script)
+    reference = _answers(cudrive.with_context(gpu.env()), script)
     assert all(r["rc"] == 0 for r in reference), reference
     s = make_slice(limit="1g", overhead="64m")
-    assert _answers(_process(cudrive, s.env), script) == reference
+    assert _answers(cudrive.with_context(s.env), script) == reference
 
 
 def test_a_hook_on_another_thread_leaves_a_global_capture_alone(cudrive, gpu, make_slice):
@@ -62,7 +53,7 @@ def test_a_hook_on_another_thread_leaves_a_global_capture_alone(cudrive, gpu, ma
     # trims the default pool (safe); the library's hook then reads the pool's
     # attributes, which must not count as the worker's unsafe call.
     def run(env):
-        p = _process(cudrive, env, "async 4m X", "free X", "sync")
+        p = cudrive.with_context(env, "async 4m X", "free X", "sync")
         p.ok("capture begin global")
         p.ok("async 8m A")
         trimmed = _worker(p, "T", "pooltrim default 0")
@@ -79,7 +70,7 @@ def test_a_hook_on_another_thread_leaves_a_global_capture_alone(cudrive, gpu, ma
 
 def test_a_graph_instantiated_from_a_thread_local_capture_on_a_worker_runs(cudrive, gpu, make_slice):
     s = make_slice(limit="1g", overhead="64m")
-    p = _process(cudrive, s.env)
+    p = cudrive.with_context(s.env)
     out = _worker(p, "T", "capture begin thread", "async 24m A", "launch 1000", "free A", "capture end G",
                   "graph G", "graphlaunch G 2", "sync")
     assert [r["rc"] for r in out] == [0] * 8, out
@@ -88,7 +79,7 @@ def test_a_graph_instantiated_from_a_thread_local_capture_on_a_worker_runs(cudri
 
 def test_graph_memory_is_charged_when_the_graph_runs_and_given_back_at_a_trim(cudrive, gpu, make_slice):
     s = make_slice(limit="1g", overhead="64m")
-    p = _process(cudrive, s.env, "capture begin", *CAPTURE, "capture end G")
+    p = cudrive.with_context(s.env, "capture begin", *CAPTURE, "capture end G")
     # Captured: nothing is allocated yet, nothing is charged.
     assert s.slot_used(p.pid) == SIM_CONTEXT
     p.ok("graph G")
@@ -107,14 +98,14 @@ def test_graph_memory_is_charged_when_the_graph_runs_and_given_back_at_a_trim(cu
 
 def test_an_upload_charges_the_graph_memory(cudrive, gpu, make_slice):
     s = make_slice(limit="1g", overhead="64m")
-    p = _process(cudrive, s.env, "capture begin", "async 20m A", "free A", "capture end G", "graph G")
+    p = cudrive.with_context(s.env, "capture begin", "async 20m A", "free A", "capture end G", "graph G")
     p.ok("graphupload G")
     assert s.slot_used(p.pid) == SIM_CONTEXT + 20 * MiB
 
 
 def test_graph_memory_counts_against_the_cap(cudrive, gpu, make_slice):
     s = make_slice(limit="512m", overhead="64m")
-    p = _process(cudrive, s.env, "capture begin", "async 300m A", "free A", "capture end G", "graph G",
+    p = cudrive.with_context(s.env, "capture begin", "async 300m A", "free A", "capture end G", "graph G",
                  "graphlaunch G", "sync")
     assert s.used() == SIM_CONTEXT + 300 * MiB
     # 64 + 300 + 200 MiB would pass the 512 MiB cap.
@@ -127,7 +118,7 @@ def test_graph_memory_counts_against_the_cap(cudrive, gpu, make_slice):
 
 def test_memory_from_a_pool_of_ones_own_in_a_graph_is_charged_when_it_runs(cudrive, gpu, make_slice):
     s = make_slice(limit="1g", overhead="64m")
-    p = _process(cudrive, s.env, "pool 0 P", "capture begin relaxed")
+    p = cudrive.with_context(s.env, "pool 0 P", "capture begin relaxed")
     assert p.ok("poolalloc P 10m G1")["stream"] == "capture"
     p.ok("free G1")
     p.ok("capture end G")
@@ -139,7 +130,7 @@ def test_memory_from_a_pool_of_ones_own_in_a_graph_is_charged_when_it_runs(cudri
 
 def test_an_allocation_a_graph_leaves_allocated_is_charged_until_trimmed(cudrive, gpu, make_slice):
     s = make_slice(limit="1g", overhead="64m")
-    p = _process(cudrive, s.env, "capture begin", "async 8m keep", "capture end G", "graph G",
+    p = cudrive.with_context(s.env, "capture begin", "async 8m keep", "capture end G", "graph G",
                  "graphlaunch G", "sync")
     assert s.slot_used(p.pid) == SIM_CONTEXT + 8 * MiB == gpu.process_used(p.pid, 0)
     p.ok("freeasync keep")  # outside a capture: back to the graph pool, still reserved

@@ -13,15 +13,6 @@ READING = 1.0  # the housekeeper's NVML reading, about once a second
 WAIT = 6 * READING
 
 
-def _process(cudrive, env, *lines):
-    p = cudrive.start(env)
-    p.ok("init")
-    p.ok("ctx 0")
-    for line in lines:
-        p.ok(line)
-    return p
-
-
 def _driver_bytes(s, pid):
     snap = s.snapshot()
     slot = slot_of(snap, pid)
@@ -34,7 +25,7 @@ def _within_bound(reported, real):
 
 def test_memory_the_driver_takes_by_itself_is_charged_within_a_few_readings(cudrive, gpu, make_slice):
     s = make_slice(limit="2g", overhead="64m")
-    p = _process(cudrive, s.env, "alloc 100m")
+    p = cudrive.with_context(s.env, "alloc 100m")
     assert s.slot_used(p.pid) == SIM_CONTEXT + 100 * MiB
     p.ok("internal 0 300m")
     real = gpu.process_used(p.pid, 0)
@@ -46,7 +37,7 @@ def test_memory_the_driver_takes_by_itself_is_charged_within_a_few_readings(cudr
 
 def test_a_process_whose_real_use_reaches_the_cap_is_refused_at_its_next_allocation(cudrive, gpu, make_slice):
     s = make_slice(limit="1g", overhead="64m")
-    p = _process(cudrive, s.env, "internal 0 700m")
+    p = cudrive.with_context(s.env, "internal 0 700m")
     # Before the reading the hooks know nothing of the driver's 700 MiB.
     wait_for(lambda: s.used() >= SIM_CONTEXT + 700 * MiB, WAIT, what="the true-up")
     rec = p.cmd("alloc 300m")  # 64 + 700 + 300 MiB > 1 GiB
@@ -58,7 +49,7 @@ def test_a_process_whose_real_use_reaches_the_cap_is_refused_at_its_next_allocat
 
 def test_memory_the_driver_gives_back_is_credited_after_two_agreeing_readings(cudrive, gpu, make_slice):
     s = make_slice(limit="2g", overhead="64m")
-    p = _process(cudrive, s.env, "internal 0 256m")
+    p = cudrive.with_context(s.env, "internal 0 256m")
     wait_for(lambda: _driver_bytes(s, p.pid) == 256 * MiB, WAIT, what="the charge")
     p.ok("internal 0 32m")
     wait_for(lambda: _driver_bytes(s, p.pid) == 32 * MiB, 2 * WAIT, what="the credit")
@@ -70,7 +61,7 @@ def test_memory_the_driver_gives_back_is_credited_after_two_agreeing_readings(cu
 
 def test_small_differences_are_left_alone(cudrive, gpu, make_slice):
     s = make_slice(limit="2g", overhead="64m")
-    p = _process(cudrive, s.env, "internal 0 1m")
+    p = cudrive.with_context(s.env, "internal 0 1m")
     p.ok("sleep 2500")  # two readings at least: still nothing charged for one MiB
     assert _driver_bytes(s, p.pid) == 0
     assert s.slot_used(p.pid) == SIM_CONTEXT
@@ -78,7 +69,7 @@ def test_small_differences_are_left_alone(cudrive, gpu, make_slice):
 
 def test_a_process_holding_memory_of_every_kind_is_reported_within_the_bound(cudrive, gpu, make_slice):
     s = make_slice(limit="4g", overhead="64m")
-    p = _process(cudrive, s.env, "alloc 3m plain", "async 3m pooled", "array 1024 1024 u8 1 arr",
+    p = cudrive.with_context(s.env, "alloc 3m plain", "async 3m pooled", "array 1024 1024 u8 1 arr",
                  "pitch 4000 300 4 pitched", "managed 5m um", "pool 0 P", "poolalloc P 7m fromp",
                  "capture begin relaxed", "async 10m G1", "capture end G", "graph G", "graphlaunch G",
                  "internal 0 150m")
@@ -99,8 +90,8 @@ def test_a_process_holding_memory_of_every_kind_is_reported_within_the_bound(cud
 
 def test_every_process_of_the_slice_is_trued_up_on_its_own(cudrive, gpu, make_slice):
     s = make_slice(limit="4g", overhead="64m")
-    a = _process(cudrive, s.env, "internal 0 128m")
-    b = _process(cudrive, s.env, "internal 0 64m", "alloc 10m")
+    a = cudrive.with_context(s.env, "internal 0 128m")
+    b = cudrive.with_context(s.env, "internal 0 64m", "alloc 10m")
     wait_for(lambda: _driver_bytes(s, a.pid) == 128 * MiB and _driver_bytes(s, b.pid) == 64 * MiB, WAIT,
              what="both processes' driver memory charged")
     assert s.used() == 2 * SIM_CONTEXT + 202 * MiB == gpu.used(0)
@@ -113,7 +104,7 @@ def test_status_shows_the_driver_bytes_of_each_process(cudrive, gpu, make_slice)
     from hami_jupyter.slice.status import format_text, slice_status
 
     s = make_slice(limit="2g", overhead="64m")
-    p = _process(cudrive, s.env, "internal 0 96m")
+    p = cudrive.with_context(s.env, "internal 0 96m")
     wait_for(lambda: _driver_bytes(s, p.pid) == 96 * MiB, WAIT, what="the charge")
     status = slice_status(s.path)
     proc = next(x for x in status["other_processes"] if x["pid"] == p.pid)
