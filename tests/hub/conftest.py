@@ -110,19 +110,12 @@ class Hub:
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         }
-        cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
-        args = ["--allow-root"] if os.geteuid() == 0 else []
         config = textwrap.dedent("""\
             # Written by tests/hub/conftest.py for one test run.
             from hami_jupyter.hub import SlicePolicy
 
             c = get_config()  # noqa: F821
-            """) + self.plumbing(chp) + textwrap.dedent(f"""\
-            c.JupyterHub.spawner_class = "simple"
-            c.SimpleLocalProcessSpawner.home_dir_template = {str(self.tmp / "home" / "{username}")!r}
-            c.Spawner.cmd = {cmd!r}
-            c.Spawner.args = {args!r}
-            c.Spawner.environment = {environment!r}
+            """) + self.plumbing(chp) + self.local_servers(environment) + textwrap.dedent(f"""\
 
             c.SlicePolicy.sizes = {SIZES!r}
             c.SlicePolicy.default = "small"
@@ -133,6 +126,19 @@ class Hub:
         path = self.tmp / "jupyterhub_config.py"
         path.write_text(config)
         return path
+
+    def local_servers(self, environment):
+        """Config lines of servers run as local processes of this Python
+        (``jupyterhub.singleuser``) with *environment*, homes under the test's folder."""
+        cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
+        args = ["--allow-root"] if os.geteuid() == 0 else []
+        return textwrap.dedent(f"""\
+            c.JupyterHub.spawner_class = "simple"
+            c.SimpleLocalProcessSpawner.home_dir_template = {str(self.tmp / "home" / "{username}")!r}
+            c.Spawner.cmd = {cmd!r}
+            c.Spawner.args = {args!r}
+            c.Spawner.environment = {environment!r}
+            """)
 
     def plumbing(self, chp):
         """Config lines every test hub has: loopback ports, the proxy, a

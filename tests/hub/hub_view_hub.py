@@ -67,8 +67,6 @@ class HubViewHub(Hub):
         path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         environment = {TAG_ENV: self.tag, "PATH": path, "PYDEVD_DISABLE_FILE_VALIDATION": "1",
                        **self.extra_environment}
-        cmd = [sys.executable, "-m", "jupyterhub.singleuser"]
-        args = ["--allow-root"] if os.geteuid() == 0 else []
         roots = {n: str(r) for n, r in self.roots.items()}
         config = textwrap.dedent("""\
             # Written by tests/hub/hub_view_hub.py for one test run.
@@ -78,12 +76,7 @@ class HubViewHub(Hub):
             from hami_jupyter.hub.spawner import pre_spawn_hook
 
             c = get_config()  # noqa: F821
-            """) + self.plumbing(chp) + textwrap.dedent(f"""\
-            c.JupyterHub.spawner_class = "simple"
-            c.SimpleLocalProcessSpawner.home_dir_template = {str(self.tmp / "home" / "{username}")!r}
-            c.Spawner.cmd = {cmd!r}
-            c.Spawner.args = {args!r}
-            c.Spawner.environment = {environment!r}
+            """) + self.plumbing(chp) + self.local_servers(environment) + textwrap.dedent(f"""\
             # The hub's own check of a dead server waits: the service must see it first.
             c.Spawner.poll_interval = 600
             c.Authenticator.admin_users = {{{ADMIN!r}}}
