@@ -184,7 +184,7 @@ static unsigned list_procs(unsigned d, struct pinfo *out, int graphics)
 			continue;
 		uint64_t used = atomic_load(&p->used[d]);
 		int32_t pid = atomic_load(&p->pid);
-		if (pid <= 0 || (!used && !atomic_load(&p->contexts[d])))
+		if (pid <= 0 || (!used && !atomic_load(&p->contexts[d])) || sim_entry_owner_gone(i))
 			continue;
 		out[n++] = (struct pinfo){(unsigned)pid, i, used};
 	}
@@ -489,7 +489,8 @@ static unsigned sampled_procs(unsigned d, uint64_t end, struct pinfo *out)
 		if (atomic_load(&p->state) != SIM_PROC_LIVE)
 			continue;
 		int32_t pid = atomic_load(&p->pid);
-		if (pid <= 0 || (!atomic_load(&p->contexts[d]) && !sim_sample_busy(p->util[d], end)))
+		if (pid <= 0 || (!atomic_load(&p->contexts[d]) && !sim_sample_busy(p->util[d], end)) ||
+		    sim_entry_owner_gone(i))
 			continue;
 		out[n++] = (struct pinfo){(unsigned)pid, i, atomic_load(&p->used[d])};
 	}

@@ -622,28 +622,55 @@ static void reclaim(struct sim_proc *p)
 	atomic_store(&p->state, SIM_PROC_FREE);
 }
 
-static void self_ident(int32_t *pid, uint64_t *start, uint64_t *ns)
+/* Start time (clock ticks since boot, /proc/PID/stat field 22) of process
+ * PID in our pid namespace; 0 when it does not exist or cannot be read. */
+static uint64_t start_ticks_of(int32_t pid)
 {
-	char buf[1024];
-	struct stat sb;
-
-	*pid = (int32_t)getpid();
-	*start = 0;
-	*ns = stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
-	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	char path[64], buf[1024];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return;
+		return 0;
 	ssize_t n = read(fd, buf, sizeof(buf) - 1);
 	close(fd);
 	if (n <= 0)
-		return;
+		return 0;
 	buf[n] = 0;
-	/* starttime is field 22; fields after the ")" of comm start at 3. */
+	/* Fields after the ")" of comm start at 3. */
 	char *p = strrchr(buf, ')');
 	for (int field = 2; p && field < 22; field++)
 		p = strchr(p + 1, ' ');
-	if (p)
-		*start = strtoull(p + 1, NULL, 10);
+	return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+static uint64_t own_pidns(void)
+{
+	struct stat sb;
+	return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
+static void self_ident(int32_t *pid, uint64_t *start, uint64_t *ns)
+{
+	*pid = (int32_t)getpid();
+	*ns = own_pidns();
+	*start = start_ticks_of(*pid);
+}
+
+/*
+ * Whether the process an entry names is gone although the entry's lock is
+ * held: a new process has just taken the entry over and not yet reclaimed
+ * what the dead one held (it may even be stopped right there). The real
+ * driver never lists a dead process, so neither do we. Only a process of our
+ * own pid namespace can be looked up; any other counts as there.
+ */
+int sim_entry_owner_gone(unsigned i)
+{
+	const struct sim_proc *p = &g.st->proc[i];
+	int32_t pid = atomic_load(&p->pid);
+	uint64_t ns = atomic_load(&p->pidns), start = atomic_load(&p->start_ticks);
+	if (pid <= 0 || !ns || ns != own_pidns() || !start)
+		return 0;
+	return start_ticks_of(pid) != start;
 }
 
 int sim_self(void)
@@ -732,7 +759,8 @@ void sim_sweep(void)
 int sim_proc_alive(unsigned i)
 {
 	pthread_mutex_lock(&g.mu);
-	int alive = (int)i == g.self || (g.fd >= 0 && atomic_load(&g.st->proc[i].state) == SIM_PROC_LIVE && entry_held(i));
+	int alive = (int)i == g.self || (g.fd >= 0 && atomic_load(&g.st->proc[i].state) == SIM_PROC_LIVE && entry_held(i) &&
+					   !sim_entry_owner_gone(i));
 	pthread_mutex_unlock(&g.mu);
 	return alive;
 }

@@ -197,6 +197,7 @@ SIM_HIDDEN uint64_t sim_launch(unsigned dev, uint64_t dur);
 /* Return dead processes' memory. */
 SIM_HIDDEN void sim_sweep(void);
 SIM_HIDDEN int sim_proc_alive(unsigned i);
+SIM_HIDDEN int sim_entry_owner_gone(unsigned i);
 /* Percent of the last second RING (a util ring) shows busy. */
 SIM_HIDDEN unsigned sim_util_pct(_Atomic uint64_t *ring);
 /* End of the last complete sample period at NOW (a multiple of SIM_SAMPLE_NS). */
