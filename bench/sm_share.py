@@ -33,11 +33,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 LIB = REPO / "native" / "build" / "libvgpu.so"
+LIB_IN_USE = [LIB]  # --lib: another build of the library for the throttled workers
 WORKER = REPO / "bench" / "sm_worker.py"
 OVERHEAD_SRC = REPO / "bench" / "driver_overhead.c"
 OVERHEAD_BIN = REPO / "native" / "build" / "bench" / "driver_overhead"
@@ -152,7 +154,7 @@ def clean_env():
 
 
 def limit_env(slice_path, share=None, mode=None):
-    env = {"LD_PRELOAD": str(LIB), "HAMI_SLICE": str(slice_path)}
+    env = {"LD_PRELOAD": str(LIB_IN_USE[0]), "HAMI_SLICE": str(slice_path)}
     if share is not None:
         env["CUDA_DEVICE_SM_LIMIT"] = str(share)
     if mode is not None:
@@ -229,6 +231,74 @@ def slice_snapshot(path):
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+class Tracer(threading.Thread):
+    """--trace: what each slice's controller did (open window, its NVML view)
+    and NVML's per-process time, every 50 ms while the workers run."""
+
+    def __init__(self, slices, pids):
+        super().__init__(daemon=True)
+        self.slices, self.pids = slices, pids  # {name: path}, {pid: worker name}
+        self.stop = threading.Event()
+        self.rows, self.nvml = [], []
+
+    def _device(self, path):
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))
+        from hami_jupyter.slice.layout import DEVICES_OFFSET, HamiSliceDevice
+
+        import ctypes
+        with open(path, "rb") as f:
+            raw = os.pread(f.fileno(), ctypes.sizeof(HamiSliceDevice), DEVICES_OFFSET)
+        return HamiSliceDevice.from_buffer_copy(raw)
+
+    def run(self):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:
+            pynvml = handle = None
+        seen = 0
+        while not self.stop.wait(0.05):
+            t = time.monotonic()
+            for name, path in self.slices.items():
+                try:
+                    d = self._device(path)
+                except OSError:
+                    continue
+                self.rows.append({"t": t, "slice": name, "open_ppm": d.sm_open_ppm, "util": d.sm_util,
+                                  "others": d.sm_others_util, "waits": d.sm_waits})
+            if handle is not None:
+                try:
+                    samples = pynvml.nvmlDeviceGetProcessUtilization(handle, seen)
+                except Exception:
+                    samples = []
+                for smp in samples:
+                    if smp.timeStamp > seen and smp.pid in self.pids:
+                        self.nvml.append({"t": t, "ts": smp.timeStamp, "worker": self.pids[smp.pid],
+                                          "sm": smp.smUtil})
+                seen = max([seen] + [smp.timeStamp for smp in samples])
+
+    def summary(self, t0, seconds):
+        """Means over the measured part: per slice the controller's window and
+        view, per worker NVML's time (its distinct samples)."""
+        out = {}
+        part = [r for r in self.rows if t0 <= r["t"] <= t0 + seconds]
+        for name in self.slices:
+            mine = [r for r in part if r["slice"] == name]
+            if mine:
+                out[f"slice {name}"] = {k: round(statistics.mean(r[k] for r in mine), 1)
+                                        for k in ("open_ppm", "util", "others")}
+        samples = {}
+        for r in self.nvml:
+            if t0 <= r["t"] <= t0 + seconds:
+                samples.setdefault(r["worker"], {})[r["ts"]] = r["sm"]
+        for w, by_ts in samples.items():
+            out[f"nvml {w}"] = {"sm_time_mean": round(statistics.mean(by_ts.values()), 1), "samples": len(by_ts)}
+        return out
+
+
 def run_workers(scn, tmp, a):
     sdir = Path(tmp) / scn["name"]
     sdir.mkdir(parents=True)
@@ -256,6 +326,11 @@ def run_workers(scn, tmp, a):
                 raise ScenarioError(f"workers not ready after {a.ready_timeout:g} s")
             time.sleep(0.02)
         t0 = time.monotonic() + (a.pair_delay if len(procs) > 1 else 0.3)
+        tracer = None
+        if a.trace and any(w["share"] is not None for w in scn["workers"]):
+            tracer = Tracer({w["slice"]: sdir / f"{w['slice']}.slice" for w in scn["workers"] if w["share"]},
+                            {p.pid: w["name"] for w, p, _o, _e in procs})
+            tracer.start()
         tmp_start = sdir / "start.tmp"
         tmp_start.write_text(f"{t0!r}\n")
         os.replace(tmp_start, sdir / "start")
@@ -278,6 +353,11 @@ def run_workers(scn, tmp, a):
             results[w["name"]]["stderr_tail"] = tail(sdir / (w["name"] + ".err"), 600)
             if w["share"] is not None:
                 results[w["name"]]["slice_after"] = slice_snapshot(sdir / f"{w['name']}.slice")
+        if tracer:
+            tracer.stop.set()
+            tracer.join(timeout=5)
+            scn["trace"] = tracer.summary(t0, scn["seconds"])
+            say(f"  trace: {json.dumps(scn['trace'])}")
         return results
     finally:
         for _w, p, out, err in procs:
@@ -522,7 +602,8 @@ def write_json(path, doc):
 def meta(a):
     m = {"started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "host": socket.gethostname(),
          "python": sys.version.split()[0], "argv": sys.argv, "quick": a.quick,
-         "seconds": a.seconds, "live_seconds": a.live_seconds, "window": a.window, "warmup": a.warmup}
+         "seconds": a.seconds, "live_seconds": a.live_seconds, "window": a.window, "warmup": a.warmup,
+         "library": str(LIB_IN_USE[0])}
     for key, cmd in (("git", ["git", "rev-parse", "HEAD"]), ("git_dirty", ["git", "status", "--porcelain"]),
                      ("gpu", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
                               "--format=csv,noheader"])):
@@ -561,7 +642,14 @@ def parse_args(argv=None):
     p.add_argument("--finish-timeout", type=float, default=30.0, help="s allowed past the measured part")
     p.add_argument("--python", default=sys.executable, help="interpreter for the workers (needs torch)")
     p.add_argument("--keep-tmp", action="store_true", help="keep slice files and worker logs")
+    p.add_argument("--lib", help="the preload library for throttled workers (default: this checkout's build), "
+                                 "to compare two builds")
+    p.add_argument("--trace", action="store_true",
+                   help="record each slice's open window and NVML view, and NVML's per-process time, "
+                        "every 50 ms; print their means per scenario")
     a = p.parse_args(argv)
+    if a.lib:
+        LIB_IN_USE[0] = Path(a.lib).resolve()
     q = a.quick
     a.seconds = a.seconds if a.seconds is not None else (4.0 if q else 10.0)
     a.live_seconds = a.live_seconds if a.live_seconds is not None else (6.0 if q else 12.0)
@@ -621,8 +709,8 @@ def main():
                 say(f"build failed: {' '.join(c)}\n{msg}")
                 return 2
             say(f"warning: {' '.join(c)} failed (the overhead scenario will fail):\n{msg}")
-    if not LIB.exists():
-        say(f"build failed: {LIB} missing")
+    if not LIB_IN_USE[0].exists():
+        say(f"build failed: {LIB_IN_USE[0]} missing")
         return 2
 
     doc = {"meta": meta(a), "scenarios": [], "rows": []}
@@ -645,6 +733,8 @@ def main():
                         raise ScenarioError(f"skipped: no {s['workload']} baseline in this run")
                     data = run_workers(s, tmp, a)
                     rec["workers"] = data
+                    if "trace" in s:
+                        rec["trace"] = s["trace"]
                     if s["check"] == "baseline":
                         baselines[s["workload"]] = data["A"]
                     rows = analyze(s, data, baselines)
