@@ -40,6 +40,7 @@
 #define OVERLAP_SLACK 10     /* per-process figures adding up past the device's: not per process */
 #define BLUR_SLACK 15        /* percent above the window a slice's own work cannot reach */
 #define MAX_SAMPLES 128
+#define BUSY_RECENT_US 1000000ull /* a slice process busy within this counts as busy */
 
 typedef CUresult (*ctx_current_fn)(CUcontext *);
 typedef CUresult (*event_create_fn)(CUevent *, unsigned int);
@@ -220,6 +221,30 @@ struct sample_view {
 	int strangers; /* processes outside the slice had work on the GPU */
 };
 
+/* When each of the slice's processes last had work in an NVML sample, per GPU
+ * (housekeeper only). NVML's per-process samples do not all come in one read:
+ * a process absent from one read is not idle. */
+static struct {
+	unsigned int pid;
+	unsigned long long us;
+} busy_seen[HAMI_SLICE_MAX_DEVICES][HAMI_SLICE_MAX_SLOTS];
+
+static void note_busy(int sdev, unsigned int pid, unsigned long long us)
+{
+	int oldest = 0;
+	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++) {
+		if (busy_seen[sdev][i].pid == pid) {
+			if (us > busy_seen[sdev][i].us)
+				busy_seen[sdev][i].us = us;
+			return;
+		}
+		if (busy_seen[sdev][i].us < busy_seen[sdev][oldest].us)
+			oldest = i;
+	}
+	busy_seen[sdev][oldest].pid = pid;
+	busy_seen[sdev][oldest].us = us;
+}
+
 static int slot_pid(struct hami_slice_file *f, unsigned int pid)
 {
 	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
@@ -239,7 +264,7 @@ static int slot_pid(struct hami_slice_file *f, unsigned int pid)
  * run too (they are throttled harder than needed) but never under-counts.
  * 0: no new sample.
  */
-static int read_samples(struct hami_slice_file *f, nvmlDevice_t dev, unsigned long long since,
+static int read_samples(struct hami_slice_file *f, int sdev, nvmlDevice_t dev, unsigned long long since,
 			struct sample_view *v)
 {
 	proc_util_fn fn = HAMI_REAL(proc_util_fn, "nvmlDeviceGetProcessUtilization");
@@ -264,6 +289,8 @@ static int read_samples(struct hami_slice_file *f, nvmlDevice_t dev, unsigned lo
 		uint32_t u = s[i].smUtil > 100 ? 100 : s[i].smUtil;
 		total += u;
 		if (slot_pid(f, s[i].pid)) {
+			if (u > 0)
+				note_busy(sdev, s[i].pid, s[i].timeStamp);
 			v->slice += u;
 			slice_max = u > slice_max ? u : slice_max;
 			v->matched = 1;
@@ -341,13 +368,13 @@ static void steer(int sdev, struct hami_slice_device *d, const struct hami_devic
 	__atomic_store_n(&d->sm_open_ppm, (uint32_t)next, __ATOMIC_RELEASE);
 }
 
-/* Processes of the slice whose latest published utilization on sdev is not 0. */
-static int busy_processes(struct hami_slice_file *f, int sdev)
+/* Processes of the slice that NVML saw busy on sdev within the last second. */
+static int busy_processes(struct hami_slice_file *f, int sdev, unsigned long long now_us)
 {
 	int n = 0;
 	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
-		if (__atomic_load_n(&f->slot[i].state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE &&
-		    __atomic_load_n(&f->slot[i].sm_util[sdev], __ATOMIC_RELAXED) > 0)
+		if (busy_seen[sdev][i].pid && busy_seen[sdev][i].us + BUSY_RECENT_US > now_us &&
+		    slot_pid(f, busy_seen[sdev][i].pid))
 			n++;
 	return n;
 }
@@ -376,7 +403,7 @@ void hami_sm_tick(void)
 		struct hami_slice_device *d = &f->device[sdev];
 		nvmlDevice_t dev = hami_nvml_device(sdev);
 		struct sample_view v;
-		if (!dev || !read_samples(f, dev, seen_us[sdev], &v))
+		if (!dev || !read_samples(f, sdev, dev, seen_us[sdev], &v))
 			continue;
 		seen_us[sdev] = v.newest;
 		__atomic_store_n(&f->slot[slot].sm_util[sdev], v.mine, __ATOMIC_RELAXED);
@@ -399,7 +426,7 @@ void hami_sm_tick(void)
 		 * on an H100, four matmul processes at a 50 % time share did 50.7 %
 		 * of one process's full-load work, the boost and the sharing
 		 * cancelling. The speed-up is taken for one busy process only. */
-		if (busy_processes(f, sdev) > 1)
+		if (busy_processes(f, sdev, v.newest) > 1)
 			speedup = HAMI_SM_WORK_ONE;
 		/* One process of the slice steers per sample: whoever claims it first. */
 		unsigned long long claimed = __atomic_load_n(&d->sm_sample_us, __ATOMIC_ACQUIRE);
