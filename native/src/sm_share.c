@@ -218,7 +218,7 @@ struct sample_view {
 	uint32_t slice, others, mine;
 	int matched;
 	int blurred; /* per-process figures are the device's: no split between slices */
-	int strangers; /* processes outside the slice had work on the GPU */
+	int strangers; /* processes outside the slice had work on the GPU in the last second */
 };
 
 /* When each of the slice's processes last had work in an NVML sample, per GPU
@@ -228,6 +228,8 @@ static struct {
 	unsigned int pid;
 	unsigned long long us;
 } busy_seen[HAMI_SLICE_MAX_DEVICES][HAMI_SLICE_MAX_SLOTS];
+
+static unsigned long long strangers_us[HAMI_SLICE_MAX_DEVICES]; /* a process outside the slice, busy */
 
 static void note_busy(int sdev, unsigned int pid, unsigned long long us)
 {
@@ -297,11 +299,13 @@ static int read_samples(struct hami_slice_file *f, int sdev, nvmlDevice_t dev, u
 		} else {
 			v->others += u;
 			others_max = u > others_max ? u : others_max;
-			v->strangers |= u > 0;
+			if (u > 0 && s[i].timeStamp > strangers_us[sdev])
+				strangers_us[sdev] = s[i].timeStamp;
 		}
 		if (s[i].pid == (unsigned int)getpid())
 			v->mine = u;
 	}
+	v->strangers = strangers_us[sdev] && strangers_us[sdev] + BUSY_RECENT_US > v->newest;
 	nvmlUtilization_t whole;
 	if (device && device(dev, &whole) == NVML_SUCCESS && total > whole.gpu + OVERLAP_SLACK) {
 		v->blurred = 1;
