@@ -27,7 +27,7 @@ struct schedule {
 
 static struct schedule sched[HAMI_SLICE_MAX_DEVICES];
 static uint64_t offset_ppm[HAMI_SLICE_MAX_DEVICES]; /* read by the launch path */
-static int neighbours[HAMI_SLICE_MAX_DEVICES];     /* other slices with a share here */
+static int neighbours[HAMI_SLICE_MAX_DEVICES];     /* other slices with a share here; the launch path reads it */
 
 static off_t entry_offset(int i)
 {
@@ -162,7 +162,7 @@ void hami_schedule_tick(int sdev, uint32_t open_ppm)
 		if (i < s->entry)
 			before += __atomic_load_n(&m->entry[i].open_ppm, __ATOMIC_ACQUIRE);
 	}
-	neighbours[sdev] = others;
+	__atomic_store_n(&neighbours[sdev], others, __ATOMIC_RELAXED);
 	__atomic_store_n(&offset_ppm[sdev], before % 1000000u, __ATOMIC_RELAXED);
 }
 
@@ -175,13 +175,13 @@ void hami_schedule_leave(int sdev)
 		s->entry = -1;
 	}
 	__atomic_store_n(&offset_ppm[sdev], 0, __ATOMIC_RELAXED);
-	neighbours[sdev] = 0;
+	__atomic_store_n(&neighbours[sdev], 0, __ATOMIC_RELAXED);
 }
 
 /* How many other slices have a share on this GPU (as of the last tick). */
 int hami_schedule_neighbours(int sdev)
 {
-	return neighbours[sdev];
+	return __atomic_load_n(&neighbours[sdev], __ATOMIC_RELAXED);
 }
 
 uint64_t hami_schedule_offset_ppm(int sdev)
@@ -200,6 +200,6 @@ void hami_schedule_after_fork(void)
 			munmap(s->map, sizeof(struct hami_schedule_file));
 		memset(s, 0, sizeof(*s));
 		offset_ppm[d] = 0;
-		neighbours[d] = 0;
+		__atomic_store_n(&neighbours[d], 0, __ATOMIC_RELAXED);
 	}
 }

@@ -61,6 +61,8 @@ struct queue_bound {
 	int gating; /* the launch under way is throttled: record after it */
 	int per_thread;
 	CUstream stream;
+	uint64_t done_ns;   /* when the last awaited launch finished; 0: the queue ran dry since */
+	uint64_t kernel_ns; /* how long one launch keeps the GPU, from back-to-back completions */
 };
 static __thread struct queue_bound queue;
 
@@ -103,7 +105,9 @@ static void sleep_ns(uint64_t ns)
 	nanosleep(&ts, NULL);
 }
 
-/* Keep at most MAX_AHEAD of this thread's launches queued on the GPU. */
+/* Keep at most MAX_AHEAD of this thread's launches queued on the GPU. While
+ * it waits with a full queue, the GPU runs our launches back to back: the
+ * time between two completions is how long one of them takes. */
 static void bound_queue(void)
 {
 	event_fn query = HAMI_REAL(event_fn, "cuEventQuery");
@@ -114,6 +118,13 @@ static void bound_queue(void)
 			if (queue.count < MAX_AHEAD)
 				return;
 			wait(e);
+			uint64_t now = hami_monotonic_ns();
+			if (queue.done_ns)
+				queue.kernel_ns = queue.kernel_ns ? (3 * queue.kernel_ns + now - queue.done_ns) / 4
+								  : now - queue.done_ns;
+			queue.done_ns = now;
+		} else if (queue.count == 1) {
+			queue.done_ns = 0; /* ran dry: the next gap is ours, not the GPU's */
 		}
 		queue.head = (queue.head + 1) % (MAX_AHEAD + 1);
 		queue.count--;
@@ -138,17 +149,27 @@ static int queue_ready(void)
 	return 1;
 }
 
-/* Sleep until the slice's window is open. 1 if it had to wait. */
+/*
+ * Sleep until the slice's window is open. 1 if it had to wait. With other
+ * slices on the GPU, a launch that would still be running (behind those
+ * queued) when the window closes waits for the next one: work spilling into
+ * another slice's window makes the GPU switch between the two for as long,
+ * which costs the smaller slice a larger part of its share. A launch may
+ * always go in the first quarter of the window, however long it runs.
+ */
 static int wait_for_window(int sdev, struct hami_slice_device *d, uint32_t ppm)
 {
 	/* Where the GPU schedule put our window, after the other slices' windows. */
 	uint64_t start = PERIOD_NS / FULL_PPM * hami_schedule_offset_ppm(sdev);
+	uint64_t drain = hami_schedule_neighbours(sdev) > 0 ? (uint64_t)(queue.count + 1) * queue.kernel_ns : 0;
 	for (int rounds = 0;; rounds++) {
 		uint64_t phase = (hami_monotonic_ns() + PERIOD_NS - start) % PERIOD_NS;
 		uint64_t open = PERIOD_NS / FULL_PPM * ppm;
-		if (phase < open || rounds == 100)
+		uint64_t last = drain < open - open / 4 ? open - drain : open / 4; /* the latest phase to launch */
+		if (phase < last || rounds == 100)
 			return rounds > 0;
 		sleep_ns(PERIOD_NS - phase);
+		queue.done_ns = 0; /* the wait is not the GPU's time */
 		ppm = __atomic_load_n(&d->sm_open_ppm, __ATOMIC_ACQUIRE);
 		if (!ppm || ppm >= FULL_PPM)
 			return 1;
