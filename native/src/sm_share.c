@@ -149,24 +149,41 @@ static int queue_ready(void)
 	return 1;
 }
 
+/* Wait until every launch of this thread queued on the GPU has finished. */
+static void drain_queue(void)
+{
+	event_fn wait = HAMI_REAL(event_fn, "cuEventSynchronize");
+	while (queue.count > 0 && wait) {
+		wait(queue.ev[queue.head]);
+		queue.head = (queue.head + 1) % (MAX_AHEAD + 1);
+		queue.count--;
+	}
+	queue.done_ns = 0;
+}
+
 /*
  * Sleep until the slice's window is open. 1 if it had to wait. With other
  * slices on the GPU, a launch that would still be running (behind those
- * queued) when the window closes waits for the next one: work spilling into
- * another slice's window makes the GPU switch between the two for as long,
- * which costs the smaller slice a larger part of its share. A launch may
- * always go in the first quarter of the window, however long it runs.
+ * queued) when the window closes first waits for what is queued: work
+ * spilling into another slice's window makes the GPU switch between the two
+ * for as long, which costs the smaller slice a larger part of its share.
+ * With nothing of ours queued, a launch goes anywhere in the window, however
+ * long it runs.
  */
-static int wait_for_window(int sdev, struct hami_slice_device *d, uint32_t ppm)
+static int wait_for_window(int sdev, struct hami_slice_device *d, uint32_t ppm, int bounded)
 {
 	/* Where the GPU schedule put our window, after the other slices' windows. */
 	uint64_t start = PERIOD_NS / FULL_PPM * hami_schedule_offset_ppm(sdev);
-	uint64_t drain = hami_schedule_neighbours(sdev) > 0 ? (uint64_t)(queue.count + 1) * queue.kernel_ns : 0;
+	int fit = bounded && queue.kernel_ns && hami_schedule_neighbours(sdev) > 0;
 	for (int rounds = 0;; rounds++) {
 		uint64_t phase = (hami_monotonic_ns() + PERIOD_NS - start) % PERIOD_NS;
 		uint64_t open = PERIOD_NS / FULL_PPM * ppm;
-		uint64_t last = drain < open - open / 4 ? open - drain : open / 4; /* the latest phase to launch */
-		if (phase < last || rounds == 100)
+		if (fit && queue.count > 0 && phase < open &&
+		    phase + (uint64_t)(queue.count + 1) * queue.kernel_ns > open) {
+			drain_queue();
+			continue;
+		}
+		if (phase < open || rounds == 100)
 			return rounds > 0;
 		sleep_ns(PERIOD_NS - phase);
 		queue.done_ns = 0; /* the wait is not the GPU's time */
@@ -193,7 +210,7 @@ void hami_sm_before_launch(CUstream stream, int per_thread)
 	int bounded = queue_ready();
 	if (bounded)
 		bound_queue();
-	if (wait_for_window(sdev, d, ppm))
+	if (wait_for_window(sdev, d, ppm, bounded))
 		__atomic_add_fetch(&d->sm_waits, 1, __ATOMIC_RELAXED);
 	queue.gating = bounded;
 	queue.per_thread = per_thread;
@@ -214,7 +231,7 @@ void hami_sm_gate_decode(void)
 		return;
 	struct hami_slice_device *d = &f->device[sdev];
 	uint32_t ppm = open_ppm(sdev, d, l.sm_share);
-	if (ppm < FULL_PPM && wait_for_window(sdev, d, ppm))
+	if (ppm < FULL_PPM && wait_for_window(sdev, d, ppm, 0))
 		__atomic_add_fetch(&d->sm_waits, 1, __ATOMIC_RELAXED);
 }
 

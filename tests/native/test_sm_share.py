@@ -215,3 +215,17 @@ def test_elastic_slices_under_contention_get_at_least_their_share(cudrive, make_
     # them 3 s to meet before measuring.
     got_a, got_b = _two_slices(cudrive, make_slice, 30, 70, "elastic", settle=3)
     assert got_a >= 0.30 - TOLERANCE and got_b >= 0.70 - TOLERANCE, (got_a, got_b)
+
+
+def test_a_slice_whose_kernels_outlast_its_window_still_gets_its_share(cudrive, make_slice):
+    # Beside another slice, a launch that would run past the window's close
+    # waits for the next window; one longer than most of the window must
+    # still go, at the window's start, or the slice would starve.
+    sa = _sm_slice(make_slice, "long", 20, "hard")   # a 10 ms window of each 50 ms
+    sb = _sm_slice(make_slice, "short", 70, "hard")
+    pa, pb = _burner(cudrive, sa.env), _burner(cudrive, sb.env)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = ((pa, 8_000_000), (pb, KERNEL_NS))
+        list(pool.map(lambda r: _burn(r[0], 2, ns=r[1]), runs))
+        got_a, got_b = pool.map(lambda r: _burn(r[0], 4, ns=r[1]), runs)
+    assert abs(got_a - 0.20) <= TOLERANCE and abs(got_b - 0.70) <= TOLERANCE, (got_a, got_b)
