@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -529,6 +530,21 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
 		return NVML_ERROR_INSUFFICIENT_SIZE;
 	}
 	struct sim_state *st = sim_st();
+	const char *only = getenv("HAMI_SIM_PROCESS_UTIL");
+	if (only && strcmp(only, "one") == 0) {
+		/* Like an H100 (driver 580) with two busy slices: one process,
+		 * the newest, with the whole device's figure. */
+		unsigned newest = 0;
+		for (unsigned k = 1; k < n; k++)
+			if (list[k].pid > list[newest].pid)
+				newest = k;
+		memset(&utilization[0], 0, sizeof(utilization[0]));
+		utilization[0].pid = list[newest].pid;
+		utilization[0].timeStamp = stamp;
+		utilization[0].smUtil = sim_sample_pct(st->dev[i].util, end);
+		*processSamplesCount = 1;
+		return NVML_SUCCESS;
+	}
 	for (unsigned k = 0; k < n; k++) {
 		nvmlProcessUtilizationSample_t *e = &utilization[k];
 		memset(e, 0, sizeof(*e));
