@@ -28,6 +28,9 @@ struct schedule {
 static struct schedule sched[HAMI_SLICE_MAX_DEVICES];
 static uint64_t offset_ppm[HAMI_SLICE_MAX_DEVICES]; /* read by the launch path */
 static int neighbours[HAMI_SLICE_MAX_DEVICES];     /* other slices with a share here; the launch path reads it */
+static int busy_neighbours[HAMI_SLICE_MAX_DEVICES]; /* those of them that launched within BUSY_NS */
+
+#define BUSY_NS 1000000000ull
 
 static off_t entry_offset(int i)
 {
@@ -126,6 +129,7 @@ static int join(struct schedule *s, uint64_t key)
 			continue; /* in use */
 		__atomic_store_n(&m->entry[i].key, key, __ATOMIC_RELEASE);
 		__atomic_store_n(&m->entry[i].open_ppm, 0, __ATOMIC_RELEASE);
+		__atomic_store_n(&m->entry[i].active_ns, 1, __ATOMIC_RELEASE);
 		__atomic_store_n(&m->entry[i].state, 1, __ATOMIC_RELEASE);
 		lock(s->fd, i, F_RDLCK, F_OFD_SETLK); /* downgrade: the slice's other processes may join */
 		return i;
@@ -135,10 +139,12 @@ static int join(struct schedule *s, uint64_t key)
 
 /*
  * Every housekeeping tick, for a GPU where the slice has a share: publish our
- * window's length and learn where it starts. Without a usable schedule the
- * offset stays 0 and the windows of different slices may overlap.
+ * window's length (and, when this process launched since the last tick, that
+ * the slice is busy) and learn where the window starts and which other slices
+ * are busy. Without a usable schedule the offset stays 0 and the windows of
+ * different slices may overlap.
  */
-void hami_schedule_tick(int sdev, uint32_t open_ppm)
+void hami_schedule_tick(int sdev, uint32_t open_ppm, int launched)
 {
 	struct hami_slice_file *f = hami_slice();
 	struct schedule *s = &sched[sdev];
@@ -152,17 +158,24 @@ void hami_schedule_tick(int sdev, uint32_t open_ppm)
 		return;
 	struct hami_schedule_file *m = s->map;
 	__atomic_store_n(&m->entry[s->entry].open_ppm, open_ppm, __ATOMIC_RELEASE);
+	uint64_t now = hami_monotonic_ns();
+	if (launched)
+		__atomic_store_n(&m->entry[s->entry].active_ns, now, __ATOMIC_RELEASE);
 	uint64_t before = 0;
-	int others = 0;
+	int others = 0, busy = 0;
 	for (int i = 0; i < HAMI_SCHEDULE_ENTRIES; i++) {
 		if (i == s->entry || __atomic_load_n(&m->entry[i].state, __ATOMIC_ACQUIRE) != 1 ||
 		    m->entry[i].key == m->entry[s->entry].key || lock(s->fd, i, F_WRLCK, F_OFD_GETLK) != 1)
 			continue;
 		others++;
+		uint64_t active = __atomic_load_n(&m->entry[i].active_ns, __ATOMIC_ACQUIRE);
+		if (active == 0 || (active > 1 && active + BUSY_NS > now))
+			busy++; /* 0: an older library that does not say: take it as busy */
 		if (i < s->entry)
 			before += __atomic_load_n(&m->entry[i].open_ppm, __ATOMIC_ACQUIRE);
 	}
 	__atomic_store_n(&neighbours[sdev], others, __ATOMIC_RELAXED);
+	busy_neighbours[sdev] = busy;
 	__atomic_store_n(&offset_ppm[sdev], before % 1000000u, __ATOMIC_RELAXED);
 }
 
@@ -176,6 +189,14 @@ void hami_schedule_leave(int sdev)
 	}
 	__atomic_store_n(&offset_ppm[sdev], 0, __ATOMIC_RELAXED);
 	__atomic_store_n(&neighbours[sdev], 0, __ATOMIC_RELAXED);
+	busy_neighbours[sdev] = 0;
+}
+
+/* How many other slices with a share on this GPU launched within the last
+ * second (as of the last tick; housekeeper only). */
+int hami_schedule_busy_neighbours(int sdev)
+{
+	return busy_neighbours[sdev];
 }
 
 /* How many other slices have a share on this GPU (as of the last tick). */
@@ -201,5 +222,6 @@ void hami_schedule_after_fork(void)
 		memset(s, 0, sizeof(*s));
 		offset_ppm[d] = 0;
 		__atomic_store_n(&neighbours[d], 0, __ATOMIC_RELAXED);
+		busy_neighbours[d] = 0;
 	}
 }

@@ -146,10 +146,11 @@ uint32_t hami_sm_work_last(int sdev);
 int hami_sm_share_of_time(void);
 
 /* gpu_schedule.c: the slices' windows side by side on each GPU */
-void hami_schedule_tick(int sdev, uint32_t open_ppm);
+void hami_schedule_tick(int sdev, uint32_t open_ppm, int launched);
 void hami_schedule_leave(int sdev);
 uint64_t hami_schedule_offset_ppm(int sdev);
 int hami_schedule_neighbours(int sdev);
+int hami_schedule_busy_neighbours(int sdev);
 void hami_schedule_after_fork(void);
 
 /* context_hooks.c */

@@ -486,6 +486,13 @@ void hami_sm_tick(void)
 			 * only our PID, with the whole GPU's figure). */
 			v.blurred = v.strangers = 1;
 		}
+		if (!v.strangers && hami_schedule_busy_neighbours(sdev) > 0) {
+			/* Another slice launches, yet NVML has shown none of its
+			 * processes busy for a second: it shows only some processes
+			 * (seen on an H100: one process of two busy slices, with the
+			 * device's figure). Our figure may be theirs too. */
+			v.blurred = v.strangers = 1;
+		}
 		if (v.blurred && v.strangers) {
 			/* Other slices run, and NVML cannot tell their time from ours:
 			 * feedback would starve us. Hold the window at the share. */
@@ -504,7 +511,8 @@ void hami_sm_tick(void)
 		if (l.sm_share > 0 && l.sm_share < 100) {
 			/* A slice that does not bind claims only its share of the period. */
 			uint32_t ppm = open_ppm(sdev, &f->device[sdev], l.sm_share);
-			hami_schedule_tick(sdev, ppm < FULL_PPM ? ppm : l.sm_share * (FULL_PPM / 100));
+			hami_schedule_tick(sdev, ppm < FULL_PPM ? ppm : l.sm_share * (FULL_PPM / 100),
+					   launched != launches_seen);
 		} else
 			hami_schedule_leave(sdev);
 	}

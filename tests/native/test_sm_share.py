@@ -8,6 +8,7 @@ GPU, which is what a user of the slice gets.
 """
 
 import concurrent.futures
+import os
 
 import pytest
 
@@ -214,6 +215,7 @@ def test_elastic_slices_under_contention_get_at_least_their_share(cudrive, make_
     # Elastic slices first grow into the idle time, then hand it back: give
     # them 3 s to meet before measuring.
     got_a, got_b = _two_slices(cudrive, make_slice, 30, 70, "elastic", settle=3)
+    print("GOT", got_a, got_b)
     assert got_a >= 0.30 - TOLERANCE and got_b >= 0.70 - TOLERANCE, (got_a, got_b)
 
 
@@ -229,3 +231,36 @@ def test_a_slice_whose_kernels_outlast_its_window_still_gets_its_share(cudrive, 
         list(pool.map(lambda r: _burn(r[0], 2, ns=r[1]), runs))
         got_a, got_b = pool.map(lambda r: _burn(r[0], 4, ns=r[1]), runs)
     assert abs(got_a - 0.20) <= TOLERANCE and abs(got_b - 0.70) <= TOLERANCE, (got_a, got_b)
+
+
+def _open_window(slice_path):
+    """The slice's open window on GPU 0 (fraction of each period), from its slice file."""
+    import ctypes
+
+    from hami_jupyter.slice.layout import DEVICES_OFFSET, HamiSliceDevice
+
+    with open(slice_path, "rb") as f:
+        raw = os.pread(f.fileno(), ctypes.sizeof(HamiSliceDevice), DEVICES_OFFSET)
+    return HamiSliceDevice.from_buffer_copy(raw).sm_open_ppm / 1e6
+
+
+def test_an_elastic_window_is_given_back_when_nvml_shows_one_process(cudrive, make_slice):
+    # An H100 (driver 580) with two busy slices reported one process only,
+    # with the whole device's figure. The slice it showed had grown its
+    # window into the idle GPU first and never gave it back (the other got
+    # 17.7 % of a 30 % share). The other slice's launches, told in the GPU
+    # schedule, must send it back to its share though NVML never shows them.
+    one = {"HAMI_SIM_PROCESS_UTIL": "one"}
+    sa = _sm_slice(make_slice, "small", 30, "elastic", **one)
+    sb = _sm_slice(make_slice, "large", 70, "elastic", **one)
+    pa = _burner(cudrive, sa.env)             # alive but idle: NVML shows the newest busy process
+    pb = _burner(cudrive, sb.env)
+    assert _burn(pb, 2) >= 0.85               # alone, the large slice takes the idle GPU
+    assert _open_window(sb.path) >= 0.85
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda p: _burn(p, 2), (pa, pb)))
+        windows = [_open_window(sb.path)]
+        got_a, got_b = pool.map(lambda p: _burn(p, 3), (pa, pb))
+        windows.append(_open_window(sb.path))
+    assert max(windows) <= 0.70 + 0.02, f"the large slice kept its window: {windows}"
+    assert got_a >= 0.30 - TOLERANCE, (got_a, got_b)

@@ -8,7 +8,8 @@
  * process of that slice holds an OFD *read* lock on the entry's first byte
  * for as long as it uses the entry; an entry nobody holds a lock on is free,
  * whatever its state says. A slice's window starts where the windows of the
- * live entries before it end. Path: $HAMI_SCHEDULE_DIR (default /dev/shm)
+ * live entries before it end. Each slice also says when it last launched,
+ * so that the others know it is busy even where NVML does not show it. Path: $HAMI_SCHEDULE_DIR (default /dev/shm)
  * /hami-gpu-<GPU UUID>, created readable and writable by everyone: slices of
  * different users meet here (the schedule is as cooperative as the preload).
  */
@@ -25,7 +26,9 @@ struct hami_schedule_entry {
 	uint64_t key;       /* the slice: hash of its name and creation time */
 	uint32_t open_ppm;  /* the slice's window, parts per million of the period */
 	uint32_t state;     /* 1: claimed (live only while someone holds its lock) */
-	uint8_t reserved[48];
+	uint64_t active_ns; /* CLOCK_MONOTONIC of the slice's latest launch, as of a
+			     * tick; 1: none yet; 0: not told (an older library) */
+	uint8_t reserved[40];
 };
 
 struct hami_schedule_file {
