@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from .layout import (
     FILE_SIZE,
     HAMI_DEVICE_READY,
+    HAMI_PARK_PARKED,
+    HAMI_PARK_PARKING,
     HAMI_LIMITS_MAGIC,
     HAMI_LIMITS_VERSION_MAJOR,
     HAMI_SLICE_MAGIC,
@@ -129,6 +131,15 @@ class Slot:
     gpu_active_unix_ns: int = 0  # its last driver call, as its parking thread saw it
     parked: dict[int, int] = None  # bytes in host memory by slice device index
     driver_bytes: dict[int, int] = None  # part of memory_used that is the driver's own (the true-up)
+
+    def park_stage(self):
+        """park_state as a reader should see it: the parking tool publishes
+        PARKED when the driver has checkpointed the process, and the process
+        then moves its charge to *parked*; until it has, the memory still
+        counts as on the GPU, and the process is still parking."""
+        if self.park_state == HAMI_PARK_PARKED and any((self.memory_used or {}).values()):
+            return HAMI_PARK_PARKING
+        return self.park_state
 
 
 @dataclass

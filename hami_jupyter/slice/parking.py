@@ -67,7 +67,7 @@ def kernel_slots(snapshot, kernel_id):
 def park_state(snapshot, kernel_id):
     """"running", "parking", "parked" or "resuming" for the kernel, None when it
     has no process in the slice: the state of its process furthest from the GPU."""
-    states = {s.park_state for s in kernel_slots(snapshot, kernel_id)}
+    states = {s.park_stage() for s in kernel_slots(snapshot, kernel_id)}
     if not states:
         return None
     for state, name in ((HAMI_PARK_PARKED, "parked"), (HAMI_PARK_PARKING, "parking")):

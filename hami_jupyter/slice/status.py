@@ -222,7 +222,7 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
             "parked": {uuid_of[d]: v for d, v in (s.parked or {}).items() if v},
             # Part of memory_used: what the driver took by itself (the true-up).
             "memory_driver": {uuid_of[d]: v for d, v in (s.driver_bytes or {}).items() if v},
-            "park_state": PARK_STATES.get(s.park_state, "running"),
+            "park_state": PARK_STATES.get(s.park_stage(), "running"),
             "park_wait": PARK_WAITS.get(s.park_wait) if s.park_wanted else None,
             "gpu_active_unix": s.gpu_active_unix_ns / 1e9,
         }
