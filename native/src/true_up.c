@@ -30,8 +30,7 @@
 
 typedef nvmlReturn_t (*procs_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
 
-static uint64_t lower_seen[HAMI_SLICE_MAX_DEVICES]; /* housekeeper only: last lower target, +1 */
-static uint64_t higher_seen[HAMI_SLICE_MAX_DEVICES]; /* housekeeper only: last higher target, or 0 */
+static uint64_t seen[HAMI_SLICE_MAX_DEVICES]; /* housekeeper only: last differing target + 1, or 0 */
 static int told_not_listed;
 
 int hami_nvml_process_used(int sdev, uint64_t *used)
@@ -91,36 +90,28 @@ static void true_up_device(struct hami_slot *s, int sdev)
 	if (after > hooks)
 		hooks = after;
 	uint64_t target = real > hooks ? real - hooks : 0;
-	if (target >= driver + NOISE_BYTES) {
-		/* Believed when two readings in a row agree, as a lower one is: a
-		 * pool that grows by more than it was asked is charged by its hook
-		 * just after the driver grew it, and one reading may fall between. */
-		lower_seen[sdev] = 0;
-		if (!higher_seen[sdev]) {
-			higher_seen[sdev] = target;
-			return;
-		}
-		uint64_t higher = target < higher_seen[sdev] ? target : higher_seen[sdev];
-		higher_seen[sdev] = 0;
-		if (higher >= driver + NOISE_BYTES) {
-			hami_charge_force(sdev, higher - driver);
-			__atomic_store_n(&s->driver_bytes[sdev], higher, __ATOMIC_RELEASE);
-		}
-	} else if (target + NOISE_BYTES <= driver) {
-		higher_seen[sdev] = 0;
-		if (!lower_seen[sdev]) {
-			lower_seen[sdev] = target + 1; /* believed at the next reading */
-			return;
-		}
-		uint64_t lower = target > lower_seen[sdev] - 1 ? target : lower_seen[sdev] - 1;
-		lower_seen[sdev] = 0;
-		if (lower < driver) {
-			hami_credit(sdev, driver - lower);
-			__atomic_store_n(&s->driver_bytes[sdev], lower, __ATOMIC_RELEASE);
-		}
-	} else {
-		lower_seen[sdev] = higher_seen[sdev] = 0;
+	int higher = target >= driver + NOISE_BYTES, lower = target + NOISE_BYTES <= driver;
+	uint64_t before = seen[sdev];
+	if (!higher && !lower) {
+		seen[sdev] = 0;
+		return;
 	}
+	/* Believed when two readings in a row agree, higher or lower: a free
+	 * races the reading one way, and a pool that grows by more than it was
+	 * asked, charged by its hook just after the driver grew it, the other. */
+	if (!before || (before - 1 > driver) != higher) {
+		seen[sdev] = target + 1; /* believed at the next reading */
+		return;
+	}
+	seen[sdev] = 0;
+	uint64_t agreed = before - 1;
+	if (higher ? target < agreed : target > agreed)
+		agreed = target; /* the one nearer what is charged */
+	if (higher)
+		hami_charge_force(sdev, agreed - driver);
+	else
+		hami_credit(sdev, driver - agreed);
+	__atomic_store_n(&s->driver_bytes[sdev], agreed, __ATOMIC_RELEASE);
 }
 
 void hami_true_up_tick(void)
@@ -145,6 +136,6 @@ void hami_true_up_tick(void)
 void hami_true_up_after_fork(void)
 {
 	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++)
-		lower_seen[d] = higher_seen[d] = 0;
+		seen[d] = 0;
 	told_not_listed = 0;
 }
