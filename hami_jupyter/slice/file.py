@@ -132,14 +132,16 @@ class Slot:
     parked: dict[int, int] = None  # bytes in host memory by slice device index
     driver_bytes: dict[int, int] = None  # part of memory_used that is the driver's own (the true-up)
 
+    def charge_unmoved(self):
+        """The parking tool publishes PARKED when the driver has checkpointed
+        the process; the process then moves its charge to *parked*. True in
+        between: the memory still counts as on the GPU."""
+        return self.park_state == HAMI_PARK_PARKED and any((self.memory_used or {}).values())
+
     def park_stage(self):
-        """park_state as a reader should see it: the parking tool publishes
-        PARKED when the driver has checkpointed the process, and the process
-        then moves its charge to *parked*; until it has, the memory still
-        counts as on the GPU, and the process is still parking."""
-        if self.park_state == HAMI_PARK_PARKED and any((self.memory_used or {}).values()):
-            return HAMI_PARK_PARKING
-        return self.park_state
+        """park_state as a reader should see it: still parking until the
+        charge has moved."""
+        return HAMI_PARK_PARKING if self.charge_unmoved() else self.park_state
 
 
 @dataclass

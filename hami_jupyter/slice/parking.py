@@ -182,7 +182,7 @@ def _wait_moved(path, kernel_id):
     deadline = time.monotonic() + MOVE_WAIT_S
     while time.monotonic() < deadline:
         slots = kernel_slots(read_snapshot(path), kernel_id)
-        if all(s.park_state != HAMI_PARK_PARKED or not sum(s.memory_used.values()) for s in slots):
+        if not any(s.charge_unmoved() for s in slots):
             return
         time.sleep(0.01)
 
