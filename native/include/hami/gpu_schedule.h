@@ -9,9 +9,10 @@
  * for as long as it uses the entry; an entry nobody holds a lock on is free,
  * whatever its state says. A slice's window starts where the windows of the
  * live entries before it end. Each slice also says when it last launched,
- * so that the others know it is busy even where NVML does not show it. Path: $HAMI_SCHEDULE_DIR (default /dev/shm)
- * /hami-gpu-<GPU UUID>, created readable and writable by everyone: slices of
- * different users meet here (the schedule is as cooperative as the preload).
+ * so that the others know it is busy even where NVML does not show it.
+ * Path: $HAMI_SCHEDULE_DIR (default /dev/shm)/hami-gpu-<GPU UUID>, created
+ * readable and writable by everyone: slices of different users meet here
+ * (the schedule is as cooperative as the preload).
  */
 #ifndef HAMI_GPU_SCHEDULE_H
 #define HAMI_GPU_SCHEDULE_H
