@@ -95,10 +95,12 @@
  *   graphics [0|1]              hamiSimGraphicsProcess: NVML lists this process as a graphics
  *                               process (1, the default) or a compute one (0)
  *   event NS                    timing events around one kernel: query, synchronize, elapsed time
- *   burn launch|launchex|coop|graph NS SECONDS [SYNC_EVERY]
+ *   burn launch|launchex|coop|graph NS SECONDS [SYNC_EVERY [HOST_NS]]
  *                               launch NS kernels for SECONDS of wall time (graph: a graph of 8),
  *                               cuCtxSynchronize every SYNC_EVERY launches (default 64, 0 never)
- *                               and once at the end; reports the GPU share achieved
+ *                               and once at the end; HOST_NS of host work (a busy loop) after
+ *                               each launch, as a framework's own per-launch cost; reports the
+ *                               GPU share achieved
  *
  * Video decoding (NVDEC; libnvcuvid.so.1 is dlopen()ed and its entry points
  * dlsym()ed when one of these is first used, as FFmpeg and PyNvVideoCodec do;
@@ -2858,10 +2860,12 @@ static CUresult burn_graph(struct result *r, unsigned long long *ns, CUgraph *g,
 }
 
 /*
- * burn KIND NS SECONDS [SYNC_EVERY]: keep the GPU as busy as this process is
- * allowed to, the way a framework does: launch, and every SYNC_EVERY launches
- * wait for the queue to drain (cuCtxSynchronize). The share is the GPU time
- * launched over the wall time until the last kernel ended.
+ * burn KIND NS SECONDS [SYNC_EVERY [HOST_NS]]: keep the GPU as busy as this
+ * process is allowed to, the way a framework does: launch, spend HOST_NS on
+ * the host (a framework's per-launch cost: with HOST_NS > NS the host, not
+ * the GPU, sets the pace), and every SYNC_EVERY launches wait for the queue
+ * to drain (cuCtxSynchronize). The share is the GPU time launched over the
+ * wall time until the last kernel ended.
  */
 static int cmd_burn(struct stream *s, struct result *r)
 {
@@ -2881,6 +2885,12 @@ static int cmd_burn(struct stream *s, struct result *r)
 		usage_error(r->op, "CUDRIVE_USAGE", "bad SYNC_EVERY: \"%s\"", se);
 		return -1;
 	}
+	unsigned long long host_ns = 0;
+	const char *hn = se ? opt_arg(s) : NULL;
+	if (hn && (!parse_u64(hn, &host_ns) || host_ns > 1000000000ull)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad HOST_NS: \"%s\" (0 to 1000000000)", hn);
+		return -1;
+	}
 	size_t k = 0;
 	while (k < sizeof(launch_kinds) / sizeof(launch_kinds[0]) && strcmp(launch_kinds[k].word, kind_s) != 0)
 		k++;
@@ -2898,6 +2908,7 @@ static int cmd_burn(struct stream *s, struct result *r)
 	res_u64(r, "ns", ns);
 	res_raw(r, ",\"seconds\":%.3f", secs);
 	res_u64(r, "sync_every", sync_every);
+	res_u64(r, "host_ns", host_ns);
 	fn_void ctxsync = (fn_void)need(r, F_CTX_SYNCHRONIZE);
 	void *fn = need(r, launch_kinds[k].fn);
 	if (!ctxsync || !fn) {
@@ -2921,6 +2932,8 @@ static int cmd_burn(struct stream *s, struct result *r)
 		if (rc)
 			break;
 		launches++;
+		for (uint64_t host_end = now_ns() + host_ns; host_ns && now_ns() < host_end;)
+			; /* the host's own work between launches */
 		if (sync_every && launches % sync_every == 0 && (rc = ctxsync()) != 0)
 			break;
 	}

@@ -25,8 +25,8 @@ def _burner(cudrive, env):
     return p
 
 
-def _burn(p, seconds, kind="launch", ns=KERNEL_NS):
-    rec = p.ok(f"burn {kind} {ns} {seconds}", timeout=seconds + 30)
+def _burn(p, seconds, kind="launch", ns=KERNEL_NS, host_ns=0):
+    rec = p.ok(f"burn {kind} {ns} {seconds} 64 {host_ns}", timeout=seconds + 30)
     assert rec["launches"] > 0, rec
     return rec["share"]
 
@@ -264,3 +264,26 @@ def test_an_elastic_window_is_given_back_when_nvml_shows_one_process(cudrive, ma
         windows.append(_open_window(sb.path))
     assert max(windows) <= 0.70 + 0.02, f"the large slice kept its window: {windows}"
     assert got_a >= 0.30 - TOLERANCE, (got_a, got_b)
+
+
+# Kernels of 200 us, each followed by 250 us of host work (the pace PyTorch's
+# eager mode sets with short kernels): unthrottled, the GPU idles a fifth of
+# the time waiting for the host.
+PACED_NS, PACED_HOST_NS = 200_000, 250_000
+
+
+@pytest.mark.parametrize("share_of", ["work", "time"])
+def test_a_launch_paced_slice_is_held_to_its_share_of_the_gpus_time(cudrive, make_slice, share_of):
+    # The feedback counts what the GPU was busy with the slice's kernels, so
+    # a loop that leaves the GPU idle between its launches still gets no more
+    # than its share of the GPU's time (and so somewhat more than that share
+    # of its own unthrottled work: docs/sm-share.md). Counting its whole
+    # window instead, so that it did its share of its own work here, held
+    # PyTorch's short kernels at 40-47 % of their work at 50 % on an H100.
+    alone = _burn(_burner(cudrive, make_slice(name="free", limit=None, overhead="0").env), 3,
+                  ns=PACED_NS, host_ns=PACED_HOST_NS)
+    assert 0.60 <= alone <= 0.92, f"the loop is not paced by the host as planned: {alone:.2f} busy alone"
+    p = _burner(cudrive, _sm_slice(make_slice, "paced", 50, "hard", HAMI_SM_SHARE_OF=share_of).env)
+    _burn(p, 2, ns=PACED_NS, host_ns=PACED_HOST_NS)
+    got = _burn(p, 4, ns=PACED_NS, host_ns=PACED_HOST_NS)
+    assert abs(got - 0.50) <= TOLERANCE, f"{got:.3f} of the GPU's time at a 50 % share ({alone:.2f} alone)"
