@@ -259,7 +259,11 @@ class Tracer(threading.Thread):
             handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         except Exception:
             pynvml = handle = None
-        seen = 0
+        # Every sample the driver still holds is read each time (lastSeen 0),
+        # so that one arriving after a newer sample of another process is
+        # seen too: "late" marks those a reader asking only for samples newer
+        # than the newest it has seen would never get.
+        known, newest = set(), 0
         while not self.stop.wait(0.05):
             t = time.monotonic()
             for name, path in self.slices.items():
@@ -271,14 +275,15 @@ class Tracer(threading.Thread):
                                   "others": d.sm_others_util, "waits": d.sm_waits})
             if handle is not None:
                 try:
-                    samples = pynvml.nvmlDeviceGetProcessUtilization(handle, seen)
+                    samples = pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
                 except Exception:
                     samples = []
                 for smp in samples:
-                    if smp.timeStamp > seen and smp.pid in self.pids:
+                    if smp.pid in self.pids and (smp.pid, smp.timeStamp) not in known:
+                        known.add((smp.pid, smp.timeStamp))
                         self.nvml.append({"t": t, "ts": smp.timeStamp, "worker": self.pids[smp.pid],
-                                          "sm": smp.smUtil})
-                seen = max([seen] + [smp.timeStamp for smp in samples])
+                                          "sm": smp.smUtil, "late": smp.timeStamp <= newest})
+                newest = max([newest] + [smp.timeStamp for smp in samples])
 
     def summary(self, t0, seconds):
         """Means over the measured part: per slice the controller's window and
@@ -293,9 +298,12 @@ class Tracer(threading.Thread):
         samples = {}
         for r in self.nvml:
             if t0 <= r["t"] <= t0 + seconds:
-                samples.setdefault(r["worker"], {})[r["ts"]] = r["sm"]
-        for w, by_ts in samples.items():
-            out[f"nvml {w}"] = {"sm_time_mean": round(statistics.mean(by_ts.values()), 1), "samples": len(by_ts)}
+                samples.setdefault(r["worker"], []).append(r)
+        for w, rs in samples.items():
+            late = [r["sm"] for r in rs if r["late"]]
+            out[f"nvml {w}"] = {"sm_time_mean": round(statistics.mean(r["sm"] for r in rs), 1),
+                                "samples": len(rs), "late": len(late),
+                                "late_sm_mean": round(statistics.mean(late), 1) if late else None}
         return out
 
 
