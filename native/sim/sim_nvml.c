@@ -403,6 +403,19 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
 
 /* ---- processes ---------------------------------------------------------- */
 
+/* HAMI_SIM_PROCESS_LIST_NS: how long a process-list call takes; the list is
+ * read half-way through, as a real driver's reading falls somewhere inside
+ * its call. Read at each call, like HAMI_SIM_PROCESS_UTIL. */
+static void process_list_pause(void)
+{
+	const char *v = getenv("HAMI_SIM_PROCESS_LIST_NS");
+	unsigned long long ns = v ? strtoull(v, NULL, 10) : 0;
+	if (!ns || ns > 10000000000ull)
+		return;
+	struct timespec ts = { (time_t)(ns / 2 / 1000000000ull), (long)(ns / 2 % 1000000000ull) };
+	nanosleep(&ts, NULL);
+}
+
 /* Standard NVML sizing: *count in = capacity; too small -> INSUFFICIENT_SIZE
  * with the count needed. ELEM: 1 = v1 element, 2 = v2/v3 element. GRAPHICS:
  * the graphics list, else the compute one. */
@@ -415,7 +428,9 @@ static nvmlReturn_t running(nvmlDevice_t device, unsigned *count, void *infos, i
 		return r;
 	if (!count)
 		return NVML_ERROR_INVALID_ARGUMENT;
+	process_list_pause();
 	unsigned n = list_procs(i, list, graphics);
+	process_list_pause();
 	if (n > *count) {
 		*count = n;
 		return NVML_ERROR_INSUFFICIENT_SIZE;
