@@ -81,6 +81,41 @@ static void raise_peak(struct hami_slice_device *d, uint64_t now_used)
 }
 
 /* This process's slot, or NULL when it has none (charges are then refused). */
+/* The least and the most our slot has held on each device since the
+ * true-up began to watch: a reading of the driver taken between two looks at
+ * the slot may have seen an allocation that was freed again before the
+ * second, or missed one freed and made again. Process-local. */
+static uint64_t slot_low[HAMI_SLICE_MAX_DEVICES], slot_high[HAMI_SLICE_MAX_DEVICES];
+
+static void watch_slot(int sdev, uint64_t now_held)
+{
+	uint64_t low = __atomic_load_n(&slot_low[sdev], __ATOMIC_RELAXED);
+	while (now_held < low && !__atomic_compare_exchange_n(&slot_low[sdev], &low, now_held, 1,
+							       __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+	uint64_t high = __atomic_load_n(&slot_high[sdev], __ATOMIC_RELAXED);
+	while (now_held > high && !__atomic_compare_exchange_n(&slot_high[sdev], &high, now_held, 1,
+								__ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
+void hami_slot_watch_start(int sdev)
+{
+	struct hami_slice_file *f = hami_slice();
+	int i = hami_slot();
+	/* Emptied first, then what the slot holds now: a charge or credit in
+	 * between is seen either way. */
+	__atomic_store_n(&slot_low[sdev], UINT64_MAX, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&slot_high[sdev], 0, __ATOMIC_SEQ_CST);
+	watch_slot(sdev, f && i >= 0 ? __atomic_load_n(&f->slot[i].memory_used[sdev], __ATOMIC_SEQ_CST) : 0);
+}
+
+void hami_slot_watched(int sdev, uint64_t *low, uint64_t *high)
+{
+	*low = __atomic_load_n(&slot_low[sdev], __ATOMIC_RELAXED);
+	*high = __atomic_load_n(&slot_high[sdev], __ATOMIC_RELAXED);
+}
+
 static struct hami_slot *own_slot(struct hami_slice_file *f)
 {
 	int i = hami_slot();
@@ -98,12 +133,14 @@ static void txn_end(struct hami_slot *s)
 	__atomic_sub_fetch(&s->txn, 1, __ATOMIC_SEQ_CST);
 }
 
-static void sub_saturating(uint64_t *v, uint64_t bytes)
+/* v -= bytes, never below 0; returns the new value. */
+static uint64_t sub_saturating(uint64_t *v, uint64_t bytes)
 {
 	uint64_t cur = __atomic_load_n(v, __ATOMIC_SEQ_CST);
 	while (!__atomic_compare_exchange_n(v, &cur, cur > bytes ? cur - bytes : 0, 1, __ATOMIC_SEQ_CST,
 					    __ATOMIC_SEQ_CST))
 		;
+	return cur > bytes ? cur - bytes : 0;
 }
 
 /* One charge: the device counter (checked against limit, 0 = none), then the slot. */
@@ -122,7 +159,7 @@ static int reserve(struct hami_slot *s, struct hami_slice_device *d, int sdev, u
 						__ATOMIC_SEQ_CST))
 			break;
 	}
-	__atomic_add_fetch(&s->memory_used[sdev], bytes, __ATOMIC_SEQ_CST);
+	watch_slot(sdev, __atomic_add_fetch(&s->memory_used[sdev], bytes, __ATOMIC_SEQ_CST));
 	txn_end(s);
 	raise_peak(d, used + bytes);
 	return 0;
@@ -183,7 +220,7 @@ void hami_credit(int sdev, uint64_t bytes)
 		return;
 	hami_process_give(sdev, bytes);
 	txn_begin(s);
-	sub_saturating(&s->memory_used[sdev], bytes);
+	watch_slot(sdev, sub_saturating(&s->memory_used[sdev], bytes));
 	sub_saturating(&f->device[sdev].memory_used, bytes);
 	txn_end(s);
 }

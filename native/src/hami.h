@@ -123,6 +123,9 @@ void hami_credit(int sdev, uint64_t bytes);
 void hami_credit_device(int sdev, uint64_t bytes);
 uint64_t hami_device_used(int sdev);
 uint64_t hami_device_limit_bytes(int sdev);
+/* The least and the most this process's slot has held on sdev since the watch began (true_up.c) */
+void hami_slot_watch_start(int sdev);
+void hami_slot_watched(int sdev, uint64_t *low, uint64_t *high);
 
 /* process_cap.c: this process's own cap inside the slice (HAMI_PROCESS_MEMORY_LIMIT) */
 uint64_t hami_process_limit(void);

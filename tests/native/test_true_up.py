@@ -7,7 +7,10 @@ by itself: it is on the device and in NVML's per-process figure, never seen by
 any hook. The housekeeper reads NVML about once a second.
 """
 
-from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, MiB, SIM_CONTEXT, slot_of, wait_for
+import threading
+import time
+
+from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, MiB, SIM_CONTEXT, slice_device, slot_of, wait_for
 
 READING = 1.0  # the housekeeper's NVML reading, about once a second
 WAIT = 6 * READING
@@ -110,3 +113,42 @@ def test_status_shows_the_driver_bytes_of_each_process(cudrive, gpu, make_slice)
     proc = next(x for x in status["other_processes"] if x["pid"] == p.pid)
     assert proc["memory_driver"] == {gpu.uuid(0): 96 * MiB}
     assert "96.0 MiB the driver's own" in format_text(status)
+
+
+def test_allocations_and_frees_during_a_reading_do_not_move_the_driver_memory(cudrive, gpu, make_slice):
+    # Each NVML reading takes 20 ms here, its figure taken half-way. Processes
+    # allocating and freeing as fast as they can at their cap have memory in
+    # that figure that they charged just before and freed again by the time
+    # the reading returns, or freed just before and charged again after: none
+    # of it is the driver's. Each holds 32 MiB of the driver's own, which must
+    # stay charged as exactly that (seen before: 16 processes racing on the
+    # simulated GPU were charged driver memory they did not have, 23 MB past
+    # the slice's cap; on an H100 a PyTorch loop had 32 of its 102 MiB of
+    # driver memory credited while the driver still held them).
+    s = make_slice(limit="1g", overhead="64m", HAMI_SIM_PROCESS_LIST_NS="20000000")
+    procs = [cudrive.with_context(s.env, "internal 0 32m") for _ in range(6)]
+    for p in procs:
+        wait_for(lambda: _driver_bytes(s, p.pid) == 32 * MiB, WAIT, what="the driver's memory charged")
+    seen, done = set(), threading.Event()
+
+    def watch():
+        while not done.wait(0.02):
+            seen.update(slot.driver_bytes.get(0, 0) for slot in s.snapshot().slots)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        started = time.monotonic()
+        for i, p in enumerate(procs):
+            p.send(f"race 3000000 64m {i + 1}")
+        recs = [p.read(timeout=120) for p in procs]
+        took = time.monotonic() - started
+    finally:
+        done.set()
+        watcher.join()
+    for rec in recs:
+        assert rec["rc"] == 0 and rec["freed"] == rec["ok"], rec
+    assert sum(rec["oom"] for rec in recs) > 0, "the race never reached the cap"
+    assert took >= 4 * READING, f"the race took {took:.1f} s: too short for two readings in a row to agree"
+    assert seen == {32 * MiB}, f"the driver's 32 MiB were charged as {sorted(b // MiB for b in seen)} MiB"
+    assert slice_device(s.snapshot(), gpu.uuid(0)).memory_peak <= 1 << 30
