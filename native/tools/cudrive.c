@@ -35,7 +35,9 @@
  *                               mismatches, and the first one's offset (first_mismatch, -1
  *                               when none) and value (found)
  *   meminfo | totalmem DEV | uuid DEV | sync
- *   fill SIZE | race ITERATIONS MAXSIZE SEED | threads N ITERATIONS MAXSIZE SEED | null WHAT
+ *   fill SIZE | race ITERATIONS MAXSIZE SEED [SECONDS] | threads N ITERATIONS MAXSIZE SEED | null WHAT
+ *                               (race stops after SECONDS too: a sanitizer build is many
+ *                               times slower, a test that needs the race to last wants time)
  *   getproc BASENAME VERSION FLAGS | getproc1 BASENAME VERSION FLAGS
  *   dlsym NAME | nvmldlsym NAME | resolve dlsym|next|default|procaddr|procaddr1 [VERSION [FLAGS]]
  *                               (next, default: dlsym(RTLD_NEXT / RTLD_DEFAULT, ...) from cudrive)
@@ -1778,6 +1780,13 @@ static int cmd_fill(struct stream *s, struct result *r)
 	return 0;
 }
 
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 #define RACE_LIVE 32
 
 /* One random alloc/free mix, with its own random stream: race and threads. */
@@ -1787,8 +1796,9 @@ struct race {
 	fn_ctx_set set_current; /* threads: adopt the caller's context first */
 	CUcontext ctx;
 	unsigned long long iterations, maxsize;
+	uint64_t deadline_ns; /* CLOCK_MONOTONIC; 0: iterations only */
 	uint64_t rng;
-	unsigned long long ok, oom, freed, other, free_failed;
+	unsigned long long done, ok, oom, freed, other, free_failed; /* done: iterations run */
 	int first_other;
 };
 
@@ -1812,7 +1822,11 @@ static void *race_run(void *arg)
 		t->other++;
 		return NULL;
 	}
-	for (unsigned long long i = 0; i < t->iterations; i++) {
+	for (t->done = 0; t->done < t->iterations; t->done++) {
+		unsigned long long i = t->done;
+		/* the clock only every 256 iterations: it is not free under TSan */
+		if (t->deadline_ns && (i & 255) == 0 && now_ns() >= t->deadline_ns)
+			break;
 		uint64_t x = race_next(t);
 		bool do_alloc = nlive == 0 || (nlive < RACE_LIVE && (x & 1));
 		if (do_alloc) {
@@ -1851,7 +1865,7 @@ static void race_report(struct result *r, const struct race *t, int n)
 {
 	struct race sum = { .iterations = 0 };
 	for (int i = 0; i < n; i++) {
-		sum.iterations += t[i].iterations;
+		sum.iterations += t[i].done;
 		sum.ok += t[i].ok;
 		sum.oom += t[i].oom;
 		sum.freed += t[i].freed;
@@ -1878,10 +1892,22 @@ static int cmd_race(struct stream *s, struct result *r)
 		usage_error(r->op, "CUDRIVE_USAGE", "MAXSIZE must be > 0");
 		return -1;
 	}
+	uint64_t deadline = 0;
+	const char *secs_s = opt_arg(s);
+	if (secs_s) {
+		char *end = NULL;
+		errno = 0;
+		double secs = strtod(secs_s, &end);
+		if (errno || end == secs_s || *end || !(secs > 0 && secs <= 86400)) {
+			usage_error(r->op, "CUDRIVE_USAGE", "bad SECONDS: \"%s\" (above 0, at most 86400)", secs_s);
+			return -1;
+		}
+		deadline = now_ns() + (uint64_t)(secs * 1e9);
+	}
 	NEED(alloc, fn_mem_alloc, F_MEM_ALLOC);
 	NEED(release, fn_mem_free, F_MEM_FREE);
 	struct race t = { .alloc = alloc, .release = release, .iterations = iterations, .maxsize = maxsize,
-			  .rng = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull };
+			  .deadline_ns = deadline, .rng = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull };
 	if (!t.rng)
 		t.rng = 1;
 	race_run(&t);
@@ -2262,13 +2288,6 @@ static void *need(struct result *r, enum fn_id id)
 	if (!p)
 		res_str(r, "detail", resolve_error);
 	return p;
-}
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static CUresult current_ctx(struct result *r, CUcontext *ctx)
