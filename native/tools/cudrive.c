@@ -38,6 +38,8 @@
  *   fill SIZE | race ITERATIONS MAXSIZE SEED [SECONDS] | threads N ITERATIONS MAXSIZE SEED | null WHAT
  *                               (race stops after SECONDS too: a sanitizer build is many
  *                               times slower, a test that needs the race to last wants time)
+ *   churn SIZE SECONDS          allocate SIZE and free it again, over and over, as a loop that
+ *                               makes one tensor a step does: loops, ok, oom, other
  *   getproc BASENAME VERSION FLAGS | getproc1 BASENAME VERSION FLAGS
  *   dlsym NAME | nvmldlsym NAME | resolve dlsym|next|default|procaddr|procaddr1 [VERSION [FLAGS]]
  *                               (next, default: dlsym(RTLD_NEXT / RTLD_DEFAULT, ...) from cudrive)
@@ -913,7 +915,7 @@ static const char *const command_words[] = {
 	"init", "count", "ctx", "ctxrelease", "ctxcreate", "ctxdestroy", "alloc", "pitch", "managed",
 	"async", "pool", "poolalloc", "poolattr", "pooltrim", "pooldestroy", "memcreate", "array",
 	"array3d", "mipmap", "free", "freeraw", "freeall", "meminfo", "totalmem", "uuid", "sync", "fill",
-	"race", "null", "getproc", "getproc1", "dlsym", "nvmldlsym", "resolve", "nvml", "nvmlcount",
+	"race", "churn", "null", "getproc", "getproc1", "dlsym", "nvmldlsym", "resolve", "nvml", "nvmlcount",
 	"nvmlmem", "nvmluuid", "nvmlshutdown", "nvmlprocs", "sleep", "child", "endchild", "hold", "exit", "stdin",
 	"echo", "list", "waitfile", "module", "launch", "launchex", "coop", "capture", "graph",
 	"graphlaunch", "event", "burn", "threads", "cuvidcaps", "decoder", "undecoder", "decode", "mapframe",
@@ -1912,6 +1914,43 @@ static int cmd_race(struct stream *s, struct result *r)
 		t.rng = 1;
 	race_run(&t);
 	race_report(r, &t, 1);
+	return 0;
+}
+
+static int cmd_churn(struct stream *s, struct result *r)
+{
+	SIZE_ARG(size, "SIZE");
+	ARG(secs_s, "SECONDS");
+	char *end = NULL;
+	errno = 0;
+	double secs = strtod(secs_s, &end);
+	if (size == 0 || errno || end == secs_s || *end || !(secs > 0 && secs <= 86400)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "churn SIZE SECONDS: SIZE above 0, SECONDS above 0 "
+			    "and at most 86400");
+		return -1;
+	}
+	NEED(alloc, fn_mem_alloc, F_MEM_ALLOC);
+	NEED(release, fn_mem_free, F_MEM_FREE);
+	unsigned long long loops = 0, ok = 0, oom = 0, other = 0;
+	uint64_t deadline = now_ns() + (uint64_t)(secs * 1e9);
+	while ((loops & 255) != 0 || now_ns() < deadline) {
+		CUdeviceptr p = 0;
+		CUresult rc = alloc(&p, (size_t)size);
+		loops++;
+		if (rc == CUDA_SUCCESS) {
+			ok++;
+			if (release(p) != CUDA_SUCCESS)
+				other++;
+		} else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+			oom++;
+		} else {
+			other++;
+		}
+	}
+	res_u64(r, "loops", loops);
+	res_u64(r, "ok", ok);
+	res_u64(r, "oom", oom);
+	res_u64(r, "other", other);
 	return 0;
 }
 
@@ -4351,6 +4390,7 @@ static const struct {
 	{"sync", cmd_sync},
 	{"fill", cmd_fill},
 	{"race", cmd_race},
+	{"churn", cmd_churn},
 	{"threads", cmd_threads},
 	{"null", cmd_null},
 	{"getproc", cmd_getproc},
