@@ -16,7 +16,7 @@ import os
 
 HAMI_SLICE_MAGIC = b"HAMISLCE"  # 8 bytes, no terminator
 HAMI_SLICE_VERSION_MAJOR = 1
-HAMI_SLICE_VERSION_MINOR = 5
+HAMI_SLICE_VERSION_MINOR = 6
 
 HAMI_LIMITS_MAGIC = b"HAMILIMT"  # the companion limits file, 8 bytes
 HAMI_LIMITS_VERSION_MAJOR = 1
@@ -163,7 +163,8 @@ class HamiSlot(ctypes.Structure):
         ("gpu_active_unix_ns", ctypes.c_uint64),
         ("parked", ctypes.c_uint64 * HAMI_SLICE_MAX_DEVICES),
         ("driver_bytes", ctypes.c_uint64 * HAMI_SLICE_MAX_DEVICES),
-        ("reserved", ctypes.c_uint8 * 400),
+        ("changes", ctypes.c_uint64),  # 1.6: charges, credits and reclaims finished (the recount's check)
+        ("reserved", ctypes.c_uint8 * 392),
     ]
 
 

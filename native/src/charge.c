@@ -4,8 +4,9 @@
  * concurrent processes can never pass the cap together. The process's slot
  * records its share afterwards; a credit undoes both in the opposite order.
  * The slot's txn counter is nonzero while any thread of the process is
- * between the two steps: a process killed there leaves an over-count (never
- * an under-count) that the next sweep finds and removes (recount in slice.c).
+ * between the two steps, and its changes counter counts each one finished:
+ * a process killed there leaves an over-count (never an under-count) that
+ * the next sweep finds and removes (recount in slice.c).
  */
 #include <stdio.h>
 
@@ -128,7 +129,15 @@ static void txn_begin(struct hami_slot *s)
 	__atomic_add_fetch(&s->txn, 1, __ATOMIC_SEQ_CST);
 }
 
+/* changes first: a recount that finds txn back at 0 must also find the count moved. */
 static void txn_end(struct hami_slot *s)
+{
+	__atomic_add_fetch(&s->changes, 1, __ATOMIC_SEQ_CST);
+	__atomic_sub_fetch(&s->txn, 1, __ATOMIC_SEQ_CST);
+}
+
+/* A refused charge moved nothing: a recount running meanwhile need not start over. */
+static void txn_cancel(struct hami_slot *s)
 {
 	__atomic_sub_fetch(&s->txn, 1, __ATOMIC_SEQ_CST);
 }
@@ -152,7 +161,7 @@ static int reserve(struct hami_slot *s, struct hami_slice_device *d, int sdev, u
 	for (;;) {
 		if (limit && (used > limit || bytes > limit - used)) {
 			*seen = used;
-			txn_end(s);
+			txn_cancel(s);
 			return -1;
 		}
 		if (__atomic_compare_exchange_n(&d->memory_used, &used, used + bytes, 1, __ATOMIC_SEQ_CST,

@@ -521,6 +521,7 @@ static void reclaim_slot(struct hami_slice_file *f, int i, int dead)
 		hami_log(HAMI_LOG_INFO, "slice \"%s\": reclaimed slot %d of dead process %d",
 			 f->header.name, i, s->pid);
 	__atomic_store_n(&s->state, HAMI_SLOT_FREE, __ATOMIC_RELEASE);
+	__atomic_add_fetch(&s->changes, 1, __ATOMIC_SEQ_CST);
 	__atomic_store_n(&s->txn, 0, __ATOMIC_SEQ_CST);
 }
 
@@ -530,30 +531,43 @@ static uint64_t pid_namespace(void)
 	return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
+/* Each slot's changes counter, or -1 when some slot is half-way through a
+ * charge, credit or reclaim (its txn is not 0). */
+static int quiet_slots(struct hami_slice_file *f, uint64_t changes[HAMI_SLICE_MAX_SLOTS])
+{
+	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++) {
+		if (__atomic_load_n(&f->slot[i].txn, __ATOMIC_SEQ_CST) != 0)
+			return -1;
+		changes[i] = __atomic_load_n(&f->slot[i].changes, __ATOMIC_SEQ_CST);
+	}
+	return 0;
+}
+
 /*
  * When no slot is half-way through a charge (every txn is 0), a device's
  * counter must be the sum of the slots' shares. A process killed half-way
- * leaves it higher; this puts it back. The compare-and-swap only lands if
- * nothing moved the counter since we read it; a charge or credit that began
- * before our second look at the txn counters is seen there, and one that
- * begins after it has not touched the counter yet, so its bytes still add on
- * top (or come off) after ours.
+ * leaves it higher; this puts it back. The counter and the sum are one
+ * instant's only if no charge, credit or reclaim ran while we read them:
+ * none in flight before (txn), none finished after (changes; each one
+ * counts itself there before its txn goes back to 0). That excess, and only
+ * it, comes off: the compare-and-swap lands on the counter as we read it
+ * (charges after our look that cancel out may have come and gone: their
+ * slots' shares moved with them, so the excess is still there to take).
  */
 static void recount(struct hami_slice_file *f)
 {
+	uint64_t before[HAMI_SLICE_MAX_SLOTS], after[HAMI_SLICE_MAX_SLOTS];
 	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++) {
 		if (__atomic_load_n(&f->device[d].state, __ATOMIC_ACQUIRE) != HAMI_DEVICE_READY)
 			continue;
+		if (quiet_slots(f, before) < 0)
+			return;
 		uint64_t total = __atomic_load_n(&f->device[d].memory_used, __ATOMIC_SEQ_CST), sum = 0;
-		for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
-			if (__atomic_load_n(&f->slot[i].txn, __ATOMIC_SEQ_CST) != 0)
-				return;
 		for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
 			if (__atomic_load_n(&f->slot[i].state, __ATOMIC_SEQ_CST) == HAMI_SLOT_LIVE)
 				sum += __atomic_load_n(&f->slot[i].memory_used[d], __ATOMIC_SEQ_CST);
-		for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
-			if (__atomic_load_n(&f->slot[i].txn, __ATOMIC_SEQ_CST) != 0)
-				return;
+		if (quiet_slots(f, after) < 0 || memcmp(before, after, sizeof(before)) != 0)
+			return;
 		if (total > sum &&
 		    __atomic_compare_exchange_n(&f->device[d].memory_used, &total, sum, 0, __ATOMIC_SEQ_CST,
 						__ATOMIC_SEQ_CST))

@@ -33,7 +33,7 @@
 
 #define HAMI_SLICE_MAGIC "HAMISLCE" /* 8 bytes, no terminator */
 #define HAMI_SLICE_VERSION_MAJOR 1u
-#define HAMI_SLICE_VERSION_MINOR 5u
+#define HAMI_SLICE_VERSION_MINOR 6u
 
 #define HAMI_LIMITS_MAGIC "HAMILIMT" /* the companion limits file, 8 bytes */
 #define HAMI_LIMITS_VERSION_MAJOR 1u
@@ -183,7 +183,10 @@ struct hami_slot {
 	/* the true-up (1.5): part of memory_used that is the driver's own memory
 	 * for the process (NVML's figure minus what the hooks charged) */
 	uint64_t driver_bytes[HAMI_SLICE_MAX_DEVICES];
-	uint8_t reserved[400];
+	/* (1.6) charges, credits and reclaims of this slot ever finished: a
+	 * recount that saw it unchanged knows none ran while it summed */
+	uint64_t changes;
+	uint8_t reserved[392];
 };
 
 /* The whole file, in order. */
