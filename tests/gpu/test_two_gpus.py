@@ -158,9 +158,11 @@ def test_ddp_over_nccl_trains_under_per_gpu_caps(env2, physical_uuids):
 
 
 def test_ddp_with_a_cap_too_small_for_nccl_buffers_fails_clearly(env2, physical_uuids):
-    """NCCL asked for 2 GiB buffers in a 1 GiB slice: both ranks end with an
-    error that says out of memory, well within the timeout, never a hang."""
-    rcs, outs, errs, took = _ddp(env2, FAIL_TIMEOUT, limit="1g", NCCL_BUFFSIZE=str(2 * GiB))
+    """NCCL asked for 1.5 GiB buffers in a 1 GiB slice: both ranks end with an
+    error that says out of memory, well within the timeout, never a hang.
+    (Not 2 GiB: NCCL 2.28 keeps the size in a 32-bit int, and on two H100s
+    NCCL_BUFFSIZE=2g became a cuMemCreate of 16777216 TiB, refused at any cap.)"""
+    rcs, outs, errs, took = _ddp(env2, FAIL_TIMEOUT, limit="1g", NCCL_BUFFSIZE=str(3 * GiB // 2))
     print(f"DDP with too small a cap: exit codes {rcs} after {took:.1f} s")
     for e in errs:
         print(e[-3000:])
