@@ -959,6 +959,18 @@ static bool parse_u64(const char *s, unsigned long long *out)
 	return true;
 }
 
+/* A duration in seconds, 0 to a day. */
+static bool parse_seconds(const char *s, double *out)
+{
+	char *end = NULL;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || end == s || *end || !(v >= 0 && v <= 86400))
+		return false;
+	*out = v;
+	return true;
+}
+
 static bool parse_int(const char *s, long long *out)
 {
 	char *end;
@@ -1897,10 +1909,8 @@ static int cmd_race(struct stream *s, struct result *r)
 	uint64_t deadline = 0;
 	const char *secs_s = opt_arg(s);
 	if (secs_s) {
-		char *end = NULL;
-		errno = 0;
-		double secs = strtod(secs_s, &end);
-		if (errno || end == secs_s || *end || !(secs > 0 && secs <= 86400)) {
+		double secs;
+		if (!parse_seconds(secs_s, &secs) || secs == 0) {
 			usage_error(r->op, "CUDRIVE_USAGE", "bad SECONDS: \"%s\" (above 0, at most 86400)", secs_s);
 			return -1;
 		}
@@ -1921,10 +1931,8 @@ static int cmd_churn(struct stream *s, struct result *r)
 {
 	SIZE_ARG(size, "SIZE");
 	ARG(secs_s, "SECONDS");
-	char *end = NULL;
-	errno = 0;
-	double secs = strtod(secs_s, &end);
-	if (size == 0 || errno || end == secs_s || *end || !(secs > 0 && secs <= 86400)) {
+	double secs;
+	if (size == 0 || !parse_seconds(secs_s, &secs) || secs == 0) {
 		usage_error(r->op, "CUDRIVE_USAGE", "churn SIZE SECONDS: SIZE above 0, SECONDS above 0 "
 			    "and at most 86400");
 		return -1;
@@ -2930,10 +2938,8 @@ static int cmd_burn(struct stream *s, struct result *r)
 	ARG(kind_s, "launch|launchex|coop|graph");
 	U64_ARG(ns, "NS");
 	ARG(secs_s, "SECONDS");
-	char *end = NULL;
-	errno = 0;
-	double secs = strtod(secs_s, &end);
-	if (errno || end == secs_s || *end || !(secs >= 0 && secs <= 86400)) {
+	double secs;
+	if (!parse_seconds(secs_s, &secs)) {
 		usage_error(r->op, "CUDRIVE_USAGE", "bad SECONDS: \"%s\" (0 to 86400)", secs_s);
 		return -1;
 	}
