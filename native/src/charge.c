@@ -81,7 +81,6 @@ static void raise_peak(struct hami_slice_device *d, uint64_t now_used)
 		;
 }
 
-/* This process's slot, or NULL when it has none (charges are then refused). */
 /* The least and the most our slot has held on each device since the
  * true-up began to watch: a reading of the driver taken between two looks at
  * the slot may have seen an allocation that was freed again before the
@@ -117,6 +116,7 @@ void hami_slot_watched(int sdev, uint64_t *low, uint64_t *high)
 	*high = __atomic_load_n(&slot_high[sdev], __ATOMIC_RELAXED);
 }
 
+/* This process's slot, or NULL when it has none (charges are then refused). */
 static struct hami_slot *own_slot(struct hami_slice_file *f)
 {
 	int i = hami_slot();
