@@ -31,9 +31,10 @@ kernel process starts,
 A bad limit raises :class:`SliceSetupError` before anything starts; Jupyter
 shows its message to the user, and no unlimited kernel is ever started in
 its place. Restart keeps the slice (the same kernel id comes back into the
-same slice); shutdown removes the kernel from the registry, and the kernel's
-slots in the slice file free themselves when its processes exit (a killed
-process's are reclaimed by the slice's next sweep).
+same slice; after the kernel exited on its own, on new ports); shutdown
+removes the kernel from the registry, and the kernel's slots in the slice
+file free themselves when its processes exit (a killed process's are
+reclaimed by the slice's next sweep).
 
 Kernelspec example (``kernel.json``)::
 
@@ -409,8 +410,27 @@ class HamiProvisioner(LocalProvisioner):
                              self.kernel_id, self._slice_path, e)
         return info
 
+    async def poll(self):
+        status = await super().poll()
+        if status is not None and not getattr(self.parent, "shutting_down", False):
+            self._exited_unasked = True
+        return status
+
     async def cleanup(self, restart=False):
-        await super().cleanup(restart=restart)
+        # jupyter_client restarts a kernel on the ports it reserved at the first
+        # launch. After the kernel exited unasked, another process may hold one
+        # of them now (an outgoing connection lands on any free port), and each
+        # automatic restart would fail to bind until Jupyter Server drops the
+        # kernel. So that restart reserves new ports and writes a new connection
+        # file; a restart the user asks for keeps them.
+        new_ports = restart and getattr(self, "_exited_unasked", False)
+        await super().cleanup(restart=restart and not new_ports)
+        if new_ports:
+            self.ports_cached = False
+            self._exited_unasked = False
+            km = self.parent
+            if km is not None and hasattr(km, "cleanup_connection_file"):
+                km.cleanup_connection_file()
         path = getattr(self, "_slice_path", None)
         if path is not None and not restart:
             registry.unregister(path, str(self.kernel_id))

@@ -261,19 +261,26 @@ class Hub:
 
     def execute(self, user, kernel_id, code, timeout=CELL_TIMEOUT):
         """Run *code* in the kernel over its websocket, through the proxy."""
+        from tornado.httpclient import HTTPClientError
+
         try:
             return asyncio.run(asyncio.wait_for(self._execute(user, kernel_id, code), timeout))
         except asyncio.TimeoutError:
             pytest.fail(f"{user}'s kernel {kernel_id} did not finish {code!r} within {timeout} s\n"
                         f"{self.log_tail()}", pytrace=False)
+        except (HTTPClientError, OSError) as e:  # the websocket to the kernel did not open
+            pytest.fail(f"cannot reach {user}'s kernel {kernel_id}: {e}\n{self.log_tail()}",
+                        pytrace=False)
 
     async def _execute(self, user, kernel_id, code):
         from tornado.httpclient import HTTPRequest
         from tornado.websocket import websocket_connect
 
         ws_url = f"ws://127.0.0.1:{self.port}/user/{user}/api/kernels/{kernel_id}/channels"
+        # The server answers once the kernel replied to kernel_info: as long as the cell may take.
         conn = await websocket_connect(HTTPRequest(
-            ws_url, headers={"Authorization": f"token {self.token}"}))
+            ws_url, headers={"Authorization": f"token {self.token}"},
+            connect_timeout=CELL_TIMEOUT, request_timeout=CELL_TIMEOUT))
         try:
             return await run_over_websocket(conn, code, SERVICE, self.log_tail)
         finally:

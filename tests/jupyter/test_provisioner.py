@@ -379,6 +379,37 @@ def test_killed_kernel_is_reclaimed(hami_env, start_kernel, cell):
     assert wait_until(lambda: read_snapshot(path).stale_slots == ())
 
 
+def test_a_kernel_that_died_comes_back_when_its_port_was_taken(hami_env, start_kernel, cell):
+    """A kernel that dies while another process takes one of its ports (any
+    program's outgoing connection may land on a port a kernel left free) is
+    restarted on new ports. On its old ports every automatic restart would
+    fail to bind, and Jupyter Server would drop the kernel after five."""
+    import socket
+
+    km, kc = start_kernel(env={"HAMI_MEMORY_LIMIT": "1g"})
+    old = km.get_connection_info()
+    os.kill(km.provisioner.pid, signal.SIGKILL)
+    assert wait_until(lambda: not km.is_alive())  # as the kernel restarter sees it
+    taker = socket.socket()
+    taker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the old connections' TIME_WAIT
+    try:
+        taker.bind((old["ip"], old["shell_port"]))
+        taker.listen()
+        kc.stop_channels()
+        km.restart_kernel(now=True, newports=True)  # what the restarter does next
+        kc = km._test_client = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=30)  # on its old ports the kernel exits at once
+        assert cell(kc, ALLOC + "grab(100)").stdout.strip() == "ok 100"
+    finally:
+        taker.close()
+    # A restart the user asks for keeps the ports: clients that know them stay valid.
+    ports = km.ports
+    km.restart_kernel(now=False)
+    kc.wait_for_ready(timeout=60)
+    assert km.ports == ports
+
+
 def test_live_slice_keeps_limits_changed_while_it_runs(hami_env, start_kernel, cell):
     env = {"HAMI_MEMORY_LIMIT": "1g"}
     path = hami_env.root / f"{USER}.slice"
