@@ -20,6 +20,7 @@ minutes: the Hub knows the servers, the servers know their slices.
 import asyncio
 import os
 import secrets
+import signal
 import sys
 import time
 from pathlib import Path
@@ -220,14 +221,19 @@ class HamiHubService(Application):
         except Exception:
             self.log.exception("hami-jupyter hub-service: refresh after %s failed", what)
 
-    async def _loop(self):
-        while True:
+    async def _loop(self, stop):
+        """Refresh every ``refresh_interval`` until *stop* is set."""
+        while not stop.is_set():
             started = time.monotonic()
             try:
                 await self.refresh()
             except Exception:  # keep serving the last document; try again next time
                 self.log.exception("hami-jupyter hub-service: refresh failed")
-            await asyncio.sleep(max(self.refresh_interval - (time.monotonic() - started), 0.05))
+            pause = max(self.refresh_interval - (time.monotonic() - started), 0.05)
+            try:
+                await asyncio.wait_for(stop.wait(), pause)
+            except asyncio.TimeoutError:
+                pass
 
     # ---- serving ----
 
@@ -260,11 +266,20 @@ class HamiHubService(Application):
         self.servers = Servers(self.proxy_url, self.api_token, client, self.server_timeout,
                                self.action_timeout)
         bind = urlparse(self.service_url)
-        self.make_app().listen(bind.port or 80, bind.hostname or "127.0.0.1")
+        server = self.make_app().listen(bind.port or 80, bind.hostname or "127.0.0.1")
         self.log.info("hami-jupyter hub-service: %s%s on %s, reading servers through %s every "
                       "%g s", self.service_url.rstrip("/"), self.service_prefix, self.node,
                       self.proxy_url, self.refresh_interval)
-        await self._loop()
+        # JupyterHub stops a managed service with SIGINT, then SIGTERM: either ends
+        # the service cleanly (exit 0), not with a traceback in the hub's log.
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await self._loop(stop)
+        self.log.info("hami-jupyter hub-service: stopping")
+        server.stop()
+        client.close()
 
     def start(self):
         problems = self._check()
