@@ -72,13 +72,31 @@ uint64_t hami_device_used(int sdev)
 	return __atomic_load_n(&f->device[sdev].memory_used, __ATOMIC_ACQUIRE);
 }
 
+/* *v = max(*v, x) and *v = min(*v, x), atomically (relaxed: marks, not locks). */
+static void atomic_raise(uint64_t *v, uint64_t x)
+{
+	uint64_t cur = __atomic_load_n(v, __ATOMIC_RELAXED);
+	while (x > cur && !__atomic_compare_exchange_n(v, &cur, x, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
+static void atomic_lower(uint64_t *v, uint64_t x)
+{
+	uint64_t cur = __atomic_load_n(v, __ATOMIC_RELAXED);
+	while (x < cur && !__atomic_compare_exchange_n(v, &cur, x, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
 static void raise_peak(struct hami_slice_device *d, uint64_t now_used)
 {
-	uint64_t peak = __atomic_load_n(&d->memory_peak, __ATOMIC_RELAXED);
-	while (now_used > peak &&
-	       !__atomic_compare_exchange_n(&d->memory_peak, &peak, now_used, 1, __ATOMIC_RELAXED,
-					    __ATOMIC_RELAXED))
-		;
+	atomic_raise(&d->memory_peak, now_used);
+}
+
+/* This process's slot, or NULL when it has none (charges are then refused). */
+static struct hami_slot *own_slot(struct hami_slice_file *f)
+{
+	int i = hami_slot();
+	return i < 0 ? NULL : &f->slot[i];
 }
 
 /* The least and the most our slot has held on each device since the
@@ -89,38 +107,32 @@ static uint64_t slot_low[HAMI_SLICE_MAX_DEVICES], slot_high[HAMI_SLICE_MAX_DEVIC
 
 static void watch_slot(int sdev, uint64_t now_held)
 {
-	uint64_t low = __atomic_load_n(&slot_low[sdev], __ATOMIC_RELAXED);
-	while (now_held < low && !__atomic_compare_exchange_n(&slot_low[sdev], &low, now_held, 1,
-							       __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-		;
-	uint64_t high = __atomic_load_n(&slot_high[sdev], __ATOMIC_RELAXED);
-	while (now_held > high && !__atomic_compare_exchange_n(&slot_high[sdev], &high, now_held, 1,
-								__ATOMIC_RELAXED, __ATOMIC_RELAXED))
-		;
+	atomic_lower(&slot_low[sdev], now_held);
+	atomic_raise(&slot_high[sdev], now_held);
+}
+
+/* What our slot holds on sdev now (0 without a slot). */
+static uint64_t slot_held(int sdev)
+{
+	struct hami_slice_file *f = hami_slice();
+	struct hami_slot *s = f ? own_slot(f) : NULL;
+	return s ? __atomic_load_n(&s->memory_used[sdev], __ATOMIC_SEQ_CST) : 0;
 }
 
 void hami_slot_watch_start(int sdev)
 {
-	struct hami_slice_file *f = hami_slice();
-	int i = hami_slot();
 	/* Emptied first, then what the slot holds now: a charge or credit in
 	 * between is seen either way. */
 	__atomic_store_n(&slot_low[sdev], UINT64_MAX, __ATOMIC_SEQ_CST);
 	__atomic_store_n(&slot_high[sdev], 0, __ATOMIC_SEQ_CST);
-	watch_slot(sdev, f && i >= 0 ? __atomic_load_n(&f->slot[i].memory_used[sdev], __ATOMIC_SEQ_CST) : 0);
+	watch_slot(sdev, slot_held(sdev));
 }
 
 void hami_slot_watched(int sdev, uint64_t *low, uint64_t *high)
 {
+	watch_slot(sdev, slot_held(sdev)); /* the closing look */
 	*low = __atomic_load_n(&slot_low[sdev], __ATOMIC_RELAXED);
 	*high = __atomic_load_n(&slot_high[sdev], __ATOMIC_RELAXED);
-}
-
-/* This process's slot, or NULL when it has none (charges are then refused). */
-static struct hami_slot *own_slot(struct hami_slice_file *f)
-{
-	int i = hami_slot();
-	return i < 0 ? NULL : &f->slot[i];
 }
 
 /* txn counts this process's threads between the two steps of a charge or credit. */

@@ -123,7 +123,8 @@ void hami_credit(int sdev, uint64_t bytes);
 void hami_credit_device(int sdev, uint64_t bytes);
 uint64_t hami_device_used(int sdev);
 uint64_t hami_device_limit_bytes(int sdev);
-/* The least and the most this process's slot has held on sdev since the watch began (true_up.c) */
+/* The least and the most this process's slot has held on sdev since the watch began, up to
+ * this call (true_up.c) */
 void hami_slot_watch_start(int sdev);
 void hami_slot_watched(int sdev, uint64_t *low, uint64_t *high);
 

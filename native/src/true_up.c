@@ -86,10 +86,7 @@ static void true_up_device(struct hami_slot *s, int sdev)
 		return;
 	}
 	uint64_t driver = __atomic_load_n(&s->driver_bytes[sdev], __ATOMIC_ACQUIRE);
-	uint64_t now = __atomic_load_n(&s->memory_used[sdev], __ATOMIC_ACQUIRE);
 	hami_slot_watched(sdev, &low, &high);
-	low = now < low ? now : low;
-	high = now > high ? now : high;
 	low = low > driver ? low - driver : 0; /* the hooks' part of the slot */
 	high = high > driver ? high - driver : 0;
 	uint64_t over = real > high ? real - high : 0;  /* at least this is the driver's */
