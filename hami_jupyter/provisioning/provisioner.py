@@ -78,6 +78,8 @@ class SliceSetupError(RuntimeError):
 class HamiProvisioner(LocalProvisioner):
     """Launch local kernels with the vGPU preload library, inside a slice."""
 
+    _exited_unasked = False  # the process exited without a shutdown asked (see cleanup)
+
     memory_limit = Union(
         [Unicode(), Int()], default_value=None, allow_none=True, config=True,
         help="""GPU memory cap of the slice, per GPU: bytes or a size such as
@@ -330,16 +332,21 @@ class HamiProvisioner(LocalProvisioner):
         cap = limits.limits.max_decoders
         env.update({k: str(v) for k, v in per_gpu.items() if not cap or v < cap})
 
-    async def _abandon_launch(self):
-        """Undo what jupyter_client's part of a first launch prepared (the
-        connection file, the ports it reserved): no kernel will use them."""
-        if getattr(self, "_slice_path", None) is not None:
-            return  # a restart: the kernel manager still owns them
+    async def _release_ports(self):
+        """Remove the connection file and give back the ports reserved for the
+        kernel: the next launch reserves new ones."""
         km = self.parent
         if km is not None and hasattr(km, "cleanup_connection_file"):
             km.cleanup_connection_file()
         await super().cleanup(restart=False)
         self.ports_cached = False
+
+    async def _abandon_launch(self):
+        """Undo what jupyter_client's part of a first launch prepared (the
+        connection file, the ports it reserved): no kernel will use them."""
+        if getattr(self, "_slice_path", None) is not None:
+            return  # a restart: the kernel manager still owns them
+        await self._release_ports()
 
     async def pre_launch(self, **kwargs):
         # The server's environment for the kernel, before jupyter_client adds the kernelspec's env.
@@ -423,14 +430,11 @@ class HamiProvisioner(LocalProvisioner):
         # automatic restart would fail to bind until Jupyter Server drops the
         # kernel. So that restart reserves new ports and writes a new connection
         # file; a restart the user asks for keeps them.
-        new_ports = restart and getattr(self, "_exited_unasked", False)
-        await super().cleanup(restart=restart and not new_ports)
-        if new_ports:
-            self.ports_cached = False
+        if restart and self._exited_unasked:
             self._exited_unasked = False
-            km = self.parent
-            if km is not None and hasattr(km, "cleanup_connection_file"):
-                km.cleanup_connection_file()
+            await self._release_ports()
+        else:
+            await super().cleanup(restart=restart)
         path = getattr(self, "_slice_path", None)
         if path is not None and not restart:
             registry.unregister(path, str(self.kernel_id))
