@@ -161,6 +161,19 @@ class Hub:
             # Answer spawn and stop requests at once (202): both users' servers
             # start side by side, and the test polls.
             c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0, "slow_stop_timeout": 0}}
+            # JupyterHub gives each server a port by binding port 0 and letting it
+            # go; two servers spawned together can get the same one (seen in CI: ada's
+            # server could not bind, and the proxy sent ada's requests to bob's). This
+            # hub never gives a port twice.
+            import jupyterhub.spawner
+            _random_port, _given = jupyterhub.spawner.random_port, set()
+            def _new_port():
+                port = _random_port()
+                while port in _given:
+                    port = _random_port()
+                _given.add(port)
+                return port
+            jupyterhub.spawner.random_port = _new_port
             c.JupyterHub.services = [{{"name": {SERVICE!r}, "api_token": {self.token!r}}}]
             c.JupyterHub.load_roles = [{{
                 "name": {SERVICE!r},
