@@ -42,6 +42,17 @@ static void report_oom(int sdev, uint64_t want, uint64_t used, uint64_t limit, c
 		 hami_human(used, b), hami_human(limit, c));
 }
 
+/* A size that no counter holds: a garbage or wrapped request, refused whatever the limit. */
+static void report_overflow(int sdev, uint64_t want, const char *what)
+{
+	if (!what || !oom_report_due())
+		return;
+	struct hami_slice_file *f = hami_slice();
+	hami_log(HAMI_LOG_ERROR, "slice \"%s\" GPU %s: out of memory: %s of %llu bytes refused: "
+		 "more than any GPU holds", hami_slice_name(), f ? f->device[sdev].uuid : "?", what,
+		 (unsigned long long)want);
+}
+
 /* A refusal by the process's own cap, inside the slice's. */
 static void report_process_oom(int sdev, uint64_t want, uint64_t held, const char *what)
 {
@@ -171,7 +182,8 @@ static int reserve(struct hami_slot *s, struct hami_slice_device *d, int sdev, u
 	txn_begin(s);
 	uint64_t used = __atomic_load_n(&d->memory_used, __ATOMIC_SEQ_CST);
 	for (;;) {
-		if (limit && (used > limit || bytes > limit - used)) {
+		/* Past the limit, or past what the counter can hold at all (no limit). */
+		if ((limit && (used > limit || bytes > limit - used)) || bytes >= UINT64_MAX - used) {
 			*seen = used;
 			txn_cancel(s);
 			return -1;
@@ -197,6 +209,10 @@ int hami_charge(int sdev, uint64_t bytes, const char *what)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	struct hami_slice_device *d = &f->device[sdev];
 	uint64_t limit = hami_device_limit_bytes(sdev), used = 0;
+	if (bytes >= UINT64_MAX - __atomic_load_n(&d->memory_used, __ATOMIC_ACQUIRE)) {
+		report_overflow(sdev, bytes, what);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
 	if (hami_process_take(sdev, bytes, &used) < 0) {
 		report_process_oom(sdev, bytes, used, what);
 		return CUDA_ERROR_OUT_OF_MEMORY;

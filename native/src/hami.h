@@ -28,6 +28,28 @@ uint64_t hami_monotonic_ns(void);
 
 #include "size.h"
 
+/* Checked size arithmetic: 0, or -1 when the result does not fit in 64 bits.
+ * The hooks treat an overflow as a refusal, never as a small number. */
+static inline int hami_add(uint64_t a, uint64_t b, uint64_t *out)
+{
+	return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
+static inline int hami_mul(uint64_t a, uint64_t b, uint64_t *out)
+{
+	return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+
+static inline int hami_round_up(uint64_t v, uint64_t to, uint64_t *out)
+{
+	uint64_t rest = v % to;
+	if (!rest) {
+		*out = v;
+		return 0;
+	}
+	return hami_add(v, to - rest, out);
+}
+
 /* config.c: the process's settings, parsed once from the environment. */
 struct hami_config {
 	int error;                 /* nonzero: a setting is malformed, fail closed */

@@ -49,11 +49,6 @@ static CUresult governed_device(int *sdev, int *ordinal)
 	return CUDA_SUCCESS;
 }
 
-static uint64_t round_up(uint64_t v, uint64_t to)
-{
-	return (v + to - 1) / to * to;
-}
-
 static void remember(uint32_t kind, uint64_t key, uint64_t bytes, int sdev, uint64_t pool)
 {
 	struct hami_record r = { .key = key, .bytes = bytes, .pool = pool, .sdev = sdev, .kind = kind };
@@ -113,7 +108,9 @@ HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 	CUresult rc = governed_device(&sdev, NULL);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	uint64_t guess = round_up(width, 512) * height;
+	uint64_t row, guess;
+	if (hami_round_up(width, 512, &row) < 0 || hami_mul(row, height, &guess) < 0)
+		guess = UINT64_MAX; /* no GPU holds it: the charge refuses it */
 	if (sdev >= 0 && guess && (rc = hami_charge(sdev, guess, "cuMemAllocPitch")) != CUDA_SUCCESS)
 		return rc;
 	rc = fn(dptr, pitch, width, height, elementSize);
@@ -123,8 +120,9 @@ HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 		hami_credit(sdev, guess);
 		return rc;
 	}
-	uint64_t actual = (uint64_t)*pitch * height;
-	if (actual > guess && hami_charge(sdev, actual - guess, "cuMemAllocPitch") != CUDA_SUCCESS) {
+	uint64_t actual;
+	if (hami_mul(*pitch, height, &actual) < 0 ||
+	    (actual > guess && hami_charge(sdev, actual - guess, "cuMemAllocPitch") != CUDA_SUCCESS)) {
 		HAMI_REAL(free_fn, "cuMemFree_v2")(*dptr);
 		hami_credit(sdev, guess);
 		*dptr = 0;
@@ -234,7 +232,10 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
 	if (pool && pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == 0 &&
 	    pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &in_use) == 0) {
 		uint64_t spare = reserved > in_use ? reserved - in_use : 0;
-		need = bytes > spare ? round_up(bytes - spare, POOL_GRANULE) : 0;
+		if (bytes <= spare)
+			need = 0;
+		else if (hami_round_up(bytes - spare, POOL_GRANULE, &need) < 0)
+			need = UINT64_MAX; /* refused by the charge */
 	} else {
 		tracked = NULL; /* no pool figures: charge each allocation instead */
 	}
@@ -439,11 +440,16 @@ static uint64_t element_bytes(CUarray_format f)
 	}
 }
 
-/* Estimate: rows padded to 512 bytes, like pitched memory. docs/slice-file.md. */
+/* Estimate: rows padded to 512 bytes, like pitched memory. docs/slice-file.md.
+ * UINT64_MAX when it does not fit in 64 bits: the charge refuses that. */
 static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch)
 {
-	uint64_t row = round_up((uint64_t)w * element_bytes(f) * (ch ? ch : 1), 512);
-	return row * (h ? h : 1) * (d ? d : 1);
+	uint64_t texel, row, plane, all;
+	if (hami_mul(element_bytes(f), ch ? ch : 1, &texel) < 0 || hami_mul(w, texel, &row) < 0 ||
+	    hami_round_up(row, 512, &row) < 0 || hami_mul(row, h ? h : 1, &plane) < 0 ||
+	    hami_mul(plane, d ? d : 1, &all) < 0)
+		return UINT64_MAX;
+	return all;
 }
 
 static CUresult charged_array(void *out, uint64_t bytes, const char *what, uint32_t kind,
@@ -511,7 +517,8 @@ HAMI_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *array, const CUDA_
 	uint64_t bytes = 0;
 	size_t w = desc->Width, h = desc->Height, d = desc->Depth;
 	for (unsigned i = 0; i < (levels ? levels : 1) && i < 64; i++) {
-		bytes += array_bytes(w, h, d, desc->Format, desc->NumChannels);
+		if (hami_add(bytes, array_bytes(w, h, d, desc->Format, desc->NumChannels), &bytes) < 0)
+			bytes = UINT64_MAX;
 		w = w > 1 ? w / 2 : 1;
 		h = h > 1 ? h / 2 : h;
 		d = d > 1 ? d / 2 : d;

@@ -28,7 +28,7 @@ int hami_process_take(int sdev, uint64_t bytes, uint64_t *now)
 	uint64_t have = __atomic_load_n(&held[sdev], __ATOMIC_ACQUIRE);
 	do {
 		*now = have;
-		if (cap && (bytes > cap || have > cap - bytes))
+		if ((cap && (bytes > cap || have > cap - bytes)) || bytes >= UINT64_MAX - have)
 			return -1;
 	} while (!__atomic_compare_exchange_n(&held[sdev], &have, have + bytes, 1, __ATOMIC_ACQ_REL,
 					      __ATOMIC_ACQUIRE));
