@@ -21,7 +21,8 @@ typedef CUresult (*create4_fn)(CUcontext *, void *, unsigned int, CUdevice);
 typedef CUresult (*destroy_fn)(CUcontext);
 typedef nvmlReturn_t (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t hami_context_lock = PTHREAD_MUTEX_INITIALIZER;
+#define lock hami_context_lock
 static int primary_retains[HAMI_MAX_CUDA_DEVICES];
 static uint64_t primary_charge[HAMI_MAX_CUDA_DEVICES];
 /* Written once by the first context measured; read by any thread creating one. */
@@ -29,7 +30,6 @@ static uint64_t measured_overhead;
 
 void hami_contexts_after_fork(void)
 {
-	pthread_mutex_init(&lock, NULL);
 	memset(primary_retains, 0, sizeof(primary_retains));
 	memset(primary_charge, 0, sizeof(primary_charge));
 }

@@ -17,7 +17,8 @@ typedef CUresult (*graph_mem_attr_fn)(CUdevice, CUgraphMem_attribute, void *);
 typedef CUresult (*upload_fn)(CUgraphExec, CUstream);
 typedef CUresult (*trim_fn)(CUdevice);
 
-static pthread_mutex_t settle_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t hami_graph_lock = PTHREAD_MUTEX_INITIALIZER;
+#define settle_lock hami_graph_lock
 static int graph_nodes_seen; /* a memory node was captured: launches may grow the pool */
 
 void hami_graph_memory_seen(void)

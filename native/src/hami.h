@@ -6,6 +6,7 @@
 #ifndef HAMI_INTERNAL_H
 #define HAMI_INTERNAL_H
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stddef.h>
 #include <sys/stat.h>
@@ -269,8 +270,23 @@ int hami_record_put(const struct hami_record *r);
 int hami_record_take(uint32_t kind, uint64_t key, struct hami_record *out);
 int hami_record_get(uint32_t kind, uint64_t key, struct hami_record *out);
 void hami_settle_free(int known, const struct hami_record *r, CUresult rc);
-void hami_records_lock(void);
-void hami_records_unlock(void);
 void hami_records_reset(void);
+
+/*
+ * fork.c: every mutex of the library, known to its fork handlers. The first
+ * three are held across driver calls: a child makes them anew; the others
+ * never are: the forking thread takes them (outermost first). A new mutex
+ * joins this list and one of fork.c's two tables.
+ */
+extern pthread_mutex_t hami_setup_lock;   /* setup.c: the one-time set-up */
+extern pthread_mutex_t hami_context_lock; /* context_hooks.c: primary context retains */
+extern pthread_mutex_t hami_pool_lock;    /* memory_hooks.c: pool charges */
+extern pthread_mutex_t hami_graph_lock;   /* graph_memory.c: graph pool charges */
+extern pthread_mutex_t hami_open_lock;    /* slice.c: read-only attach for NVML */
+extern pthread_mutex_t hami_thunks_lock;  /* park_gate_thunks.c: the thunk table */
+extern pthread_mutex_t hami_claim_lock;   /* slice.c: GPU entry claims */
+extern pthread_mutex_t hami_slot_lock;    /* slice.c: slot locks, sweeps */
+extern pthread_mutex_t hami_records_mutex; /* records.c: the handle table */
+void hami_slice_after_fork(void);
 
 #endif

@@ -154,7 +154,8 @@ HAMI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
  * the pool's reserved size, not the sum of live allocations. The slice is
  * charged that reserved size, followed at every pool call.
  */
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t hami_pool_lock = PTHREAD_MUTEX_INITIALIZER;
+#define pool_lock hami_pool_lock
 
 /* A pool attribute. In the relaxed capture mode: a program capturing a graph
  * in the global mode on another thread must not lose its capture to us. */

@@ -29,7 +29,8 @@
 /* Read by the thunks (index in %r11): the real function each one jumps to. */
 void *hami_thunk_real[MAX_THUNKS] __attribute__((visibility("hidden")));
 static int thunks_used;
-static pthread_mutex_t thunks_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t hami_thunks_lock = PTHREAD_MUTEX_INITIALIZER;
+#define thunks_lock hami_thunks_lock
 
 /* Called by every thunk before its jump: the gate, and the call counted. */
 __attribute__((visibility("hidden"))) void hami_gate_pass(void)

@@ -16,7 +16,8 @@ static struct hami_record *table;
 static size_t capacity; /* power of two */
 static size_t used;     /* live + deleted */
 static size_t live;
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t hami_records_mutex = PTHREAD_MUTEX_INITIALIZER;
+#define lock hami_records_mutex
 
 static size_t hash(uint32_t kind, uint64_t key)
 {
@@ -112,16 +113,6 @@ int hami_record_take(uint32_t kind, uint64_t key, struct hami_record *out)
 	}
 	pthread_mutex_unlock(&lock);
 	return r ? 0 : -1;
-}
-
-void hami_records_lock(void)
-{
-	pthread_mutex_lock(&lock);
-}
-
-void hami_records_unlock(void)
-{
-	pthread_mutex_unlock(&lock);
 }
 
 /* After fork: the child owns no device memory of its own yet. */

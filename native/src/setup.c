@@ -23,7 +23,8 @@ typedef CUresult (*cuCtxGetDevice_fn)(CUdevice *);
 
 enum { SETUP_NOT_YET, SETUP_DONE };
 
-static pthread_mutex_t setup_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t hami_setup_lock = PTHREAD_MUTEX_INITIALIZER;
+#define setup_lock hami_setup_lock
 static int setup_state = SETUP_NOT_YET;
 static CUresult setup_result;
 static int ordinal_count;

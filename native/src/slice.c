@@ -31,8 +31,8 @@ static int map_writable;
 static int slot_index = -1;
 static int slots_closed; /* set at exit, under slot_lock: no slot is taken after it */
 static int housekeeper_running;
-static pthread_mutex_t slot_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+pthread_mutex_t hami_slot_lock = PTHREAD_MUTEX_INITIALIZER;
+#define slot_lock hami_slot_lock
 
 struct hami_slice_file *hami_slice(void)
 {
@@ -294,11 +294,8 @@ static void make_parent_dir(const char *path)
 	}
 }
 
-static void install_atfork(void);
-
 int hami_slice_attach(const struct hami_device_info *dev, int count)
 {
-	pthread_once(&atfork_once, install_atfork);
 	if (hami_slice() && map_writable)
 		return CUDA_SUCCESS;
 	const char *path = hami_config()->slice_path;
@@ -332,18 +329,17 @@ int hami_slice_attach(const struct hami_device_info *dev, int count)
 /* For NVML-only processes: map an existing slice file read-only, create nothing. */
 int hami_slice_open_existing(void)
 {
-	static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 	static int refused; /* said once why; NVML is asked often */
 	const struct hami_config *c = hami_config();
 	if (hami_slice())
 		return 0;
 	if (c->error || !c->slice_path || __atomic_load_n(&refused, __ATOMIC_ACQUIRE))
 		return -1;
-	pthread_mutex_lock(&lock);
+	pthread_mutex_lock(&hami_open_lock);
 	int rc = hami_slice() ? 0 : map_slice_file(c->slice_path, 0);
 	if (rc < 0 && rc != -ENOENT)
 		__atomic_store_n(&refused, 1, __ATOMIC_RELEASE);
-	pthread_mutex_unlock(&lock);
+	pthread_mutex_unlock(&hami_open_lock);
 	return rc == 0 ? 0 : -1;
 }
 
@@ -357,7 +353,10 @@ int hami_slice_open_existing(void)
  * while nobody holds its lock was left half-made by a dead process, and is
  * emptied again; one whose claimer lives is waited for (briefly).
  */
-static pthread_mutex_t claim_lock = PTHREAD_MUTEX_INITIALIZER; /* OFD locks do not tell our threads apart */
+/* OFD locks do not tell our threads apart: they take turns (claim_lock) */
+pthread_mutex_t hami_claim_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t hami_open_lock = PTHREAD_MUTEX_INITIALIZER;
+#define claim_lock hami_claim_lock
 
 static off_t device_offset(int i)
 {
@@ -421,8 +420,9 @@ int hami_slice_device(const char *uuid, const struct hami_device_info *info)
 	struct hami_slice_file *f = hami_slice();
 	if (!f)
 		return -1;
-	if (info)
-		pthread_mutex_lock(&claim_lock);
+	/* Looking may repair a dead claim, which takes the entry's lock: our
+	 * threads take turns, as for the slots (sweep_locked). */
+	pthread_mutex_lock(&claim_lock);
 	int found = -2;
 	for (int round = 0; round < 2000; round++, found = -2) {
 		int pending = 0, repaired = 0, empty = -1;
@@ -455,8 +455,7 @@ int hami_slice_device(const char *uuid, const struct hami_device_info *info)
 			break;
 		}
 	}
-	if (info)
-		pthread_mutex_unlock(&claim_lock);
+	pthread_mutex_unlock(&claim_lock);
 	return found;
 }
 
@@ -577,14 +576,17 @@ static void recount(struct hami_slice_file *f)
 	}
 }
 
-void hami_slice_sweep(void)
+/*
+ * Reclaim the slots of dead processes. Caller holds slot_lock: OFD locks
+ * belong to the open file description, not the thread, so two threads of
+ * this process would both "win" a slot's lock, and the first to let go would
+ * drop it for both; the second would then look at a slot a new process may
+ * have just claimed, and free it under that process's feet.
+ */
+static void sweep_locked(struct hami_slice_file *f)
 {
-	struct hami_slice_file *f = hami_slice();
-	if (!f || map_fd < 0 || !map_writable)
-		return;
-	int mine = __atomic_load_n(&slot_index, __ATOMIC_ACQUIRE);
 	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++) {
-		if (i == mine || __atomic_load_n(&f->slot[i].state, __ATOMIC_ACQUIRE) != HAMI_SLOT_LIVE)
+		if (i == slot_index || __atomic_load_n(&f->slot[i].state, __ATOMIC_ACQUIRE) != HAMI_SLOT_LIVE)
 			continue;
 		if (ofd_lock(map_fd, slot_offset(i), F_WRLCK) < 0)
 			continue; /* its owner lives */
@@ -593,6 +595,17 @@ void hami_slice_sweep(void)
 		ofd_lock(map_fd, slot_offset(i), F_UNLCK);
 	}
 	recount(f);
+}
+
+void hami_slice_sweep(void)
+{
+	struct hami_slice_file *f = hami_slice();
+	if (!f || !map_writable)
+		return;
+	pthread_mutex_lock(&slot_lock);
+	if (map_fd >= 0)
+		sweep_locked(f);
+	pthread_mutex_unlock(&slot_lock);
 }
 
 static void *housekeeper(void *arg)
@@ -691,7 +704,7 @@ int hami_slot(void)
 	if (i < 0) {
 		i = claim_slot(f);
 		if (i < 0) {
-			hami_slice_sweep();
+			sweep_locked(f);
 			i = claim_slot(f);
 		}
 		if (i >= 0) {
@@ -715,15 +728,17 @@ int hami_slot(void)
 __attribute__((destructor)) static void release_slot_at_exit(void)
 {
 	struct hami_slice_file *f = hami_slice();
+	/* All under slot_lock: a sweep of the housekeeper must neither take our
+	 * slot for a dead one nor drop its lock while we still empty it. */
 	pthread_mutex_lock(&slot_lock);
 	slots_closed = 1;
 	int i = __atomic_exchange_n(&slot_index, -1, __ATOMIC_ACQ_REL);
 	__atomic_store_n(&hami_parkable_slot, NULL, __ATOMIC_RELEASE);
+	if (f && i >= 0 && map_fd >= 0) {
+		reclaim_slot(f, i, 0);
+		ofd_lock(map_fd, slot_offset(i), F_UNLCK);
+	}
 	pthread_mutex_unlock(&slot_lock);
-	if (!f || i < 0 || map_fd < 0)
-		return;
-	reclaim_slot(f, i, 0);
-	ofd_lock(map_fd, slot_offset(i), F_UNLCK);
 }
 
 /* Whether some open file description other than ours holds a lock on byte
@@ -762,43 +777,19 @@ uint64_t hami_slice_live_used(int sdev)
 
 /* ---- fork ----------------------------------------------------------------- */
 
-static void before_fork(void)
-{
-	pthread_mutex_lock(&slot_lock);
-	hami_records_lock();
-}
-
-static void after_fork_parent(void)
-{
-	hami_records_unlock();
-	pthread_mutex_unlock(&slot_lock);
-}
-
 /*
- * The child shares the mapping but must not share the parent's slot: its
- * inherited descriptor holds the parent's lock, so it reopens the file (a new
- * open file description) and claims a slot of its own when it first charges.
+ * In a forked child (fork.c, every lock released): the child shares the
+ * mapping but must not share the parent's slot: its inherited descriptor
+ * holds the parent's lock, so it reopens the file (a new open file
+ * description) and claims a slot of its own when it first charges.
  */
-static void after_fork_child(void)
+void hami_slice_after_fork(void)
 {
-	hami_records_unlock();
-	hami_records_reset();
 	housekeeper_running = 0;
 	slot_index = -1;
-	hami_park_after_fork();
-	hami_true_up_after_fork();
 	if (map_fd >= 0) {
 		int fd = reopen(map_fd, map_writable);
 		close(map_fd);
 		map_fd = fd; /* -1: no slot for this child, its charges are refused */
 	}
-	pthread_mutex_unlock(&slot_lock);
-	hami_process_after_fork();
-	hami_contexts_after_fork();
-	hami_schedule_after_fork();
-}
-
-static void install_atfork(void)
-{
-	pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }

@@ -1,0 +1,43 @@
+"""fork() while other threads are inside the preload library (fork_threads.c).
+
+A child inherits every lock in the state it had at the fork, but only the
+thread that forked: a lock of the library another thread held then would
+never be released in the child, and its first CUDA call would wait for ever.
+The library takes all its locks around fork, from the moment it is loaded.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from adversarial_helpers import sanitizer_report
+from native_helpers import DEFAULT_TIMEOUT, NATIVE
+
+SOURCE = __file__.rsplit("/", 1)[0] + "/fork_threads.c"
+FLAGS = {
+    "": ["-O2"],
+    "asan": ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"],
+    "tsan": ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=thread"],
+}
+
+
+@pytest.fixture(scope="session")
+def fork_threads(hami_build, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fork-threads") / "fork_threads"
+    cmd = ["cc", "-std=gnu11", "-Wall", "-Wextra", *FLAGS[hami_build.sanitizer],
+           f"-I{NATIVE / 'include'}", "-pthread", "-o", str(out), SOURCE, "-ldl"]
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout}"
+    return out
+
+
+def test_a_child_forked_while_threads_are_inside_the_library_runs(fork_threads, make_slice, hami_build):
+    s = make_slice(limit="2g", overhead="64m")
+    forks = 60 if hami_build.sanitizer else 300
+    res = subprocess.run([str(fork_threads), "4", str(forks)], env=s.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, timeout=DEFAULT_TIMEOUT * 6)
+    assert not sanitizer_report(res.stderr), f"sanitizer report:\n{res.stderr[-12000:]}"
+    counts = json.loads(res.stdout.strip().splitlines()[-1])
+    assert counts["stuck"] == 0 and counts["failed"] == 0, f"{counts}\n{res.stderr[-3000:]}"
+    assert counts["calls"] > 0, counts
