@@ -16,8 +16,6 @@
 
 typedef struct CUlaunchAttribute_st CUlaunchAttribute; /* never read */
 typedef struct CUevent_st *CUevent;
-typedef struct CUgraph_st *CUgraph;
-typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphEdgeData_st CUgraphEdgeData; /* never read or written */
 
 /* Results cuda_types.h does not name (the real CUresult values). SIM_ names:
@@ -68,17 +66,6 @@ typedef struct {
 	unsigned int numAttrs;
 } CUlaunchConfig;
 
-/* CUmemPoolProps (CUDA 12): CUDA 11 had reserved[64] where maxSize is, which
- * callers had to zero, so reading maxSize is safe for both. */
-typedef struct {
-	int allocType;   /* CUmemAllocationType */
-	int handleTypes; /* CUmemAllocationHandleType */
-	CUmemLocation location;
-	void *win32SecurityAttributes;
-	size_t maxSize;
-	unsigned short usage;
-	unsigned char reserved[54];
-} CUmemPoolProps;
 
 enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1 };
 

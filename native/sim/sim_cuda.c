@@ -36,7 +36,8 @@
 #define DRIVER_VERSION 13000
 
 enum kind {
-	K_NONE, K_CTX, K_STREAM, K_POOL, K_MODULE, K_FUNC, K_ARRAY, K_MIPMAP, K_MEMHANDLE, K_EVENT, K_GRAPH, K_GEXEC
+	K_NONE, K_CTX, K_STREAM, K_POOL, K_MODULE, K_FUNC, K_ARRAY, K_MIPMAP, K_MEMHANDLE, K_EVENT, K_GRAPH, K_GEXEC,
+	K_GNODE /* handles only: a graph's memory node (graph_node_handle) */
 };
 
 /* A stream's capture: its CUstreamCaptureStatus. */
@@ -55,6 +56,7 @@ struct gnode {
 	CUdeviceptr addr;
 	uint64_t size; /* alloc, free: the allocation's size as asked */
 	int freed;     /* alloc: a free node of the same graph frees it */
+	int ordinal;   /* alloc: the CUDA ordinal it was captured for */
 };
 
 struct obj {
@@ -698,7 +700,8 @@ static CUresult capture_alloc(struct obj *so, CUdeviceptr *dptr, uint64_t size, 
 		return capture_fail(so, CUDA_ERROR_INVALID_VALUE);
 	struct obj *g = obj_get(so->cap_graph, K_GRAPH);
 	CUdeviceptr base = va_take(size);
-	if (!g || !base || !graph_node_add(g, (struct gnode){GN_ALLOC, base, size, 0}))
+	struct obj *c = obj_get(so->ctx, K_CTX);
+	if (!g || !base || !graph_node_add(g, (struct gnode){GN_ALLOC, base, size, 0, c ? c->ordinal : 0}))
 		return capture_fail(so, CUDA_ERROR_OUT_OF_MEMORY);
 	*dptr = base;
 	return CUDA_SUCCESS;
@@ -720,7 +723,7 @@ static CUresult capture_free(struct obj *so, CUdeviceptr p)
 			continue;
 		if (k->kind == GN_FREE_EXT || k->freed)
 			return capture_fail(so, CUDA_ERROR_INVALID_VALUE); /* freed twice */
-		if (!graph_node_add(g, (struct gnode){GN_FREE, p, k->size, 0}))
+		if (!graph_node_add(g, (struct gnode){GN_FREE, p, k->size, 0, 0}))
 			return capture_fail(so, CUDA_ERROR_OUT_OF_MEMORY);
 		g->nodes[i].freed = 1; /* (the add may have moved the array) */
 		return CUDA_SUCCESS;
@@ -728,7 +731,7 @@ static CUresult capture_free(struct obj *so, CUdeviceptr p)
 	struct alloc *a = p ? al_find(p, 1) : NULL;
 	if (!a)
 		return capture_fail(so, CUDA_ERROR_INVALID_VALUE);
-	if (!graph_node_add(g, (struct gnode){GN_FREE_EXT, p, a->size, 0}))
+	if (!graph_node_add(g, (struct gnode){GN_FREE_EXT, p, a->size, 0, 0}))
 		return capture_fail(so, CUDA_ERROR_OUT_OF_MEMORY);
 	return CUDA_SUCCESS;
 }
@@ -3274,6 +3277,37 @@ static CUresult graph_upload(CUgraphExec e, CUstream s)
 	return r;
 }
 
+static CUresult graph_free(uint64_t h, enum kind k);
+
+/* CUDA 12: flags in a struct; UPLOAD maps the memory now, on hUploadStream. */
+static CUresult instantiate_with_params(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+	if (!p)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult r = instantiate(phGraphExec, hGraph, p->flags & ~(cuuint64_t)CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD);
+	if (r == CUDA_SUCCESS && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) &&
+	    (r = graph_upload(*phGraphExec, p->hUploadStream)) != CUDA_SUCCESS) {
+		graph_free(H(*phGraphExec), K_GEXEC);
+		*phGraphExec = NULL;
+	}
+	p->hErrNode_out = NULL;
+	p->result_out = r == CUDA_SUCCESS ? 0 : 1; /* CUDA_GRAPH_INSTANTIATE_SUCCESS / _ERROR */
+	return r;
+}
+
+CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+	GATE();
+	return instantiate_with_params(phGraphExec, hGraph, p);
+}
+
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+					   CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+	GATE();
+	return instantiate_with_params(phGraphExec, hGraph, p);
+}
+
 CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream)
 {
 	GATE();
@@ -3318,6 +3352,124 @@ CUresult cuGraphDestroy(CUgraph hGraph)
 {
 	GATE();
 	return graph_free(H(hGraph), K_GRAPH);
+}
+
+/* ---- reading a graph ---------------------------------------------------- */
+
+/*
+ * A graph shows its memory nodes, in capture order, one after another (a
+ * capture on one stream is a chain); its kernels are only counted, so they
+ * are no nodes here. A node's handle names its graph's slot and its index.
+ */
+static CUgraphNode graph_node_handle(uint64_t graph, size_t i)
+{
+	uint64_t slot = (graph >> 8) & 0xffffff;
+	return (CUgraphNode)(uintptr_t)(slot << 40 | (uint64_t)(i + 1) << 8 | K_GNODE);
+}
+
+/* The node behind handle N (C.mu held), or NULL. */
+static struct gnode *graph_node(CUgraphNode n)
+{
+	uint64_t h = H(n), slot = h >> 40, i = (h >> 8) & 0xffffffff;
+	if ((h & 0xff) != K_GNODE || !slot || slot > C.nslots || !i)
+		return NULL;
+	struct obj *g = C.slots[slot - 1].o;
+	if (!g || g->kind != K_GRAPH || i > g->nnodes)
+		return NULL;
+	return &g->nodes[i - 1];
+}
+
+CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
+{
+	GATE();
+	if (!numNodes)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *g = obj_get(H(hGraph), K_GRAPH);
+	CUresult r = g ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	if (g && nodes) {
+		size_t n = *numNodes < g->nnodes ? *numNodes : g->nnodes;
+		for (size_t i = 0; i < n; i++)
+			nodes[i] = graph_node_handle(H(hGraph), i);
+		for (size_t i = n; i < *numNodes; i++)
+			nodes[i] = NULL;
+		*numNodes = n;
+	} else if (g) {
+		*numNodes = g->nnodes;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* The chain: node i, then node i + 1. The CUDA 10 form, without edge data. */
+CUresult cuGraphGetEdges(CUgraph hGraph, CUgraphNode *from, CUgraphNode *to, size_t *numEdges)
+{
+	GATE();
+	if (!numEdges || (!from) != (!to))
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *g = obj_get(H(hGraph), K_GRAPH);
+	CUresult r = g ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	size_t edges = g && g->nnodes ? g->nnodes - 1 : 0;
+	if (g && from) {
+		size_t n = *numEdges < edges ? *numEdges : edges;
+		for (size_t i = 0; i < n; i++) {
+			from[i] = graph_node_handle(H(hGraph), i);
+			to[i] = graph_node_handle(H(hGraph), i + 1);
+		}
+		*numEdges = n;
+	} else if (g) {
+		*numEdges = edges;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuGraphNodeGetType(CUgraphNode hNode, int *type)
+{
+	GATE();
+	if (!type)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct gnode *k = graph_node(hNode);
+	if (k)
+		*type = k->kind == GN_ALLOC ? CU_GRAPH_NODE_TYPE_MEM_ALLOC : CU_GRAPH_NODE_TYPE_MEM_FREE;
+	pthread_mutex_unlock(&C.mu);
+	return k ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params)
+{
+	GATE();
+	if (!params)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct gnode *k = graph_node(hNode);
+	int ok = k && k->kind == GN_ALLOC;
+	if (ok) {
+		memset(params, 0, sizeof(*params));
+		params->poolProps.allocType = 1; /* pinned */
+		params->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		params->poolProps.location.id = k->ordinal;
+		params->bytesize = k->size;
+		params->dptr = k->addr;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr)
+{
+	GATE();
+	if (!dptr)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct gnode *k = graph_node(hNode);
+	int ok = k && k->kind != GN_ALLOC;
+	if (ok)
+		*dptr = k->addr;
+	pthread_mutex_unlock(&C.mu);
+	return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---- graph memory ------------------------------------------------------- */
@@ -3615,6 +3767,13 @@ LOCAL(cuStreamGetCaptureInfo_v3_ptsz);
 LOCAL(cuThreadExchangeStreamCaptureMode);
 LOCAL(cuGraphInstantiate_v2);
 LOCAL(cuGraphInstantiateWithFlags);
+LOCAL(cuGraphInstantiateWithParams);
+LOCAL(cuGraphInstantiateWithParams_ptsz);
+LOCAL(cuGraphGetNodes);
+LOCAL(cuGraphGetEdges);
+LOCAL(cuGraphNodeGetType);
+LOCAL(cuGraphMemAllocNodeGetParams);
+LOCAL(cuGraphMemFreeNodeGetParams);
 LOCAL(cuGraphLaunch);
 LOCAL(cuGraphLaunch_ptsz);
 LOCAL(cuGraphExecDestroy);
@@ -3729,6 +3888,13 @@ static const struct {
 	{"cuGraphInstantiate", 11000, local_cuGraphInstantiate_v2, NULL},
 	{"cuGraphInstantiate", 12000, local_cuGraphInstantiateWithFlags, NULL},
 	{"cuGraphInstantiateWithFlags", 11040, local_cuGraphInstantiateWithFlags, NULL},
+	{"cuGraphInstantiateWithParams", 12000, local_cuGraphInstantiateWithParams,
+	 local_cuGraphInstantiateWithParams_ptsz},
+	{"cuGraphGetNodes", 10000, local_cuGraphGetNodes, NULL},
+	{"cuGraphGetEdges", 10000, local_cuGraphGetEdges, NULL},
+	{"cuGraphNodeGetType", 10000, local_cuGraphNodeGetType, NULL},
+	{"cuGraphMemAllocNodeGetParams", 11040, local_cuGraphMemAllocNodeGetParams, NULL},
+	{"cuGraphMemFreeNodeGetParams", 11040, local_cuGraphMemFreeNodeGetParams, NULL},
 	{"cuGraphLaunch", 10000, local_cuGraphLaunch, local_cuGraphLaunch_ptsz},
 	{"cuGraphExecDestroy", 10000, local_cuGraphExecDestroy, NULL},
 	{"cuGraphDestroy", 10000, local_cuGraphDestroy, NULL},

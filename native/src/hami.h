@@ -188,9 +188,19 @@ int hami_stream_capturing(CUstream stream, int per_thread);
 int hami_capture_relaxed_begin(void); /* returns the mode hami_capture_relaxed_end restores */
 void hami_capture_relaxed_end(int previous);
 
-/* graph_memory.c: a graph's memory nodes, charged when the graph runs */
+/* graph_need.c: need[ordinal] += what one run of a graph can map on each device (0, or -1: unreadable) */
+int hami_graph_need(CUgraph g, uint64_t need[HAMI_MAX_CUDA_DEVICES]);
+
+/* graph_memory.c: a graph's memory, reserved before an upload or launch maps it,
+ * charged as the driver really maps it after */
+struct hami_exec_need;
+struct hami_graph_hold {
+	struct hami_exec_need *need; /* set while the call may map it */
+	uint64_t held[HAMI_MAX_CUDA_DEVICES];
+};
 void hami_graph_memory_seen(void);
-void hami_graph_memory_after_launch(CUresult rc);
+CUresult hami_graph_hold(CUgraphExec exec, struct hami_graph_hold *h); /* CUDA_ERROR_OUT_OF_MEMORY: no room */
+void hami_graph_release(struct hami_graph_hold *h, CUresult rc);
 
 /* true_up.c: the charge follows what NVML says the process really holds */
 int hami_nvml_process_used(int sdev, uint64_t *used);
@@ -257,7 +267,8 @@ enum hami_kind {
 	HAMI_KIND_CONTEXT,    /* cuCtxCreate */
 	HAMI_KIND_POOL,       /* a memory pool: bytes = reserved bytes charged */
 	HAMI_KIND_DECODER,    /* an NVDEC decoder: pool = its shape (cuvid_hooks.c) */
-	HAMI_KIND_GRAPH_POOL  /* a device's graph memory pool: key = ordinal (graph_memory.c) */
+	HAMI_KIND_GRAPH_POOL, /* a device's graph memory pool: key = ordinal (graph_memory.c) */
+	HAMI_KIND_GRAPH_EXEC  /* a graph executable's need: pool = its struct hami_exec_need */
 };
 struct hami_record {
 	uint64_t key;

@@ -65,6 +65,12 @@ CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream);
 CUresult cuGraphUpload(CUgraphExec exec, CUstream stream);
 CUresult cuGraphUpload_ptsz(CUgraphExec exec, CUstream stream);
 CUresult cuDeviceGraphMemTrim(CUdevice device);
+CUresult cuGraphInstantiate(CUgraphExec *exec, CUgraph g, CUgraphNode *err_node, char *log, size_t log_size);
+CUresult cuGraphInstantiate_v2(CUgraphExec *exec, CUgraph g, CUgraphNode *err_node, char *log, size_t log_size);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsigned long long flags);
+CUresult cuGraphInstantiateWithParams(CUgraphExec *exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUresult cuGraphExecDestroy(CUgraphExec exec);
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory);

@@ -119,19 +119,23 @@ HAMI_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int g
 			   bx, by, bz, shm, stream, params);
 }
 
+/* A graph's first launch may map its memory: held against the slice first (graph_memory.c). */
 static CUresult graph(graph_fn fn, int per_thread, CUgraphExec exec, CUstream stream)
 {
+	struct hami_graph_hold h;
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
+	if (hami_graph_hold(exec, &h) != CUDA_SUCCESS)
+		return CUDA_ERROR_OUT_OF_MEMORY;
 	if (!watching()) {
 		CUresult rc = fn(exec, stream);
-		hami_graph_memory_after_launch(rc);
+		hami_graph_release(&h, rc);
 		return rc;
 	}
 	hami_sm_before_launch(stream, per_thread);
 	CUresult rc = fn(exec, stream);
 	hami_sm_after_launch(rc);
-	hami_graph_memory_after_launch(rc);
+	hami_graph_release(&h, rc);
 	return rc;
 }
 

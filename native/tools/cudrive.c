@@ -177,16 +177,6 @@
 
 /* ---- driver types cuda_types.h does not declare -------------------------- */
 
-typedef struct {
-	int allocType;   /* CUmemAllocationType: 1 = pinned */
-	int handleTypes; /* CUmemAllocationHandleType: 0 = none */
-	CUmemLocation location;
-	void *win32SecurityAttributes;
-	size_t maxSize;
-	unsigned short usage;
-	unsigned char reserved[54];
-} CUmemPoolProps;
-
 typedef struct CUctxCreateParams_st CUctxCreateParams;
 
 typedef CUresult (*fn_void)(void);
@@ -233,7 +223,6 @@ typedef CUresult (*fn_ckpt_step)(int, void *); /* checkpoint, restore, unlock: a
 typedef CUresult (*fn_ckpt_state)(int, CUprocessState *);
 
 typedef struct CUevent_st *CUevent;
-typedef struct CUgraph_st *CUgraph;
 
 /* CUlaunchConfig (CUDA 12): no attributes here. */
 struct launch_config {

@@ -139,3 +139,63 @@ def test_an_allocation_a_graph_leaves_allocated_is_charged_until_trimmed(cudrive
     p.ok("ungraph G")
     p.ok("graphtrim 0")
     assert s.slot_used(p.pid) == SIM_CONTEXT == gpu.process_used(p.pid, 0)
+
+
+# ---- a graph's memory is held against the slice before the driver maps it ----
+
+def test_a_graph_whose_memory_passes_the_cap_is_refused_before_it_runs(cudrive, gpu, make_slice):
+    # The case: 1.5 GiB allocated by a memory node and kept across
+    # launches, in a 1 GiB slice. The driver would map it at the launch.
+    s = make_slice(limit="1g", overhead="64m")
+    p = cudrive.with_context(s.env, "capture begin", "async 1536m kept", "launch 1000", "capture end G", "graph G")
+    rec = p.cmd("graphlaunch G")
+    assert rec["rc"] == CUDA_ERROR_OUT_OF_MEMORY, rec
+    p.ok("sync")
+    # Nothing was mapped: neither the slice nor the GPU holds more than the context.
+    assert s.slot_used(p.pid) == SIM_CONTEXT == gpu.process_used(p.pid, 0)
+    assert "a CUDA graph's memory" in p.stderr() and "refused" in p.stderr()
+    # An upload maps the same memory: refused the same way.
+    assert p.cmd("graphupload G")["rc"] == CUDA_ERROR_OUT_OF_MEMORY
+    assert gpu.process_used(p.pid, 0) == SIM_CONTEXT
+
+
+def test_a_graph_that_fits_its_peak_runs_though_its_allocations_add_up_to_more(cudrive, gpu, make_slice):
+    # A (64) and B (32) live at once, then C (16) after A is gone: the peak is
+    # 96 MiB, the sum 112. A slice with room for exactly the peak runs it, and
+    # every relaunch, as the driver would.
+    s = make_slice(limit=f"{(SIM_CONTEXT + 96 * MiB) // MiB}m", overhead="64m")
+    p = cudrive.with_context(s.env, "capture begin", *CAPTURE, "capture end G", "graph G")
+    p.ok("graphlaunch G")
+    p.ok("graphlaunch G 3")
+    p.ok("sync")
+    assert s.slot_used(p.pid) == SIM_CONTEXT + 96 * MiB == gpu.process_used(p.pid, 0)
+    # Mapped memory of a trimmed graph comes back at its next launch, held again first.
+    p.ok("graphtrim 0")
+    assert s.slot_used(p.pid) == SIM_CONTEXT
+    p.ok("alloc 16m X")
+    rec = p.cmd("graphlaunch G")
+    assert rec["rc"] == CUDA_ERROR_OUT_OF_MEMORY, rec
+    assert gpu.process_used(p.pid, 0) == SIM_CONTEXT + 16 * MiB
+    p.ok("free X")
+    p.ok("graphlaunch G")
+    assert s.slot_used(p.pid) == SIM_CONTEXT + 96 * MiB
+
+
+def test_a_graph_served_from_the_pools_spare_memory_needs_no_room(cudrive, gpu, make_slice):
+    # A destroyed executable leaves its mapping reserved as spare; the next
+    # graph's launch is served from it, so the slice being full of that very
+    # memory must not refuse it.
+    s = make_slice(limit=f"{(SIM_CONTEXT + 64 * MiB) // MiB}m", overhead="64m")
+    p = cudrive.with_context(s.env, "capture begin", "async 64m A", "free A", "capture end G", "graph G")
+    p.ok("graphlaunch G")
+    p.ok("sync")
+    p.ok("ungraph G")
+    assert s.slot_used(p.pid) == SIM_CONTEXT + 64 * MiB  # still reserved by the pool
+    p.ok("capture begin")
+    p.ok("async 48m B")
+    p.ok("free B")
+    p.ok("capture end H")
+    p.ok("graph H")
+    p.ok("graphlaunch H")
+    p.ok("sync")
+    assert s.slot_used(p.pid) == SIM_CONTEXT + 64 * MiB == gpu.process_used(p.pid, 0)

@@ -24,6 +24,8 @@ typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUevent_st *CUevent;
 
@@ -155,6 +157,46 @@ typedef enum {
 	CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2, /* bytes the graph allocator holds */
 	CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3     /* its high watermark (reset by setting 0) */
 } CUgraphMem_attribute;
+
+/* A graph's nodes, as far as its memory goes (cuGraphNodeGetType). */
+enum {
+	CU_GRAPH_NODE_TYPE_GRAPH = 4,     /* a child graph */
+	CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+	CU_GRAPH_NODE_TYPE_MEM_FREE = 11
+};
+
+/* CUmemPoolProps (CUDA 12), 88 bytes: CUDA 11 had reserved[64] where maxSize
+ * is, which callers had to zero, so reading maxSize is safe for both. */
+typedef struct {
+	int allocType;
+	int handleTypes;
+	CUmemLocation location;
+	void *win32SecurityAttributes;
+	size_t maxSize;
+	unsigned short usage;
+	unsigned char reserved[54];
+} CUmemPoolProps;
+
+/* cuGraphMemAllocNodeGetParams (CUDA 11.4) */
+typedef struct {
+	CUmemPoolProps poolProps;
+	const void *accessDescs;
+	size_t accessDescCount;
+	size_t bytesize;
+	CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+/* cuGraphInstantiateWithParams (CUDA 12.0) */
+enum {
+	CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1,
+	CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD = 2 /* the memory is mapped at instantiation */
+};
+typedef struct {
+	cuuint64_t flags;
+	CUstream hUploadStream;
+	CUgraphNode hErrNode_out;
+	int result_out;
+} CUDA_GRAPH_INSTANTIATE_PARAMS;
 
 /* The process checkpoint API (driver 550+): one process moves another's GPU
  * state to host memory and back. The args are optional (NULL: defaults). */
