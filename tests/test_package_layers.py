@@ -8,6 +8,11 @@ never a part on its own floor or above. No module may reach itself through
 imports, however late. A new module must be given a floor here, so the
 picture below stays the whole package.
 
+Some parts run apart from others that sit below them, and must not import
+them even where the floors would allow it (``APART``): the guard runs alone
+on a node, so it imports nothing of the admin tools (the audit log they share
+is a part of its own, under both).
+
 And the Jupyter server process, with the server extension and the
 provisioner loaded, does not import IPython (only kernels need it).
 """
@@ -27,15 +32,21 @@ FLOORS = {
     "slice": 1,  # the slice file and everything that reads or writes it
     "gpus": 2,  # the host's GPUs from NVML
     "advice": 2,  # what to do about a slice error
+    "audit": 2,  # the audit log: admin tools, hub, hub service and guard write it
     "provisioning": 3,  # kernels started in slices (the Jupyter server process)
     "magic": 3,  # %hami (inside kernels)
-    "admin": 4,  # administrators' changes, the audit log, the panel
+    "admin": 4,  # administrators' changes, the panel
     "hub": 5,  # JupyterHub: policy, spawner, hub-made slices
     "guard": 5,  # hami-jupyter guard: memory caps held with NVML's per-process figures
     "server": 6,  # the Jupyter server extension
     "hubview": 6,  # hami-jupyter hub-service: the hub-wide view, a JupyterHub service
     "commands": 7,  # the hami-jupyter command
     "__main__": 8,
+}
+
+# part -> parts it must never import, floors notwithstanding
+APART = {
+    "guard": {"admin"},  # runs alone on a node, without the admin tools
 }
 
 
@@ -102,6 +113,27 @@ def test_every_import_runs_downward():
                 wrong.append(f"{module} (floor {FLOORS.get(here)}) imports {target} "
                              f"(floor {FLOORS.get(there)})")
     assert not wrong, "imports that run sideways or up:\n  " + "\n  ".join(wrong)
+
+
+def reached(edges, start):
+    """Every module *start* imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in edges[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_parts_that_run_apart_do_not_import_each_other():
+    """The guard's modules never import hami_jupyter.admin, directly or through another module."""
+    edges = graph()
+    wrong = []
+    for module in sorted(edges):
+        banned = APART.get(part_of(module), set())
+        wrong += [f"{module} reaches {target}" for target in sorted(reached(edges, module))
+                  if part_of(target) in banned]
+    assert not wrong, "imports of a part that runs apart:\n  " + "\n  ".join(wrong)
 
 
 def test_no_module_reaches_itself():

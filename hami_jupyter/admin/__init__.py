@@ -3,7 +3,8 @@
 ``from hami_jupyter.admin import AdminPanel; AdminPanel()`` in a notebook
 shows every GPU and slice and lets an administrator change limits live;
 ``hami-jupyter slice list|set`` does the same from a shell. Both go through
-:mod:`.changes` (checks, applying) and :mod:`.audit` (the log of changes).
+:mod:`.changes` (checks, applying) and :mod:`hami_jupyter.audit` (the log of
+changes).
 Under JupyterHub with the hub service, ``AdminPanel()`` shows the whole hub
 instead (:mod:`.hub_client` reaches the service, :mod:`.hub_view` draws it,
 :mod:`.sparkline` its charts).

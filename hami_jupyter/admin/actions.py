@@ -15,13 +15,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import audit
 from ..advice import advice
 from ..slice import change as slice_change
 from ..slice import guard_report, parking
 from ..slice.file import SliceFileError, read_snapshot
 from ..slice.paths import list_slice_paths, log, skip_message, slice_name
 from ..slice.status import slice_status
-from . import audit, changes, service
+from . import changes, service
 
 
 def _service_socket(path, audit_path=None):

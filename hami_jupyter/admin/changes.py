@@ -49,6 +49,7 @@ the root admin service (:mod:`.service`).
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import audit
 from ..advice import advice
 from ..gpus import HostGpu
 from ..slice import change as slice_change
@@ -63,7 +64,7 @@ from ..slice.limits import (
 )
 from ..slice.paths import list_slice_paths, skip_message, slice_name
 from ..slice.size import format_size, parse_size
-from . import audit, marks
+from . import marks
 
 DEFAULT_ENTRY = "default (every GPU without limits of its own)"
 READ_ONLY = "read-only: you cannot change limits"

@@ -160,7 +160,7 @@ def reset_command(args):
 
 
 def verify_command(args):
-    from . import audit
+    from .. import audit
 
     log = Path(args.log) if args.log else audit.default_path(Path(args.root) if args.root
                                                               else default_root())

@@ -52,12 +52,13 @@ from pathlib import Path
 
 import ipywidgets as widgets
 
+from .. import audit
 from ..gpus import read_gpus
 from ..slice import parking
 from ..slice.paths import default_root
 from ..slice.size import format_size
 from ..slice.status_html import LEVEL_COLOUR, format_html
-from . import actions, audit, changes, hub_client, marks
+from . import actions, changes, hub_client, marks
 from .changes import READ_ONLY
 from .hub_view import FORM_BUTTON, FORM_ROW, HubView, memory_text
 

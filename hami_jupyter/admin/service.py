@@ -38,10 +38,11 @@ import sys
 import threading
 from pathlib import Path
 
+from .. import audit
 from ..gpus import read_gpus
 from ..slice import parking
 from ..slice import paths as slice_paths
-from . import audit, changes
+from . import changes
 from .changes import Change, ChangeError, ReadOnlyError
 
 SOCKET_NAME = "admin.sock"

@@ -12,8 +12,8 @@ Two actions (``--action``):
   will not keep to it, and a polite signal can be caught and ignored; the
   driver frees a killed process's memory at once.
 
-Both leave the same record in the administrators' audit log
-(:mod:`hami_jupyter.admin.audit`, hash-chained), so that "who ended my
+Both leave the same record in the audit log the administrators' changes
+go to (:mod:`hami_jupyter.audit`, hash-chained), so that "who ended my
 kernel?" has an answer that outlives the report: who (the guard), the
 slice, the GPU, the process and its user, the real bytes NVML saw, the bytes
 the slice reported and the cap.
@@ -31,7 +31,7 @@ import os
 import signal
 import time
 
-from ..admin import audit
+from .. import audit
 from ..slice.size import format_size
 from .procs import start_ticks
 

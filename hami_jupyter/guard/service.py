@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..admin import audit
+from .. import audit
 from ..slice.guard_report import MAX_ACTIONS, write_report
 from ..slice.paths import UntrustedPath, check_folder
 from ..slice.size import format_size

@@ -20,7 +20,7 @@ slice is:
 - ``audit.log``: every write of a limits file, the hub's included: root's,
   mode 0640 (group: the admin group, which may read it) or 0600. Only root
   writes it; administrators' changes go through ``hami-jupyter
-  admin-service`` (see :mod:`hami_jupyter.admin.audit`).
+  admin-service`` (see :mod:`hami_jupyter.audit`).
 
 Preparing an existing slice rewrites its limits from the policy (a user who
 picked another size in the spawn form gets it) and leaves its usage alone,
@@ -36,7 +36,8 @@ import os
 import pwd
 from pathlib import Path
 
-from ..admin import audit, marks
+from .. import audit
+from ..admin import marks
 from ..gpus import read_gpus
 from ..slice.change import update_limits
 from ..slice.create import create_limits_file, create_slice, fill_limit_set

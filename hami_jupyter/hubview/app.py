@@ -32,8 +32,7 @@ from tornado.httpclient import AsyncHTTPClient
 from traitlets import Bool, Float, Integer, List, Unicode, default
 from traitlets.config import Application
 
-from .. import __version__
-from ..admin import audit
+from .. import __version__, audit
 from ..slice.paths import default_root
 from . import document as doc
 from . import metrics

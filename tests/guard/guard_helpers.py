@@ -16,7 +16,7 @@ from pathlib import Path
 
 from native_helpers import slice_env
 
-from hami_jupyter.admin import audit
+from hami_jupyter import audit
 from hami_jupyter.slice.create import ensure_slice
 from hami_jupyter.slice.guard_report import read_report
 from hami_jupyter.slice.settings import resolve_limits

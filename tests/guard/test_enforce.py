@@ -10,7 +10,7 @@ import time
 
 from guard_helpers import CONTEXT, KILL_WITHIN_S, GiB, MiB, audit_records, wait_dead
 
-from hami_jupyter.admin import audit
+from hami_jupyter import audit
 from hami_jupyter.slice import layout
 from hami_jupyter.slice.file import read_snapshot
 from hami_jupyter.slice.size import format_size

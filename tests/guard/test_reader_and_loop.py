@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from guard_helpers import wait_exec
 
-from hami_jupyter.admin import audit
+from hami_jupyter import audit
 from hami_jupyter.guard import service
 from hami_jupyter.guard.nvml import GpuProcess, NvmlReader, NvmlUnavailable, Reading
 from hami_jupyter.slice.create import ensure_slice

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from guard_helpers import KILL_WITHIN_S, audit_records, guard_env, wait_dead
 
-from hami_jupyter.admin import audit
+from hami_jupyter import audit
 
 FLAKY = Path(__file__).resolve().parent / "flaky_nvml.py"
 

@@ -21,7 +21,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from hami_jupyter.admin import actions, audit, changes
+from hami_jupyter import audit
+from hami_jupyter.admin import actions, changes
 from hami_jupyter.admin.cli import main
 from hami_jupyter.hub.sizes import parse_size_spec
 from hami_jupyter.gpus import HostGpu
@@ -90,7 +91,8 @@ def _has_group(name):
 # live where that user cannot read), then runs one step and prints JSON.
 CHILD = textwrap.dedent("""
     import json, os, sys
-    from hami_jupyter.admin import actions, audit, changes, service
+    from hami_jupyter import audit
+    from hami_jupyter.admin import actions, changes, service
     from hami_jupyter.admin import marks  # noqa: F401  imported before dropping privileges
 
     uid, gid, groups, step, arg = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4], sys.argv[5]

@@ -29,7 +29,7 @@ from hub_view_hub import (ADMIN, CONTEXT, NAME, NODES, PLACE, REFRESH, SERVER_TI
                           HubViewHub, MiB, allocate, kernels_of, running, slice_on)
 from prometheus_client.parser import text_string_to_metric_families
 
-from hami_jupyter.admin import audit
+from hami_jupyter import audit
 from hami_jupyter.slice.file import read_snapshot
 
 pytestmark = pytest.mark.slow

@@ -29,7 +29,7 @@ import pytest
 from chromium_browser import CHROMIUM_ARGS, VIEWPORT, require_browser
 from hub_view_hub import ADMIN, CONTEXT, NAME, NODES, PLACE, GiB, HubViewHub, MiB, running, slice_on
 
-from hami_jupyter.admin import audit
+from hami_jupyter import audit
 from hami_jupyter.slice.file import read_snapshot
 
 pytestmark = pytest.mark.slow

@@ -31,7 +31,8 @@ from hami_jupyter import native
 from hami_jupyter.slice import registry as kernel_registry
 from hami_jupyter.slice import change as slice_limits
 from hami_jupyter import gpus
-from hami_jupyter.admin import AdminPanel, actions, audit, changes
+from hami_jupyter import audit
+from hami_jupyter.admin import AdminPanel, actions, changes
 from hami_jupyter.admin.cli import main
 from hami_jupyter.slice.settings import resolve_limits
 from hami_jupyter.slice.file import read_snapshot

@@ -1,22 +1,28 @@
-"""The administrators' audit log: one JSON line per write of a limits file.
+"""The audit log: one JSON line per write of a limits file, or act of the guard.
 
 Every change applied from the admin panel or ``hami-jupyter slice set|reset``
 appends one record, and so does the hub each time it writes (or keeps) a
 user's limits at server start: who, when (ISO-8601, UTC), the slice, what
-changed and the limits before and after. By default the log is
+changed and the limits before and after. The guard appends one each time it
+warns about or ends a process over a cap. By default the log is
 ``audit.log`` in the slice root.
+
+It sits below every writer (it imports only :mod:`.slice` and the standard
+library) because they run apart: the guard runs alone on a node, without
+the admin tools or the hub.
 
 Who is taken from the operating system, never from the environment: the
 user name of the effective uid, with the real and effective uids beside it
 (``JUPYTERHUB_USER`` is only a variable any process can set). A change made
-through the admin service (:mod:`.service`) is recorded with the uid
-the kernel reported for the caller's socket (``SO_PEERCRED``).
+through the admin service (:mod:`hami_jupyter.admin.service`) is
+recorded with the uid the kernel reported for the caller's socket
+(``SO_PEERCRED``).
 
 Who may write it: under a hub-managed slice root the log is root's, mode
 0640 (group: the admin group, which may read it) or 0600, and only root
-writes it (the hub, and the admin service on behalf of administrators); an
-administrator can neither append to it nor truncate it. In a slice root no
-hub manages, it belongs to the user who owns the root.
+writes it (the hub, the guard, and the admin service on behalf of
+administrators); an administrator can neither append to it nor truncate it.
+In a slice root no hub manages, it belongs to the user who owns the root.
 
 Tamper evidence: each record carries ``prev``, the SHA-256 of the line before
 it (64 zeros for the first), and ``audit.log.head`` beside the log holds the
@@ -40,8 +46,8 @@ import pwd
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..slice.locks import LockTimeout, lock_byte
-from ..slice.paths import replace_file
+from .slice.locks import LockTimeout, lock_byte
+from .slice.paths import replace_file
 
 FILE_NAME = "audit.log"
 HEAD_SUFFIX = ".head"
