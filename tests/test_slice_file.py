@@ -7,6 +7,7 @@ process or in a child process that is then killed.
 """
 
 import ctypes
+import dataclasses
 import fcntl
 import os
 import random
@@ -140,6 +141,46 @@ def test_snapshot_of_a_valid_file(slice_path):
     assert slot.sm_util == {0: 37, 2: 0}
     assert slot.started_unix_ns == 1_700_000_002_000_000_000
     assert slot.active_unix_ns == 1_700_000_003_000_000_000
+
+
+def mirror_slot_fields():
+    """``(name, ctypes type)`` of every field of the mirror's hami_slot but its spare bytes."""
+    return [(name, ctype) for name, ctype in layout.HamiSlot._fields_ if not name.startswith("reserved")]
+
+
+def test_the_readers_slot_has_the_fields_of_the_mirrors_slot():
+    """Slot is hami_slot as readers see it: the mirror's fields, plus where it sits."""
+    mirror = {name for name, _ in mirror_slot_fields()}
+    reader = {field.name for field in dataclasses.fields(sf.Slot)} - {"index"}
+    assert reader == mirror, (f"only in layout.HamiSlot: {sorted(mirror - reader)}; "
+                              f"only in file.Slot: {sorted(reader - mirror)}")
+
+
+def test_every_slot_field_reads_back_what_the_file_holds(tmp_path):
+    """Each field of the mirror's slot, set to a value of its own, reaches the reader's
+    Slot: text as text, per-device arrays by slice device index (the ready GPUs 0 and 2)."""
+    image = populated_slice()
+    raw = image.slot[0]
+    expected = {"state": layout.HAMI_SLOT_LIVE}  # a slot a reader shows is live or stale
+    for n, (name, ctype) in enumerate(mirror_slot_fields(), 1):
+        if name == "state":
+            continue
+        if issubclass(ctype, ctypes.Array) and ctype._type_ is ctypes.c_char:
+            text = f"{name}-{n}"[: ctype._length_ - 1]
+            setattr(raw, name, text.encode())
+            expected[name] = text
+        elif issubclass(ctype, ctypes.Array):
+            values = getattr(raw, name)
+            for d in range(ctype._length_):
+                values[d] = (n * 16 + d) % 255 + 1  # fits a uint8 too
+            expected[name] = {d: values[d] for d in (0, 2)}
+        else:
+            setattr(raw, name, n)
+            expected[name] = n
+    # Nobody holds the slot's lock: a stale slot, read field for field like a live one.
+    (slot,) = sf.read_snapshot(write(tmp_path / "alice.slice", image)).stale_slots
+    assert slot.index == 0
+    assert {name: getattr(slot, name, "(missing)") for name in expected} == expected
 
 
 def test_limits_follow_the_generation(slice_path):

@@ -21,6 +21,7 @@ reader maps it too, and fails closed when it cannot be looked for.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import mmap
 import os
 import struct
@@ -105,32 +106,38 @@ class Device:
     limit_is_fallback: bool
 
 
-@dataclass
-class Slot:
-    """One process of the slice. *memory_used* maps slice device index to bytes."""
+# The reader's slot is the mirror's hami_slot (layout.HamiSlot, which
+# test_slice_layout.py holds to the C header), field for field: a field added
+# there reaches every reader with no second list to keep. Each field is read by
+# a rule its ctypes type picks; a type with no rule fails at import.
 
-    index: int
-    pid: int  # in the owner's PID namespace (see pid_ns)
-    pid_ns: int
-    uid: int
-    kernel_id: str
-    comm: str
-    memory_used: dict[int, int]
-    sm_util: dict[int, int]
-    started_unix_ns: int
-    active_unix_ns: int
-    decoders: dict[int, int] = None  # live NVDEC decoders by slice device index
-    frames_decoded: int = 0
-    frames_mapped: int = 0
-    decode_ns: int = 0
-    park_state: int = 0  # HAMI_PARK_*: where the process's GPU state is
-    park_wanted: bool = False
-    park_wait: int = 0  # HAMI_PARK_WAIT_*
-    park_error: int = 0
-    park_unix_ns: int = 0
-    gpu_active_unix_ns: int = 0  # its last driver call, as its parking thread saw it
-    parked: dict[int, int] = None  # bytes in host memory by slice device index
-    driver_bytes: dict[int, int] = None  # part of memory_used that is the driver's own (the true-up)
+_INTEGERS = (ctypes.c_int8, ctypes.c_uint8, ctypes.c_int16, ctypes.c_uint16,
+             ctypes.c_int32, ctypes.c_uint32, ctypes.c_int64, ctypes.c_uint64)
+# kind of field -> (python type, default)
+_KINDS = {"int": (int, int), "text": (str, str), "per_gpu": (dict[int, int], dict)}
+
+
+def _slot_kind(name, ctype):
+    """How a reader shows one field of the mirror's slot: an int, text, or a
+    per-GPU array as ``{slice device index: value}``."""
+    if ctype in _INTEGERS:
+        return "int"
+    if issubclass(ctype, ctypes.Array) and ctype._type_ is ctypes.c_char:
+        return "text"
+    if (issubclass(ctype, ctypes.Array) and ctype._type_ in _INTEGERS
+            and ctype._length_ == HAMI_SLICE_MAX_DEVICES):
+        return "per_gpu"
+    raise TypeError(f"layout.HamiSlot.{name} ({ctype.__name__}): {__name__} has no rule to read it")
+
+
+_SLOT_FIELDS = tuple((name, _slot_kind(name, ctype)) for name, ctype in HamiSlot._fields_
+                     if not name.startswith("reserved"))  # spare bytes: zero, nothing to show
+_SLOT_INTS, _SLOT_TEXTS, _SLOT_PER_GPU = (tuple(name for name, k in _SLOT_FIELDS if k == kind)
+                                          for kind in ("int", "text", "per_gpu"))
+
+
+class _SlotReading:
+    """What readers ask of a slot beyond its fields."""
 
     def charge_unmoved(self):
         """The parking tool publishes PARKED when the driver has checkpointed
@@ -142,6 +149,33 @@ class Slot:
         """park_state as a reader should see it: still parking until the
         charge has moved."""
         return HAMI_PARK_PARKING if self.charge_unmoved() else self.park_state
+
+
+Slot = dataclasses.make_dataclass(
+    "Slot",
+    [("index", int)] + [(name, _KINDS[kind][0], dataclasses.field(default_factory=_KINDS[kind][1]))
+                        for name, kind in _SLOT_FIELDS],
+    bases=(_SlotReading,),
+    kw_only=True,  # the mirror's order is no part of the API
+)
+Slot.__module__ = __name__
+Slot.__doc__ = """One process of the slice: slot *index* of the file, with every field of
+layout.HamiSlot but its spare bytes. Text fields are str; a per-GPU array
+(*memory_used*, *parked*, ...) maps slice device index to its value, for the
+slice's ready GPUs; *pid* is in the owner's PID namespace (*pid_ns*);
+*park_wanted* is nonzero while someone wants the process's memory back on
+the GPU, as in the C header."""
+
+
+def _read_slot(raw, index, devices):
+    """The :class:`Slot` of mirror slot *raw* at *index*; per-GPU fields keep *devices*."""
+    values = {name: getattr(raw, name) for name in _SLOT_INTS}
+    for name in _SLOT_TEXTS:
+        values[name] = _text(getattr(raw, name))
+    for name in _SLOT_PER_GPU:
+        array = getattr(raw, name)
+        values[name] = {d: array[d] for d in devices}
+    return Slot(index=index, **values)
 
 
 @dataclass
@@ -348,32 +382,7 @@ class SliceFile:
             # while it claims or reclaims it.
             if struct.unpack_from("=I", self._map, offset)[0] != HAMI_SLOT_LIVE:
                 continue
-            s = HamiSlot.from_buffer_copy(self._map, offset)
-            memory_used, sm_util = s.memory_used[:], s.sm_util[:]
-            slot = Slot(
-                index=i,
-                pid=s.pid,
-                pid_ns=s.pid_ns,
-                uid=s.uid,
-                kernel_id=_text(s.kernel_id),
-                comm=_text(s.comm),
-                memory_used={d: memory_used[d] for d in indexes},
-                sm_util={d: sm_util[d] for d in indexes},
-                started_unix_ns=s.started_unix_ns,
-                active_unix_ns=s.active_unix_ns,
-                decoders={d: s.decoders[d] for d in indexes},
-                frames_decoded=s.frames_decoded,
-                frames_mapped=s.frames_mapped,
-                decode_ns=s.decode_ns,
-                park_state=s.park_state,
-                park_wanted=bool(s.park_wanted),
-                park_wait=s.park_wait,
-                park_error=s.park_error,
-                park_unix_ns=s.park_unix_ns,
-                gpu_active_unix_ns=s.gpu_active_unix_ns,
-                parked={d: s.parked[d] for d in indexes},
-                driver_bytes={d: s.driver_bytes[d] for d in indexes},
-            )
+            slot = _read_slot(HamiSlot.from_buffer_copy(self._map, offset), i, indexes)
             (live if write_locked(self._fd, offset) else stale).append(slot)
         h = self.header
         return SliceSnapshot(
