@@ -492,6 +492,42 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t device, unsig
 	return running(device, infoCount, infos, 2, 1);
 }
 
+/* MPS clients: none, as on a GPU without an MPS server. HAMI_SIM_MPS=1 (read
+ * at each call) lists the compute processes here too, as if each were an MPS
+ * client, so that tests can watch this list. */
+static nvmlReturn_t mps_clients(nvmlDevice_t device, unsigned *count, void *infos, int elem)
+{
+	const char *v = getenv("HAMI_SIM_MPS");
+	unsigned i;
+	if (v && strcmp(v, "1") == 0)
+		return running(device, count, infos, elem, 0);
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!count)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*count = 0;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t device, unsigned int *infoCount,
+						     nvmlProcessInfo_v1_t *infos)
+{
+	return mps_clients(device, infoCount, infos, 1);
+}
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *infoCount,
+							nvmlProcessInfo_t *infos)
+{
+	return mps_clients(device, infoCount, infos, 2);
+}
+
+nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount,
+							nvmlProcessInfo_t *infos)
+{
+	return mps_clients(device, infoCount, infos, 2);
+}
+
 /* Live processes with a context on device D, or whose kernels ran on it in
  * the period ending at END (one that dropped its context since then). */
 static unsigned sampled_procs(unsigned d, uint64_t end, struct pinfo *out)
@@ -523,8 +559,8 @@ static unsigned sampled_procs(unsigned d, uint64_t end, struct pinfo *out)
  * NVML_ERROR_NOT_FOUND with count 0. Sizing: NULL or too small a buffer gives
  * NVML_ERROR_INSUFFICIENT_SIZE with the count needed.
  */
-nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
-					     unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
+static nvmlReturn_t process_samples(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+				    unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
 {
 	struct pinfo list[SIM_MAX_PROCS];
 	unsigned i;
@@ -568,5 +604,45 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
 		e->smUtil = sim_sample_pct(st->proc[list[k].entry].util[i], end);
 	}
 	*processSamplesCount = n;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
+					     unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp)
+{
+	return process_samples(device, utilization, processSamplesCount, lastSeenTimeStamp);
+}
+
+/* The same samples in the newer form (driver 550+): the request carries the
+ * count, the last time stamp seen and the array; jpgUtil and ofaUtil are 0. */
+nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t device, nvmlProcessesUtilizationInfo_t *procesesUtilInfo)
+{
+	nvmlProcessesUtilizationInfo_t *q = procesesUtilInfo;
+	nvmlProcessUtilizationSample_t s[SIM_MAX_PROCS];
+	unsigned i, n = SIM_MAX_PROCS;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!q)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (q->version != nvmlProcessesUtilizationInfo_v1)
+		return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+	r = process_samples(device, s, &n, q->lastSeenTimeStamp);
+	if (r == NVML_ERROR_NOT_FOUND)
+		q->processSamplesCount = 0;
+	if (r)
+		return r;
+	if (!q->procUtilArray || q->processSamplesCount < n) {
+		q->processSamplesCount = n;
+		return NVML_ERROR_INSUFFICIENT_SIZE;
+	}
+	for (unsigned k = 0; k < n; k++) {
+		nvmlProcessUtilizationInfo_v1_t *e = &q->procUtilArray[k];
+		memset(e, 0, sizeof(*e));
+		e->timeStamp = s[k].timeStamp;
+		e->pid = s[k].pid;
+		e->smUtil = s[k].smUtil;
+	}
+	q->processSamplesCount = n;
 	return NVML_SUCCESS;
 }

@@ -231,6 +231,7 @@ enum {
 	NVML_ERROR_INSUFFICIENT_SIZE = 7,
 	NVML_ERROR_FUNCTION_NOT_FOUND = 13,
 	NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+	NVML_ERROR_MEMORY = 20,
 	NVML_ERROR_UNKNOWN = 999
 };
 
@@ -259,7 +260,16 @@ typedef struct {
 	unsigned int memory;
 } nvmlUtilization_t;
 
-/* nvmlDeviceGetComputeRunningProcesses_v3 element. */
+/* nvmlDevice{Compute,Graphics,MPSCompute}RunningProcesses (v1) element. A tag
+ * only: the simulated GPU's header has its own nvmlProcessInfo_v1_t. */
+struct nvmlProcessInfo_v1_st {
+	unsigned int pid;
+	unsigned long long usedGpuMemory;
+};
+
+/* nvmlDevice{Compute,Graphics,MPSCompute}RunningProcesses_v2 and _v3 element
+ * (nvmlProcessInfo_v2_t; NVML 12.0's header alone gave _v3 a longer one, see
+ * nvml_process_hooks.c). */
 typedef struct {
 	unsigned int pid;
 	unsigned long long usedGpuMemory;
@@ -276,5 +286,27 @@ typedef struct {
 	unsigned int encUtil;
 	unsigned int decUtil;
 } nvmlProcessUtilizationSample_t;
+
+/* nvmlDeviceGetProcessesUtilizationInfo: the request (version 1) and its elements. */
+typedef struct {
+	unsigned long long timeStamp;
+	unsigned int pid;
+	unsigned int smUtil;
+	unsigned int memUtil;
+	unsigned int encUtil;
+	unsigned int decUtil;
+	unsigned int jpgUtil;
+	unsigned int ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+
+typedef struct {
+	unsigned int version; /* nvmlProcessesUtilizationInfo_v1 */
+	unsigned int processSamplesCount; /* in: room in procUtilArray; out: samples (or needed) */
+	unsigned long long lastSeenTimeStamp;
+	nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_t;
+
+/* NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1) */
+#define nvmlProcessesUtilizationInfo_v1 ((unsigned int)(sizeof(nvmlProcessesUtilizationInfo_t) | (1u << 24)))
 
 #endif
