@@ -77,6 +77,17 @@ static const struct hami_hook hooks[] = {
 	{ "cuvidDestroyVideoParser", (void *)cuvidDestroyVideoParser },
 	{ "nvmlDeviceGetMemoryInfo", (void *)nvmlDeviceGetMemoryInfo },
 	{ "nvmlDeviceGetMemoryInfo_v2", (void *)nvmlDeviceGetMemoryInfo_v2 },
+	{ "nvmlDeviceGetComputeRunningProcesses", (void *)nvmlDeviceGetComputeRunningProcesses },
+	{ "nvmlDeviceGetComputeRunningProcesses_v2", (void *)nvmlDeviceGetComputeRunningProcesses_v2 },
+	{ "nvmlDeviceGetComputeRunningProcesses_v3", (void *)nvmlDeviceGetComputeRunningProcesses_v3 },
+	{ "nvmlDeviceGetGraphicsRunningProcesses", (void *)nvmlDeviceGetGraphicsRunningProcesses },
+	{ "nvmlDeviceGetGraphicsRunningProcesses_v2", (void *)nvmlDeviceGetGraphicsRunningProcesses_v2 },
+	{ "nvmlDeviceGetGraphicsRunningProcesses_v3", (void *)nvmlDeviceGetGraphicsRunningProcesses_v3 },
+	{ "nvmlDeviceGetMPSComputeRunningProcesses", (void *)nvmlDeviceGetMPSComputeRunningProcesses },
+	{ "nvmlDeviceGetMPSComputeRunningProcesses_v2", (void *)nvmlDeviceGetMPSComputeRunningProcesses_v2 },
+	{ "nvmlDeviceGetMPSComputeRunningProcesses_v3", (void *)nvmlDeviceGetMPSComputeRunningProcesses_v3 },
+	{ "nvmlDeviceGetProcessUtilization", (void *)nvmlDeviceGetProcessUtilization },
+	{ "nvmlDeviceGetProcessesUtilizationInfo", (void *)nvmlDeviceGetProcessesUtilizationInfo },
 };
 
 #define HOOK_COUNT (sizeof(hooks) / sizeof(hooks[0]))
