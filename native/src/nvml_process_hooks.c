@@ -250,7 +250,8 @@ static nvmlReturn_t answer(const struct reading *r, const struct members *m, siz
  * usedGpuCcProtectedMemory (32 bytes); NVML 12.2's (driver 535) moved that
  * field to nvmlProcessDetail_v1_t, which came with
  * nvmlDeviceGetRunningProcessDetailList, and _v3 writes the 24-byte v2
- * element again (as on driver 580). So 32 only for a driver that has the
+ * element again (seen on driver 580.159.04: 16, 24 and 24 bytes for the plain,
+ * _v2 and _v3 lists). So 32 only for a driver that has the
  * confidential-computing queries but not the detail list.
  */
 static size_t v3_element_size(void)
