@@ -35,44 +35,82 @@ def within_bound(reported, real):
 
 def nvml_process_bytes(pid, index=0):
     """What NVML says process *pid* holds on GPU *index* (compute or graphics), or None."""
+    return nvml_process_bytes_by_gpu(pid, [index]).get(index)
+
+
+def nvml_process_bytes_by_gpu(pid, indices=None):
+    """``{NVML index: bytes}`` of process *pid* on each GPU where NVML lists it."""
     import pynvml
 
     pynvml.nvmlInit()
     try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        for getter in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
-            for p in getter(handle):
-                if p.pid == pid and p.usedGpuMemory is not None:
-                    return p.usedGpuMemory
-        return None
+        found = {}
+        for index in indices if indices is not None else range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for getter in (pynvml.nvmlDeviceGetComputeRunningProcesses,
+                           pynvml.nvmlDeviceGetGraphicsRunningProcesses):
+                for p in getter(handle):
+                    if p.pid == pid and p.usedGpuMemory is not None:
+                        found[index] = p.usedGpuMemory
+        return found
     finally:
         pynvml.nvmlShutdown()
 
 
-def slot_bytes(path, pid):
-    """``(charged, driver's own)`` of process *pid*'s slot in the slice file at *path*."""
+def nvml_uuids():
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        out = {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+            out[uuid.decode() if isinstance(uuid, bytes) else uuid] = i
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def slot_bytes_by_gpu(path, pid):
+    """``{GPU UUID: (charged, driver's own)}`` of process *pid*'s slot in the slice file at *path*."""
     from hami_jupyter.slice.file import read_snapshot
 
-    for slot in read_snapshot(path).slots:
+    snap = read_snapshot(path)
+    uuid_of = {d.index: d.uuid for d in snap.devices}
+    for slot in snap.slots:
         if slot.pid == pid:
-            return sum(slot.memory_used.values()), sum((slot.driver_bytes or {}).values())
-    return None, None
+            driver = slot.driver_bytes or {}
+            return {uuid_of[i]: (used, driver.get(i, 0)) for i, used in slot.memory_used.items() if i in uuid_of}
+    return None
 
 
 def settle(path, pid, timeout=TRUE_UP_WAIT_S):
-    """Poll until the slot's charge is within the bound of NVML's figure; returns
-    ``(seconds, first (reported, real), last (reported, real, driver))``."""
+    """Poll until, on every GPU, the slot's charge is within the bound of NVML's
+    figure for the process on that GPU (JAX makes a context on each GPU it
+    sees); returns ``(seconds, first (reported, real), last (reported, real,
+    driver))``, the figures summed over the GPUs, and prints each GPU's."""
     start = time.monotonic()
+    index_of = nvml_uuids()
     first = None
     while True:
-        reported, driver = slot_bytes(path, pid)
-        real = nvml_process_bytes(pid)
+        slot = slot_bytes_by_gpu(path, pid)
+        real = nvml_process_bytes_by_gpu(pid)
+        per_gpu = {}
+        if slot is not None:
+            for uuid in set(slot) | {u for u, i in index_of.items() if i in real}:
+                charged, driver = slot.get(uuid, (0, 0))
+                per_gpu[uuid] = (charged, real.get(index_of.get(uuid), 0), driver)
+        totals = ((sum(v[0] for v in per_gpu.values()), sum(v[1] for v in per_gpu.values()),
+                   sum(v[2] for v in per_gpu.values())) if slot is not None and real else (None, None, None))
         if first is None:
-            first = (reported, real)
-        if reported is not None and real is not None and within_bound(reported, real):
-            return time.monotonic() - start, first, (reported, real, driver)
+            first = totals[:2]
+        if per_gpu and real and all(within_bound(c, r) for c, r, _ in per_gpu.values()):
+            print("per GPU (charged, NVML, driver's own) MiB: " + ", ".join(
+                f"{u[:12]}: " + "/".join(f"{x / MiB:.1f}" for x in v) for u, v in sorted(per_gpu.items())))
+            return time.monotonic() - start, first, totals
         if time.monotonic() - start > timeout:
-            return None, first, (reported, real, driver)
+            print(f"not settled, per GPU: {per_gpu}")
+            return None, first, totals
         time.sleep(0.1)
 
 
@@ -109,10 +147,10 @@ def graph_program(tmp_path_factory):
     return out
 
 
-def run_graph(program, env, mode, slice_path=None, worker=False):
+def run_graph(program, env, mode, slice_path=None, worker=False, mib=256):
     """Run the program; returns its records and, at "launched" and "trimmed",
     NVML's bytes for it and the slot's charge (when *slice_path*)."""
-    proc = subprocess.Popen([str(program), mode, "256"] + (["worker"] if worker else []), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([str(program), mode, str(mib)] + (["worker"] if worker else []), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     records, seen = [], {}
     try:
@@ -158,6 +196,20 @@ def test_a_graph_with_memory_nodes_runs_as_without_the_library_and_is_charged(gr
         assert seen[step]["settled_s"] is not None, (step, seen[step])
     # The graph's 256 MiB were charged while it held them, and given back at the trim.
     assert seen["launched"]["reported"] - seen["trimmed"]["reported"] >= 256 * MiB
+
+
+def test_a_graph_whose_memory_passes_the_cap_is_refused_before_the_driver_maps_it(graph_program, slice_env,
+                                                                                   tmp_path):
+    # 1.5 GiB through a memory node in a 1 GiB slice: on the old library every
+    # launch ran and NVML showed the process holding 2.0 GiB.
+    reference, plain = run_graph(graph_program, _plain_env(), "global", mib=1536)
+    assert next(r for r in reference if r["step"] == "launched")["launches"] == 3, reference
+    env = slice_env(limit="1g", name="graph-over")
+    proc_records, seen = run_graph(graph_program, env, "global", mib=1536)
+    launched = next(r for r in proc_records if r["step"] == "launched")
+    print(f"without the library {reference}, NVML {plain}; in a 1 GiB slice {proc_records}, NVML {seen}")
+    assert launched["launches"] == 0 and launched["rc"] == 2, launched  # cudaErrorMemoryAllocation
+    assert seen["launched"]["real"] is not None and seen["launched"]["real"] <= GiB, seen
 
 
 @pytest.mark.parametrize("mode", ["global", "thread", "relaxed"])
