@@ -56,3 +56,37 @@ def test_threads_racing_into_every_hook(hook_threads, make_slice, cudrive, repor
     report(f"{counts['threads']} threads x {counts['rounds']} rounds: {counts['calls']} calls, "
            f"{counts['allocations']} allocations, {counts['refusals']} refused at the cap, 0 failures; "
            f"slice peak {peak // MiB} MiB of 2048")
+
+
+def test_a_park_while_threads_create_contexts_and_allocate(hook_threads, make_slice, hami_build, report):
+    """Three of the library's mutexes are held across a driver call (set-up,
+    primary contexts, pool figures). A park locks the process in the driver
+    while threads are inside those calls and others wait for the mutexes: the
+    waiting ones count as inside the driver, so the process asks for its state
+    back, and nothing the resume needs is behind those mutexes. The process
+    must finish every call as without the park."""
+    s = make_slice(limit="2g", overhead="64m")
+    proc = subprocess.Popen([str(hook_threads), str(THREADS), str(ROUNDS * 20)], env=s.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(slot.pid == proc.pid for slot in s.snapshot().slots), timeout=30, interval=0.01,
+                 what="the threads at work")
+        env = {k: v for k, v in s.env.items() if k != "LD_PRELOAD"}
+        parks = []
+        for _ in range(3):
+            done = subprocess.run([str(hami_build.out / "hami-park"), "park", str(s.path), str(proc.pid)],
+                                  env=env, capture_output=True, text=True, timeout=60)
+            parks.append((done.returncode, done.stdout.strip() or done.stderr.strip()[-200:]))
+            if proc.poll() is not None:
+                break
+        out, err = proc.communicate(timeout=DEFAULT_TIMEOUT * 3)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not sanitizer_report(err), f"sanitizer report:\n{err[-12000:]}"
+    assert proc.returncode == 0, f"exit {proc.returncode}\nparks {parks}\nstderr: {err[-4000:]}"
+    counts = json.loads(out.strip().splitlines()[-1])
+    assert counts["failures"] == 0 and counts["allocations"] > 0, counts
+    assert any(rc == 0 for rc, _ in parks), f"no park took: {parks}"
+    report(f"{len(parks)} parks during {counts['calls']} calls of {counts['threads']} threads: {parks}")
