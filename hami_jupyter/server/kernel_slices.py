@@ -7,6 +7,10 @@ same reading ``%hami status`` shows, summed up for a status bar, with memory
 levels by the server's configured thresholds (:class:`.config.SliceDisplay`),
 and the guard's figures beside the slice's own (``memory_real``,
 ``guard_state`` and ``guard`` of the slice; per GPU in ``gpus``).
+The top-level memory figures are those of the slice's *fullest* GPU (named by
+``memory_gpu``), never sums: a cap holds per GPU, so 3.5 GiB on one GPU of a
+slice with two 4 GiB GPUs is 3.5 of 4 GiB, the next 1 GiB refused, not 3.5 of
+8 GiB.
 The answer of ``hami/v1/slices`` also says where the server runs (``node``),
 that host's GPUs (``host_gpus``) and how idle each kernel is
 (``kernel_activity``), from :mod:`.host`: what the hub service needs to place
@@ -108,36 +112,53 @@ def slices_body(kernel_manager, fractions=(WARNING_FRACTION, CRITICAL_FRACTION))
     }
 
 
-def _memory_limit(status):
-    """The slice's cap summed over its GPUs; the default cap before any GPU; 0: none."""
-    limits = [g["memory_limit"] for g in status["gpus"]]
-    if not limits:
-        return status["default_limit"]["memory_limit"]
-    return 0 if 0 in limits else sum(limits)
+def _fill(gpu):
+    """How full *gpu* is, for :func:`fullest_gpu`: ``(1, used / cap)`` with a cap
+    (the cap no more than the GPU has, as its memory level counts it), ``(0,
+    used)`` without one: any capped GPU comes before every uncapped one."""
+    limit, total = gpu["memory_limit"], gpu.get("memory_total") or 0
+    if not limit:
+        return (0, gpu["memory_used"])
+    cap = min(limit, total) if total else limit
+    return (1, gpu["memory_used"] / cap)
 
 
-def _guard_summary(status):
-    """``(memory_real, guard_state)`` of the whole slice: the guard's bytes over
-    its GPUs (None unless it knows every one) and "over" when it sees any GPU
-    over its cap, "ok" when none, None when no guard is running."""
+def fullest_gpu(gpus):
+    """The GPU of *gpus* nearest its cap (the first of equals); None for none.
+
+    That GPU refuses an allocation first, so it is what a status bar shows:
+    a sum over GPUs would hide a full one behind an empty one."""
+    best = None
+    for gpu in gpus:
+        if best is None or _fill(gpu) > _fill(best):
+            best = gpu
+    return best
+
+
+def _guard_summary(status, gpu):
+    """``(memory_real, guard_state)`` of the slice: the guard's bytes on *gpu*
+    (the fullest; None when it does not know them) and "over" when it sees any
+    GPU over its cap, "ok" when none, None when no guard is running."""
     guard = status.get("guard") or {}
     if not guard.get("running"):
         return None, None
-    gpus = status["gpus"]
-    reals = [g.get("memory_real") for g in gpus]
-    real = None if None in reals else sum(reals)
-    over = any(g.get("guard_state") == "over" for g in gpus)
-    return real, "over" if over else "ok"
+    over = any(g.get("guard_state") == "over" for g in status["gpus"])
+    return (gpu or {}).get("memory_real"), "over" if over else "ok"
 
 
 def summary(status, kernel_id):
-    """The status bar's view of one kernel in its slice (the fields after ``path``)."""
+    """The status bar's view of one kernel in its slice (the fields after ``path``):
+    memory of the fullest GPU (:func:`fullest_gpu`), every GPU in ``gpus``."""
     gpus = status["gpus"]
     mine = next((k for k in status["kernels"] if k["kernel_id"] == kernel_id), None)
-    memory_real, guard_state = _guard_summary(status)
+    fullest = fullest_gpu(gpus)
+    memory_real, guard_state = _guard_summary(status, fullest)
     return {
-        "memory_used": sum(g["memory_used"] for g in gpus),
-        "memory_limit": _memory_limit(status),
+        # The fullest GPU's figures; before any GPU, the default cap every GPU gets.
+        "memory_used": fullest["memory_used"] if fullest else 0,
+        "memory_limit": (fullest["memory_limit"] if fullest
+                         else status["default_limit"]["memory_limit"]),
+        "memory_gpu": fullest["index"] if fullest else None,
         "memory_level": max((g["memory_level"] for g in gpus), key=_LEVELS.index, default="ok"),
         "sm_share": (max(g["sm_share"] for g in gpus) if gpus
                      else status["default_limit"]["sm_share"]),
