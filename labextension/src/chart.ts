@@ -250,6 +250,40 @@ export function lastReading(samples: readonly ISample[]): ISample | null {
   return null;
 }
 
+/** Which of the legend's optional entries any chart draws now (the line of use always is). */
+export interface ILegendEntries {
+  /** A cap or share line. */
+  limit: boolean;
+  /** Parked memory (a span, a dashed segment). */
+  parked: boolean;
+  /** The guard's real bytes. */
+  real: boolean;
+}
+
+/**
+ * The legend's entries for `series` (every GPU's and kernel's samples) drawn
+ * in `frame`: an entry is listed only while some chart draws it, so the
+ * legend never explains a line that is not there.
+ */
+export function legendEntries(
+  series: ReadonlyArray<readonly ISample[]>,
+  frame: Pick<IChartFrame, 'now' | 'windowMs'>
+): ILegendEntries {
+  const entries: ILegendEntries = { limit: false, parked: false, real: false };
+  const shown = { ...frame, width: CHART_WIDTH, height: CHART_HEIGHT, maxGapMs: Infinity };
+  for (const samples of series) {
+    for (const sample of visible(samples, shown)) {
+      if (sample.gap) {
+        continue;
+      }
+      entries.limit ||= sample.cap > 0 || sample.share > 0;
+      entries.parked ||= isParked(sample);
+      entries.real ||= sample.real !== null;
+    }
+  }
+  return entries;
+}
+
 /** A window in words: `"5 min"`, `"90 s"`, `"1 h"`. */
 export function formatWindow(ms: number): string {
   const seconds = Math.round(ms / 1000);

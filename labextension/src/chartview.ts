@@ -11,7 +11,8 @@
  * `path.hami-chart-line` (used, or SM use), `path.hami-chart-limit` (the cap or
  * the share; `data-value`: the latest one), `path.hami-chart-parked`,
  * `path.hami-chart-real` (the guard's bytes) and the parked spans
- * `rect.hami-chart-span`.
+ * `rect.hami-chart-span`; the caption `.hami-chart-caption`, a line above
+ * the SVG (never over the cap line).
  */
 
 import {
@@ -129,7 +130,7 @@ export class UsageChart {
     this._caption.textContent = this._captionText(samples);
   }
 
-  /** The corner's few words: `"memory 864 MiB"`, `"memory parked"`, `"SM 3 %"`. */
+  /** The caption's few words: `"memory 864 MiB"`, `"memory parked"`, `"SM 3 %"`. */
   private _captionText(samples: readonly ISample[]): string {
     const latest = lastReading(samples);
     if (this.kind === 'sm') {

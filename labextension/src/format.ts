@@ -103,23 +103,93 @@ export function shortId(kernelId: string): string {
   return kernelId.slice(0, 8);
 }
 
+/**
+ * How full a GPU is, to compare GPUs: `[1, used / cap]` with a cap (gpuCap:
+ * no more than the GPU has), `[0, used]` without one, so that any capped GPU
+ * comes before every uncapped one.
+ */
+function gpuFill(gpu: IGpuStatus): [number, number] {
+  const cap = gpuCap(gpu);
+  return cap > 0 ? [1, count(gpu.memory_used) / cap] : [0, count(gpu.memory_used)];
+}
+
+/**
+ * The GPU nearest its cap (the first of equals); `null` for none. It refuses
+ * an allocation first: a cap holds per GPU, so the slice's memory is shown as
+ * that GPU's, never as a sum over GPUs (3.5 of 4 GiB on GPU 0 is not 3.5 of
+ * the 8 GiB two GPUs' caps add up to: the next 1 GiB there is refused).
+ */
+export function fullestGpu(gpus: readonly IGpuStatus[] | undefined): IGpuStatus | null {
+  let best: IGpuStatus | null = null;
+  let bestFill: [number, number] = [-1, -1];
+  for (const gpu of gpus ?? []) {
+    const fill = gpuFill(gpu);
+    if (fill[0] > bestFill[0] || (fill[0] === bestFill[0] && fill[1] > bestFill[1])) {
+      best = gpu;
+      bestFill = fill;
+    }
+  }
+  return best;
+}
+
+/** The memory a status headlines (memoryHeadline). */
+export interface IMemoryHeadline {
+  /** Bytes in use on that GPU. */
+  used: number;
+  /** Its cap in bytes; 0: no cap. */
+  limit: number;
+  /** The GPU's index; `null` before the slice used any GPU. */
+  gpu: number | null;
+  /** How many GPUs the slice has used: the headline names its GPU only among several. */
+  gpuCount: number;
+}
+
+/**
+ * The memory the status bar, the panel's summary and its meter show: the
+ * fullest GPU's (fullestGpu), from `gpus` (so a server that sends sums at the
+ * top level is read right too); before the slice used any GPU the status's
+ * own figures (the cap every GPU gets). `null` outside a slice and for an
+ * unreadable slice file.
+ */
+export function memoryHeadline(status: IKernelSliceStatus | null): IMemoryHeadline | null {
+  if (!status || !status.in_slice || status.error !== undefined) {
+    return null;
+  }
+  const gpus = status.gpus ?? [];
+  const gpu = fullestGpu(gpus);
+  if (gpu === null) {
+    return { used: count(status.memory_used), limit: count(status.memory_limit), gpu: null, gpuCount: 0 };
+  }
+  return {
+    used: count(gpu.memory_used),
+    limit: count(gpu.memory_limit),
+    gpu: gpu.index,
+    gpuCount: gpus.length
+  };
+}
+
 /** Text for a status that has no usage: not in a slice, or an unreadable slice file. */
 export const UNREADABLE_TEXT = 'vGPU (slice unreadable)';
 
 /**
  * The slice's usage: `"vGPU 1.2 / 4.0 GiB · SM 23 % / 25 %"`; without a
  * memory cap `"vGPU 1.2 GiB · SM 23 % / 25 %"`, without an SM limit
- * `"vGPU 1.2 / 4.0 GiB · SM 23 %"`. `null` for a kernel outside a slice. The
- * panel's summary line, and the status bar text while the kernel runs.
+ * `"vGPU 1.2 / 4.0 GiB · SM 23 %"`. The memory is the fullest GPU's
+ * (memoryHeadline), named when the slice has several:
+ * `"vGPU 3.5 / 4.0 GiB (GPU 0) · SM 23 % / 25 %"`. `null` for a kernel
+ * outside a slice. The panel's summary line, and the status bar text while
+ * the kernel runs.
  */
 export function sliceText(status: IKernelSliceStatus | null): string | null {
   if (!status || !status.in_slice) {
     return null;
   }
-  if (status.error !== undefined) {
+  const headline = memoryHeadline(status);
+  if (status.error !== undefined || headline === null) {
     return UNREADABLE_TEXT;
   }
-  const memory = formatMemory(count(status.memory_used), count(status.memory_limit));
+  const which = headline.gpuCount > 1 && headline.gpu !== null ? ` (GPU ${headline.gpu})` : '';
+  const memory = formatMemory(headline.used, headline.limit) + which;
   const sm = formatSM(count(status.sm_util), count(status.sm_share));
   return `vGPU ${memory} · ${sm}`;
 }
@@ -225,11 +295,12 @@ function gpuCap(gpu: IGpuStatus): number {
 
 /**
  * The level of a kernel's slice, by default with the thresholds the status
- * itself carries (statusThresholds): the worst of the whole slice against its
- * cap and of each capped GPU against its own (one full GPU is trouble even
- * when the others are empty). Without any cap to measure, or for an
- * unreadable slice file, the server's level (or "ok"). `null` for a kernel
- * outside a slice.
+ * itself carries (statusThresholds): the worst of its capped GPUs, each
+ * against its own cap, which is the fullest GPU's (one full GPU is trouble
+ * even when the others are empty); before the slice used any GPU, its own
+ * figures against its cap. Without any cap to measure, or for an unreadable
+ * slice file, the server's level (or "ok"). `null` for a kernel outside a
+ * slice.
  */
 export function sliceLevel(
   status: IKernelSliceStatus | null,
@@ -243,10 +314,12 @@ export function sliceLevel(
     return fallback;
   }
   let level: Level | null = null;
-  if (count(status.memory_limit) > 0) {
+  const gpus = status.gpus ?? [];
+  // The top-level figures only before any GPU: a server may send them summed over GPUs.
+  if (gpus.length === 0 && count(status.memory_limit) > 0) {
     level = memoryLevel(count(status.memory_used), count(status.memory_limit), thresholds);
   }
-  for (const gpu of status.gpus ?? []) {
+  for (const gpu of gpus) {
     const cap = gpuCap(gpu);
     if (cap > 0) {
       const own = memoryLevel(count(gpu.memory_used), cap, thresholds);

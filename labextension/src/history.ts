@@ -7,6 +7,7 @@
  * unit tests run in plain Node.
  */
 
+import { memoryHeadline } from './format';
 import { IGpuStatus, IKernelSliceStatus, ISliceKernel, ParkState } from './types';
 
 /**
@@ -126,7 +127,10 @@ export interface ISample {
   used: number | null;
   /** Percent of the GPU's SMs in use (a kernel's summed over its GPUs); null in a gap. */
   sm: number | null;
-  /** The memory cap drawn with it, bytes: the GPU's; for a kernel the slice's. 0: no cap. */
+  /**
+   * The memory cap drawn with it, bytes: the GPU's; for a kernel that of the
+   * slice's fullest GPU (a cap holds per GPU, never their sum). 0: no cap.
+   */
   cap: number;
   /** The SM share drawn with it, percent; 0: no SM limit. */
   share: number;
@@ -192,7 +196,10 @@ export function gpuSample(gpu: IGpuStatus, t: number): ISample {
   };
 }
 
-/** The sample of one kernel in an answer: its own bytes and SM use, against the slice's cap and share. */
+/**
+ * The sample of one kernel in an answer: its own bytes and SM use, against
+ * the cap of the slice's fullest GPU (memoryHeadline) and the slice's share.
+ */
 export function kernelSample(kernel: ISliceKernel, status: IKernelSliceStatus, t: number): ISample {
   const state = kernel.park_state;
   return {
@@ -200,7 +207,7 @@ export function kernelSample(kernel: ISliceKernel, status: IKernelSliceStatus, t
     gap: false,
     used: count(kernel.memory_used),
     sm: count(kernel.sm_util),
-    cap: count(status.memory_limit),
+    cap: memoryHeadline(status)?.limit ?? 0,
     share: count(status.sm_share),
     real: null,
     parked: count(kernel.memory_parked),

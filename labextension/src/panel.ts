@@ -12,7 +12,8 @@
  * kernel's `tbody.hami-kernel[data-kernel-id]` with its row
  * `.hami-kernel-row[data-kernel-id]` (with `data-park-state`) and its charts'
  * row `.hami-kernel-charts`; a GPU's `.hami-panel-gpu[data-gpu]` with its line
- * `.hami-panel-gpu-text`; the charts' legend `.hami-chart-legend`; the charts
+ * `.hami-panel-gpu-text`; the charts' legend `.hami-chart-legend` (an entry
+ * `.hami-legend-limit|parked|real` is shown only while a chart draws it); the charts
  * themselves as chartview.ts says. The rows' park line
  * `.hami-kernel-park`, buttons `.hami-kernel-park-button`,
  * `.hami-kernel-resume-button`, `.hami-kernel-interrupt`,
@@ -35,7 +36,7 @@ import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { parkKernel, resumeKernel } from './api';
-import { formatWindow } from './chart';
+import { formatWindow, ILegendEntries, legendEntries } from './chart';
 import { ChartPair, ChartTime } from './chartview';
 import {
   formatBytes,
@@ -49,6 +50,7 @@ import {
   LEVEL_CLASSES,
   levelClass,
   memoryFraction,
+  memoryHeadline,
   ParkAction,
   parkAction,
   parkErrorText,
@@ -263,13 +265,14 @@ export class SlicePanel extends Widget {
       node.classList.remove(...LEVEL_CLASSES);
       node.classList.add(levelClass(level));
     }
-    const fraction = memoryFraction(status.memory_used ?? 0, status.memory_limit ?? 0);
+    // The meter is the fullest GPU's, as the text: never a sum of the GPUs' caps.
+    const headline = memoryHeadline(status);
+    const fraction = memoryFraction(headline?.used ?? 0, headline?.limit ?? 0);
     this._meterFill.parentElement!.hidden = fraction === null;
     this._meterFill.style.width = `${Math.min(100, (fraction ?? 0) * 100).toFixed(1)}%`;
 
     const gpus = status.gpus ?? [];
-    this._legendWindow.textContent = `Last ${formatWindow(model.history.windowMs)}:`;
-    this._legendReal.hidden = !gpus.some(gpu => typeof gpu.memory_real === 'number');
+    this._renderLegend();
     this._renderGpus(gpus);
     this._renderKernels(sortKernels(status.kernels ?? []));
   }
@@ -285,21 +288,36 @@ export class SlicePanel extends Widget {
     const legend = element('div', 'hami-chart-legend');
     legend.setAttribute('aria-hidden', 'true'); // each chart says it all in its label
     this._legendWindow = element('span', 'hami-legend-window', legend);
-    const entries: Array<[string, string]> = [
-      ['hami-legend-line', 'in use'],
-      ['hami-legend-limit', 'cap / share'],
-      ['hami-legend-parked', 'parked'],
-      ['hami-legend-real', 'real (guard)']
+    const entries: Array<[keyof ILegendEntries | null, string, string]> = [
+      [null, 'hami-legend-line', 'in use'],
+      ['limit', 'hami-legend-limit', 'cap / share'],
+      ['parked', 'hami-legend-parked', 'parked'],
+      ['real', 'hami-legend-real', 'real (guard)']
     ];
-    for (const [cls, text] of entries) {
+    for (const [key, cls, text] of entries) {
       const entry = element('span', `hami-legend-entry ${cls}`, legend);
       element('span', 'hami-legend-swatch', entry);
       entry.append(text);
-      if (cls === 'hami-legend-real') {
-        this._legendReal = entry;
+      if (key !== null) {
+        entry.hidden = true;
+        this._legendEntries.set(key, entry);
       }
     }
     return legend;
+  }
+
+  /** The legend's window, and only the entries some chart draws now (legendEntries). */
+  private _renderLegend(): void {
+    const history = this._model.history;
+    this._legendWindow.textContent = `Last ${formatWindow(history.windowMs)}:`;
+    const series = [
+      ...history.gpuKeys().map(key => history.gpu(key)),
+      ...history.kernelIds().map(id => history.kernel(id))
+    ];
+    const shown = legendEntries(series, this._chartTime());
+    for (const [key, entry] of this._legendEntries) {
+      entry.hidden = !shown[key];
+    }
   }
 
   /** The GPUs' lines and charts, in the order of the answer. */
@@ -339,8 +357,13 @@ export class SlicePanel extends Widget {
   }
 
   private _renderKernels(kernels: ISliceKernel[]): void {
-    const status = this._model.status;
-    const limit = status?.memory_limit ?? 0;
+    const headline = memoryHeadline(this._model.status);
+    const limit = headline?.limit ?? 0;
+    // A kernel's bytes against the cap of the slice's fullest GPU, named among several.
+    const capName =
+      headline !== null && headline.gpuCount > 1 && headline.gpu !== null
+        ? `GPU ${headline.gpu}'s cap`
+        : "the slice's cap";
     const time = this._chartTime();
     const seen = new Set<string>();
     this._kernels.clear();
@@ -352,7 +375,7 @@ export class SlicePanel extends Widget {
         parts = this._createRow(kernel.kernel_id);
         this._rows.set(kernel.kernel_id, parts);
       }
-      this._fillRow(parts, kernel, position === 0 && kernels.length > 1, limit);
+      this._fillRow(parts, kernel, position === 0 && kernels.length > 1, limit, capName);
       parts.charts.update(this._model.history.kernel(kernel.kernel_id), time);
       // Keep the DOM in the sorted order, moving only kernels out of place.
       const bodies = this._table.tBodies;
@@ -388,7 +411,13 @@ export class SlicePanel extends Widget {
     return { body, row, charts, name, meta, park, memory, sm, actions, buttons: new Map(), thisServer: null };
   }
 
-  private _fillRow(parts: IRow, kernel: ISliceKernel, top: boolean, sliceLimit: number): void {
+  private _fillRow(
+    parts: IRow,
+    kernel: ISliceKernel,
+    top: boolean,
+    sliceLimit: number,
+    capName: string
+  ): void {
     const current = kernel.kernel_id === this._model.kernelId;
     parts.row.classList.toggle('hami-kernel-current', current);
     parts.row.classList.toggle('hami-kernel-top', top && (kernel.memory_used ?? 0) > 0);
@@ -417,7 +446,7 @@ export class SlicePanel extends Widget {
 
     parts.memory.textContent = formatBytes(kernel.memory_used ?? 0);
     const fraction = memoryFraction(kernel.memory_used ?? 0, sliceLimit);
-    parts.memory.title = fraction === null ? '' : `${formatPercent(fraction * 100)} of the slice's cap`;
+    parts.memory.title = fraction === null ? '' : `${formatPercent(fraction * 100)} of ${capName}`;
     parts.sm.textContent = formatPercent(kernel.sm_util ?? 0);
 
     const thisServer = kernel.this_server === true;
@@ -509,7 +538,7 @@ export class SlicePanel extends Widget {
   private _meterFill: HTMLElement;
   private _legend: HTMLElement;
   private _legendWindow!: HTMLElement;
-  private _legendReal!: HTMLElement;
+  private _legendEntries = new Map<keyof ILegendEntries, HTMLElement>();
   private _gpus: HTMLUListElement;
   private _gpuItems = new Map<string, IGpuItem>();
   private _table: HTMLTableElement;

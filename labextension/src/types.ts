@@ -115,10 +115,17 @@ export interface IKernelSliceStatus {
   reason?: string;
   slice?: string;
   path?: string;
-  /** Bytes used by the whole slice. */
+  /**
+   * Bytes used on the slice's fullest GPU (the highest used / cap), never a
+   * sum over GPUs; before any GPU, 0. Older servers sent the sum: the
+   * extension reads the fullest GPU from `gpus` itself (format.ts,
+   * memoryHeadline).
+   */
   memory_used?: number;
-  /** Bytes; the whole slice's cap, 0: no cap. */
+  /** Bytes; that GPU's cap (before any GPU, the cap every GPU gets), 0: no cap. */
   memory_limit?: number;
+  /** The index of the GPU `memory_used` and `memory_limit` are of; null before any GPU. */
+  memory_gpu?: number | null;
   /**
    * The server's level of the whole slice, measured with warning_fraction and
    * critical_fraction: used only where there is no cap to measure here.

@@ -6,6 +6,7 @@ import {
   HEADROOM,
   IChartFrame,
   isParked,
+  legendEntries,
   limitPath,
   linePath,
   memoryLabel,
@@ -276,4 +277,28 @@ describe('the labels in words', () => {
 
 it('has a viewBox wider than high, like the panel', () => {
   expect(CHART_WIDTH).toBeGreaterThan(CHART_HEIGHT);
+});
+
+describe('the legend', () => {
+  it('lists only what a chart draws: no parked entry while nothing was parked', () => {
+    const series = [[gpu(10, GIB), gpu(20, GIB)], [kernelAt(10, GIB), kernelAt(20, GIB)]];
+    expect(legendEntries(series, FRAME)).toEqual({ limit: true, parked: false, real: false });
+  });
+
+  it('lists parked memory while a chart shows a parked span, and the guard while it reads', () => {
+    const parked = [kernelAt(10, GIB), kernelAt(20, 0, { state: 'parked', parked: GIB })];
+    expect(legendEntries([parked], FRAME).parked).toBe(true);
+    const gpuParked = [gpu(20, 0, { parked: GIB })];
+    expect(legendEntries([gpuParked], FRAME).parked).toBe(true);
+    expect(legendEntries([[gpu(20, GIB, { real: GIB })]], FRAME).real).toBe(true);
+  });
+
+  it('forgets what left the window, and lists no cap or share where there is none', () => {
+    // Parked 150 s before the end of a 100 s window, then running again: off the charts.
+    const old = [kernelAt(-60, 0, { state: 'parked', parked: GIB }), kernelAt(-40, GIB), kernelAt(50, GIB)];
+    expect(legendEntries([old], FRAME).parked).toBe(false);
+    const uncapped = [gpu(20, GIB, { cap: 0, share: 0 }), gap(30)];
+    expect(legendEntries([uncapped], FRAME)).toEqual({ limit: false, parked: false, real: false });
+    expect(legendEntries([], FRAME)).toEqual({ limit: false, parked: false, real: false });
+  });
 });

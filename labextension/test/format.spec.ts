@@ -10,6 +10,7 @@ import {
   formatMemory,
   formatPercent,
   formatSM,
+  fullestGpu,
   gpuGuardOver,
   gpuLevel,
   gpuReal,
@@ -20,6 +21,7 @@ import {
   kernelParkText,
   levelClass,
   memoryFraction,
+  memoryHeadline,
   memoryLevel,
   normalizeRefreshRate,
   PARKED_CLASS,
@@ -144,8 +146,16 @@ describe('status text', () => {
     expect(statusText(inSlice())).toBe('vGPU 1.2 / 4.0 GiB · SM 23 % / 25 %');
   });
 
+  /** The issue's slice without a memory cap: neither the slice nor its GPU has one. */
+  const uncapped = (overrides: Partial<IKernelSliceStatus> = {}): IKernelSliceStatus =>
+    inSlice({
+      memory_limit: 0,
+      gpus: [gpu({ memory_used: 1.2 * GIB, memory_limit: 0, sm_share: 25, sm_util: 23 })],
+      ...overrides
+    });
+
   it('drops the cap without a memory limit', () => {
-    expect(statusText(inSlice({ memory_limit: 0 }))).toBe('vGPU 1.2 GiB · SM 23 % / 25 %');
+    expect(statusText(uncapped())).toBe('vGPU 1.2 GiB · SM 23 % / 25 %');
   });
 
   it('drops the share without an SM limit', () => {
@@ -153,7 +163,11 @@ describe('status text', () => {
   });
 
   it('has neither without any limit', () => {
-    expect(statusText(inSlice({ memory_limit: 0, sm_share: 0 }))).toBe('vGPU 1.2 GiB · SM 23 %');
+    expect(statusText(uncapped({ sm_share: 0 }))).toBe('vGPU 1.2 GiB · SM 23 %');
+  });
+
+  it('says the cap of the slice before it used any GPU', () => {
+    expect(statusText(inSlice({ memory_used: 0, gpus: [] }))).toBe('vGPU 0.0 / 4.0 GiB · SM 23 % / 25 %');
   });
 
   it('is null (item hidden) outside a slice and before any answer', () => {
@@ -170,6 +184,74 @@ describe('status text', () => {
       error: 'the slice file is gone'
     };
     expect(statusText(status)).toBe(UNREADABLE_TEXT);
+  });
+});
+
+describe('the fullest GPU in the headline', () => {
+  /**
+   * The issue's slice: two GPUs with a 4 GiB cap each, 3.5 GiB on GPU 0, as
+   * an older server sent it (top level summed: 3.5 of 8 GiB, 44 %).
+   */
+  const twoGpus = (overrides: Partial<IKernelSliceStatus> = {}): IKernelSliceStatus =>
+    inSlice({
+      memory_used: 3.5 * GIB,
+      memory_limit: 8 * GIB,
+      gpus: [
+        gpu({ index: 0, uuid: 'GPU-0', memory_used: 3.5 * GIB, memory_limit: 4 * GIB, sm_share: 25, sm_util: 23 }),
+        gpu({ index: 1, uuid: 'GPU-1', memory_used: 0, memory_limit: 4 * GIB, sm_share: 25 })
+      ],
+      ...overrides
+    });
+
+  it('shows the fullest GPU, named, never the sum of the caps', () => {
+    expect(statusText(twoGpus())).toBe('vGPU 3.5 / 4.0 GiB (GPU 0) · SM 23 % / 25 %');
+    expect(sliceText(twoGpus())).toBe('vGPU 3.5 / 4.0 GiB (GPU 0) · SM 23 % / 25 %');
+    // The same from a server that sends the fullest GPU's figures at the top.
+    const fixed = twoGpus({ memory_limit: 4 * GIB, memory_gpu: 0 });
+    expect(statusText(fixed)).toBe('vGPU 3.5 / 4.0 GiB (GPU 0) · SM 23 % / 25 %');
+    expect(memoryHeadline(twoGpus())).toEqual({ used: 3.5 * GIB, limit: 4 * GIB, gpu: 0, gpuCount: 2 });
+    // The meter: 88 % of GPU 0's cap, not 44 % of 8 GiB.
+    const headline = memoryHeadline(twoGpus())!;
+    expect(memoryFraction(headline.used, headline.limit)).toBeCloseTo(0.875);
+  });
+
+  it('colours by the fullest GPU', () => {
+    expect(sliceLevel(twoGpus())).toBe('warning'); // 88 % of 4 GiB; the summed 44 % would be ok
+    expect(sliceLevel(twoGpus({ gpus: [gpu({ index: 0, memory_used: 3.9 * GIB, memory_limit: 4 * GIB }), gpu({ index: 1, memory_limit: 4 * GIB })] }))).toBe('critical');
+  });
+
+  it('takes the GPU nearest its cap, not the one with the most bytes', () => {
+    const gpus = [
+      gpu({ index: 0, memory_used: 6 * GIB, memory_limit: 16 * GIB }), // 38 %
+      gpu({ index: 1, memory_used: 3 * GIB, memory_limit: 4 * GIB }) // 75 %
+    ];
+    expect(fullestGpu(gpus)?.index).toBe(1);
+    expect(statusText(inSlice({ memory_used: 9 * GIB, memory_limit: 20 * GIB, sm_share: 0, gpus }))).toBe(
+      'vGPU 3.0 / 4.0 GiB (GPU 1) · SM 23 %'
+    );
+  });
+
+  it('prefers a capped GPU to an uncapped one, and the first of equals', () => {
+    const capped = gpu({ index: 1, memory_used: 0, memory_limit: 4 * GIB });
+    expect(fullestGpu([gpu({ index: 0, memory_used: 10 * GIB, memory_limit: 0 }), capped])).toBe(capped);
+    const a = gpu({ index: 0, memory_limit: 4 * GIB });
+    expect(fullestGpu([a, gpu({ index: 1, memory_limit: 4 * GIB })])).toBe(a);
+    // Without any cap: the GPU with the most bytes in use, no cap shown.
+    const busy = gpu({ index: 1, memory_used: 2 * GIB });
+    expect(fullestGpu([gpu({ index: 0, memory_used: GIB }), busy])).toBe(busy);
+    expect(fullestGpu([])).toBeNull();
+    expect(fullestGpu(undefined)).toBeNull();
+  });
+
+  it('names no GPU for a slice on one GPU', () => {
+    expect(memoryHeadline(inSlice())).toEqual({ used: 1.2 * GIB, limit: 4 * GIB, gpu: 0, gpuCount: 1 });
+    expect(statusText(inSlice())).not.toContain('(GPU');
+  });
+
+  it('has no headline outside a slice or for an unreadable slice file', () => {
+    expect(memoryHeadline(null)).toBeNull();
+    expect(memoryHeadline({ kernel_id: 'k', in_slice: false })).toBeNull();
+    expect(memoryHeadline({ kernel_id: 'k', in_slice: true, error: 'gone' })).toBeNull();
   });
 });
 

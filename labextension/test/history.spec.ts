@@ -183,6 +183,22 @@ describe('SliceHistory', () => {
     expect(h.gpu('9')).toEqual([]);
   });
 
+  it("draws a kernel against its slice's fullest GPU's cap, never the GPUs' caps summed", () => {
+    const h = history();
+    // Two 4 GiB GPUs, 3.5 GiB on GPU 0, the top level summed as an older server sent it.
+    const gpus = [
+      { index: 0, memory_used: 3.5 * GIB, memory_limit: 4 * GIB, sm_share: 25, sm_util: 10 },
+      { index: 1, memory_used: 0, memory_limit: 4 * GIB, sm_share: 25, sm_util: 0 }
+    ];
+    h.record(answer(3.5 * GIB, [kernel('k1', 3.5 * GIB)], { memory_limit: 8 * GIB, gpus }), T0);
+    expect(h.kernel('k1')[0].cap).toBe(4 * GIB);
+    expect(h.gpu('0')[0].cap).toBe(4 * GIB);
+    // Before the slice used a GPU: the cap every GPU gets.
+    const fresh = history();
+    fresh.record(answer(0, [kernel('k1', 0)], { memory_limit: 2 * GIB, gpus: [] }), T0);
+    expect(fresh.kernel('k1')[0].cap).toBe(2 * GIB);
+  });
+
   it('reads missing and broken fields of older servers as nothing, not as numbers', () => {
     const h = history();
     const status = answer(0, [kernel('k1', 0, { park_state: 'sleeping' as never, memory_parked: -3 })]);
