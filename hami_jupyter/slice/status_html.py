@@ -6,8 +6,17 @@ inline CSS only, no scripts, and every string that came from a file or a
 process (slice name, path, uuid, user, kernelspec, command name, kernel id)
 goes through :func:`html.escape`. Colours are JupyterLab's theme variables
 with light-theme fallbacks, so the view stays readable in a dark theme.
+
+A notebook beside JupyterLab's slice panel is narrow, and a table squeezed
+into it breaks lines wherever it may: a figure never parts from its unit
+("0 %", "3.5 GiB" lie in one ``white-space: nowrap`` span, :func:`_nowrap`),
+names (users, kernelspecs, processes) stay whole, and ids are shortened the
+way the panel shortens them, 8 characters with the whole id as a tooltip
+(:func:`short_id`, :func:`short_uuid`). Only the prose of a notice wraps
+freely.
 """
 
+import re
 from html import escape
 
 from .size import format_size
@@ -22,6 +31,35 @@ _UNCAPPED_COLOUR = "var(--jp-brand-color1, #1976d2)"
 _MUTED = "color: var(--jp-ui-font-color2, #757575)"
 _CELL = "padding: 1px 12px 1px 0; text-align: left; vertical-align: top"
 _TABLE = "border-collapse: collapse; margin: 2px 0 8px 0"
+NOWRAP = "white-space: nowrap"
+# The space between a figure and its unit, in text this module writes.
+_FIGURE_UNIT = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB|PiB|%|SMs)(?!\w)")
+ID_CHARS = 8  # as the JupyterLab panel shortens a kernel id (labextension format.ts, shortId)
+
+
+def _nowrap(html):
+    """*html* (already escaped) on one line, wherever the table is squeezed."""
+    return f'<span style="{NOWRAP}">{html}</span>'
+
+
+def _figures(text):
+    """*text* escaped, each figure bound to its unit by a no-break space."""
+    return _FIGURE_UNIT.sub("\\1&nbsp;\\2", escape(text))
+
+
+def short_id(kernel_id):
+    """A kernel id as the panel shows it: its first 8 characters, the whole id
+    as the tooltip, never broken across lines."""
+    return (f'<code title="{escape(kernel_id)}" style="{NOWRAP}">'
+            f"{escape(kernel_id[:ID_CHARS])}</code>")
+
+
+def short_uuid(uuid):
+    """A GPU UUID shortened like a kernel id ("GPU-" and 8 characters, then an
+    ellipsis), the whole UUID as the tooltip."""
+    head = 4 if uuid[:4] in ("GPU-", "MIG-") else 0
+    shown = uuid if len(uuid) <= head + ID_CHARS + 1 else uuid[:head + ID_CHARS] + "\u2026"
+    return f'<span title="{escape(uuid)}" style="{NOWRAP}">{escape(shown)}</span>'
 
 def _level_words(level, status):
     if level == "warning":
@@ -53,36 +91,39 @@ def _memory_cell(gpu):
     used, limit, total = gpu["memory_used"], gpu["memory_limit"], gpu["memory_total"]
     if limit:
         cell = (_bar(used / limit, LEVEL_COLOUR[gpu["memory_level"]])
-                + f"{format_size(used)} / {format_size(limit)} ({100 * used / limit:.0f} %)")
+                + _nowrap(f"{format_size(used)} / {format_size(limit)} "
+                          f"({100 * used / limit:.0f} %)"))
     # No cap: the bar shows the whole GPU, in a colour that is not a level.
     elif total:
         cell = (_bar(used / total, _UNCAPPED_COLOUR)
-                + f"{format_size(used)} of {format_size(total)} " + _muted("(no cap)"))
+                + _nowrap(f"{format_size(used)} of {format_size(total)}") + " " + _muted("(no cap)"))
     else:
-        cell = f"{format_size(used)} " + _muted("(no cap)")
+        cell = _nowrap(format_size(used)) + " " + _muted("(no cap)")
     real = real_text(gpu)  # the guard's figure, where it tells something the slice's does not
-    return cell + (f', <span class="hami-guard-real">{real}</span>' if real else "")
+    if not real:
+        return cell
+    return cell + ", " + _nowrap(f'<span class="hami-guard-real">{real}</span>')
 
 
 def _sm_cell(gpu):
     if gpu["sm_share"]:
-        share = f"share {gpu['sm_share']} % ({escape(gpu['mode'])})"
+        share = _nowrap(f"share {gpu['sm_share']} %") + f" ({escape(gpu['mode'])})"
     else:
         share = "no SM limit"
-    return f"{gpu['sm_util']} % now, {share}"
+    return f"{_nowrap(str(gpu['sm_util']) + ' %')} now, {share}"
 
 
 def _gpu_table(gpu, status):
-    sms = f", {gpu['sm_count']} SMs" if gpu["sm_count"] else ""
-    title = f"GPU {gpu['index']} " + _muted(escape(gpu["uuid"]) + sms)
+    sms = ", " + _nowrap(f"{gpu['sm_count']} SMs") if gpu["sm_count"] else ""
+    title = _nowrap(f"GPU {gpu['index']}") + " " + _muted(short_uuid(gpu["uuid"]) + sms)
     rows = [
         f'<tr><th colspan="2" style="{_CELL}">{title}</th></tr>',
         f"<tr>{_td('memory')}{_td(_memory_cell(gpu))}</tr>",
         f"<tr>{_td('SM')}{_td(_sm_cell(gpu))}</tr>",
     ]
     if gpu.get("memory_parked"):
-        parked = format_size(gpu["memory_parked"]) + " " + _muted("in host memory, back when its "
-                                                                  "kernel runs again")
+        parked = _nowrap(format_size(gpu["memory_parked"])) + " " + _muted(
+            "in host memory, back when its kernel runs again")
         rows.append(f"<tr>{_td('parked')}{_td(parked)}</tr>")
     level = gpu["memory_level"]
     if level != "ok":
@@ -100,20 +141,22 @@ def _gpu_table(gpu, status):
 
 
 def _usage(values, gpu_index):
-    """Total of a per-GPU mapping, with the per-GPU split when the slice has several GPUs."""
+    """Total of a per-GPU mapping, with the per-GPU split when the slice has several
+    GPUs: " (GPU 0: 3.1 GiB · GPU 1: 0 B)", each GPU's figure on one line."""
     total = sum(values.values())
     if len(gpu_index) < 2 or not values:
         return total, ""
-    split = ", ".join(f"GPU {gpu_index.get(u, '?')} {format_size(v)}" for u, v in values.items())
-    return total, " " + _muted(f"({escape(split)})")
+    split = " \u00b7 ".join(_nowrap(f"GPU {gpu_index.get(u, '?')}: {format_size(v)}")
+                            for u, v in values.items())
+    return total, " " + _muted(f"({split})")
 
 
 def _process_row(p, gpu_index, indent):
     memory, memory_split = _usage(p["memory_used"], gpu_index)
     sm = sum(p["sm_util"].values())
-    name = f"pid {p['pid']} {escape(p['comm'])}"
+    name = _nowrap(f"pid {p['pid']} {escape(p['comm'])}")
     return (f"<tr>{_td(name, f'; padding-left: {indent}em')}{_td('')}{_td('')}"
-            f"{_td(format_size(memory) + memory_split)}{_td(f'{sm} %')}</tr>")
+            f"{_td(_nowrap(format_size(memory)) + memory_split)}{_td(_nowrap(f'{sm} %'))}</tr>")
 
 
 def _processes_table(status, current_kernel):
@@ -122,14 +165,16 @@ def _processes_table(status, current_kernel):
                    for h in ("kernel / process", "user", "kernelspec", "memory", "SM"))
     rows = [f"<tr>{head}</tr>"]
     for k in status["kernels"]:
-        label = f"<code>{escape(k['kernel_id'])}</code>"
+        label = short_id(k["kernel_id"])
         if current_kernel and k["kernel_id"] == current_kernel:
-            label += " " + _muted("(this kernel)")
+            label += " " + _muted(_nowrap("(this kernel)"))
         parked = parking_text(k)
-        memory = format_size(k["memory_used"]) + (" " + _muted(escape(parked[2:])) if parked else "")
+        memory = (_nowrap(format_size(k["memory_used"]))
+                  + (" " + _muted(_figures(parked[2:])) if parked else ""))
         rows.append(
-            f"<tr>{_td(label)}{_td(escape(k['user'] or ''))}{_td(escape(k['kernelspec'] or ''))}"
-            f"{_td(memory)}{_td(str(k['sm_util']) + ' %')}</tr>"
+            f"<tr>{_td(label)}{_td(_nowrap(escape(k['user'] or '')))}"
+            f"{_td(_nowrap(escape(k['kernelspec'] or '')))}"
+            f"{_td(memory)}{_td(_nowrap(str(k['sm_util']) + ' %'))}</tr>"
         )
         rows.extend(_process_row(p, gpu_index, 1.5) for p in k["processes"])
     if status["other_processes"]:

@@ -62,7 +62,9 @@ def test_status_shows_limit_kernel_and_usage(start_kernel, cell):
     assert "WARNING" not in text and "CRITICAL" not in text
     html = only_output(r, "text/html")
     assert "364.0 MiB / 1.0 GiB" in html
-    assert f"<code>{km.kernel_id}</code>" in html and "(this kernel)" in html
+    # The kernel id as the JupyterLab panel shows it: 8 characters, the whole id its tooltip.
+    assert f'<code title="{km.kernel_id}"' in html and f">{km.kernel_id[:8]}</code>" in html
+    assert "(this kernel)" in html
     assert 'class="hami-warning"' not in html and 'class="hami-critical"' not in html
 
 
