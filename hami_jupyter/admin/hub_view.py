@@ -29,33 +29,19 @@ from html import escape
 import ipywidgets as widgets
 
 from ..slice.size import format_size
-from ..slice.status_html import LEVEL_COLOUR
+from ..slice.status_html import LEVEL_COLOUR, short_id, short_uuid
 from .hub_client import HubServiceError
+from .slice_form import (DEFAULT, FORM_BUTTON, FORM_ROW, LABEL_STYLE, LimitsForm, gpu_entry,
+                         limit_texts, overcommit_box)
 from .sparkline import sparkline
 
 _MUTED_COLOUR = "var(--jp-ui-font-color2, #757575)"
 _MUTED = f"color: {_MUTED_COLOUR}"
 _CELL = "padding: 1px 10px 1px 0; text-align: left; vertical-align: top"
-DEFAULT = ""  # the entry selector's value for the slice's default entry
-# A form's row wraps where the notebook is narrower than its inputs (300 px
-# each by default): else its Apply button is squeezed or lies past the edge.
-# (The local panel's form uses them too.)
-FORM_ROW = {"flex_flow": "row wrap", "align_items": "center"}
-FORM_BUTTON = {"width": "auto", "flex": "0 0 auto"}
 
 
 def _cap(n):
     return format_size(n) if n else "none"
-
-
-def memory_text(n):
-    """A cap as an admin would type it: ``4g``, ``1536m``, bytes, or ``none``."""
-    if not n:
-        return "none"
-    for shift, unit in ((30, "g"), (20, "m")):
-        if n % (1 << shift) == 0:
-            return f"{n >> shift}{unit}"
-    return str(n)
 
 
 def _idle(seconds):
@@ -89,7 +75,7 @@ def _kernel_label(k):
     state = k.get("execution_state") or "?"
     parked = (f", {escape(k['park_state'])} {format_size(k['memory_parked'])}"
               if k.get("park_state", "running") != "running" else "")
-    return (f"<code>{escape(k['kernel_id'])}</code> {where} "
+    return (f"{short_id(k['kernel_id'])} {where} "
             f"<span style='{_MUTED}'>{escape(k.get('slice') or 'no slice')} on "
             f"{escape(k['node'])}: {format_size(k['memory_used'])}, SM {k['sm_util']} %, "
             f"{escape(state)}, idle {_idle(k.get('idle_seconds'))}{parked}</span>")
@@ -102,7 +88,7 @@ def gpu_html(node, gpu, history):
     name = escape(gpu.get("name") or "GPU")
     index = "" if gpu.get("index") is None else f"{gpu['index']} "
     head = (f'<div class="hami-hub-gpu"><b>{index}{name}</b> <span style="{_MUTED}">'
-            f"{escape(gpu['uuid'])}</span> &nbsp; {format_size(gpu['memory_used'])} of "
+            f"{short_uuid(gpu['uuid'])}</span> &nbsp; {format_size(gpu['memory_used'])} of "
             f"{format_size(gpu['memory_total']) if gpu['memory_total'] else '?'} used by slices"
             f"{', ' + format_size(gpu['memory_parked']) + ' parked' if gpu['memory_parked'] else ''}"
             f", caps {format_size(gpu['memory_limits'])}"
@@ -253,37 +239,27 @@ class ServerRow:
                              server=self.server["server"])
 
 
-class HubSliceForm:
+class HubSliceForm(LimitsForm):
     """Resize one slice of one node (live on the hub's node), or pick the
-    user's next size on Kubernetes."""
+    user's next size on Kubernetes: the limits form of :mod:`.slice_form`,
+    applied through the service."""
 
     def __init__(self, view, entries):
+        super().__init__()
         self.view = view
         self.node, self.name = entries[0]["node"], entries[0]["slice"]
         self.label = widgets.HTML()
-        self.device = widgets.Dropdown(description="entry", options=[("default", DEFAULT)])
-        self.memory = widgets.Text(description="memory", placeholder="4g, 4096m or none",
-                                   continuous_update=False)
-        self.sm = widgets.Text(description="SM %", placeholder="1-100 or none",
-                               continuous_update=False)
-        self.mode = widgets.Dropdown(description="mode", options=["hard", "elastic"])
-        self.apply_button = widgets.Button(description="Apply", icon="check",
-                                           button_style="primary", layout=FORM_BUTTON,
-                                           tooltip="check and apply the edited fields now")
-        self.apply_button.on_click(lambda _b: self.apply())
-        self.next_size = widgets.Dropdown(description="next start")
+        self.next_size = widgets.Dropdown(description="next start", style=LABEL_STYLE,
+                                          layout=widgets.Layout(width="auto"))
         self.next_button = widgets.Button(description="Set next size", icon="forward",
                                           layout=FORM_BUTTON,
                                           tooltip="the size of the user's next server start")
         self.next_button.on_click(lambda _b: self.set_next_size())
         self.note = widgets.HTML()
-        self._loaded = {}
-        self._loading = False
-        self.device.observe(lambda _c: None if self._loading else self.load(), names="value")
-        self.resize_box = widgets.HBox([self.device, self.memory, self.sm, self.mode,
-                                        self.apply_button], layout=FORM_ROW)
+        self.resize_box = self.row()
         self.next_box = widgets.HBox([self.next_size, self.next_button], layout=FORM_ROW)
-        self.box = widgets.VBox([self.label, self.resize_box, self.next_box, self.note])
+        self.box = widgets.VBox([self.label, self.resize_box, self.message, self.next_box,
+                                 self.note])
         self.update(entries)
 
     @property
@@ -299,8 +275,7 @@ class HubSliceForm:
                             f"<span style='{_MUTED}'>({escape(', '.join(self.users))})</span>")
         self.resize_box.layout.display = "none" if k8s else None
         self.next_box.layout.display = None if k8s else "none"
-        for w in (self.device, self.memory, self.sm, self.mode, self.apply_button):
-            w.disabled = not local
+        self.set_disabled(not local)
         if k8s:
             sizes = list(service.get("sizes") or [])
             if list(self.next_size.options) != sizes:
@@ -312,39 +287,24 @@ class HubSliceForm:
             self.note.value = (f"<span style='{_MUTED}'>Its limits files are on {escape(self.node)}; "
                                f"this hub resizes slices of {escape(str(service.get('node')))} "
                                f"only (there: hami-jupyter slice set {escape(self.name)} ...)</span>")
-        options = [("default", DEFAULT)] + [(f"GPU {e['uuid']}", e["uuid"]) for e in entries]
-        if list(self.device.options) != options:
-            chosen = self.device.value
-            self._loading = True
-            try:
-                self.device.options = options
-                self.device.value = chosen if chosen in [v for _, v in options] else DEFAULT
-            finally:
-                self._loading = False
+        entries_shown = []
+        for e in entries:
+            label, tooltip = gpu_entry(e.get("index"), e["uuid"], e.get("limit_is_fallback", False))
+            entries_shown.append((label, e["uuid"], tooltip))
+        self.set_entries(entries_shown)
         if not self.pending():
             self.load()
 
-    def _limits(self):
+    def entry_limits(self):
         if self.device.value == DEFAULT:
             d = self.entries[0].get("default_limit") or {}
-            return d.get("memory_limit", 0), d.get("sm_share", 0), d.get("mode", "hard")
+            return limit_texts(d.get("memory_limit", 0), d.get("sm_share", 0), d.get("mode", "hard"))
         e = next(e for e in self.entries if e["uuid"] == self.device.value)
-        return e["memory_limit"], e["sm_share"], e["mode"]
+        return limit_texts(e["memory_limit"], e["sm_share"], e["mode"])
 
-    def load(self):
-        memory, sm, mode = self._limits()
-        self._loading = True
-        try:
-            self.memory.value = memory_text(memory)
-            self.sm.value = str(sm) if sm else "none"
-            self.mode.value = mode if mode in ("hard", "elastic") else "hard"
-        finally:
-            self._loading = False
-        self._loaded = {"memory": self.memory.value, "sm": self.sm.value, "mode": self.mode.value}
-
-    def pending(self):
-        now = {"memory": self.memory.value, "sm": self.sm.value, "mode": self.mode.value}
-        return {k: v for k, v in now.items() if self._loaded and v != self._loaded[k]}
+    def preview(self, fields):
+        self.show("on Apply: " + ", ".join(f"{k} {v}" for k, v in fields.items()),
+                  _MUTED_COLOUR)
 
     def apply(self):
         """Send the edited fields to the service; its answer, or None (the message says why)."""
@@ -353,11 +313,15 @@ class HubSliceForm:
             self.view.show("not applied:", ["nothing to change: edit the memory cap, the SM "
                                             "share or the mode first"], error=True)
             return None
+        if self.refuse_malformed():
+            self.view.show("not applied:", self.errors, error=True)
+            return None
         answer = self.view.act(action="resize", node=self.node, slice=self.name,
-                               device=self.device.value or None,
+                               device=self.device_ref(),
                                overcommit=self.view.overcommit.value, **fields)
         if answer is not None:
-            self._loaded = {}
+            self.forget_loaded()
+            self.show("", "inherit")
         return answer
 
     def set_next_size(self):
@@ -378,9 +342,7 @@ class HubView:
         self.last_answer = None
         self.title = widgets.HTML()
         self.outcome = widgets.HTML()
-        self.overcommit = widgets.Checkbox(value=False, indent=False,
-                                           description="allow memory overcommit (hard slices "
-                                                       "promised more than a GPU has)")
+        self.overcommit = overcommit_box()
         self.unreachable = widgets.HTML()
         self.nodes = widgets.HTML()
         self.users = widgets.HTML()
@@ -441,7 +403,8 @@ class HubView:
         for node in self.document.get("nodes", []):
             for gpu in node["gpus"]:
                 for s in gpu["slices"]:
-                    found.setdefault((node["node"], s["slice"]), []).append(s)
+                    found.setdefault((node["node"], s["slice"]), []).append(
+                        {**s, "index": gpu.get("index")})  # the form names GPUs by index
         self._sync(self.slice_forms, found, HubSliceForm, self.slices_box)
 
     def _update_servers(self):

@@ -57,24 +57,16 @@ from ..gpus import read_gpus
 from ..slice import parking
 from ..slice.paths import default_root
 from ..slice.size import format_size
-from ..slice.status_html import LEVEL_COLOUR, format_html
+from ..slice.status_html import LEVEL_COLOUR, format_html, short_id, short_uuid
 from . import actions, changes, hub_client, marks
 from .changes import READ_ONLY
-from .hub_view import FORM_BUTTON, FORM_ROW, HubView, memory_text
-
-DEFAULT = -1  # the entry selector's value for the slice's default entry
+from .hub_view import HubView
+from .slice_form import (DEFAULT, FORM_BUTTON, LimitsForm, gpu_entry, limit_texts,
+                         overcommit_box)
 
 _MUTED_COLOUR = "var(--jp-ui-font-color2, #757575)"
 _MUTED = f"color: {_MUTED_COLOUR}"
 _CELL = "padding: 1px 12px 1px 0; text-align: left"
-_FIELDS = ("memory_limit", "sm_share", "mode")
-
-
-def _texts(limits):
-    """The three input values for a limits dict (as slice_status gives them)."""
-    return {"memory_limit": memory_text(limits["memory_limit"]),
-            "sm_share": str(limits["sm_share"]) if limits["sm_share"] else "none",
-            "mode": limits["mode"]}
 
 
 def _lines(items, colour):
@@ -97,7 +89,7 @@ def _memory_table(views, note):
             if over:
                 real_cell = (f'<span class="hami-guard-over" style="font-weight: 600; color: '
                              f'{LEVEL_COLOUR["critical"]}">{real_cell} over the cap</span>')
-            cells = [escape(v.name), f'{g["index"]} <span style="{_MUTED}">{escape(g["uuid"])}</span>',
+            cells = [escape(v.name), f'{g["index"]} <span style="{_MUTED}">{short_uuid(g["uuid"])}</span>',
                      format_size(g["memory_used"]),
                      format_size(g["memory_limit"]) if g["memory_limit"] else "none", real_cell]
             rows.append("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in cells) + "</tr>")
@@ -142,8 +134,8 @@ def _gpu_table(gpus, message, promised):
         over = p["memory_total"] and p["promised"] > p["memory_total"]
         style = f"; color: {LEVEL_COLOUR['critical']}" if over else ""
         shares = ", ".join(f"{name} {format_size(b)}" for name, b in p["holders"].items())
-        cells = [f'{g.index} <span style="{_MUTED}">{escape(p["uuid"])}</span>'
-                 if g else escape(p["uuid"]),
+        cells = [f'{g.index} <span style="{_MUTED}">{short_uuid(p["uuid"])}</span>'
+                 if g else short_uuid(p["uuid"]),
                  escape(p["name"] or "(from the slice files)"), memory,
                  f"{util} %" if util is not None else "?",
                  f'<span style="{style}">{format_size(p["promised"])}</span> '
@@ -155,43 +147,27 @@ def _gpu_table(gpus, message, promised):
     return table + note
 
 
-class SliceForm:
-    """One slice in the panel: its status, and a form for one entry of its limits."""
+class SliceForm(LimitsForm):
+    """One slice in the panel: its status, and the limits form (:mod:`.slice_form`)
+    for one entry of its limits."""
 
     def __init__(self, panel, view):
+        super().__init__()
         self.panel, self.path, self.name = panel, view.path, view.name
         self.view, self.read_only = view, not view.writable
-        self.errors, self.warnings = [], []
         self.last_change = None  # the Change of the last Apply that got as far as a check
-        self._loaded = {}  # what load() put in the inputs: the "pristine" values
-        self._loading = False
         self.status = widgets.HTML()
         self.guard_notice = widgets.HTML()  # while the guard sees the slice over its cap
         self.banner = widgets.HTML()
-        self.device = widgets.Dropdown(description="entry", options=[("default", DEFAULT)])
-        self.memory = widgets.Text(description="memory", placeholder="4g, 4096m or none",
-                                   continuous_update=False)
-        self.sm = widgets.Text(description="SM %", placeholder="1-100 or none",
-                               continuous_update=False)
-        self.mode = widgets.Dropdown(description="mode", options=["hard", "elastic"])
-        self.apply_button = widgets.Button(description="Apply", icon="check", button_style="primary",
-                                           layout=FORM_BUTTON, tooltip="check and apply the edited fields now")
         self.reset_button = widgets.Button(description="Reset to policy", icon="undo", layout=FORM_BUTTON,
                                            tooltip="drop the limits an administrator set: back to "
                                                    "the hub policy's (otherwise they outlive server "
                                                    "restarts)")
-        self.message = widgets.HTML()
-        self.device.observe(self._on_device, names="value")
-        for w in (self.memory, self.sm, self.mode):
-            w.observe(self._on_edit, names="value")
-        self.apply_button.on_click(lambda _button: self.apply())
         self.reset_button.on_click(lambda _button: self.reset())
-        self.inputs = (self.device, self.memory, self.sm, self.mode, self.apply_button)
         self.kernel_rows = widgets.VBox()  # a park / resume button per kernel on the GPU
         self._kernel_states = None
         self.box = widgets.VBox([self.guard_notice, self.status, self.kernel_rows, self.banner,
-                                 widgets.HBox(list(self.inputs) + [self.reset_button], layout=FORM_ROW),
-                                 self.message])
+                                 self.row(self.reset_button), self.message])
         self.update(view)  # loads the inputs too
 
     # -- showing the slice --
@@ -207,85 +183,38 @@ class SliceForm:
         self.guard_notice.value = _guard_notice(view.status)
         self.banner.value = (f'<div class="hami-read-only" style="font-weight: 600; color: '
                              f'{LEVEL_COLOUR["warning"]}">{READ_ONLY}</div>') if self.read_only else ""
-        for w in self.inputs:
-            w.disabled = self.read_only or view.error is not None
+        self.set_disabled(self.read_only or view.error is not None)
         # Shown only while an administrator's limits are in force (they outlive restarts).
         self.admin_set = marks.admin_mark(self.path) is not None
         self.reset_button.layout.display = None if self.admin_set else "none"
         self.reset_button.disabled = self.read_only
-        self._set_entries()
+        gpus = self.view.status["gpus"] if self.view.status else []
+        entries = []
+        for g in gpus:
+            label, tooltip = gpu_entry(g["index"], g["uuid"], g["limit_is_fallback"])
+            entries.append((label, g["index"], tooltip))
+        self.set_entries(entries)
         self._set_kernel_rows()
         if not self.pending():
             self.load()
-
-    def _set_entries(self):
-        gpus = self.view.status["gpus"] if self.view.status else []
-        options = [(changes.DEFAULT_ENTRY, DEFAULT)] + [
-            (f"GPU {g['index']} {g['uuid']}" + (" (follows the default)" if g["limit_is_fallback"] else ""),
-             g["index"]) for g in gpus]
-        if list(self.device.options) == options:
-            return
-        chosen = self.device.value
-        self._loading = True  # new options reset the selection: put it back quietly
-        try:
-            self.device.options = options
-            self.device.value = chosen if chosen in [v for _, v in options] else DEFAULT
-        finally:
-            self._loading = False
 
     def entry_limits(self):
         """The selected entry's limits now, as input texts (None when unreadable)."""
         status = self.view.status
         if status is None:
             return None
-        if self.device.value == DEFAULT:
-            return _texts(status["default_limit"])
-        return next(_texts(g) for g in status["gpus"] if g["index"] == self.device.value)
+        entry = (status["default_limit"] if self.device.value == DEFAULT else
+                 next(g for g in status["gpus"] if g["index"] == self.device.value))
+        return limit_texts(entry["memory_limit"], entry["sm_share"], entry["mode"])
 
-    def load(self):
-        """Put the selected entry's limits in the inputs (discarding edits)."""
-        texts = self.entry_limits()
-        if texts is None:
-            return
-        self._loading = True
-        try:
-            self.memory.value, self.sm.value, self.mode.value = (texts[f] for f in _FIELDS)
-        finally:
-            self._loading = False
-        self._loaded = texts
-
-    def pending(self):
-        """The edited fields as keyword arguments of :func:`.actions.apply`."""
-        now = dict(zip(_FIELDS, (self.memory.value, self.sm.value, self.mode.value)))
-        keys = {"memory_limit": "memory", "sm_share": "sm", "mode": "mode"}
-        return {keys[f]: now[f] for f in _FIELDS if self._loaded and now[f] != self._loaded[f]}
-
-    def _device_ref(self):
-        return None if self.device.value == DEFAULT else self.device.value
-
-    # -- messages --
-
-    def _show(self, headline, colour, errors=(), warnings=()):
-        self.errors, self.warnings = list(errors), list(warnings)
-        self.message.value = (f'<div style="color: {colour}">{escape(headline)}</div>'
-                              + _lines(errors, LEVEL_COLOUR["critical"])
-                              + _lines(warnings, LEVEL_COLOUR["warning"]))
-
-    def _on_device(self, _change):
-        if not self._loading:
-            self.load()
-            self._show("", "inherit")
-
-    def _on_edit(self, _change):
-        if self._loading or not self.pending():
-            return
+    def preview(self, fields):
         with self.panel._lock:
-            change = changes.propose(self.path, self._device_ref(), **self.pending(),
+            change = changes.propose(self.path, self.device_ref(), **fields,
                                      overcommit=self.panel.overcommit.value, gpus=self.panel.gpus)
         if change.ok:
-            self._show(f"on Apply: {change.summary()}", _MUTED_COLOUR, (), change.warnings)
+            self.show(f"on Apply: {change.summary()}", _MUTED_COLOUR, (), change.warnings)
         else:
-            self._show("cannot apply:", LEVEL_COLOUR["critical"], change.errors, change.warnings)
+            self.show("cannot apply:", LEVEL_COLOUR["critical"], change.errors, change.warnings)
 
     # -- applying --
 
@@ -295,45 +224,47 @@ class SliceForm:
         The outcome is in :attr:`errors`, :attr:`warnings` and the message widget.
         """
         if self.read_only:
-            self._show("not applied:", LEVEL_COLOUR["critical"], [READ_ONLY])
+            self.show("not applied:", LEVEL_COLOUR["critical"], [READ_ONLY])
             return None
         fields = self.pending()
         if not fields:
-            self._show("not applied:", LEVEL_COLOUR["critical"],
-                       ["nothing to change: edit the memory cap, the SM share or the mode first"])
+            self.show("not applied:", LEVEL_COLOUR["critical"],
+                      ["nothing to change: edit the memory cap, the SM share or the mode first"])
+            return None
+        if self.refuse_malformed():
             return None
         with self.panel._lock:
             try:
-                change = actions.apply(self.path, self._device_ref(), **fields,
+                change = actions.apply(self.path, self.device_ref(), **fields,
                                        overcommit=self.panel.overcommit.value, gpus=self.panel.gpus,
                                        audit_path=self.panel.audit_path)
             except changes.ChangeError as e:
                 self.last_change = e.change
                 errors = e.change.errors if e.change is not None and e.change.errors else [str(e)]
                 warnings = e.change.warnings if e.change is not None else []
-                self._show("not applied:", LEVEL_COLOUR["critical"], errors, warnings)
+                self.show("not applied:", LEVEL_COLOUR["critical"], errors, warnings)
                 self.update(actions.read_slice(self.path))  # e.g. now read-only
                 return None
             self.last_change = change
-            self._loaded = {}  # applied: the inputs follow the file again
+            self.forget_loaded()  # applied: the inputs follow the file again
             self.update(actions.read_slice(self.path))
-        self._show(f"applied: {change.summary()}", LEVEL_COLOUR["ok"], (), change.warnings)
+        self.show(f"applied: {change.summary()}", LEVEL_COLOUR["ok"], (), change.warnings)
         return change
 
     def reset(self):
         """Back to the policy's limits (:func:`.actions.reset`); returns the message, or None."""
         if self.read_only:
-            self._show("not reset:", LEVEL_COLOUR["critical"], [READ_ONLY])
+            self.show("not reset:", LEVEL_COLOUR["critical"], [READ_ONLY])
             return None
         with self.panel._lock:
             try:
                 text = actions.reset(self.path, audit_path=self.panel.audit_path)
             except changes.ChangeError as e:
-                self._show("not reset:", LEVEL_COLOUR["critical"], [str(e)])
+                self.show("not reset:", LEVEL_COLOUR["critical"], [str(e)])
                 return None
-            self._loaded = {}
+            self.forget_loaded()
             self.update(actions.read_slice(self.path))
-        self._show(text, LEVEL_COLOUR["ok"])
+        self.show(text, LEVEL_COLOUR["ok"])
         return text
 
     # -- parking --
@@ -350,7 +281,7 @@ class SliceForm:
             state = k.get("park_state", "running")
             where = (f", {format_size(k.get('memory_parked', 0))} in host memory"
                      if state != "running" else "")
-            label = widgets.HTML(f"<code>{escape(k['kernel_id'])}</code> "
+            label = widgets.HTML(f"{short_id(k['kernel_id'])} "
                                  f"<span style='{_MUTED}'>{escape(state)}{where}</span>")
             verb = "Park" if state == "running" else "Resume"
             button = widgets.Button(description=verb, icon="pause" if verb == "Park" else "play",
@@ -367,10 +298,10 @@ class SliceForm:
         try:
             text = (actions.park if verb == "Park" else actions.resume)(self.path, kernel_id)
         except parking.ParkError as e:
-            self._show(f"not {'parked' if verb == 'Park' else 'resumed'}:", LEVEL_COLOUR["critical"],
-                       [str(e)])
+            self.show(f"not {'parked' if verb == 'Park' else 'resumed'}:", LEVEL_COLOUR["critical"],
+                      [str(e)])
             return None
-        self._show(text, LEVEL_COLOUR["ok"])
+        self.show(text, LEVEL_COLOUR["ok"])
         with self.panel._lock:
             self.update(actions.read_slice(self.path))
         return text
@@ -423,9 +354,7 @@ class AdminPanel:
         self.title = widgets.HTML(f"<b>HAMi slices</b> <span style='{_MUTED}'>"
                                   f"{escape(str(self.root))}</span>")
         self.banner = widgets.HTML()
-        self.overcommit = widgets.Checkbox(value=overcommit, indent=False,
-                                           description="allow memory overcommit (hard slices "
-                                                       "promised more than a GPU has)")
+        self.overcommit = overcommit_box(overcommit)
         self.gpu_table = widgets.HTML()
         self.memory_table = widgets.HTML()  # each slice per GPU: used, cap, real (guard)
         self.slices = widgets.VBox()

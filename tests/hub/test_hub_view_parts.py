@@ -287,3 +287,58 @@ def test_a_servers_gpus_are_read_again_only_every_few_seconds(monkeypatch):
     assert len(calls) == 1  # the hub service's next poll: from the cache
     host.host_gpus(now=100.0 + host.GPUS_FRESH_S)
     assert len(calls) == 2
+
+
+class FakeClient:
+    """The hub service as the hub view's forms see it: its document, and the
+    actions asked of it, answered "ok"."""
+
+    def __init__(self, document):
+        self.doc, self.acts = document, []
+
+    def document(self):
+        return self.doc
+
+    def act(self, **request):
+        self.acts.append(request)
+        return {"ok": True, "message": f"done: {request['action']}"}
+
+
+def test_the_hub_views_slice_form_is_the_local_panels_form():
+    """One form module for both views (issue 26, item 6): the same default
+    sentinel, entries named alike, and a malformed value refused in the local
+    panel's words before anything goes to the service; Apply sends only the
+    edited field, for the chosen entry."""
+    from hami_jupyter.admin import panel, slice_form
+    from hami_jupyter.admin.hub_view import HubSliceForm, HubView
+
+    readings = [doc.Reading(doc.ServerRef("alice", "", "/user/alice/"),
+                            answer("n1", [status("alice", [kernel("k1", "alice", 100)],
+                                                 used=164 * MiB)], {"k1": "alice"}))]
+    document = {**doc.build(readings, 1000.0), "service": {"node": "n1", "refresh_seconds": 5}}
+    client = FakeClient(document)
+    view = HubView(client, document)
+    form = view.slice_forms[("n1", "alice")]
+    assert isinstance(form, HubSliceForm) and isinstance(form, slice_form.LimitsForm)
+    assert issubclass(panel.SliceForm, slice_form.LimitsForm)
+    assert form.device.value == slice_form.DEFAULT and form.device_ref() is None
+    assert [label for label, _ in form.device.options] == ["default", "GPU 0 (as default)"]
+    assert (form.memory.value, form.sm.value, form.mode.value) == ("1g", "25", "hard")
+
+    form.memory.value = "4x"
+    assert "cannot apply" in form.message.value and "is not a size" in form.message.value
+    assert form.apply() is None and client.acts == []  # refused here, never sent
+    assert form.errors == slice_form.value_problems({"memory": "4x"})
+    assert any("is not a size" in e for e in view.errors), view.errors
+
+    form.memory.value = "3g"
+    assert "on Apply" in form.message.value
+    assert form.apply() is not None
+    assert client.acts[-1] == {"action": "resize", "node": "n1", "slice": "alice", "device": None,
+                               "overcommit": False, "memory": "3g"}
+
+    form.device.value = GPU  # one GPU's entry: only the edited SM share goes
+    form.sm.value = "30"
+    assert form.apply() is not None
+    assert client.acts[-1]["device"] == GPU and client.acts[-1]["sm"] == "30"
+    assert "memory" not in client.acts[-1] and "mode" not in client.acts[-1]

@@ -32,7 +32,7 @@ from hami_jupyter.slice import registry as kernel_registry
 from hami_jupyter.slice import change as slice_limits
 from hami_jupyter import gpus
 from hami_jupyter import audit
-from hami_jupyter.admin import AdminPanel, actions, changes
+from hami_jupyter.admin import AdminPanel, actions, changes, slice_form
 from hami_jupyter.admin.cli import main
 from hami_jupyter.slice.settings import resolve_limits
 from hami_jupyter.slice.file import read_snapshot
@@ -159,8 +159,12 @@ def test_panel_shows_gpus_slices_kernels_and_refreshes(hami_env, panels, charge)
     a, b = panel.forms["alice"], panel.forms["bob"]
     assert "alice-user" in a.status.value and "k-alice" in a.status.value
     assert "364.0 MiB / 2.0 GiB" in a.status.value
-    assert [label for label, _ in a.device.options] == [
-        changes.DEFAULT_ENTRY, f"GPU 0 {uuid} (follows the default)"]
+    # Short entry labels (a select cuts long ones); the whole story is the tooltip.
+    assert [label for label, _ in a.device.options] == ["default", "GPU 0 (as default)"]
+    assert a.device.value == slice_form.DEFAULT and "every GPU without limits" in a.device.tooltip
+    a.device.value = 0
+    assert uuid in a.device.tooltip and "follows the default" in a.device.tooltip
+    a.device.value = slice_form.DEFAULT
     assert (a.memory.value, a.sm.value, a.mode.value) == ("2g", "none", "hard")
     assert (b.memory.value, b.sm.value, b.mode.value) == ("1g", "30", "elastic")
     assert not panel.read_only and panel.banner.value == "" and not a.apply_button.disabled
@@ -204,10 +208,11 @@ def test_panel_shows_the_guards_real_memory_and_who_is_over(hami_env, panels, ch
     charge(bob, 200)
     uuid = sim_uuid(alice)
     head = ["slice", "GPU", "used (reported)", "cap", "real (guard)"]
+    gpu = f"0 {uuid[:12]}\u2026"  # the UUID shortened as the JupyterLab panel does; whole in a tooltip
 
     panel = panels(gpu_source=fake_gpus((uuid, "Fake H100", 16 * GiB)))  # no guard yet
-    assert memory_rows(panel) == [head, ["alice", f"0 {uuid}", "164.0 MiB", "2.0 GiB", "-"],
-                                  ["bob", f"0 {uuid}", "264.0 MiB", "1.0 GiB", "-"]]
+    assert memory_rows(panel) == [head, ["alice", gpu, "164.0 MiB", "2.0 GiB", "-"],
+                                  ["bob", gpu, "264.0 MiB", "1.0 GiB", "-"]]
     assert ('<div class="hami-guard-note"' in panel.memory_table.value
             and "The guard is not running (no " in panel.memory_table.value
             and "memory caps are enforced only cooperatively" in panel.memory_table.value)
@@ -216,8 +221,8 @@ def test_panel_shows_the_guards_real_memory_and_who_is_over(hami_env, panels, ch
     write_guard(hami_env.root, {"alice": {uuid: seen(170 * MiB, 164 * MiB, 2 * GiB)},
                                 "bob": {uuid: seen(1536 * MiB, 264 * MiB, GiB)}}, interval=5.0)
     panel.refresh()
-    assert memory_rows(panel) == [head, ["alice", f"0 {uuid}", "164.0 MiB", "2.0 GiB", "170.0 MiB"],
-                                  ["bob", f"0 {uuid}", "264.0 MiB", "1.0 GiB",
+    assert memory_rows(panel) == [head, ["alice", gpu, "164.0 MiB", "2.0 GiB", "170.0 MiB"],
+                                  ["bob", gpu, "264.0 MiB", "1.0 GiB",
                                    "1.5 GiB over the cap"]]
     assert "hami-guard-note" not in panel.memory_table.value
     a, b = panel.forms["alice"], panel.forms["bob"]
@@ -292,7 +297,8 @@ def test_panel_changes_one_gpu_of_a_slice(hami_env, panels, charge):
     assert snap.devices[0].limit.memory_limit == GiB and not snap.devices[0].limit_is_fallback
     [record] = audit_log(hami_env.root)
     assert (record["device"], record["uuid"]) == (0, uuid)
-    assert [label for label, _ in form.device.options][1] == f"GPU 0 {uuid}"
+    assert [label for label, _ in form.device.options][1] == "GPU 0"
+    assert form.device.tooltip == f"GPU 0 ({uuid})"
 
 
 @pytest.mark.parametrize("field, value, text", [
