@@ -57,7 +57,7 @@ from ..gpus import read_gpus
 from ..slice import parking
 from ..slice.paths import default_root
 from ..slice.size import format_size
-from ..slice.status_html import LEVEL_COLOUR, format_html, short_id, short_uuid
+from ..slice.status_html import LEVEL_COLOUR, format_html, nowrap, short_id, short_uuid
 from . import actions, changes, hub_client, marks
 from .changes import READ_ONLY
 from .hub_view import HubView
@@ -85,13 +85,13 @@ def _memory_table(views, note):
         for g in v.status["gpus"]:
             real = g.get("memory_real")
             over = g.get("guard_state") == "over"
-            real_cell = "-" if real is None else format_size(real)
+            real_cell = "-" if real is None else nowrap(format_size(real))
             if over:
                 real_cell = (f'<span class="hami-guard-over" style="font-weight: 600; color: '
                              f'{LEVEL_COLOUR["critical"]}">{real_cell} over the cap</span>')
             cells = [escape(v.name), f'{g["index"]} <span style="{_MUTED}">{short_uuid(g["uuid"])}</span>',
-                     format_size(g["memory_used"]),
-                     format_size(g["memory_limit"]) if g["memory_limit"] else "none", real_cell]
+                     nowrap(format_size(g["memory_used"])),
+                     nowrap(format_size(g["memory_limit"])) if g["memory_limit"] else "none", real_cell]
             rows.append("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in cells) + "</tr>")
     table = (f'<table class="hami-slice-memory">{"".join(rows)}</table>' if len(rows) > 1
              else "")
@@ -133,13 +133,14 @@ def _gpu_table(gpus, message, promised):
         util = g.utilization if g else None
         over = p["memory_total"] and p["promised"] > p["memory_total"]
         style = f"; color: {LEVEL_COLOUR['critical']}" if over else ""
-        shares = ", ".join(f"{name} {format_size(b)}" for name, b in p["holders"].items())
+        shares = " \u00b7 ".join(f"{name}: {format_size(b)}" for name, b in p["holders"].items())
+        promised_cell = f'<span style="{style}">{format_size(p["promised"])}</span>'
+        if shares:
+            promised_cell += f' <span style="{_MUTED}">({escape(shares)})</span>'
         cells = [f'{g.index} <span style="{_MUTED}">{short_uuid(p["uuid"])}</span>'
                  if g else short_uuid(p["uuid"]),
-                 escape(p["name"] or "(from the slice files)"), memory,
-                 f"{util} %" if util is not None else "?",
-                 f'<span style="{style}">{format_size(p["promised"])}</span> '
-                 f'<span style="{_MUTED}">{escape(shares)}</span>']
+                 escape(p["name"] or "(from the slice files)"), nowrap(memory),
+                 nowrap(f"{util} %" if util is not None else "?"), promised_cell]
         rows.append("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in cells) + "</tr>")
     table = f'<table class="hami-gpus">{"".join(rows)}</table>' if promised else "<div>No GPU known.</div>"
     note = (f'<div style="{_MUTED}">{escape(message)}; sizes come from the slice files</div>'

@@ -9,7 +9,7 @@ with light-theme fallbacks, so the view stays readable in a dark theme.
 
 A notebook beside JupyterLab's slice panel is narrow, and a table squeezed
 into it breaks lines wherever it may: a figure never parts from its unit
-("0 %", "3.5 GiB" lie in one ``white-space: nowrap`` span, :func:`_nowrap`),
+("0 %", "3.5 GiB" lie in one ``white-space: nowrap`` span, :func:`nowrap`),
 names (users, kernelspecs, processes) stay whole, and ids are shortened the
 way the panel shortens them, 8 characters with the whole id as a tooltip
 (:func:`short_id`, :func:`short_uuid`). Only the prose of a notice wraps
@@ -37,7 +37,7 @@ _FIGURE_UNIT = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB|PiB|%|SMs)(?!\w)")
 ID_CHARS = 8  # as the JupyterLab panel shortens a kernel id (labextension format.ts, shortId)
 
 
-def _nowrap(html):
+def nowrap(html):
     """*html* (already escaped) on one line, wherever the table is squeezed."""
     return f'<span style="{NOWRAP}">{html}</span>'
 
@@ -91,38 +91,38 @@ def _memory_cell(gpu):
     used, limit, total = gpu["memory_used"], gpu["memory_limit"], gpu["memory_total"]
     if limit:
         cell = (_bar(used / limit, LEVEL_COLOUR[gpu["memory_level"]])
-                + _nowrap(f"{format_size(used)} / {format_size(limit)} "
+                + nowrap(f"{format_size(used)} / {format_size(limit)} "
                           f"({100 * used / limit:.0f} %)"))
     # No cap: the bar shows the whole GPU, in a colour that is not a level.
     elif total:
         cell = (_bar(used / total, _UNCAPPED_COLOUR)
-                + _nowrap(f"{format_size(used)} of {format_size(total)}") + " " + _muted("(no cap)"))
+                + nowrap(f"{format_size(used)} of {format_size(total)}") + " " + _muted("(no cap)"))
     else:
-        cell = _nowrap(format_size(used)) + " " + _muted("(no cap)")
+        cell = nowrap(format_size(used)) + " " + _muted("(no cap)")
     real = real_text(gpu)  # the guard's figure, where it tells something the slice's does not
     if not real:
         return cell
-    return cell + ", " + _nowrap(f'<span class="hami-guard-real">{real}</span>')
+    return cell + ", " + nowrap(f'<span class="hami-guard-real">{real}</span>')
 
 
 def _sm_cell(gpu):
     if gpu["sm_share"]:
-        share = _nowrap(f"share {gpu['sm_share']} %") + f" ({escape(gpu['mode'])})"
+        share = nowrap(f"share {gpu['sm_share']} %") + f" ({escape(gpu['mode'])})"
     else:
         share = "no SM limit"
-    return f"{_nowrap(str(gpu['sm_util']) + ' %')} now, {share}"
+    return f"{nowrap(str(gpu['sm_util']) + ' %')} now, {share}"
 
 
 def _gpu_table(gpu, status):
-    sms = ", " + _nowrap(f"{gpu['sm_count']} SMs") if gpu["sm_count"] else ""
-    title = _nowrap(f"GPU {gpu['index']}") + " " + _muted(short_uuid(gpu["uuid"]) + sms)
+    sms = ", " + nowrap(f"{gpu['sm_count']} SMs") if gpu["sm_count"] else ""
+    title = nowrap(f"GPU {gpu['index']}") + " " + _muted(short_uuid(gpu["uuid"]) + sms)
     rows = [
         f'<tr><th colspan="2" style="{_CELL}">{title}</th></tr>',
         f"<tr>{_td('memory')}{_td(_memory_cell(gpu))}</tr>",
         f"<tr>{_td('SM')}{_td(_sm_cell(gpu))}</tr>",
     ]
     if gpu.get("memory_parked"):
-        parked = _nowrap(format_size(gpu["memory_parked"])) + " " + _muted(
+        parked = nowrap(format_size(gpu["memory_parked"])) + " " + _muted(
             "in host memory, back when its kernel runs again")
         rows.append(f"<tr>{_td('parked')}{_td(parked)}</tr>")
     level = gpu["memory_level"]
@@ -146,7 +146,7 @@ def _usage(values, gpu_index):
     total = sum(values.values())
     if len(gpu_index) < 2 or not values:
         return total, ""
-    split = " \u00b7 ".join(_nowrap(f"GPU {gpu_index.get(u, '?')}: {format_size(v)}")
+    split = " \u00b7 ".join(nowrap(f"GPU {gpu_index.get(u, '?')}: {format_size(v)}")
                             for u, v in values.items())
     return total, " " + _muted(f"({split})")
 
@@ -154,9 +154,9 @@ def _usage(values, gpu_index):
 def _process_row(p, gpu_index, indent):
     memory, memory_split = _usage(p["memory_used"], gpu_index)
     sm = sum(p["sm_util"].values())
-    name = _nowrap(f"pid {p['pid']} {escape(p['comm'])}")
+    name = nowrap(f"pid {p['pid']} {escape(p['comm'])}")
     return (f"<tr>{_td(name, f'; padding-left: {indent}em')}{_td('')}{_td('')}"
-            f"{_td(_nowrap(format_size(memory)) + memory_split)}{_td(_nowrap(f'{sm} %'))}</tr>")
+            f"{_td(nowrap(format_size(memory)) + memory_split)}{_td(nowrap(f'{sm} %'))}</tr>")
 
 
 def _processes_table(status, current_kernel):
@@ -167,14 +167,14 @@ def _processes_table(status, current_kernel):
     for k in status["kernels"]:
         label = short_id(k["kernel_id"])
         if current_kernel and k["kernel_id"] == current_kernel:
-            label += " " + _muted(_nowrap("(this kernel)"))
+            label += " " + _muted(nowrap("(this kernel)"))
         parked = parking_text(k)
-        memory = (_nowrap(format_size(k["memory_used"]))
+        memory = (nowrap(format_size(k["memory_used"]))
                   + (" " + _muted(_figures(parked[2:])) if parked else ""))
         rows.append(
-            f"<tr>{_td(label)}{_td(_nowrap(escape(k['user'] or '')))}"
-            f"{_td(_nowrap(escape(k['kernelspec'] or '')))}"
-            f"{_td(memory)}{_td(_nowrap(str(k['sm_util']) + ' %'))}</tr>"
+            f"<tr>{_td(label)}{_td(nowrap(escape(k['user'] or '')))}"
+            f"{_td(nowrap(escape(k['kernelspec'] or '')))}"
+            f"{_td(memory)}{_td(nowrap(str(k['sm_util']) + ' %'))}</tr>"
         )
         rows.extend(_process_row(p, gpu_index, 1.5) for p in k["processes"])
     if status["other_processes"]:

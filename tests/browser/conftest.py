@@ -10,7 +10,9 @@
   server sees both before any test runs. ``lab.api()`` is its REST API,
   ``lab.write_notebook()`` puts a notebook into its root, ``lab.url_for()``
   gives a page's address with the token; its log is ``lab.log_path``,
-  whose tail failures quote.
+  whose tail failures quote. Beside ``hami-python3`` it has the kernelspec
+  ``hami-two-gpus`` (TWO_GPU_KERNEL): the same kernel on a simulated GPU of
+  its own with two devices, in the slice ``two-gpus``.
 * ``browser`` (one per module): Debian's Chromium (``chromium-headless-shell``
   or ``chromium``) launched by Playwright; Playwright never downloads a
   browser here.
@@ -56,6 +58,11 @@ LAB_START_TIMEOUT = 30
 REQUEST_TIMEOUT = 10
 STOP_TIMEOUT = 15
 REFRESH_RATE_MS = 500
+
+# A kernel on two simulated GPUs (a state file of their own, 16 GiB each) in a
+# slice of its own: what a slice over several GPUs shows.
+TWO_GPU_KERNEL = "hami-two-gpus"
+TWO_GPU_SLICE = "two-gpus"
 
 LAB_EXTENSION = "hami-jupyter-labextension"
 SETTINGS = {
@@ -121,11 +128,25 @@ class Lab:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values, indent=2))
 
+    def write_two_gpu_kernelspec(self):
+        """TWO_GPU_KERNEL in the server's data folder: hami-python3's, with the
+        simulated GPU's two devices and the slice named in its env."""
+        share = Path(sys.prefix) / "share" / "jupyter" / "kernels" / "hami-python3"
+        spec = json.loads((share / "kernel.json").read_text())
+        spec["display_name"] = "Python 3 (HAMi vGPU, two GPUs)"
+        spec["env"] = {"HAMI_SIM_STATE": str(self.tmp / "sim-two-gpus" / "state"),
+                       "HAMI_SIM_DEVICES": "2", "HAMI_SIM_MEMORY": "16g",
+                       "HAMI_SIM_CONTEXT_BYTES": "64m", "HAMI_SLICE": TWO_GPU_SLICE}
+        folder = self.tmp / "data" / "kernels" / TWO_GPU_KERNEL
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
+
     def start(self):
         for folder in (self.root, self.slice_root, self.tmp / "config", self.tmp / "data",
-                       self.tmp / "runtime", self.tmp / "lab-workspaces"):
+                       self.tmp / "runtime", self.tmp / "lab-workspaces", self.tmp / "sim-two-gpus"):
             folder.mkdir(parents=True, exist_ok=True)
         self.write_settings()
+        self.write_two_gpu_kernelspec()
         cmd = [sys.executable, "-m", "jupyterlab", "--no-browser",
                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
                "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
@@ -156,7 +177,7 @@ class Lab:
         """The server found the kernelspecs, the labextension, the server
         extension and the settings file: else every later failure would be a riddle."""
         specs = self.api("GET", "api/kernelspecs")["kernelspecs"]
-        for name in ("hami-python3", "python3"):
+        for name in ("hami-python3", "python3", TWO_GPU_KERNEL):
             if name not in specs:
                 pytest.fail(f"the server has no {name} kernelspec (it has {sorted(specs)}); "
                             f"JUPYTER_PATH={Path(sys.prefix) / 'share' / 'jupyter'}\n"

@@ -388,3 +388,203 @@ def test_panel_charts_draw_move_and_rows_fit(page, lab):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(CHARTS_SCREENSHOT), full_page=True)
     assert not page.page_errors, page.page_errors
+
+
+# ---- a slice on two GPUs (issue 26, item 4) ----------------------------------------------------
+
+# conftest.py's kernelspec on two simulated GPUs, and its slice.
+TWO_GPU_KERNEL = "hami-two-gpus"
+TWO_GPU_SLICE = "two-gpus"
+GiB = 1 << 30
+TWO_GPU_CAP = 4 * GiB  # per GPU; the slice's two caps add up to 8 GiB, which nothing may show
+# 3.5 GiB on GPU 0 with its 64 MiB context; then 1 GiB more does not fit GPU 0's 4 GiB.
+ALLOCATE_TWO_GPUS = ("from hami_jupyter import driver_memory as c\n"
+                     "c.init(0)\n"
+                     "held = [c.DeviceBuffer((3584 - 64) << 20)]\n"
+                     "try:\n"
+                     "    held.append(c.DeviceBuffer(1 << 30))\n"
+                     "    print('1 GiB more: allocated')\n"
+                     "except c.CudaError:\n"
+                     "    print('1 GiB more: refused')")
+STATUS_CELL = "%hami status"
+ADMIN_CELL = "from hami_jupyter.admin import AdminPanel\nAdminPanel()"
+TWO_GPU_TEXT = re.compile(r"^vGPU 3\.5 / 4\.0 GiB \(GPU 0\) · SM \d+ % / 25 %$")
+TWO_GPU_SCREENSHOT = ARTIFACTS / "jupyterlab-two-gpus.png"
+
+# In the page: how many lines a piece of text lays out in (its line boxes' distinct tops).
+LINES_JS = """
+const lineCount = range => {
+  const tops = [...range.getClientRects()].filter(r => r.width > 0).map(r => r.top).sort((a, b) => a - b);
+  const distinct = [];
+  for (const top of tops) {
+    if (!distinct.length || top - distinct[distinct.length - 1] > 4) distinct.push(top);
+  }
+  return distinct.length;
+};
+const nodeLines = node => { const r = document.createRange(); r.selectNodeContents(node); return lineCount(r); };
+// Each figure with its unit under root ("3.5 GiB", "0 %") that lays out on more than one
+// line; notices' prose aside. Returns [split ones, how many figures].
+const splitFigures = root => {
+  const split = [];
+  const figure = /\\d+(?:\\.\\d+)?[ \\u00a0](?:B|KiB|MiB|GiB|TiB|%|SMs)(?!\\w)/g;
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  let figures = 0;
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (n.parentElement.closest('.hami-warning, .hami-critical, .hami-guard-over')) continue;
+    for (const m of n.textContent.matchAll(figure)) {
+      figures++;
+      const r = document.createRange();
+      r.setStart(n, m.index);
+      r.setEnd(n, m.index + m[0].length);
+      if (lineCount(r) !== 1) split.push(m[0]);
+    }
+  }
+  return [split, figures];
+};
+"""
+
+# `%hami status` laid out: every figure and its unit on one line (notices' prose aside),
+# the names of the kernels' table whole, its kernel ids short with the whole id as title.
+STATUS_TABLE_JS = "out => {" + LINES_JS + """
+  const root = out.querySelector('.hami-status');
+  const [split, figures] = splitFigures(root);
+  // Whole: a kernel's id, user and kernelspec; a process's "pid 123 python".
+  const names = [];
+  for (const row of root.querySelectorAll('table.hami-processes tr')) {
+    const cells = row.querySelectorAll('td');
+    if (cells.length < 5) continue;
+    const id = cells[0].querySelector('code');
+    for (const node of id ? [id, cells[1], cells[2]] : [cells[0]]) {
+      if (node.textContent.trim()) names.push({text: node.textContent, lines: nodeLines(node)});
+    }
+  }
+  const ids = [...root.querySelectorAll('table.hami-processes code')]
+    .map(c => ({text: c.textContent, title: c.title}));
+  return {split, figures, names, ids, width: out.getBoundingClientRect().width};
+}
+"""
+
+# AdminPanel() laid out: labels and the chosen entries of selects that are cut, where each
+# form's Apply lies against its first input, and the text a reader sees.
+ADMIN_JS = "out => {" + LINES_JS + """
+  const cut = [];
+  for (const el of out.querySelectorAll('.widget-label, .widget-label-basic, .widget-label-basic span')) {
+    if (!el.offsetParent || el.clientWidth === 0 || !el.textContent.trim()) continue;
+    if (el.scrollWidth > el.clientWidth + 1) cut.push(el.textContent);
+  }
+  const ctx = document.createElement('canvas').getContext('2d');
+  for (const select of out.querySelectorAll('select')) {
+    if (!select.offsetParent) continue;
+    const st = getComputedStyle(select);
+    ctx.font = `${st.fontStyle} ${st.fontWeight} ${st.fontSize} ${st.fontFamily}`;
+    const text = select.options[select.selectedIndex]?.text ?? '';
+    const room = select.clientWidth - parseFloat(st.paddingLeft) - parseFloat(st.paddingRight);
+    if (ctx.measureText(text).width > room + 1) cut.push(text);
+  }
+  const middle = el => { const b = el.getBoundingClientRect(); return b.top + b.height / 2; };
+  const rows = [];
+  for (const button of out.querySelectorAll('button')) {
+    if (button.textContent.trim() !== 'Apply' || !button.offsetParent) continue;
+    const row = button.closest('.widget-hbox');
+    const inputs = [...row.children].filter(c => c !== button && c.offsetParent);
+    rows.push({apply: middle(button), inputs: inputs.map(middle),
+               right: button.getBoundingClientRect().right});
+  }
+  const [split] = splitFigures(out);
+  return {cut, rows, split, text: out.innerText, right: out.getBoundingClientRect().right};
+}
+"""
+
+
+def boxes_overlap(a, b):
+    return not (a["x"] + a["width"] <= b["x"] or b["x"] + b["width"] <= a["x"]
+                or a["y"] + a["height"] <= b["y"] or b["y"] + b["height"] <= a["y"])
+
+
+def test_two_gpu_slice_shows_its_fullest_gpu_and_its_tables_fit(page, lab):
+    """A slice on two GPUs, 4 GiB each, GPU 0 at 3.5 GiB (its next 1 GiB refused): the
+    status bar, the panel's headline and meter, and the kernel's cap line say 3.5 of
+    4 GiB on GPU 0, never of the 8 GiB the caps add up to; the legend lists no parked
+    memory; no chart caption lies on its cap line. Beside the 500 px panel
+    `%hami status` keeps every figure with its unit and ids short, and AdminPanel()
+    cuts no label and keeps each form's Apply on its row."""
+    from hami_jupyter.slice.change import set_limits
+
+    expect = _expect()
+    name = lab.write_notebook("two-gpus.ipynb", TWO_GPU_KERNEL, "Python 3 (HAMi vGPU, two GPUs)",
+                              [ALLOCATE_TWO_GPUS, STATUS_CELL, ADMIN_CELL])
+    kernel_id = open_notebook(page, lab, name, "two-gpus")
+    status = lab.slice_status(kernel_id)
+    assert status["slice"] == TWO_GPU_SLICE, status
+    # The slice's cap per GPU to 4 GiB, live, as an administrator would set it.
+    set_limits(status["path"], None, memory_limit=TWO_GPU_CAP)
+    run_cell(page, lab, 0, "1 GiB more: refused")
+
+    # The status bar: GPU 0's 3.5 of 4 GiB, 88 %: a warning.
+    item = page.locator("#jp-main-statusbar .hami-statusbar")
+    expect(item).to_have_text(TWO_GPU_TEXT, timeout=STATUS_TIMEOUT_MS)
+    expect(item).to_have_class(level_class("warning"))
+    # The REST answer's top line is GPU 0's too; each GPU's own figures in gpus[].
+    status = lab.slice_status(kernel_id)
+    g0, g1 = status["gpus"]
+    assert (g0["memory_used"], g0["memory_limit"]) == (3584 * MiB, TWO_GPU_CAP), status["gpus"]
+    assert (g1["memory_used"], g1["memory_limit"]) == (0, TWO_GPU_CAP), status["gpus"]
+    assert (status["memory_used"], status["memory_limit"], status.get("memory_gpu")) == \
+        (3584 * MiB, TWO_GPU_CAP, 0), status
+
+    # The panel: the same headline, a meter at 87.5 %, the charts against 4 GiB.
+    item.click()
+    panel = page.locator("#hami-slice-panel")
+    expect(panel.locator(f'.hami-kernel-row[data-kernel-id="{kernel_id}"]')).to_be_visible(
+        timeout=STATUS_TIMEOUT_MS)
+    expect(panel.locator(".hami-panel-usage")).to_have_text(TWO_GPU_TEXT)
+    expect(panel.locator(".hami-panel-usage")).to_have_class(level_class("warning"))
+    assert panel.locator(".hami-meter-fill").evaluate("n => n.style.width") == "87.5%"
+    kernel_memory = chart(panel, f"kernel-{kernel_id}", "memory")
+    gpu_memory = chart(panel, "gpu-0", "memory")
+    for locator in (kernel_memory, gpu_memory, chart(panel, "gpu-1", "memory")):
+        expect(locator.locator("path.hami-chart-limit")).to_have_attribute(
+            "data-value", str(TWO_GPU_CAP), timeout=STATUS_TIMEOUT_MS)
+    # The legend lists what the charts draw: the cap, no parked memory (none was parked).
+    legend = panel.locator(".hami-chart-legend")
+    expect(legend.locator(".hami-legend-limit")).to_be_visible()
+    expect(legend.locator(".hami-legend-parked")).to_be_hidden()
+    expect(legend).not_to_contain_text("parked", use_inner_text=True)
+    # A caption never lies on its chart's cap line.
+    for locator in (kernel_memory, gpu_memory):
+        expect(locator.locator("path.hami-chart-limit")).to_have_attribute("d", re.compile("H"))
+        caption = locator.locator(".hami-chart-caption").bounding_box()
+        line = locator.locator("path.hami-chart-limit").bounding_box()
+        assert caption and line and not boxes_overlap(caption, line), (caption, line)
+
+    # `%hami status` beside the open panel: no figure parts from its unit, names whole,
+    # kernel ids 8 characters with the whole id as the tooltip.
+    run_cell(page, lab, 1, f"hami slice {TWO_GPU_SLICE}")
+    cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell")
+    table = cells.nth(1).locator(".jp-OutputArea-output").first.evaluate(STATUS_TABLE_JS)
+    assert table["figures"] >= 6 and not table["split"], table
+    assert not [n for n in table["names"] if n["lines"] != 1], table
+    assert {"text": kernel_id[:8], "title": kernel_id} in table["ids"], table
+
+    # AdminPanel() in the notebook at JupyterLab's default layout (the slice panel closed
+    # again): nothing cut, Apply on its form's row, ids as short as the panel's.
+    page.locator('.lm-TabBar-tab[data-id="hami-slice-panel"]').click()
+    expect(panel).to_be_hidden()
+    run_cell(page, lab, 2, "HAMi slices")
+    admin = cells.nth(2).locator(".jp-OutputArea-output").first
+    expect(admin.locator(".widget-vbox").first).to_contain_text(f"slice {TWO_GPU_SLICE}")
+    expect(admin).to_contain_text("GPU 0: 3.5 GiB · GPU 1: 0 B")
+    layout = admin.evaluate(ADMIN_JS)
+    assert not layout["cut"], f"cut in AdminPanel(): {layout['cut']}"
+    assert not layout["split"], f"figures split from their units: {layout['split']}"
+    assert layout["rows"], layout
+    for row in layout["rows"]:
+        assert all(abs(middle - row["apply"]) < 4 for middle in row["inputs"]), row
+        assert row["right"] <= layout["right"] + 1, row
+    assert kernel_id not in layout["text"] and kernel_id[:8] in layout["text"]
+    assert g0["uuid"] not in layout["text"]
+
+    page.mouse.move(700, 450)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(TWO_GPU_SCREENSHOT), full_page=True)
+    assert not page.page_errors, page.page_errors

@@ -154,7 +154,7 @@ def test_panel_shows_gpus_slices_kernels_and_refreshes(hami_env, panels, charge)
     panel = panels(gpu_source=fake_gpus((uuid, "Fake H100", 16 * GiB)))
     table = panel.gpu_table.value
     assert "Fake H100" in table and uuid in table and "1.0 GiB / 16.0 GiB" in table and "7 %" in table
-    assert "alice 2.0 GiB" in table and "bob" not in table  # elastic slices promise nothing
+    assert "(alice: 2.0 GiB)" in table and "bob" not in table  # elastic slices promise nothing
     assert list(panel.forms) == ["alice", "bob"]
     a, b = panel.forms["alice"], panel.forms["bob"]
     assert "alice-user" in a.status.value and "k-alice" in a.status.value
