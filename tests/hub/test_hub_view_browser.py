@@ -194,9 +194,12 @@ def test_an_admins_click_resizes_a_slice_and_the_running_kernel_follows(view_hub
                                                                  timeout=TIMEOUT_MS)
     expect(output).not_to_contain_text("VBox(")
     expect(output).not_to_contain_text("Error displaying widget")
-    for text in ("node node-a", "node node-b", NODES["node-a"], NODES["node-b"],
-                 alice, carol, ada, f"as {ADMIN}"):
+    # Kernel ids as the JupyterLab panel shows them: 8 characters, GPU UUIDs "GPU-" and 8
+    # (the whole id a tooltip).
+    for text in ("node node-a", "node node-b", NODES["node-a"][:12], NODES["node-b"][:12],
+                 alice[:8], carol[:8], ada[:8], f"as {ADMIN}"):
         expect(output.first).to_contain_text(text)
+    expect(output.first.locator(f'code[title="{alice}"]').first).to_have_text(alice[:8])
 
     # alice's slice form: 1 GiB; ada types 2 GiB and clicks Apply.
     form = output.locator(".widget-vbox").filter(
