@@ -111,6 +111,51 @@ def _run_park(path, pid, lock_timeout_ms):
     raise ParkError(why)
 
 
+def _run_tool(args, timeout):
+    """``hami-park ARGS``: the rest of its "ok ..." answer, or ParkError with its reason."""
+    tool = str(native.park_tool_path())
+    try:
+        done = subprocess.run([tool, *args], env=_tool_env(), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ParkError(f"hami-park {args[0]} {args[1]} did not finish within {timeout:.0f} s") from None
+    answer = (done.stdout.strip().splitlines() or [""])[-1]
+    if answer == "ok" or answer.startswith("ok "):
+        return answer[3:]
+    why = answer.split(" ", 2)[2] if answer.startswith("error ") else (
+        done.stderr.strip() or f"hami-park exited {done.returncode}")
+    raise ParkError(why)
+
+
+def hold_process(pid, lock_timeout_ms=LOCK_TIMEOUT_MS):
+    """The guard's park of *pid*, with or without the preload library: its GPU
+    state to host memory, kept there until :func:`restore_process`. Seconds
+    taken, or ParkError."""
+    return float(_run_tool(["hold", str(pid), str(lock_timeout_ms)], lock_timeout_ms / 1000 + 600) or 0)
+
+
+def restore_process(pid):
+    """Bring a held process's GPU state back and let it run; ParkError if the driver refuses."""
+    _run_tool(["restore", str(pid)], 600)
+
+
+def checkpoint_state(pid):
+    """The driver's word on *pid*: "running", "locked", "checkpointed" or "failed"; ParkError."""
+    return _run_tool(["state", str(pid)], 60)
+
+
+def checkpoint_api():
+    """None when the driver here has the process checkpoint API, else why not."""
+    try:
+        checkpoint_state(os.getpid())
+    except ParkError as e:
+        text = str(e)
+        if "checkpoint API" in text or "cannot load libcuda" in text:
+            return text
+    except OSError as e:
+        return f"cannot run hami-park: {e}"
+    return None
+
+
 def _write_wanted(path, snapshot, slots, value):
     """Set park_wanted of each slot in *slots* (one aligned 4-byte write each)."""
     fd, _, _ = open_trusted(path, os.O_RDWR, "slice file")

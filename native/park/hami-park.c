@@ -3,8 +3,12 @@
  * CUDA driver's process checkpoint API (docs/parking.md).
  *
  *   hami-park park SLICE_FILE PID [LOCK_TIMEOUT_MS]   lock, checkpoint; the slot says PARKED
- *   hami-park restore PID [UUID=BYTES...]            restore, unlock (run by the parked process);
- *                                                     first, each GPU named must have BYTES free
+ *   hami-park hold PID [LOCK_TIMEOUT_MS]              lock, checkpoint, and nothing else: a process
+ *                                                     the guard parks (it may have no slot, and only
+ *                                                     an administrator's restore brings it back)
+ *   hami-park restore PID [UUID=BYTES...]            restore, unlock (run by the parked process, or
+ *                                                     for a held one by an administrator); first,
+ *                                                     each GPU named must have BYTES free
  *   hami-park recover PID                             undo a park whose parker died
  *   hami-park state PID                               the driver's word on PID
  *
@@ -241,6 +245,32 @@ static int park(const char *path, int pid, unsigned timeout_ms)
 	return 0; /* exit drops the lock, after PARKED is published */
 }
 
+/*
+ * The guard's park: no slot is written (a process without the preload library
+ * has none, and a process of ours must not bring itself back: its slot stays
+ * RUNNING, so its own calls simply block in the driver until an administrator
+ * restores it). Undone if the checkpoint fails: never left locked.
+ */
+static int hold(int pid, unsigned timeout_ms)
+{
+	if (load_driver() != 0)
+		return 1;
+	double t0 = now_s();
+	CUcheckpointLockArgs lock_args = { .timeoutMs = timeout_ms };
+	int rc = cu.lock(pid, &lock_args);
+	if (rc != CUDA_SUCCESS)
+		return fail(rc, "lock of process %d failed; it runs on", pid);
+	if ((rc = cu.checkpoint(pid, NULL)) != CUDA_SUCCESS) {
+		int undo = cu.unlock(pid, NULL);
+		if (undo != CUDA_SUCCESS)
+			return fail(rc, "checkpoint of process %d failed, and so did unlocking it (%d): it stays "
+				    "locked; \"hami-park recover %d\" unlocks it", pid, undo, pid);
+		return fail(rc, "checkpoint of process %d failed; it runs on, unparked", pid);
+	}
+	printf("ok %.3f\n", now_s() - t0);
+	return 0;
+}
+
 typedef nvmlReturn_t (*nvml_init_fn)(void);
 typedef nvmlReturn_t (*nvml_by_uuid_fn)(const char *, nvmlDevice_t *);
 typedef nvmlReturn_t (*nvml_memory_fn)(nvmlDevice_t, nvmlMemory_t *);
@@ -337,8 +367,8 @@ static int state(int pid)
 
 static int usage(void)
 {
-	fprintf(stderr, "usage: hami-park park SLICE_FILE PID [LOCK_TIMEOUT_MS] | restore PID [UUID=BYTES...] | "
-		"recover PID | state PID\n");
+	fprintf(stderr, "usage: hami-park park SLICE_FILE PID [LOCK_TIMEOUT_MS] | hold PID [LOCK_TIMEOUT_MS] | "
+		"restore PID [UUID=BYTES...] | recover PID | state PID\n");
 	return 2;
 }
 
@@ -352,6 +382,13 @@ int main(int argc, char **argv)
 		if (parse_pid(argv[3], &pid) < 0 || (end && *end) || timeout > 3600000)
 			return usage();
 		return park(argv[2], pid, (unsigned)timeout);
+	}
+	if (argc >= 3 && argc <= 4 && strcmp(argv[1], "hold") == 0) {
+		char *end = NULL;
+		unsigned long timeout = argc == 4 ? strtoul(argv[3], &end, 10) : DEFAULT_LOCK_TIMEOUT_MS;
+		if (parse_pid(argv[2], &pid) < 0 || (end && *end) || timeout > 3600000)
+			return usage();
+		return hold(pid, (unsigned)timeout);
 	}
 	if (argc >= 3 && strcmp(argv[1], "restore") == 0 && parse_pid(argv[2], &pid) == 0)
 		return restore(pid, argc - 3, argv + 3);
