@@ -198,6 +198,17 @@ def _guard(args):
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("hami_jupyter").setLevel(args.log_level.upper())
     root = Path(args.root) if args.root else default_root()
+    if args.resume is not None or args.end is not None:
+        from ..guard import parked
+
+        pid, what = (args.resume, parked.RESUME) if args.resume is not None else (args.end, parked.END)
+        try:
+            print(parked.handle(root, pid, what, audit_path=args.audit_log))
+        except parked.ParkedError as e:
+            raise Failure(str(e)) from None
+        except PermissionError:
+            raise Failure(f"may not {what} process {pid}: run it as root (sudo)") from None
+        return 0
     try:
         return service.main(root, interval=args.interval, action=args.action, once=args.once,
                             tolerance=tolerance, audit_path=args.audit_log)
@@ -288,20 +299,26 @@ def build_parser(with_demo_options=False):
         p.set_defaults(func=func, cli_prog=p.prog)
 
     p = sub.add_parser(
-        "guard", help="end processes over their slice's memory cap, by the driver's figures (root)",
+        "guard", help="park or end processes past their slice's memory cap, by the driver's figures (root)",
         description="Every interval, read each GPU process's device memory from NVML, charge it "
                     "to a slice (its HAMI_SLICE, its slot in a slice file, or its user's slice), "
-                    "and act on slices over their cap: end their processes (kill) or report them "
-                    "(warn). Writes <root>/guard.json and appends to the audit log. Run it as "
-                    "root (docs/guard.md).")
+                    "and act on slices over their cap by memory no cap allowed: park the "
+                    "processes that put them over (park), end them (kill) or report them (warn). "
+                    "Memory a kernel got within the cap in force when it got it is never acted on. "
+                    "Writes <root>/guard.json and appends to the audit log. Run it as root "
+                    "(docs/guard.md).")
     p.add_argument("--root", metavar="DIR",
                    help="slice root to guard (default: HAMI_SLICE_ROOT, /run/hami-jupyter, "
                         "$XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>)")
     p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
                    help="seconds between looks (default 0.5)")
-    p.add_argument("--action", choices=("warn", "kill"), default="kill",
-                   help="kill: end the over slice's processes (default); warn: log, audit and "
-                        "report only")
+    p.add_argument("--action", choices=("park", "kill", "warn"), default="park",
+                   help="park: move the offending processes' GPU state to host memory, where it "
+                        "waits for an administrator (default; kill where the driver cannot park); "
+                        "kill: end them; warn: log, audit and report only")
+    p.add_argument("--resume", type=int, metavar="PID",
+                   help="bring back a process the guard parked (raise its slice's cap first), then exit")
+    p.add_argument("--end", type=int, metavar="PID", help="end a process the guard parked, then exit")
     p.add_argument("--tolerance", metavar="SIZE",
                    help="how far past its cap a slice may be before the guard acts, when its "
                         "processes do not set HAMI_CONTEXT_OVERHEAD (default 64m)")

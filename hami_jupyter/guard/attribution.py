@@ -58,6 +58,7 @@ class Attribution:
     seen: object = None
     by: str | None = None
     preload: bool = False
+    slot: object = None  # its slot (a slice file's Slot) when it has one there
     why: str = ""
 
 
@@ -147,11 +148,11 @@ class Attributor:
             if named is not None and not _owns(named, facts):
                 named = None
         if slot is not None and (named is None or slot[0] is not named):
-            return Attribution(slot[0], SLOT, True)
+            return Attribution(slot[0], SLOT, True, slot[1])
         if named is not None:
             if named.snapshot is None:
                 return Attribution(why=f"its slice {named.name} cannot be read")
-            return Attribution(named, ENVIRON, slot is not None)
+            return Attribution(named, ENVIRON, slot is not None, slot[1] if slot is not None else None)
         user = facts.user
         if user and valid_name(user):
             seen = slices.by_name.get(user)

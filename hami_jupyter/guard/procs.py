@@ -38,7 +38,9 @@ class ProcessFacts:
     *uid*: its real user id; *pid_ns*: the inode of its PID namespace and
     *ns_pid* its PID there (the last field of ``NSpid``); *environ*: the
     variables of :data:`WANTED` that it started with (None: not readable);
-    *context_overhead*: ``HAMI_CONTEXT_OVERHEAD`` in bytes, when set and valid.
+    *context_overhead*: ``HAMI_CONTEXT_OVERHEAD`` in bytes, when set and valid;
+    *command*: its command line (what comes back after a kill, when a restarter
+    starts it again).
     """
 
     pid: int
@@ -49,6 +51,7 @@ class ProcessFacts:
     ns_pid: int | None
     environ: dict | None
     context_overhead: int | None = None
+    command: str | None = None  # its command line, spaces between the arguments (cut at 512 characters)
 
     @property
     def slice_ref(self):
@@ -135,6 +138,16 @@ def _environ(pid, proc):
     return out
 
 
+def _command(pid, proc):
+    try:
+        with open(f"{proc}/{pid}/cmdline", "rb") as f:
+            data = f.read(4096)
+    except OSError:
+        return None
+    text = data.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+    return text[:512] or None
+
+
 def read_facts(pid, ticks=None, proc="/proc"):
     """The :class:`ProcessFacts` of *pid*, or None when it is gone."""
     ticks = start_ticks(pid, proc) if ticks is None else ticks
@@ -149,7 +162,7 @@ def read_facts(pid, ticks=None, proc="/proc"):
         except ValueError:
             overhead = None  # the library refuses CUDA in such a process anyway
     return ProcessFacts(pid, ticks, uid, user_name(uid), pid_namespace(pid, proc), ns_pid, environ,
-                        overhead)
+                        overhead, _command(pid, proc))
 
 
 class ProcessTable:

@@ -38,11 +38,12 @@ from .. import audit
 from ..slice.guard_report import MAX_ACTIONS, write_report
 from ..slice.paths import UntrustedPath, check_folder
 from ..slice.size import format_size
-from .actions import KILL, WARN, Actions
+from ..slice.parking import checkpoint_api
+from .actions import KILL, PARK, WARN, Actions
 from .attribution import Attributor
 from .nvml import NvmlReader, NvmlUnavailable
 from .policy import DEFAULT_TOLERANCE, Placed, measure, plan_kills
-from .procs import ProcessTable
+from .procs import ProcessTable, start_ticks
 from .report import build, carried_over
 from .slices import SliceFiles
 
@@ -64,8 +65,8 @@ class Guard:
     tolerance of a slice whose processes declare no context overhead.
     """
 
-    def __init__(self, root, *, interval=DEFAULT_INTERVAL, action=KILL, reader=None,
-                 audit_path=None, tolerance=DEFAULT_TOLERANCE, proc="/proc"):
+    def __init__(self, root, *, interval=DEFAULT_INTERVAL, action=PARK, reader=None,
+                 audit_path=None, tolerance=DEFAULT_TOLERANCE, proc="/proc", hold=None):
         self.root = Path(root)
         self.interval = interval
         self.action = action
@@ -74,8 +75,12 @@ class Guard:
         self.slices = SliceFiles(self.root)
         self.procs = ProcessTable(proc)
         self.attributor = Attributor(proc)
+        extra = {"hold": hold} if hold is not None else {}
         self.actions = Actions(action, Path(audit_path) if audit_path else audit.default_path(self.root),
-                               proc)
+                               proc, **extra)
+        self.allowance = {}  # (slice, uuid) -> bytes held from before a lowered cap (policy.py)
+        self.parked = {}  # pid -> the park action's record, while the process stays parked
+        self._parked_now = set()  # parked during this interval
         self.recent = []  # the latest actions, oldest first (the report keeps MAX_ACTIONS)
         self.warned = set()  # (slice, uuid) warned about while it stays over
         self.over_rounds = {}  # (slice, uuid) -> intervals in a row it was seen over
@@ -86,7 +91,10 @@ class Guard:
         """Start NVML (NvmlUnavailable when it cannot) and take back what a
         previous guard reported."""
         self.reader.start()
-        self.recent, over = carried_over(self.root)
+        previous = carried_over(self.root)
+        self.recent, over = previous.actions, previous.over
+        self.allowance = previous.allowance
+        self.parked = {p["pid"]: p for p in previous.parked}
         self.warned = set(over)
         self.over_rounds = {key: CONFIRM_ROUNDS - 1 for key in over}
         if over:
@@ -115,12 +123,33 @@ class Guard:
                       if facts_of.get(pid) is not None and facts_of[pid].start_ticks == ticks}
         self.attributor.keep((f.pid, f.start_ticks) for f in facts_of.values() if f is not None)
         measured, unattributed = measure(set(reading.gpus), placed, slices, self.tolerance)
+        for name, gpus in measured.items():
+            for uuid, g in gpus.items():
+                g.allowance_bytes = self.allowance.get((name, uuid))
+        self._parked_now = set()
         self._act(measured, set(reading.gpus), errors)
+        for name, gpus in measured.items():
+            for uuid, g in gpus.items():
+                self.allowance[(name, uuid)] = g.next_allowance()
+        self._keep_parked(reading)
         self.recent = self.recent[-MAX_ACTIONS:]
         report = build(measured, slices, unattributed + unseen, errors, self.recent,
-                       interval=self.interval, action=self.action, now=now)
+                       interval=self.interval, action=self.action, now=now, allowance=self.allowance,
+                       parked=list(self.parked.values()), returns=self.actions.returning())
         self._write(report)
         return report
+
+    def _keep_parked(self, reading):
+        """Forget a parked process once it is gone (its PID gone, or another
+        process's now), or back on a GPU: an administrator resumed it, and
+        NVML lists it with bytes again."""
+        on_gpu = {gp.pid for gp in reading.processes if gp.used_bytes > 0}
+        for pid, record in list(self.parked.items()):
+            if pid in self._parked_now:
+                continue  # this interval's reading is from before its park
+            ticks = start_ticks(pid, self.procs.proc)
+            if pid in on_gpu or ticks is None or ticks != record.get("start_ticks", ticks):
+                del self.parked[pid]
 
     def _write(self, report):
         try:
@@ -156,10 +185,13 @@ class Guard:
             ended = {p.pid for g in gpus.values() for p in g.processes
                      if self.ended.get(p.pid) == p.start_ticks}
             for planned in plan_kills(list(gpus.values()), only=confirmed, ended=ended):
-                done = self.actions.kill(planned, errors)
+                done = self.actions.act(planned, errors)
                 if done is not None:
                     self.ended[planned.process.pid] = planned.process.start_ticks
                     self.recent.append(done)
+                    if done["action"] == PARK:
+                        self.parked[planned.process.pid] = done
+                        self._parked_now.add(planned.process.pid)
         # A GPU read this interval and not over there any more has recovered:
         # the next time it is over is a new state, warned about again. A GPU
         # not read keeps what was known of it.
@@ -205,7 +237,7 @@ def _more_files():
         pass
 
 
-def main(root, *, interval=DEFAULT_INTERVAL, action=KILL, once=False, tolerance=DEFAULT_TOLERANCE,
+def main(root, *, interval=DEFAULT_INTERVAL, action=PARK, once=False, tolerance=DEFAULT_TOLERANCE,
          audit_path=None, reader=None):
     """``hami-jupyter guard``: returns the exit status, or raises GuardStartError."""
     root = Path(root)
@@ -215,6 +247,12 @@ def main(root, *, interval=DEFAULT_INTERVAL, action=KILL, once=False, tolerance=
                     "this user's processes; other users' processes over their caps are reported but not "
                     "ended. Run it as root (docs/guard.md).", os.geteuid())
     _more_files()
+    if action == PARK:
+        why_not = checkpoint_api()
+        if why_not is not None:
+            log.warning("guard: cannot park here (%s): processes over their caps are ended instead "
+                        "(--action kill)", why_not)
+            action = KILL
     guard = Guard(root, interval=interval, action=action, reader=reader, audit_path=audit_path,
                   tolerance=tolerance)
     try:

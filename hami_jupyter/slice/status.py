@@ -133,8 +133,9 @@ def _guard_fields(uuid, fresh, seen, errors):
     real = _count(g.get("real_bytes"))
     if real is None:
         return none
+    state = g.get("state")
     return {"memory_real": real,
-            "guard_state": "over" if g.get("state") == "over" else "ok",
+            "guard_state": state if state in ("over", "held") else "ok",
             "guard_limit": _count(g.get("limit_bytes")),
             "guard_reported": _count(g.get("reported_bytes"))}
 
@@ -147,7 +148,25 @@ def guard_entry(report, error):
             "action": report.get("action") if report else None,
             "written_unix": report.get("written_unix") if report else None,
             "error": error,
-            "elsewhere": []}
+            "elsewhere": [],
+            "parked": []}
+
+
+def _guard_parked(report, names):
+    """The guard's park records of this slice's processes (kept whatever the
+    report's age: a parked process stays parked while the guard is down)."""
+    found = []
+    for record in (report or {}).get("parked") or []:
+        if isinstance(record, dict) and record.get("slice") in names and isinstance(record.get("pid"), int):
+            found.append({k: record.get(k) for k in ("pid", "user", "command", "uuid", "process_bytes",
+                                                      "real_bytes", "unix", "why")})
+    return found
+
+
+def over_cap_since(used, limit, changed_unix):
+    """When the slice holds more than a cap lowered since: the time of that
+    change (the memory was held before it); None otherwise."""
+    return changed_unix if limit and used > limit else None
 
 
 def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
@@ -170,6 +189,7 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
 
     report, guard_error = _read_guard(os.path.dirname(os.path.abspath(snap.path)))
     guard = guard_entry(report, guard_error)
+    guard["parked"] = _guard_parked(report, (snap.name, slice_name(snap.path)))
     seen = _guard_gpus(report, (snap.name, slice_name(snap.path))) if guard["running"] else {}
     errors = report.get("errors") if guard["running"] else None
     errors = errors if isinstance(errors, list) else []
@@ -188,6 +208,7 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
             "memory_peak": d.memory_peak,
             "memory_limit": limit,
             "memory_level": memory_level(used, cap if limit else 0, warning, critical),
+            "over_cap_since": over_cap_since(used, limit, snap.limits_changed_unix_ns / 1e9),
             "sm_count": d.sm_count,
             "sm_share": d.limit.sm_share,
             "sm_util": d.sm_util,
@@ -326,6 +347,28 @@ def guard_over_text(gpu, status=None):
     return f"{text}; the guard's action: {action}" if action else text
 
 
+def over_cap_text(gpu):
+    """"over its new cap since 14:02, held before the change" for a GPU whose
+    slice holds more than a lowered cap, else None."""
+    since = gpu.get("over_cap_since")
+    if since is None:
+        return None
+    return (f"over its new {format_size(gpu['memory_limit'])} cap since "
+            f"{time.strftime('%H:%M', time.localtime(since))}, held before the change: new allocations are "
+            "refused until its use falls below the cap; nothing it holds is taken")
+
+
+def guard_parked_text(record, now=None):
+    """One line for a process of the slice the guard parked."""
+    now = time.time() if now is None else now
+    ago = max(0, int(now - (record.get("unix") or now)))
+    held = format_size(record.get("process_bytes") or 0)
+    return (f"pid {record['pid']} ({record.get('command') or '?'}) parked by the guard "
+            f"{ago // 60} min ago: it held {held} past the slice's cap outside the library; its memory "
+            "is safe in host memory and it waits until an administrator resumes it (after raising "
+            "the cap) or ends it")
+
+
 def level_words(level, status):
     """What a memory level means, with the thresholds *status* was read with."""
     if level == "warning":
@@ -386,9 +429,14 @@ def format_text(status):
         elif g["memory_level"] == "critical":
             lines.append(f"    CRITICAL: {level_words('critical', status)} "
                          "(`%hami release` returns framework caches)")
+        held = over_cap_text(g)
+        if held:
+            lines.append(f"    {held}")
         over = guard_over_text(g, status)
         if over:
             lines.append(f"    OVER CAP: {over}")
+    for record in (status.get("guard") or {}).get("parked") or []:
+        lines.append(f"  PARKED: {guard_parked_text(record)}")
     for g in (status.get("guard") or {}).get("elsewhere") or []:
         lines.append(f"  GPU {g['uuid']} (no process of this slice runs the library there)")
         lines.append(f"    memory real {format_size(g['memory_real'])} (guard)")

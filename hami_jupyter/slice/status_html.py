@@ -20,7 +20,8 @@ import re
 from html import escape
 
 from .size import format_size
-from .status import guard_over_text, level_words, parking_text, real_text
+from .status import (guard_over_text, guard_parked_text, level_words, over_cap_text, parking_text,
+                     real_text)
 
 LEVEL_COLOUR = {
     "ok": "var(--jp-success-color1, #388e3c)",
@@ -131,6 +132,10 @@ def _gpu_table(gpu, status):
             f'<tr><td colspan="2" class="hami-{level}" style="{_CELL}; font-weight: 600; '
             f'color: {LEVEL_COLOUR[level]}">{_level_words(level, status)}</td></tr>'
         )
+    held = over_cap_text(gpu)
+    if held:
+        rows.append(f'<tr><td colspan="2" class="hami-held" style="{_CELL}; color: '
+                    f'{LEVEL_COLOUR["warning"]}">{escape(held[0].upper() + held[1:])}.</td></tr>')
     over = guard_over_text(gpu, status)
     if over:
         rows.append(
@@ -204,6 +209,9 @@ def format_html(status, current_kernel=None):
     if not status["gpus"]:
         parts.append(_no_gpu_line(status))
     parts.extend(_gpu_table(g, status) for g in status["gpus"])
+    for record in (status.get("guard") or {}).get("parked") or []:
+        parts.append(f'<div class="hami-guard-parked" style="font-weight: 600; color: '
+                     f'{LEVEL_COLOUR["critical"]}">{escape(guard_parked_text(record))}</div>')
     for g in (status.get("guard") or {}).get("elsewhere") or []:
         over = guard_over_text(g, status)
         text = (f"GPU {g['uuid']}: the guard sees {format_size(g['memory_real'])} of this slice really "

@@ -58,6 +58,7 @@ class Guard:
 
     def __init__(self, args, env, root, log_path):
         self.root = root
+        self.env = env
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(args, env=env, stdout=self._log, stderr=subprocess.STDOUT,

@@ -62,7 +62,7 @@ def test_a_bypass_of_a_user_with_a_slice_of_their_name_is_ended(gpu, slices, sta
 
     me = getpass.getuser()
     slices.make(me, memory="1g")
-    guard = start_guard()
+    guard = start_guard("--action", "kill")
     # Neither the preload library nor HAMI_SLICE: only the user's slice can be charged.
     bypass = holder(gpu.env(), 1, "1200m")
 
@@ -116,7 +116,7 @@ def zero_counters(path, pid, uuid):
 
 def test_tampered_usage_counters_are_seen_through_and_acted_on(gpu, slices, start_guard, holder, root):
     path = slices.make("alice", memory="1g")
-    guard = start_guard()
+    guard = start_guard("--action", "kill")
     uuid = gpu.uuid(0)
     kernel = holder(slices.env("alice"), 0, "700m")
     # The library holds it to its cap: a second 700m does not fit...
@@ -142,7 +142,7 @@ def test_only_the_slice_over_its_cap_is_acted_on_and_its_bypass_goes_first(
         gpu, slices, start_guard, holder, root):
     slices.make("alice", memory="1g")
     slices.make("bob", memory="1g")
-    guard = start_guard()
+    guard = start_guard("--action", "kill")
     alice_kernel = holder(slices.env("alice"), 0, "256m")  # older, within the cap by itself
     bob_kernel = holder(slices.env("bob"), 0, "256m")
     bob_bypass = holder(slices.env("bob", preload=False), 0, "512m")  # bob: 896m + 2 contexts, within
@@ -169,7 +169,7 @@ def test_newest_first_when_every_process_has_the_preload(gpu, slices, start_guar
     zero_counters(path, newer.pid, gpu.uuid(0))
     older.ok("alloc 300m")
     newer.ok("alloc 300m")  # 1400m + 2 contexts: ending the newer one is enough
-    start_guard(wait=False)
+    start_guard("--action", "kill", wait=False)
 
     wait_dead(newer, 10)
     time.sleep(1.5)
@@ -224,3 +224,87 @@ def test_a_slice_without_a_memory_cap_is_never_acted_on(gpu, slices, start_guard
     assert entry["limit_bytes"] == 0 and entry["state"] == "ok"
     assert entry["real_bytes"] == 3 * GiB + CONTEXT
     assert bypass.alive() and report["actions"] == []
+
+
+# ---- enforcement keeps work (issue 27) ------------------------------------------
+
+def test_a_kernel_over_a_cap_lowered_below_its_use_is_left_alone(gpu, slices, start_guard, holder, root):
+    from hami_jupyter.slice.change import set_memory_limit
+
+    path = slices.make("alice", memory="1g")
+    guard = start_guard("--action", "kill")  # even the harshest action keeps it
+    kernel = holder(slices.env("alice"), 0, "700m")
+    guard.rounds(2)
+    # An administrator shrinks the slice below what the kernel holds.
+    set_memory_limit(path, None, 512 * MiB)
+    set_memory_limit(path, 0, 512 * MiB)
+    report = guard.rounds(6)
+    uuid = gpu.uuid(0)
+    entry = gpu_entry(report, "alice", uuid)
+    assert kernel.alive(), guard.log()[-3000:]
+    assert entry["state"] == "held" and entry["held_bytes"] == 700 * MiB + CONTEXT, entry
+    assert report["actions"] == [] and audit_records(root, "guard-kill", "guard-park") == []
+    # The library refuses it more, and it keeps its data and works on.
+    assert kernel.cmd("alloc 16m")["rc"] == 2
+    # Something beside it that no cap allowed is still acted on, and only that.
+    bypass = holder(slices.env("alice", preload=False), 0, "300m")
+    wait_dead(bypass, KILL_WITHIN_S)
+    assert kernel.alive()
+    assert [r["pid"] for r in audit_records(root, "guard-kill")] == [bypass.pid]
+
+
+def test_a_bypass_is_parked_by_default_and_resumed_by_an_administrator_with_its_data(
+        gpu, slices, start_guard, holder, root, tmp_path):
+    import subprocess
+    import sys
+
+    from hami_jupyter.slice.change import set_memory_limit
+
+    path = slices.make("alice", memory="1g")
+    guard = start_guard()  # the default: park
+    bypass = holder(slices.env("alice", preload=False), 0, None)
+    bypass.ok("alloc 500m A")  # within the cap: nothing happens yet
+    bypass.ok("write A 90")
+    bypass.ok("alloc 1000m B")  # past it, without the library
+    uuid = gpu.uuid(0)
+    report = guard.wait_report(lambda r: r.get("parked"), what="the park in the report")
+    [parked] = report["parked"]
+    assert parked["pid"] == bypass.pid and parked["action"] == "park" and parked["slice"] == "alice"
+    assert bypass.alive()
+    assert gpu.process_used(bypass.pid, 0) == 0  # the GPU is free at once
+    [record] = audit_records(root, "guard-park")
+    assert record["pid"] == bypass.pid and record["preload"] is False
+    assert f"PARK pid {bypass.pid}" in guard.log()
+    # The user sees why where she looks.
+    text = format_text(slice_status(path))
+    assert "parked by the guard" in text and str(bypass.pid) in text, text
+    # Not parked twice, nobody else touched, nothing ended.
+    report = guard.rounds(4)
+    assert len(audit_records(root, "guard-park")) == 1 and audit_records(root, "guard-kill") == []
+
+    # An administrator raises the cap, then resumes it: its data is intact.
+    set_memory_limit(path, None, 4 << 30)
+    env = dict(guard.env)
+    done = subprocess.run([sys.executable, "-m", "hami_jupyter", "guard", "--root", str(root), "--resume",
+                           str(bypass.pid)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "runs again" in done.stdout
+    assert bypass.ok("check A 90")["equal"]
+    assert gpu.process_used(bypass.pid, 0) == 1500 * MiB + CONTEXT
+    guard.wait_report(lambda r: not r.get("parked"), what="the park gone from the report")
+    assert [r["action"] for r in audit_records(root, "guard-park", "guard-resume")] == ["guard-park",
+                                                                                         "guard-resume"]
+
+
+def test_a_command_that_keeps_coming_back_is_ended_each_time_once_and_audited_once(
+        gpu, slices, start_guard, holder, root):
+    slices.make("alice", memory="1g")
+    start_guard("--action", "kill")
+    pids = []
+    for _ in range(3):  # a restarter starting the same command line again
+        it = holder(slices.env("alice", preload=False), 0, "1500m")
+        wait_dead(it, KILL_WITHIN_S * 2)
+        pids.append(it.pid)
+    assert [r["pid"] for r in audit_records(root, "guard-kill")] == pids[:1]
+    [again] = audit_records(root, "guard-return")
+    assert again["pid"] == pids[1] and again["first_pid"] == pids[0]

@@ -11,8 +11,11 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-def proc(pid, mib, preload=False, start=None, by="environ"):
-    return ProcessUse(pid, start if start is not None else pid, mib * MiB, preload, by)
+def proc(pid, mib, preload=False, start=None, by="environ", charged_mib=None):
+    """A process holding *mib*; under the library (*preload*) it was charged
+    *charged_mib* (by default what it holds)."""
+    charged = (mib if charged_mib is None else charged_mib) * MiB if preload else None
+    return ProcessUse(pid, start if start is not None else pid, mib * MiB, preload, by, charged_bytes=charged)
 
 
 def gpu(processes, limit_mib=1024, tolerance_mib=64, uuid="GPU-0", reported_mib=0):
@@ -46,18 +49,21 @@ def test_processes_without_the_preload_go_first_then_the_newest():
     newer_bypass = proc(11, 300, preload=False, start=200)
     newest_counted = proc(12, 300, preload=True, start=300)
     oldest_counted = proc(13, 300, preload=True, start=50)
-    assert [p.pid for p in victim_order([oldest_counted, newest_counted, older_bypass, newer_bypass])] == \
-        [11, 10, 12, 13]
+    # Under the library and holding no more than they were charged: never candidates.
+    assert [p.pid for p in victim_order([oldest_counted, newest_counted, older_bypass, newer_bypass],
+                                        64 * MiB)] == [11, 10]
     # 1200 MiB: ending the newer bypass is enough.
     assert pids(plan_kills([gpu([older_bypass, newer_bypass, newest_counted, oldest_counted])])) == [11]
-    # 2000 MiB with the preloaded ones bigger: both bypasses, then the newest preloaded one.
+    # 2000 MiB with the preloaded ones bigger (charged as they hold): both
+    # bypasses, and then the slice is only over by what the library charged,
+    # which it holds; nobody else is chosen.
     big = [proc(10, 100, start=100), proc(11, 100, start=200), proc(12, 900, True, start=300),
            proc(13, 900, True, start=50)]
-    assert pids(plan_kills([gpu(big)])) == [11, 10, 12]
+    assert pids(plan_kills([gpu(big)])) == [11, 10]
 
 
 def test_it_stops_as_soon_as_the_slice_is_within_cap_and_tolerance():
-    ps = [proc(20 + i, 200, preload=True, start=i) for i in range(8)]  # 1600 MiB
+    ps = [proc(20 + i, 200, start=i) for i in range(8)]  # 1600 MiB, none of it charged
     plan = plan_kills([gpu(ps)])
     assert pids(plan) == [27, 26, 25]  # 1600 -> 1400 -> 1200 -> 1000 MiB, within 1024 + 64
     assert [k.real_before for k in plan] == [1600 * MiB, 1400 * MiB, 1200 * MiB]
@@ -66,7 +72,7 @@ def test_it_stops_as_soon_as_the_slice_is_within_cap_and_tolerance():
 def test_pid_1_the_guard_and_processes_holding_nothing_there_are_never_chosen():
     me = os.getpid()
     ps = [proc(1, 900, start=500), proc(me, 900, start=400), proc(30, 0, start=300),
-          proc(31, 900, True, start=1)]
+          proc(31, 900, True, start=1, charged_mib=0)]
     assert pids(plan_kills([gpu(ps)])) == [31]
     assert pids(plan_kills([gpu(ps[:3])])) == []  # nothing else to end: none of them is touched
 
@@ -87,11 +93,57 @@ def test_a_process_ended_for_one_gpu_frees_its_bytes_on_the_others():
 
 @pytest.mark.parametrize("limit_mib, expect", [(1024, [61]), (2048, []), (256, [61, 60])])
 def test_the_cap_in_force_decides(limit_mib, expect):
-    ps = [proc(60, 500, True, start=1), proc(61, 700, True, start=2)]
+    ps = [proc(60, 500, start=1), proc(61, 700, start=2)]
     assert pids(plan_kills([gpu(ps, limit_mib=limit_mib)])) == expect
 
 
 def test_memory_of_a_process_already_ended_counts_as_freed():
     ps = [proc(70, 1500, start=9), proc(71, 300, True, start=1)]  # 70 was ended; NVML still lists it
     assert pids(plan_kills([gpu(ps)], ended={70})) == []
-    assert pids(plan_kills([gpu(ps + [proc(72, 900, True, start=5)])], ended={70})) == [72]
+    assert pids(plan_kills([gpu(ps + [proc(72, 900, start=5)])], ended={70})) == [72]
+
+
+# ---- memory got within the cap in force is never a reason to act ----------------
+
+def test_a_kernel_over_a_lowered_cap_by_what_it_held_before_is_held_not_over():
+    # alice's kernel holds 26 GiB, charged by the library under a 40 GiB cap;
+    # an administrator lowers the cap to 20 GiB.
+    kernel = proc(10, 26 * 1024, True, start=5)
+    before = gpu([kernel], limit_mib=40 * 1024)
+    assert before.state == "ok" and before.next_allowance() == 26 * GiB  # all it holds: charged, and more
+    after = gpu([kernel], limit_mib=20 * 1024)
+    after.allowance_bytes = before.next_allowance()
+    assert not after.over and after.state == "held"
+    assert plan_kills([after]) == []
+    # A restart of the guard that finds no history trusts the kept bytes once.
+    fresh = gpu([kernel], limit_mib=20 * 1024)
+    assert fresh.state == "held" and plan_kills([fresh]) == []
+
+
+def test_a_bypass_beside_a_held_kernel_is_chosen_and_the_kernel_is_not():
+    kernel = proc(10, 26 * 1024, True, start=5)
+    bypass = proc(11, 3 * 1024, start=9)
+    g = gpu([kernel, bypass], limit_mib=20 * 1024)
+    g.allowance_bytes = 26 * GiB
+    assert g.over
+    assert pids(plan_kills([g])) == [11]
+
+
+def test_held_bytes_only_shrink_while_the_slice_is_over():
+    # The kernel freed 6 GiB (20 left, at the new cap), then someone rewrote its
+    # slot's counter to claim 26 GiB and took 6 GiB again past the library.
+    g = gpu([proc(10, 20 * 1024, True, start=5)], limit_mib=20 * 1024)
+    g.allowance_bytes = 26 * GiB
+    assert g.next_allowance() == 20 * GiB  # within the cap: what is kept now
+    g2 = gpu([proc(10, 26 * 1024, True, start=5, charged_mib=26 * 1024)], limit_mib=20 * 1024)
+    g2.allowance_bytes = 20 * GiB
+    assert g2.over and g2.state == "over" and g2.next_allowance() == 20 * GiB
+
+
+def test_a_process_under_the_library_holding_more_than_it_was_charged_is_chosen():
+    # Counters zeroed by hand: the driver holds 900 MiB the slot does not show.
+    honest = proc(10, 600, True, start=1)
+    zeroed = proc(11, 900, True, start=2, charged_mib=0)
+    g = gpu([honest, zeroed])
+    assert g.over
+    assert pids(plan_kills([g])) == [11]

@@ -53,7 +53,7 @@ def test_once_writes_one_report_and_exits(gpu, slices, root, holder):
     from hami_jupyter.slice.guard_report import read_report
 
     report = read_report(root)
-    assert report["guard_pid"] > 0 and report["action"] == "kill" and report["interval"] == 0.5
+    assert report["guard_pid"] > 0 and report["action"] == "park" and report["interval"] == 0.5
     [proc] = report["slices"]["alice"]["gpus"][gpu.uuid(1)]["processes"]
     assert proc["pid"] == kernel.pid and proc["preload"] is True
     assert "watching" in run.stderr and "stopped" in run.stderr
@@ -74,13 +74,13 @@ def test_sigterm_stops_it_cleanly(gpu, root, start_guard):
 
 def test_a_restart_loses_nothing(gpu, slices, root, start_guard, holder):
     slices.make("alice", memory="1g")
-    first = start_guard()
+    first = start_guard("--action", "kill")
     one = holder(slices.env("alice", preload=False), 0, "1500m")
     wait_dead(one, KILL_WITHIN_S)
     first.wait_report(lambda r: r["actions"])
     assert first.stop() == 0
 
-    second = start_guard()
+    second = start_guard("--action", "kill")
     report = second.wait_report()
     assert [a["pid"] for a in report["actions"]] == [one.pid]  # the earlier kill is still shown
     two = holder(slices.env("alice", preload=False), 1, "1500m")
@@ -115,7 +115,7 @@ def test_a_lost_gpu_is_reported_and_the_others_are_still_guarded(gpu, slices, ro
     flag = tmp_path / "gpu1-lost"
     flag.touch()
     env = guard_env(gpu, FLAKY_NVML="lost1", FLAKY_NVML_LOST=flag)
-    guard = start_guard(env=env, script=FLAKY)
+    guard = start_guard("--action", "kill", env=env, script=FLAKY)
     on_lost = holder(slices.env("alice", preload=False), 1, "1500m")
     on_good = holder(slices.env("alice", preload=False), 0, "1500m")
 
@@ -135,7 +135,7 @@ def test_a_lost_gpu_is_reported_and_the_others_are_still_guarded(gpu, slices, ro
 def test_nvml_failing_every_other_time_is_survived(gpu, slices, root, start_guard, holder):
     slices.make("alice", memory="1g")
     env = guard_env(gpu, FLAKY_NVML="count")
-    guard = start_guard(env=env, script=FLAKY)
+    guard = start_guard("--action", "kill", env=env, script=FLAKY)
     guard.wait_report(lambda r: any("NVML cannot count the GPUs: Driver Not Loaded" in e
                                     for e in r["errors"]), what="the NVML error in the report")
     bypass = holder(slices.env("alice", preload=False), 0, "1500m")
@@ -147,7 +147,7 @@ def test_nvml_failing_every_other_time_is_survived(gpu, slices, root, start_guar
 
 def test_an_interval_that_fails_is_logged_and_the_next_ones_run(gpu, slices, root, start_guard, holder):
     slices.make("alice", memory="1g")
-    guard = start_guard(env=guard_env(gpu, FLAKY_NVML="crash"), script=FLAKY)
+    guard = start_guard("--action", "kill", env=guard_env(gpu, FLAKY_NVML="crash"), script=FLAKY)
     guard.rounds(3)
     log = guard.log()
     assert log.count("this interval failed; the guard goes on with the next") == 2

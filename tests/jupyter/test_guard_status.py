@@ -61,7 +61,7 @@ def test_without_a_guard_the_figures_are_the_slices_own(alice):
     (gpu,) = status["gpus"]
     assert gpu["memory_used"] == USED
     assert {k: gpu[k] for k in NO_GUARD} == NO_GUARD
-    assert status["guard"] == {"running": False, "action": None, "written_unix": None, "error": None, "elsewhere": []}
+    assert status["guard"] == {"running": False, "action": None, "written_unix": None, "error": None, "elsewhere": [], "parked": []}
     text, html = format_text(status), format_html(status)
     assert "(guard)" not in text and "OVER CAP" not in text
     assert "hami-guard" not in html
@@ -75,7 +75,7 @@ def test_a_guard_over_the_cap_shows_everywhere_the_status_does(alice):
     assert (gpu["memory_used"], gpu["memory_real"], gpu["guard_state"]) == (USED, 400 * MiB, "over")
     assert (gpu["guard_limit"], gpu["guard_reported"]) == (256 * MiB, USED)
     assert status["guard"] == {"running": True, "action": "kill",
-                               "written_unix": report["written_unix"], "error": None, "elsewhere": []}
+                               "written_unix": report["written_unix"], "error": None, "elsewhere": [], "parked": []}
 
     over = ("the guard sees 400.0 MiB really in use on this GPU, over the 256.0 MiB cap "
             "(the slice counts 164.0 MiB); the guard's action: kill")
@@ -108,7 +108,7 @@ def test_a_guard_that_stopped_writing_is_not_believed(alice):
     status = slice_status(path)
     assert {k: status["gpus"][0][k] for k in NO_GUARD} == NO_GUARD
     assert status["guard"] == {"running": False, "action": "report", "written_unix": written,
-                               "error": None, "elsewhere": []}
+                               "error": None, "elsewhere": [], "parked": []}
     assert "OVER CAP" not in format_text(status) and "(guard)" not in format_text(status)
 
 
