@@ -129,6 +129,26 @@ def grow(step_bytes, max_bytes):
     result(held=len(held) * step_bytes)
 
 
+def hold_hash(data_bytes, extra_bytes):
+    """Fill DATA_BYTES with random bytes and print their hash (HASH), then take
+    EXTRA_BYTES more (OVER: past a cap, without the library), wait for a line
+    on stdin and print the data's hash again (AFTER): whatever happened to the
+    process meanwhile, its data must be the same."""
+    import hashlib
+
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    data = torch.randint(0, 256, (data_bytes,), dtype=torch.uint8, device="cuda", generator=gen)
+    print(f"HASH {hashlib.sha256(data.cpu().numpy().tobytes()).hexdigest()}", flush=True)
+    extra = torch.empty(extra_bytes, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    print(f"OVER {time.time():.3f}", flush=True)
+    sys.stdin.readline()
+    print(f"AFTER {hashlib.sha256(data.cpu().numpy().tobytes()).hexdigest()}", flush=True)
+    del extra
+
+
 def _torch_workload():
     """Convolutions (cuDNN autotuned, three dtypes), FFT, QR, SVD and sort: the
     kinds of work that make the driver and the libraries take memory of their own."""
@@ -196,6 +216,8 @@ def main():
         workload(args[0])
     elif name == "grow":
         grow(int(args[0]), int(args[1]))
+    elif name == "hold_hash":
+        hold_hash(int(args[0]), int(args[1]))
     else:
         raise SystemExit(f"unknown scenario {name}")
 

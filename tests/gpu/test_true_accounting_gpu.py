@@ -301,3 +301,83 @@ def test_the_guard_ends_a_pytorch_bypass_within_two_seconds(preload_lib, tmp_pat
         guard.wait(timeout=30)
         guard_log.close()
         print((tmp_path / "guard.log").read_text()[-3000:])
+
+
+def test_the_guard_parks_a_pytorch_bypass_and_an_administrator_brings_its_data_back(preload_lib, tmp_path):
+    """The guard's default action on the H100: a user's PyTorch process
+    without the preload library, 2 GiB of random data and 3 GiB more, passes
+    its 4 GiB cap; the guard parks it (its GPU memory to host memory); the
+    time from NVML's first look past the cap to NVML's bytes of it at 0 is
+    printed; an administrator raises the cap and resumes it; the data's hash
+    is the same."""
+    if os.geteuid() != 0:
+        pytest.skip("the guard and a second user need root")
+    pytest.importorskip("torch")
+    from hami_jupyter.slice.change import set_memory_limit
+    from hami_jupyter.slice.create import ensure_slice
+    from hami_jupyter.slice.guard_report import read_report
+    from hami_jupyter.slice.settings import resolve_limits
+
+    user = _user()
+    root = tmp_path / "slices"
+    root.mkdir(mode=0o755)
+    path = root / f"{user.pw_name}.slice"
+    ensure_slice(path, user.pw_name, resolve_limits({"memory_limit": "4g"}, {}))
+    os.chown(path, user.pw_uid, user.pw_gid)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("HAMI_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    guard_log = open(tmp_path / "guard.log", "w")
+    guard = subprocess.Popen([sys.executable, "-m", "hami_jupyter", "guard", "--root", str(root), "--interval",
+                              "0.5"], env=env, stdout=guard_log, stderr=subprocess.STDOUT)
+    bypass = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (root / "guard.json").exists():
+            assert guard.poll() is None and time.monotonic() < deadline, (tmp_path / "guard.log").read_text()
+            time.sleep(0.1)
+        bypass = subprocess.Popen(["runuser", "-u", user.pw_name, "--", sys.executable, str(SCENARIOS),
+                                   "hold_hash", str(2 * GiB), str(3 * GiB)], env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+        before = bypass.stdout.readline().split()
+        assert before and before[0] == "HASH", (before, bypass.stderr.read() if bypass.poll() is not None else "")
+        gpu_pid = int(subprocess.run(["pgrep", "-u", user.pw_name, "-f", "gpu_scenarios.py hold_hash"],
+                                     stdout=subprocess.PIPE, text=True).stdout.split()[0])
+        limit, over_at, freed_at, worst = 4 * GiB, None, None, 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and freed_at is None:
+            real = nvml_process_bytes(gpu_pid)
+            if real is not None:
+                worst = max(worst, real)
+                if over_at is None and real > limit:
+                    over_at = time.monotonic()
+            if over_at is not None and not real:
+                freed_at = time.monotonic()
+            time.sleep(0.02)
+        assert bypass.poll() is None, "the bypass was ended: " + bypass.stderr.read()[-2000:]
+        report = read_report(root)
+        parked = [p for p in report.get("parked") or [] if p.get("pid") == gpu_pid]
+        print(f"bypass pid {gpu_pid}: NVML saw at most {worst / MiB:.0f} MiB; over the 4 GiB cap at {over_at}, "
+              f"its GPU memory freed {None if freed_at is None else round(freed_at - over_at, 3)} s later; "
+              f"parked {parked}")
+        assert over_at is not None and freed_at is not None, "NVML never saw it over the cap and then freed"
+        assert parked and parked[0]["action"] == "park"
+        # An administrator raises the cap and resumes it.
+        set_memory_limit(path, None, 8 * GiB)
+        t0 = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "hami_jupyter", "guard", "--root", str(root), "--resume",
+                               str(gpu_pid)], env=env, capture_output=True, text=True, timeout=300)
+        resumed = time.monotonic() - t0
+        assert done.returncode == 0, done.stdout + done.stderr
+        bypass.stdin.write("go\n")
+        bypass.stdin.flush()
+        after = bypass.stdout.readline().split()
+        print(f"resumed in {resumed:.2f} s; hash before {before[1][:16]}, after {after[1][:16] if after else None}")
+        assert after and after[0] == "AFTER" and after[1] == before[1]
+        assert [a for a in read_report(root)["actions"] if a.get("action") == "kill"] == []
+    finally:
+        if bypass is not None and bypass.poll() is None:
+            bypass.kill()
+        guard.terminate()
+        guard.wait(timeout=30)
+        guard_log.close()
+        print((tmp_path / "guard.log").read_text()[-3000:])
