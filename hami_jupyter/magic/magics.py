@@ -33,11 +33,12 @@ Usage: %hami status [--json] [--slice NAME_OR_PATH]
        %hami release
 `%hami?` explains each."""
 
-NOT_IN_SLICE = (
-    "hami: this kernel is not in a GPU slice ($HAMI_SLICE is not set): it was started with "
+NOT_IN_SLICE_REASON = (
+    "this kernel is not in a GPU slice ($HAMI_SLICE is not set): it was started with "
     "a kernelspec that does not use the HAMi provisioner, so no GPU limit applies to it. "
     "Pick the \"Python 3 (HAMi vGPU)\" kernel, or look at a slice with --slice NAME_OR_PATH."
 )
+NOT_IN_SLICE = f"hami: {NOT_IN_SLICE_REASON}"
 
 MIN_INTERVAL = 0.1  # seconds; faster only floods the frontend with widget updates
 MAX_INTERVAL = 3600.0
@@ -75,11 +76,22 @@ def _parser():
 _PARSER = _parser()
 
 
-def _slice_file(ref):
-    """Path of the slice named by *ref* or ``$HAMI_SLICE``; None (after advice) if none."""
+def _show_json(data):
+    """*data* as JSON: rich (application/json) and as text ``json.loads`` reads back."""
+    display({"application/json": data, "text/plain": json.dumps(data, indent=2)}, raw=True)
+
+
+def _slice_file(ref, as_json=False):
+    """Path of the slice named by *ref* or ``$HAMI_SLICE``; None (after advice) if none.
+
+    Outside a slice, *as_json* shows ``{"in_slice": false, "reason": ...}``
+    instead of the prose: a program reading the JSON gets JSON either way."""
     ref = ref or os.environ.get("HAMI_SLICE")
     if not ref:
-        print(NOT_IN_SLICE)
+        if as_json:
+            _show_json({"in_slice": False, "reason": NOT_IN_SLICE_REASON})
+        else:
+            print(NOT_IN_SLICE)
         return None
     try:
         return slice_path(ref)
@@ -116,7 +128,9 @@ class HamiMagics(Magics):
             Shown as a table in JupyterLab and as text in a terminal.
             --json displays the same data as JSON (application/json); its
             text/plain form is exactly ``json.dumps(status, indent=2)``, so
-            ``json.loads`` reads it back. Nothing is printed to stdout.
+            ``json.loads`` reads it back. Nothing is printed to stdout. Its
+            "in_slice" is true; in a kernel outside any slice (and without
+            --slice) the JSON is {"in_slice": false, "reason": "..."}.
             --slice looks at another slice: a name under the slice root, or
             a path to a slice file.
 
@@ -157,13 +171,12 @@ class HamiMagics(Magics):
 
     @staticmethod
     def _status(args):
-        path = _slice_file(args.slice)
+        path = _slice_file(args.slice, as_json=args.json)
         status = None if path is None else _read(path)
         if status is None:
             return
         if args.json:
-            display({"application/json": status,
-                     "text/plain": json.dumps(status, indent=2)}, raw=True)
+            _show_json({"in_slice": True, **status})
         else:
             display({"text/plain": format_text(status),
                      "text/html": format_html(status, os.environ.get("HAMI_KERNEL_ID"))},

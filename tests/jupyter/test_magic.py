@@ -95,6 +95,7 @@ def test_status_json_is_what_the_file_says(start_kernel, cell):
     assert r.stdout == ""
     shown = json.loads(only_output(r, "text/plain"))
     assert only_output(r, "application/json") == shown
+    assert shown["in_slice"] is True
     expected = slice_status(kernel_slice(kc, cell))
     assert shown["path"] == expected["path"]
     assert [(g["uuid"], g["memory_used"], g["memory_limit"]) for g in shown["gpus"]] == \
@@ -157,10 +158,17 @@ def test_format_html_escapes_every_field():
 def test_not_in_a_slice(start_kernel, cell):
     _, kc = start_kernel(kernel_name="python3")
     ok(kc, cell, "%load_ext hami_jupyter.magic")
-    for line in ("%hami status", "%hami status --json", "%hami watch"):
+    for line in ("%hami status", "%hami watch"):
         r = ok(kc, cell, line)
         assert "this kernel is not in a GPU slice" in r.stdout, line
         assert r.outputs == [] and r.stderr == ""
+    # --json is for programs: JSON saying so, never prose on stdout.
+    r = ok(kc, cell, "%hami status --json")
+    assert r.stdout == "" and r.stderr == ""
+    shown = json.loads(only_output(r, "text/plain"))
+    assert only_output(r, "application/json") == shown
+    assert shown["in_slice"] is False
+    assert shown["reason"].startswith("this kernel is not in a GPU slice ($HAMI_SLICE is not set)")
 
 
 def test_damaged_or_missing_slice_file_is_one_line_of_advice(start_kernel, cell):
