@@ -13,7 +13,10 @@ the work is done by the modules it calls.
 Exit status: 0 when all went well, 1 when something failed (a slice that
 cannot be read, a failed check), 2 for a usage error (a bad argument), as
 argparse does. An expected failure prints one line that says what to do,
-never a traceback. A slice file another user owns or could change, met
+never a traceback. Every command's ``--help`` works whatever is installed; a
+command that needs an optional extra that is missing (``hub-service``
+without JupyterHub) says which to install (``pip install
+'hami-jupyter[hub]'``) and exits 1. A slice file another user owns or could change, met
 while listing every slice, is skipped with a warning (see
 :mod:`hami_jupyter.slice.paths`); the others still show.
 """
@@ -42,6 +45,18 @@ class UsageError(Exception):
 
 class Failure(Exception):
     """The command could not do its job (exit status 1)."""
+
+
+# The top-level module of each optional extra's packages (pyproject.toml's
+# optional-dependencies), and the extra that brings it.
+EXTRAS = {"jupyterhub": "hub", "kubespawner": "kubernetes"}
+
+
+def missing_extra(error):
+    """``(module, extra)`` when *error* (a ModuleNotFoundError) is an optional
+    extra's package that is not installed; None for anything else."""
+    module = (error.name or "").split(".")[0]
+    return (module, EXTRAS[module]) if module in EXTRAS else None
 
 
 # ---- status -------------------------------------------------------------------
@@ -349,6 +364,20 @@ def build_parser(with_demo_options=False):
 def main(argv=None):
     """Run the command line; return the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _run(argv)
+    except ModuleNotFoundError as e:
+        missing = missing_extra(e)
+        if missing is None:
+            raise
+        module, extra = missing
+        command = " ".join([PROG, *argv[:1]])
+        print(f"{command}: error: this command needs {module}, which is not installed here: "
+              f"pip install 'hami-jupyter[{extra}]'", file=sys.stderr)
+        return 1
+
+
+def _run(argv):
     if argv[:1] == ["hub-service"]:  # traitlets parses its own options, --help included
         return _hub_service(argv[1:])
     parser = build_parser(with_demo_options=argv[:1] == ["demo"])

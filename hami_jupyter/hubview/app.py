@@ -15,6 +15,10 @@ before it answers, so its effect shows in the next read.
 
 The service keeps no state of its own beyond the history of the last
 minutes: the Hub knows the servers, the servers know their slices.
+
+JupyterHub's own code (its OAuth, :mod:`.handlers`) is imported only when the
+service starts, so that ``--help`` and ``--help-all`` work where JupyterHub is
+not installed; the ``hami-jupyter`` command then names the extra to install.
 """
 
 import asyncio
@@ -26,7 +30,6 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from jupyterhub.services.auth import HubOAuth
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient
 from traitlets import Bool, Float, Integer, List, Unicode, default
@@ -37,7 +40,6 @@ from ..slice.paths import default_root
 from . import document as doc
 from . import metrics
 from .actions import Actions
-from .handlers import ActionHandler, HubHandler, MetricsHandler, OAuthCallbackHandler, TargetsHandler
 from .history import History
 from .hub_api import HubAPI, HubAPIError
 from .servers import Servers
@@ -237,6 +239,11 @@ class HamiHubService(Application):
     # ---- serving ----
 
     def make_app(self):
+        from jupyterhub.services.auth import HubOAuth
+
+        from .handlers import (ActionHandler, HubHandler, MetricsHandler, OAuthCallbackHandler,
+                               TargetsHandler)
+
         prefix = self.service_prefix if self.service_prefix.endswith("/") else self.service_prefix + "/"
         hub_auth = HubOAuth(api_url=self.hub_api_url, api_token=self.api_token, base_url=prefix,
                             cache_max_age=60, parent=self)
@@ -281,6 +288,9 @@ class HamiHubService(Application):
         client.close()
 
     def start(self):
+        # Without JupyterHub: ModuleNotFoundError before anything else is said.
+        from . import handlers  # noqa: F401
+
         problems = self._check()
         if problems:
             for p in problems:

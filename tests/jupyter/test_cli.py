@@ -4,6 +4,7 @@ Most tests call ``main([...])`` in-process and read what it printed; one
 runs the installed command as a child process, as a user would.
 """
 
+import argparse
 import json
 import os
 import subprocess
@@ -440,3 +441,70 @@ def test_installed_command(hami_env, command):
     assert proc.returncode == 2
     assert "--memory: memory limit '4x' is not a size" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ---- without the optional extras ------------------------------------------------
+
+# Runs the command as a user without JupyterHub or KubeSpawner would: importing
+# them fails as it does where they are not installed.
+WITHOUT_EXTRAS = """
+import contextlib, io, json, sys, traceback
+
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("jupyterhub", "kubespawner"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+from hami_jupyter.commands.cli import main
+
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code or 0
+        except BaseException:
+            traceback.print_exc()
+            code = "raised"
+    results.append({"argv": argv, "code": code, "out": out.getvalue(), "err": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def without_extras(*commands):
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_EXTRAS, json.dumps(commands)],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def every_command():
+    """Every command and subcommand of ``hami-jupyter``, as argument lists."""
+    from hami_jupyter.commands.cli import build_parser
+
+    def walk(parser, prefix):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return [prefix]
+        return [found for name, sub in subs[0].choices.items() for found in walk(sub, prefix + [name])]
+
+    return walk(build_parser(with_demo_options=True), [])
+
+
+def test_every_help_works_without_the_optional_extras(hami_env):
+    commands = every_command()
+    assert ["hub-service"] in commands and ["slice", "reset"] in commands
+    for r in without_extras(*[c + ["--help"] for c in commands]):
+        assert r["code"] == 0 and "Traceback" not in r["err"], r
+        assert r["out"].strip(), r  # the help itself
+
+
+def test_a_command_whose_extra_is_missing_names_the_extra(hami_env):
+    [r] = without_extras(["hub-service"])
+    assert r["code"] == 1 and r["out"] == "", r
+    assert r["err"] == ("hami-jupyter hub-service: error: this command needs jupyterhub, which is "
+                        "not installed here: pip install 'hami-jupyter[hub]'\n"), r
