@@ -244,16 +244,50 @@ def check_provisioner():
     return Check(name, PASS, f"{kernelspec.PROVISIONER} -> {eps[0].value}")
 
 
+def variable_origin(name, env=None):
+    """``(who set the limit variable *name* here, how to fix it there)``, as far
+    as this environment tells: the hub, HAMi's device plugin, or this shell."""
+    env = os.environ if env is None else env
+    if name.startswith("CUDA_DEVICE_") and env.get("KUBERNETES_SERVICE_HOST"):
+        return ("HAMi's device plugin, from the pod's nvidia.com/gpumem and nvidia.com/gpucores",
+                "fix those in the pod's resources (the KubeSpawner profile)")
+    if env.get("JUPYTERHUB_API_TOKEN") or env.get("JUPYTERHUB_USER"):
+        return ("JupyterHub, which gave it to this server",
+                "fix it in the hub's configuration (the SlicePolicy sizes, or the spawner's "
+                "environment) and restart the server")
+    return ("this shell (or whatever started this process)",
+            "correct or unset it there (an export in your shell or its start-up files)")
+
+
+def _kernelspec_advice(entry):
+    """What to do about a kernelspec whose limits are invalid: fix the place
+    the bad value really comes from."""
+    where, variable = entry.get("error_source") or ("kernelspec", None)
+    if where == "environment":
+        who, fix = variable_origin(variable)
+        return (f"the bad value is not in the kernel.json: it is the environment variable "
+                f"{variable}, set by {who}; {fix}. Until then every HAMi kernel started from "
+                "here is refused")
+    if where == "server config":
+        files = ", ".join(entry.get("server_config_files") or []) or "jupyter_server_config"
+        return (f"the bad value is not in the kernel.json: it comes from c.HamiProvisioner in the "
+                f"Jupyter "
+                f"server's configuration ({files}); fix it there. Until then every HAMi kernel "
+                "of that server is refused")
+    return (f"fix the value in {Path(entry['resource_dir']) / 'kernel.json'}, or rewrite it with "
+            f"`hami-jupyter kernelspec install --name {entry['name']} ...`; kernels of it will "
+            "not start")
+
+
 def check_kernelspecs():
     """Does Jupyter find hami-python3, and are the limits of every HAMi kernelspec valid?"""
     name = "kernelspecs"
     found = kernelspec.hami_kernelspecs()
     bad = [k for k in found if "error" in k]
     if bad:
+        advice = list(dict.fromkeys(_kernelspec_advice(k) for k in bad))  # one each, in order
         return Check(name, FAIL, "; ".join(f"{k['name']} ({k['resource_dir']}): {k['error']}"
-                                           for k in bad),
-                     "fix the value in its kernel.json, or rewrite it with "
-                     "`hami-jupyter kernelspec install --name NAME ...`; kernels of it will not start")
+                                           for k in bad), "; ".join(advice))
     names = [k["name"] for k in found]
     if kernelspec.SHIPPED not in names:
         status = WARN if names else FAIL
@@ -273,8 +307,14 @@ def check_environment(env=None):
         if env.get("HAMI_SLICE") and "/" not in env["HAMI_SLICE"]:
             check_name(env["HAMI_SLICE"])
     except (LimitError, SliceNameError) as e:
-        return Check(name, FAIL, str(e), "fix or unset it: kernels refuse to start while a "
-                     "limit is invalid (no kernel runs unlimited in its place)")
+        bad = kernelspec.invalid_source({}, env) if isinstance(e, LimitError) else None
+        variable = bad[1] if bad else "HAMI_SLICE" if isinstance(e, SliceNameError) else None
+        fix = "fix or unset it"
+        if variable:
+            who, how = variable_origin(variable, env)
+            fix = f"{variable} is set by {who}; {how}"
+        return Check(name, FAIL, str(e), f"{fix}: kernels refuse to start while a limit is "
+                     "invalid (no kernel runs unlimited in its place)")
     if limits.unlimited:
         return Check(name, PASS, "none set: kernels take their limits from their kernelspec "
                      "or the server's HamiProvisioner config")

@@ -138,10 +138,11 @@ def default_display_name(config):
     return "Python 3 (HAMi vGPU" + "".join(f", {p}" for p in parts) + ")"
 
 
-def server_provisioner_config():
+def server_provisioner_config(files=None):
     """``c.HamiProvisioner`` as the Jupyter server started from here would read it
     (its ``jupyter_server_config`` files on Jupyter's config path); ``({}, None)``
-    or ``({...}, None)``, or ``({}, why)`` when the files cannot be read."""
+    or ``({...}, None)``, or ``({}, why)`` when the files cannot be read. The
+    paths of the files read are appended to the list *files* when given."""
     from jupyter_core.paths import jupyter_config_path
     from traitlets.config.application import Application
 
@@ -150,6 +151,9 @@ def server_provisioner_config():
         reader.load_config_file("jupyter_server_config", path=jupyter_config_path())
     except Exception as e:  # a config file that does not load: the server would say so too
         return {}, f"the server's configuration could not be read ({e})"
+    finally:
+        if files is not None:
+            files.extend(reader.loaded_config_files)
     mine = reader.config.get("HamiProvisioner", {})
     return {k: mine[k] for k in ("memory_limit", "sm_limit", "sm_mode", "max_decoders")
             if k in mine}, None
@@ -189,6 +193,31 @@ def describe_config(config, environ=None, server_config=None):
     if config.get("slice"):
         parts.append(f"slice {config['slice']}")
     return ", ".join(parts)
+
+
+def invalid_source(config, environ=None, server_config=None):
+    """Where the invalid limit that :func:`applied_limits` refuses comes from:
+    ``("kernelspec", None)``, ``("server config", None)`` or ``("environment",
+    VARIABLE)``; None when every place is valid. The kernelspec is looked at
+    first: a kernel.json is fixed by whoever wrote it, a variable elsewhere."""
+    environ = os.environ if environ is None else environ
+
+    def invalid(**layers):
+        try:
+            applied_limits(layers.get("config", {}), layers.get("environ", {}),
+                           layers.get("server_config", {}))
+        except LimitError:
+            return True
+        return False
+
+    if invalid(config=config):
+        return "kernelspec", None
+    if server_config and invalid(server_config=server_config):
+        return "server config", None
+    for name, value in sorted(environ.items()):  # variables that are no limit are never read
+        if invalid(environ={name: value}):
+            return "environment", name
+    return None
 
 
 def kernel_json(display_name, config):
@@ -293,10 +322,13 @@ def hami_kernelspecs():
 
     A list of dicts: name, resource_dir, display_name, config, and either
     ``limits`` (:func:`describe_config`'s line: what applies here) or ``error``
-    (why its config, or the limits around it, are invalid).
+    (why its config, or the limits around it, are invalid) with
+    ``error_source``: :func:`invalid_source`'s ``[place, variable]``, and
+    ``server_config_files``, the server's configuration files read.
     """
     found = []
-    server_config, _ = server_provisioner_config()
+    files = []
+    server_config, _ = server_provisioner_config(files)
     for name, info in sorted(KernelSpecManager(log=_log).get_all_specs().items()):
         spec = info.get("spec") or {}
         provisioner = (spec.get("metadata") or {}).get("kernel_provisioner") or {}
@@ -309,5 +341,8 @@ def hami_kernelspecs():
             entry["limits"] = describe_config(config, server_config=server_config)
         except LimitError as e:
             entry["error"] = str(e)
+            entry["error_source"] = list(invalid_source(config, server_config=server_config)
+                                         or ("kernelspec", None))
+            entry["server_config_files"] = files
         found.append(entry)
     return found

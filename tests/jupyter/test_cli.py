@@ -258,7 +258,59 @@ def test_doctor_fails_on_a_bad_limit_variable(hami_env, capsys, monkeypatch):
     line = next(x for x in out.splitlines() if "limit variables" in x)
     assert line.startswith("FAIL")
     assert "HAMI_MEMORY_LIMIT: memory limit '4x' is not a size" in line
-    assert "-> fix or unset it" in out
+    assert "-> HAMI_MEMORY_LIMIT is set by this shell (or whatever started this process); correct or unset it" in out
+
+
+def test_doctor_names_where_a_kernelspecs_bad_limit_really_comes_from(hami_env, capsys,
+                                                                       monkeypatch):
+    """A bad variable makes every HAMi kernelspec fail: the fix is the variable
+    (and who set it), never the kernel.json, which is fine."""
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
+    monkeypatch.setenv("HAMI_SM_LIMIT", "half")
+    code, out, _ = run(capsys, "doctor", "--json")
+    assert code == 1
+    checks = checks_by_name(out)
+    kernelspecs = checks["kernelspecs"]
+    assert kernelspecs["status"] == "FAIL" and "HAMI_SM_LIMIT" in kernelspecs["detail"]
+    assert kernelspecs["advice"].startswith(
+        "the bad value is not in the kernel.json: it is the environment variable HAMI_SM_LIMIT, "
+        "set by this shell (or whatever started this process); correct or unset it there")
+    assert checks["limit variables"]["advice"].startswith(
+        "HAMI_SM_LIMIT is set by this shell (or whatever started this process)")
+
+    monkeypatch.setenv("JUPYTERHUB_USER", "alice")  # in a server the hub started
+    kernelspecs = checks_by_name(run(capsys, "doctor", "--json")[1])["kernelspecs"]
+    assert ("HAMI_SM_LIMIT, set by JupyterHub, which gave it to this server; fix it in the hub's "
+            "configuration") in kernelspecs["advice"]
+
+
+def test_doctor_names_the_kernel_json_or_the_server_config_with_the_bad_limit(
+        hami_env, capsys, monkeypatch):
+    prefix = hami_env.tmp / "prefix"
+    assert run(capsys, "kernelspec", "install", "--name", "gpu", "--memory", "1g",
+               "--prefix", str(prefix))[0] == 0
+    spec_file = prefix / "share/jupyter/kernels/gpu/kernel.json"
+    spec = json.loads(spec_file.read_text())
+    spec["metadata"]["kernel_provisioner"]["config"]["memory_limit"] = "lots"
+    spec_file.write_text(json.dumps(spec))
+    monkeypatch.setenv("JUPYTER_PATH", str(prefix / "share" / "jupyter"))
+    config_dir = hami_env.tmp / "jupyter-config"
+    config_dir.mkdir()
+    monkeypatch.setenv("JUPYTER_CONFIG_DIR", str(config_dir))
+    kernelspecs = checks_by_name(run(capsys, "doctor", "--json")[1])["kernelspecs"]
+    assert kernelspecs["status"] == "FAIL"
+    assert kernelspecs["advice"].startswith(f"fix the value in {spec_file}, or rewrite it with "
+                                            "`hami-jupyter kernelspec install --name gpu ...`")
+
+    spec["metadata"]["kernel_provisioner"]["config"]["memory_limit"] = "1g"
+    spec_file.write_text(json.dumps(spec))
+    server_config = config_dir / "jupyter_server_config.json"
+    server_config.write_text(json.dumps({"HamiProvisioner": {"sm_limit": "most"}}))
+    kernelspecs = checks_by_name(run(capsys, "doctor", "--json")[1])["kernelspecs"]
+    assert kernelspecs["status"] == "FAIL"
+    assert kernelspecs["advice"].startswith(
+        "the bad value is not in the kernel.json: it comes from c.HamiProvisioner in the Jupyter "
+        f"server's configuration ({server_config}); fix it there")
 
 
 @pytest.mark.parametrize("name, value, words", [
