@@ -439,8 +439,8 @@ def reset_here(path, *, audit_path=None, who=None, uid=None, via=None):
     """
     path = Path(path)
     name = slice_name(path)
-    if not path.exists():
-        raise ChangeError(f"slice {name!r} does not exist")
+    if not path.exists():  # where it looked and what to check, as `slice set` says
+        raise ChangeError(_explain(path, FileNotFoundError(path)))
     if not slice_change.limits_writable(path):
         raise ReadOnlyError(f"{READ_ONLY} of slice {name!r} (its limits are not writable for you)")
     try:

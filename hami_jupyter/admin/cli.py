@@ -164,6 +164,10 @@ def verify_command(args):
 
     log = Path(args.log) if args.log else audit.default_path(Path(args.root) if args.root
                                                               else default_root())
+    if not log.exists():  # where it looked and what to check
+        return _error(args, f"no audit log at {log}: it is written at the first limit change "
+                            "(slice set or reset); check --log, or --root and HAMI_SLICE_ROOT "
+                            "for the folder", 1)
     problems, notes = audit.verify(log)
     for line in notes:
         print(f"note: {line}")

@@ -34,7 +34,7 @@ from .layout import (
     HamiSlot,
     slot_offset,
 )
-from .paths import list_slice_paths, open_trusted
+from .paths import default_root, list_slice_paths, open_trusted
 from .size import format_size
 from .status import PARK_WAITS
 
@@ -170,15 +170,16 @@ def _write_wanted(path, snapshot, slots, value):
 def find_kernel(kernel_id, root=None):
     """The slice under *root* (default: the slice root) that a process of
     *kernel_id* runs in; ParkError when there is none."""
+    root = root or default_root()
     for path in list_slice_paths(root):
         try:
             if kernel_slots(read_snapshot(path), kernel_id):
                 return path
         except (OSError, ValueError):
             continue
-    raise ParkError(f"no process of kernel {kernel_id} runs in a slice under "
-                    f"{root or 'the slice root'}: check the kernel id (hami-jupyter status lists "
-                    "them), and HAMI_SLICE_ROOT or --root")
+    raise ParkError(f"no process of kernel {kernel_id} runs in a slice under {root}: check the "
+                    "kernel id (hami-jupyter status lists them), and HAMI_SLICE_ROOT or --root "
+                    "for the folder")
 
 
 def park_kernel(path, kernel_id, *, host_reserve=0, lock_timeout_ms=LOCK_TIMEOUT_MS):

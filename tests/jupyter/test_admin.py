@@ -659,6 +659,25 @@ def test_cli_set_reports_every_bad_argument_before_looking_for_the_slice(hami_en
     assert code == 1 and "slice 'nosuchslice' does not exist" in err
 
 
+def test_cli_reset_and_audit_verify_say_where_they_looked(hami_env, capsys, no_nvml):
+    """`slice reset` of a missing slice says what `slice set` says: where it
+    looked and what to check."""
+    code, out, err = run(capsys, "reset", "nosuchslice")
+    assert code == 1 and out == ""
+    said = err.removeprefix("hami-jupyter slice reset: error: ")
+    assert said.startswith(f"slice 'nosuchslice' does not exist "
+                           f"({hami_env.root / 'nosuchslice.slice'}); ")
+    assert said.rstrip().endswith("check the name, and HAMI_SLICE_ROOT or --root for the folder")
+    code, _, err = run(capsys, "set", "nosuchslice", "--memory", "1g")
+    assert code == 1 and err.removeprefix("hami-jupyter slice set: error: ") == said
+
+    code, out, err = main(["audit", "verify"]), *capsys.readouterr()
+    assert code == 1 and out == ""
+    assert err == (f"hami-jupyter audit verify: error: no audit log at {hami_env.root / 'audit.log'}: "
+                   "it is written at the first limit change (slice set or reset); check --log, "
+                   "or --root and HAMI_SLICE_ROOT for the folder\n")
+
+
 def test_cli_list_without_slices(hami_env, capsys, no_nvml):
     code, out, _ = run(capsys, "list")
     assert code == 0 and f"no slices under {hami_env.root}" in out

@@ -53,12 +53,17 @@ def test_park_and_resume_on_the_command_line(parked_kernel, capsys, cell):
     assert code == 0 and "was not parked" in out
 
 
-def test_park_refuses_with_a_reason(start_kernel, capsys):
+def test_park_refuses_with_a_reason(start_kernel, capsys, hami_env):
+    slice_root = hami_env.root
     km, _ = start_kernel(memory_limit="1g")
     code, _, err = run(capsys, "park", km.kernel_id)
     assert code == 1 and "no process of kernel" in err  # nothing on the GPU yet
     code, _, err = run(capsys, "park", "no-such-kernel")
-    assert code == 1 and "no process of kernel no-such-kernel" in err
+    assert code == 1
+    assert (f"no process of kernel no-such-kernel runs in a slice under {slice_root}: check the "
+            "kernel id") in err  # where it looked
+    code, _, err = run(capsys, "resume", "no-such-kernel")
+    assert code == 1 and f"no process of kernel no-such-kernel runs in a slice under {slice_root}" in err
 
 
 def test_hami_status_in_the_parked_kernel_itself_brings_nothing_back(parked_kernel, cell):
