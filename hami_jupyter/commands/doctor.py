@@ -446,9 +446,15 @@ def _limit_problems(snap, raw):
     return problems
 
 
+def _slice_label(path):
+    """``slice "alice"``: quoted, so that a slice named "root" (root's own) is
+    never taken for the slice root check."""
+    return f'slice "{slice_name(path)}"'
+
+
 def check_slice(path):
     """Is the slice file readable, and are its limits valid?"""
-    name = f"slice {slice_name(path)}"
+    name = _slice_label(path)
     try:
         with SliceFile(path) as sf:
             snap = sf.snapshot()
@@ -474,7 +480,7 @@ def check_slices(root=None):
     skipped = []
     paths = list_slice_paths(root, skipped=skipped)
     # The root itself refused: no kernel can use a slice there (the library refuses too).
-    refused = [Check("slices" if p == root else f"slice {slice_name(p)}", FAIL if p == root else WARN,
+    refused = [Check("slices" if p == root else _slice_label(p), FAIL if p == root else WARN,
                      skip_message(p, e), "the slice tools leave it out until it is fixed")
                for p, e in skipped]
     if not paths and not refused:

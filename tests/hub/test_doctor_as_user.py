@@ -64,8 +64,8 @@ def test_others_slices_are_skipped_not_failed(hub_root):
     checks = doctor_as("alice", python, root)
     said = json.dumps(checks)
     assert not [c for c in checks.values() if c["status"] == "FAIL"], said
-    assert checks["slice alice"]["status"] == "PASS", said
-    assert "slice bob" not in checks, said
+    assert checks['slice "alice"']["status"] == "PASS", said
+    assert 'slice "bob"' not in checks, said
     other = checks["other slices"]
     assert other["status"] == "PASS" and "not yours" in other["detail"] and "bob" in other["detail"]
     # The hub's root, not writable by alice, is as it should be; never "leave it".
@@ -77,7 +77,7 @@ def test_others_slices_are_skipped_not_failed(hub_root):
 def test_an_administrator_sees_every_slice(hub_root):
     python, root = hub_root
     checks = doctor_as("carol", python, root)  # in hami-admin: may read usage
-    assert checks["slice alice"]["status"] == "PASS" and checks["slice bob"]["status"] == "PASS"
+    assert checks['slice "alice"']["status"] == "PASS" and checks['slice "bob"']["status"] == "PASS"
     assert "HAMI_SLICE_ROOT" not in json.dumps(checks)
 
 

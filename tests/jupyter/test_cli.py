@@ -195,8 +195,8 @@ def test_doctor_on_this_machine(hami_env, capsys):
     assert checks["limit variables"]["status"] == "PASS"
     assert checks["slice root"]["status"] == "PASS"
     assert checks["guard"]["status"] == "WARN"  # no guard here: enforced only cooperatively
-    assert checks["slice alice"]["status"] == "PASS"
-    assert "1.0 GiB" in checks["slice alice"]["detail"]
+    assert checks['slice "alice"']["status"] == "PASS"
+    assert "1.0 GiB" in checks['slice "alice"']["detail"]
     assert not [c for c in checks.values() if c["status"] == "FAIL"]
     assert code == 0
 
@@ -207,6 +207,16 @@ def test_doctor_on_this_machine(hami_env, capsys):
     guard = next(x for x in out.splitlines() if x.startswith("WARN  guard"))
     assert f"no guard is running: no report {hami_env.root / 'guard.json'}" in guard
     assert "-> start it as root: `hami-jupyter guard` (examples/hami-guard.service" in out
+
+
+def test_doctor_labels_a_slice_named_root_apart_from_the_slice_root(hami_env, capsys):
+    make_slice(hami_env.root, "root", memory_limit="1g")  # root's own slice, when root runs it
+    code, out, _ = run(capsys, "doctor", "--json")
+    names = [c["name"] for c in json.loads(out)]
+    assert len(names) == len(set(names)), names
+    checks = checks_by_name(out)
+    assert checks["slice root"]["detail"] == f"{hami_env.root} (writable)"  # the folder
+    assert checks['slice "root"']["detail"].startswith(f"{hami_env.root / 'root.slice'}: layout")
 
 
 def test_doctor_guard_check(hami_env):
@@ -336,12 +346,12 @@ def test_doctor_fails_on_a_corrupt_or_missing_slice(hami_env, capsys):
     (hami_env.root / "bob.slice").write_bytes(b"junk")
     code, out, _ = run(capsys, "doctor", "--json", "--slice", "bob")
     assert code == 1
-    bob = checks_by_name(out)["slice bob"]
+    bob = checks_by_name(out)['slice "bob"']
     assert bob["status"] == "FAIL" and "truncated slice file" in bob["detail"]
 
     code, out, _ = run(capsys, "doctor", "--json", "--slice", "nobody")
     assert code == 1
-    assert "does not exist" in checks_by_name(out)["slice nobody"]["detail"]
+    assert "does not exist" in checks_by_name(out)['slice "nobody"']["detail"]
 
 
 # ---- kernelspec ---------------------------------------------------------------
