@@ -1,6 +1,7 @@
 """``hami-jupyter``: the command line.
 
-``status`` shows the slices on this host, ``doctor`` checks the set-up,
+``status`` shows the slices this user can read (its own slice root's and
+the hub's), ``doctor`` checks the set-up,
 ``kernelspec install|list`` manages kernelspecs of set slice sizes,
 ``slice list|set|reset`` shows and resizes slices (administrators), ``audit
 verify`` checks the audit log, ``admin-service`` applies administrators'
@@ -24,6 +25,7 @@ while listing every slice, is skipped with a warning (see
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,7 +34,14 @@ from ..admin.cli import add_audit_commands, add_slice_commands
 from ..advice import advice
 from ..provisioning import kernelspec
 from ..slice.file import SliceFileError
-from ..slice.paths import SliceNameError, default_root, list_slice_paths, skip_message, slice_path
+from ..slice import paths
+from ..slice.paths import (
+    SliceNameError,
+    default_root,
+    list_slice_paths,
+    skip_message,
+    slice_path,
+)
 from ..slice.status import format_text, slice_status
 from . import doctor
 
@@ -62,6 +71,42 @@ def missing_extra(error):
 # ---- status -------------------------------------------------------------------
 
 
+def status_roots(root=None):
+    """The slice roots ``status`` lists: *root* alone when given; else this
+    user's slice root and, when it is another folder that exists and may be
+    listed, the hub's (``/run/hami-jupyter``), where a hub keeps every user's."""
+    if root:
+        return [Path(root)]
+    roots = [default_root()]
+    hub = paths.HUB_ROOT
+    if (os.path.realpath(hub) != os.path.realpath(roots[0]) and hub.is_dir()
+            and os.access(hub, os.R_OK | os.X_OK)):
+        roots.append(hub)
+    return roots
+
+
+def _listed_slices(args, roots):
+    """Every slice file under *roots* this user may read; the others are told on stderr."""
+    paths, found_any = [], False
+    for root in roots:
+        skipped = []
+        found = list_slice_paths(root, skipped=skipped)
+        for skipped_path, error in skipped:  # another user's or unsafe: shown, never read
+            print(f"{args.cli_prog}: warning: {skip_message(skipped_path, error)}", file=sys.stderr)
+        # Other users' slices in a shared root (the hub's): theirs, not a fault.
+        others = [p for p in found if doctor.not_yours(p)]
+        if others:
+            print(f"{args.cli_prog}: note: skipped {len(others)} slice(s) of other users under "
+                  f"{root}, which you cannot read: {', '.join(p.stem for p in others)}",
+                  file=sys.stderr)
+        paths += [p for p in found if p not in others]
+        found_any = found_any or bool(found or skipped)
+    if not found_any and not args.json:
+        print(f"no slices under {' or '.join(map(str, roots))}: a slice is created when its "
+              "first kernel starts (HAMI_SLICE_ROOT or --root looks elsewhere)")
+    return paths
+
+
 def _status(args):
     root = Path(args.root) if args.root else default_root()
     if args.slices:
@@ -70,13 +115,7 @@ def _status(args):
         except SliceNameError as e:
             raise UsageError(str(e)) from None
     else:
-        skipped = []
-        paths = list_slice_paths(root, skipped=skipped)
-        for skipped_path, error in skipped:  # another user's or unsafe: shown, never read
-            print(f"{args.cli_prog}: warning: {skip_message(skipped_path, error)}", file=sys.stderr)
-        if not paths and not skipped and not args.json:
-            print(f"no slices under {root}: a slice is created when its first kernel starts "
-                  "(HAMI_SLICE_ROOT or --root looks elsewhere)")
+        paths = _listed_slices(args, status_roots(args.root))
     shown, failed = [], 0
     for path in paths:
         try:
@@ -260,12 +299,18 @@ def build_parser(with_demo_options=False):
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("status", help="show the slices on this host",
-                       description="Show every slice under the slice root, or the named ones.")
-    p.add_argument("slices", nargs="*", metavar="SLICE", help="slice name or path (default: all)")
+    p = sub.add_parser(
+        "status", help="show the slices you can read: yours, and the hub's",
+        description="Show the named slices, or every slice you can read under your slice root "
+                    "(HAMI_SLICE_ROOT, else /run/hami-jupyter when it exists, else "
+                    "$XDG_RUNTIME_DIR/hami-jupyter, else /tmp/hami-jupyter-<uid>) and under the "
+                    "hub's, /run/hami-jupyter, when that is another folder you may list. Other "
+                    "users' slices you cannot read are skipped with a note; --root shows one "
+                    "folder only.")
+    p.add_argument("slices", nargs="*", metavar="SLICE",
+                   help="slice name (under your slice root) or path (default: all you can read)")
     p.add_argument("--root", metavar="DIR",
-                   help="slice root (default: HAMI_SLICE_ROOT, /run/hami-jupyter, "
-                        "$XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>)")
+                   help="list this folder only (default: your slice root and the hub's)")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per slice")
     p.set_defaults(func=_status, cli_prog=p.prog)
 

@@ -485,7 +485,7 @@ def check_slices(root=None):
                for p, e in skipped]
     if not paths and not refused:
         return [Check("slices", PASS, f"none under {root} yet (created when kernels start)")]
-    others = [p for p in paths if _not_yours(p)]
+    others = [p for p in paths if not_yours(p)]
     checks = refused + [check_slice(p) for p in paths if p not in others]
     if others:
         # Other users' slices in a shared root (the hub's): theirs, not a fault.
@@ -495,8 +495,9 @@ def check_slices(root=None):
     return checks
 
 
-def _not_yours(path):
-    """True for a slice file another user owns that this user may not read."""
+def not_yours(path):
+    """True for a slice file another user owns that this user may not read: in a
+    shared root (the hub's) that is as it should be, never a failure."""
     try:
         st = os.stat(path)
     except OSError:

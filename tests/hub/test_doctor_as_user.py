@@ -1,10 +1,12 @@
-"""``hami-jupyter doctor`` run by a user on a correct hub set-up.
+"""``hami-jupyter doctor`` and ``status`` run by a user on a correct hub set-up.
 
 Issue 12, item 7(b): alice's doctor said ``FAIL slice bob: Permission denied``
 for bob's slice (0640 bob:hami-admin in the hub's root) and advised setting
 HAMI_SLICE_ROOT to leave the hub's root. Another user's slice that alice
 cannot read is not a failure (it is skipped, "not yours"), and the doctor
-never advises leaving the root the hub manages. Real Unix users: run as root.
+never advises leaving the root the hub manages. ``status`` shows the hub's
+root beside the user's own and skips, with a note, the slices the user
+cannot read (issue 26). Real Unix users: run as root.
 """
 
 import json
@@ -56,6 +58,39 @@ def doctor_as(user, python, root):
                           env=env, cwd="/", capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return {c["name"]: c for c in json.loads(done.stdout)}
+
+
+# `hami-jupyter status ...` with the test's folder standing for /run/hami-jupyter.
+STATUS = """
+import sys
+from pathlib import Path
+from hami_jupyter.slice import paths
+paths.HUB_ROOT = Path(sys.argv[1])
+from hami_jupyter.commands.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def status_as(user, python, root, *argv):
+    env = {"PATH": "/usr/bin:/bin", "JUPYTERHUB_USER": user, "PYTHONPATH": str(REPO),
+           "HOME": f"/home/{user}", "HAMI_SLICE_ROOT": str(root.parent / f"{user}-own")}
+    return subprocess.run([RUNUSER, "-u", user, "--", python, "-c", STATUS, str(root), "status",
+                           *argv],
+                          env=env, cwd="/", capture_output=True, text=True, timeout=60)
+
+
+def test_status_shows_the_hubs_slices_one_may_read(hub_root):
+    python, root = hub_root
+    for argv in (["--root", str(root)], []):  # alone, or beside alice's own (empty) root
+        done = status_as("alice", python, root, *argv)
+        assert done.returncode == 0, done.stderr
+        assert f"hami slice 'alice'  ({root / 'alice.slice'})" in done.stdout
+        assert "'bob'" not in done.stdout
+        assert done.stderr == (f"hami-jupyter status: note: skipped 1 slice(s) of other users "
+                               f"under {root}, which you cannot read: bob\n")
+    done = status_as("carol", python, root, "--json")  # an administrator reads them all
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert [s["slice"] for s in json.loads(done.stdout)] == ["alice", "bob"]
 
 
 def test_others_slices_are_skipped_not_failed(hub_root):

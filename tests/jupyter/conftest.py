@@ -2,8 +2,9 @@
 
 * ``hami_env``: this test's environment for everything Jupyter starts: the
   simulated GPU (one device of 16 GiB, 64 MiB per context) on
-  ``LD_LIBRARY_PATH``, a private slice root (``hami_env.root``), and none of
-  the limit variables of the machine running the tests.
+  ``LD_LIBRARY_PATH``, a private slice root (``hami_env.root``), a stand-in
+  for the hub's root that this process looks at (``hami_env.hub_root``, not
+  made), and none of the limit variables of the machine running the tests.
 * ``start_kernel(kernel_name="hami-python3", env=None, server_config=None,
   **config)``: a real
   ``KernelManager`` through the real provisioner; returns ``(km, kc)`` and
@@ -20,6 +21,7 @@ import pytest
 from cell_result import CellResult
 
 from hami_jupyter import native
+from hami_jupyter.slice import paths as slice_paths
 
 LIMIT_VARS = re.compile(
     r"(HAMI_(MEMORY_LIMIT|SM_LIMIT|SM_MODE|SLICE|SLICE_ROOT|SLICE_NAME|KERNEL_ID|HUB_SLICE)"
@@ -40,8 +42,12 @@ def hami_env(tmp_path, monkeypatch):
     for k, v in sim.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("HAMI_SLICE_ROOT", str(root))
+    # The hub's slice root, which `hami-jupyter status` lists too: this test's
+    # (absent until a test makes it), never the machine's /run/hami-jupyter.
+    monkeypatch.setattr(slice_paths, "HUB_ROOT", tmp_path / "hub-root")
     monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
-    return SimpleNamespace(root=root, sim_state=tmp_path / "sim-state", tmp=tmp_path)
+    return SimpleNamespace(root=root, sim_state=tmp_path / "sim-state", tmp=tmp_path,
+                           hub_root=tmp_path / "hub-root")
 
 
 def run_cell(kc, code, timeout=KERNEL_TIMEOUT):

@@ -114,6 +114,30 @@ def test_status_of_a_missing_or_misnamed_slice(hami_env, capsys):
     assert "invalid slice name 'no such name'" in err
 
 
+def test_status_lists_the_hubs_slice_root_too(hami_env, capsys):
+    """Your own slice root, and the hub's beside it when it exists: every slice
+    you can read, as the help says."""
+    code, out, _ = run(capsys, "status")
+    assert code == 0 and out.startswith(f"no slices under {hami_env.root}:")  # no hub here
+    hami_env.hub_root.mkdir()
+    code, out, _ = run(capsys, "status")
+    assert code == 0 and out.startswith(f"no slices under {hami_env.root} or {hami_env.hub_root}:")
+
+    mine = make_slice(hami_env.root, "alice", memory_limit="1g")
+    hubs = make_slice(hami_env.hub_root, "bob", memory_limit="2g")
+    code, out, err = run(capsys, "status")
+    assert code == 0 and err == ""
+    assert f"hami slice 'alice'  ({mine})" in out and f"hami slice 'bob'  ({hubs})" in out
+    code, out, _ = run(capsys, "status", "--json")
+    assert code == 0 and [s["path"] for s in json.loads(out)] == [str(mine), str(hubs)]
+    code, out, _ = run(capsys, "status", "--json", "--root", str(hami_env.root))
+    assert code == 0 and [s["path"] for s in json.loads(out)] == [str(mine)]  # that folder only
+
+    code, out, _ = run(capsys, "status", "--help")
+    assert "every slice you can read under your slice root" in " ".join(out.split())
+    assert "and under the hub's, /run/hami-jupyter" in " ".join(out.split())
+
+
 def write_bad_registry_entries(path):
     """Beside a good entry (this process), entries a user could write by hand."""
     d = kernel_registry.registry_dir(path)
