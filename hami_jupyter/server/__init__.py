@@ -13,7 +13,10 @@ Enabled by ``jupyter-config/jupyter_server_config.d/hami_jupyter.json``
 - under JupyterHub (``HAMI_HUB_SLICE`` in the server's environment), the
   rule that every kernel runs in the hub's slice: every kernelspec starts
   through ``hami-provisioner``, whatever provisioner it names or none
-  (:mod:`hami_jupyter.provisioning.factory`).
+  (:mod:`hami_jupyter.provisioning.factory`). When this jupyter_client does
+  not let the rule hold, the server starts no kernel at all, and says why in
+  its log and in the error of every kernel start, rather than let kernels
+  run outside the slice.
 
 Its configuration: :class:`.config.SliceDisplay` (the memory levels' thresholds)
 and :class:`.parking.HamiParking`.
@@ -22,6 +25,7 @@ and :class:`.parking.HamiParking`.
 import os
 
 from jupyter_server.utils import url_path_join
+from tornado import web
 
 from ..provisioning import factory
 from ..provisioning.hub_slice import HubSliceError, hub_slice
@@ -81,7 +85,32 @@ def _route_kernels_under_hub(serverapp):
         serverapp.log.error("hami-jupyter: %s; no kernel can start until it names the hub's slice", e)
     if hub is None:
         return
-    factory.route_every_kernel(parent=serverapp)
+    try:
+        factory.route_every_kernel(parent=serverapp)
+    except factory.RoutingError as e:
+        message = (f"hami-jupyter: JupyterHub gave this server the slice {hub}, but {e}; so that "
+                   "no kernel runs outside that slice, this server starts no kernel. The "
+                   f"administrator must install a jupyter_client hami-jupyter supports "
+                   f"({factory.supported_jupyter_client()}) and restart the server")
+        serverapp.log.error(message)
+        _refuse_kernels(serverapp, message)
+        return
     serverapp.log.info("hami-jupyter: JupyterHub gave this server the slice %s: every kernel runs "
                        "in it, through %s, whatever its kernelspec names", hub,
                        factory.PROVISIONER)
+
+
+def _refuse_kernels(serverapp, message):
+    """Every kernel start of this server fails with *message*: the REST answer
+    of ``POST api/kernels`` (and of a new session) carries it as its
+    ``message``, which is what JupyterLab shows when a kernel does not start."""
+    manager = getattr(serverapp, "kernel_manager", None)
+    if manager is None:
+        return
+    # tornado formats a log message with %: the text must hold none of its own.
+    text = message.replace("%", " percent")
+
+    async def start_kernel(*args, **kwargs):
+        raise web.HTTPError(500, text)
+
+    manager.start_kernel = start_kernel
