@@ -41,6 +41,7 @@ FLOORS = {
     "server": 6,  # the Jupyter server extension
     "hubview": 6,  # hami-jupyter hub-service: the hub-wide view, a JupyterHub service
     "commands": 7,  # the hami-jupyter command
+    "_server_help": 7,  # the extension's settings in `jupyter server --help-all`
     "__main__": 8,
 }
 

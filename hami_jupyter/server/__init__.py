@@ -38,6 +38,15 @@ from .parking import HamiParking, ParkingManager, parking_connection_class
 _KERNEL_ID = r"(?P<kernel_id>[^/]+)"
 
 
+def configurables():
+    """The extension's settings a server admin sets in ``jupyter_server_config.py``:
+    listed by ``jupyter server --help-all`` and ``--generate-config`` (see
+    :mod:`hami_jupyter._server_help`)."""
+    from ..provisioning.provisioner import HamiProvisioner
+
+    return [HamiProvisioner, SliceDisplay, HamiParking]
+
+
 def _load_jupyter_server_extension(serverapp):
     web_app = serverapp.web_app
     display = SliceDisplay(parent=serverapp)
