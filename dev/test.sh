@@ -13,7 +13,7 @@
 #     tests/adversarial again against the ASan+UBSan build and the TSan build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source dev/setup.sh
+source dev/setup.sh test
 # configurable-http-proxy (npm) for the JupyterHub end-to-end test in tests/hub,
 # which must run here, never skip.
 bash dev/hub-deps.sh
