@@ -6,8 +6,10 @@ run of examples/quickstart.ipynb in a hami-python3 kernel inside a 2 GiB slice.
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +47,54 @@ def test_demo_runs_the_quickstart_in_a_slice_on_the_simulated_gpu(hami_env, tmp_
     assert "1.8 GiB / 2.0 GiB (91 %)" in full and "WARNING" in full
     assert "64.0 MiB / 2.0 GiB" in after  # only the context is left after the buffers are freed
     assert out_nb.is_file()
+
+
+# ---- what the Quick start commands install ------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+RECORD = 'printf "%s\\n" "$(basename "$0") $*" >> "$CALLS"'
+
+
+def _stub(path, body=RECORD):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def dev_copy(tmp_path):
+    """dev/setup.sh and dev/demo.sh in a copy of the checkout whose .venv's
+    python, hami-jupyter and make only record how they were called."""
+    copy = tmp_path / "checkout"
+    (copy / "dev").mkdir(parents=True)
+    for name in ("setup.sh", "demo.sh"):
+        shutil.copy2(REPO / "dev" / name, copy / "dev" / name)
+    _stub(copy / ".venv" / "bin" / "python")
+    _stub(copy / ".venv" / "bin" / "hami-jupyter")
+    _stub(tmp_path / "bin" / "make")
+    calls = tmp_path / "calls"
+    env = {**os.environ, "CALLS": str(calls), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+
+    def run(*command):
+        calls.unlink(missing_ok=True)
+        done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True,
+                              timeout=60)
+        return done, calls.read_text().splitlines() if calls.exists() else []
+
+    return run
+
+
+def test_the_demo_installs_the_lab_extras_and_the_tests_get_the_test_extras(dev_copy):
+    done, calls = dev_copy("bash", "dev/demo.sh", "--simulate")
+    assert done.returncode == 0, done.stderr
+    assert calls[0] == "python -m pip install --quiet --disable-pip-version-check -e .[lab]"
+    assert calls[-1] == "hami-jupyter demo --simulate"  # its arguments reach the demo
+    # What dev/test.sh asks for (`source dev/setup.sh test`), and a plain `source
+    # dev/setup.sh` as everyone runs it: every test tool.
+    for command in (["bash", "-c", "source dev/setup.sh"], ["bash", "-c", "source dev/setup.sh test"]):
+        done, calls = dev_copy(*command)
+        assert done.returncode == 0, done.stderr
+        assert calls[0].endswith(" -e .[test]"), calls
+    done, calls = dev_copy("bash", "-c", "source dev/setup.sh tset")
+    assert done.returncode == 2 and calls == []
+    assert "dev/setup.sh: unknown set-up 'tset': give test (the default) or lab" in done.stderr
