@@ -78,11 +78,11 @@ def test_status_says_whether_a_guard_runs(hami_env, capsys):
     code, out, _ = run(capsys, "status", "--json")
     assert code == 0
     assert json.loads(out)[0]["guard"] == {"running": False, "action": None, "written_unix": None,
-                                           "error": None, "elsewhere": []}
+                                           "error": None, "elsewhere": [], "parked": []}
     report = write_guard(hami_env.root, {}, action="kill", interval=5.0)
     code, out, _ = run(capsys, "status", "--json")
     assert json.loads(out)[0]["guard"] == {"running": True, "action": "kill",
-                                           "written_unix": report["written_unix"], "error": None, "elsewhere": []}
+                                           "written_unix": report["written_unix"], "error": None, "elsewhere": [], "parked": []}
 
 
 def test_status_reports_a_corrupt_slice_and_shows_the_others(hami_env, capsys):

@@ -19,7 +19,7 @@ USER = "alice"
 SUMMARY_KEYS = {"kernel_id", "in_slice", "slice", "path", "memory_used", "memory_limit",
                 "memory_gpu", "memory_level", "sm_share", "sm_util", "kernel", "gpus", "kernels",
                 "warning_fraction", "critical_fraction", "memory_real", "guard_state", "guard"}
-NO_GUARD = {"running": False, "action": None, "written_unix": None, "error": None, "elsewhere": []}
+NO_GUARD = {"running": False, "action": None, "written_unix": None, "error": None, "elsewhere": [], "parked": []}
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ async def test_the_guards_figures_beside_the_slices(start_kernel, get_json, slic
     assert (body["memory_used"], body["memory_real"], body["guard_state"]) == \
         (used, 1300 * MiB, "over")
     assert body["guard"] == {"running": True, "action": "kill",
-                             "written_unix": report["written_unix"], "error": None, "elsewhere": []}
+                             "written_unix": report["written_unix"], "error": None, "elsewhere": [], "parked": []}
     (shown,) = body["gpus"]
     assert (shown["memory_used"], shown["memory_real"], shown["guard_state"]) == \
         (used, 1300 * MiB, "over")
