@@ -69,8 +69,13 @@ def test_a_park_while_threads_create_contexts_and_allocate(hook_threads, make_sl
     proc = subprocess.Popen([str(hook_threads), str(THREADS), str(ROUNDS * 20)], env=s.env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: any(slot.pid == proc.pid for slot in s.snapshot().slots), timeout=30, interval=0.01,
-                 what="the threads at work")
+        def at_work():
+            try:
+                return any(slot.pid == proc.pid for slot in s.snapshot().slots)
+            except FileNotFoundError:  # the process has not made the slice file yet
+                return False
+
+        wait_for(at_work, timeout=30, interval=0.01, what="the threads at work")
         env = {k: v for k, v in s.env.items() if k != "LD_PRELOAD"}
         parks = []
         for _ in range(3):
