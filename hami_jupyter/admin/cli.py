@@ -197,10 +197,7 @@ def service_command(args):
         return _error(args, f"no group {args.admin_group!r}", 2)
     except OSError as e:
         return _error(args, f"cannot listen on {args.socket or root}: {e.strerror or e}", 1)
-    try:
-        service.serve_forever()
-    except KeyboardInterrupt:
-        pass
+    service.stop_on_signals().serve_forever()
     return 0
 
 

@@ -30,6 +30,7 @@ import grp
 import json
 import os
 import pwd
+import signal
 import socket
 import socketserver
 import stat
@@ -267,6 +268,22 @@ class AdminService:
             self.server.serve_forever()
         finally:
             self.close()
+
+    def stop_on_signals(self):
+        """End :meth:`serve_forever` cleanly on SIGINT or SIGTERM. Handled here,
+        not left to Python's KeyboardInterrupt: JupyterHub stops a managed
+        service with SIGINT, and Python installs no SIGINT handler in a process
+        that started with SIGINT ignored (a hub started in the background by a
+        script); SIGTERM's default would end it with no exit status of its own."""
+
+        def stop(signum, _frame):
+            # shutdown() waits for serve_forever, which runs in this very thread.
+            if self.server is not None:
+                threading.Thread(target=self.server.shutdown, daemon=True).start()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, stop)
+        return self
 
     def start(self):
         """Serve from a daemon thread (tests); returns self."""

@@ -223,18 +223,25 @@ class HamiHubService(Application):
             self.log.exception("hami-jupyter hub-service: refresh after %s failed", what)
 
     async def _loop(self, stop):
-        """Refresh every ``refresh_interval`` until *stop* is set."""
+        """Refresh every ``refresh_interval`` until *stop* is set. A refresh in
+        flight when it is set is abandoned: a hub or server that does not
+        answer must not hold the service past the hub's stop (seconds)."""
+        stopping = asyncio.ensure_future(stop.wait())
         while not stop.is_set():
             started = time.monotonic()
-            try:
-                await self.refresh()
-            except Exception:  # keep serving the last document; try again next time
-                self.log.exception("hami-jupyter hub-service: refresh failed")
+            refresh = asyncio.ensure_future(self.refresh())
+            await asyncio.wait({refresh, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not refresh.done():
+                refresh.cancel()
+                await asyncio.gather(refresh, return_exceptions=True)
+                break
+            if not refresh.cancelled() and refresh.exception() is not None:
+                # keep serving the last document; try again next time
+                self.log.error("hami-jupyter hub-service: refresh failed",
+                               exc_info=refresh.exception())
             pause = max(self.refresh_interval - (time.monotonic() - started), 0.05)
-            try:
-                await asyncio.wait_for(stop.wait(), pause)
-            except asyncio.TimeoutError:
-                pass
+            await asyncio.wait({stopping}, timeout=pause)
+        stopping.cancel()
 
     # ---- serving ----
 
