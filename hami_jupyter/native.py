@@ -31,21 +31,21 @@ _WHEEL_DIR = _PACKAGE_DIR / "_native"
 _CHECKOUT_DIR = _PACKAGE_DIR.parent / "native" / "build"
 
 
-def _search_dirs():
-    override = os.environ.get(ENV_DIR)
+def _search_dirs(env=None):
+    override = (os.environ if env is None else env).get(ENV_DIR)
     if override:
         return [Path(override)]
     return [_WHEEL_DIR, _CHECKOUT_DIR]
 
 
-def _find(relpath, make_target):
-    dirs = _search_dirs()
+def _find(relpath, make_target, env=None):
+    dirs = _search_dirs(env)
     for d in dirs:
         candidate = d / relpath
         if candidate.is_file():
             return candidate
     where = ", ".join(str(d) for d in dirs)
-    if os.environ.get(ENV_DIR):
+    if (os.environ if env is None else env).get(ENV_DIR):
         hint = f"${ENV_DIR} is set; point it at a folder laid out like native/build/"
     else:
         hint = (
@@ -55,9 +55,10 @@ def _find(relpath, make_target):
     raise FileNotFoundError(f"hami-jupyter: {relpath} not found (looked in {where}); {hint}")
 
 
-def library_path():
-    """Path of the preload library ``libvgpu.so``."""
-    return _find("libvgpu.so", "all")
+def library_path(env=None):
+    """Path of the preload library ``libvgpu.so``; *env* (default ``os.environ``):
+    the environment whose ``HAMI_NATIVE_DIR`` counts (a process to be started)."""
+    return _find("libvgpu.so", "all", env)
 
 
 def park_tool_path():

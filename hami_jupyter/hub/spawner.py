@@ -6,6 +6,18 @@ let a user pick among the sizes offered to them (LocalProcessSpawner,
 SystemdSpawner, The Littlest JupyterHub), and ``apply_user_options`` refuses a
 size the user may not have. ``SlicePolicy.configure_spawner(c)`` sets them all.
 
+What the hook puts in force, no file of the user's can undo: a user's own
+Jupyter config (``~/.jupyter``) may turn server extensions off, and with
+hami-jupyter's off the default ``python3`` kernelspec started without the
+preload library. So the server's own environment carries the library
+(``LD_PRELOAD``, appended to any value already there) and the slice
+(``HAMI_SLICE``, ``HAMI_HUB_SLICE``): every process the server starts, a
+kernel of any kernelspec or a terminal's, inherits them. And the server is
+started with the extension enabled on its command line
+(:data:`EXTENSION_ARG`), which outranks every config file, so that every
+kernelspec goes through ``hami-provisioner`` and the REST API, metrics and
+parking are there.
+
 JupyterHub keeps a start's user options (``orm_spawner.user_options``) and
 reuses them for every later start that names none. A refused size is
 therefore dropped from them before the refusal is raised: the next plain
@@ -14,12 +26,19 @@ start gets the user's own size instead of the same 400 again.
 
 import html
 
+from .. import native
 from ..provisioning.hub_slice import VARIABLE as HUB_SLICE_VARIABLE
 from ..slice.paths import user_slice_name
 from .sizes import PolicyError
 from .slice_files import owner_of, prepare_user_slice
 
 FORM_FIELD = "slice_size"
+# Figures of the size the server would carry from its start on: an
+# administrator's live change makes them wrong, and the limits file (which
+# every view reads) holds the limits, so the server's environment has none.
+LIMIT_FIGURES = ("HAMI_MEMORY_LIMIT", "HAMI_SM_LIMIT", "HAMI_SM_MODE")
+# traitlets' form for one entry of a Dict trait on the command line.
+EXTENSION_ARG = "--ServerApp.jpserver_extensions=hami_jupyter=True"
 
 
 def _groups(policy, spawner):
@@ -77,14 +96,29 @@ def pre_spawn_hook(policy):
         uid, gid = owner_of(user)
         path = prepare_user_slice(name, size, uid, gid, policy.slice_root, policy.admin_group,
                                   log=spawner.log)
-        env = dict(size.environment())
+        env = {k: v for k, v in size.environment().items() if k not in LIMIT_FIGURES}
         env.update({"HAMI_SLICE": str(path), "HAMI_SLICE_ROOT": policy.slice_root})
         env[HUB_SLICE_VARIABLE] = str(path)  # every kernel runs in it (provisioning.hub_slice)
+        env["LD_PRELOAD"] = _with_library(spawner.environment)
         spawner.environment.update(env)
+        for figure in LIMIT_FIGURES:
+            spawner.environment.pop(figure, None)
+        if EXTENSION_ARG not in (spawner.args or []):
+            spawner.args = [*(spawner.args or []), EXTENSION_ARG]
         spawner.log.info("hami-jupyter: %s gets slice %s (%s, size %s)", user, path,
                          size.describe(), size.name)
 
     return hook
+
+
+def _with_library(environment):
+    """``LD_PRELOAD`` for the server: what *environment* (the spawner's) has,
+    then the preload library, once. The library is found as the server will
+    find it (``HAMI_NATIVE_DIR`` of *environment* counts): the hub and the
+    servers run from one installation."""
+    library = str(native.library_path({**environment}))
+    entries = [p for p in str(environment.get("LD_PRELOAD", "")).replace(" ", ":").split(":") if p]
+    return ":".join(entries if library in entries else [*entries, library])
 
 
 def apply_user_options(policy):

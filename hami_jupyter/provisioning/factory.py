@@ -125,6 +125,11 @@ def route_every_kernel(parent=None):
     return factory
 
 
+def routing_in_force():
+    """Whether :func:`route_every_kernel` is in force in this process."""
+    return isinstance(KernelProvisionerFactory._instance, HubSliceProvisionerFactory)
+
+
 def stop_routing():
     """Undo :func:`route_every_kernel` (jupyter_client's own factory comes back)."""
     if isinstance(KernelProvisionerFactory._instance, HubSliceProvisionerFactory):

@@ -60,7 +60,7 @@ from ..slice.file import SliceFileError, read_snapshot
 from ..slice.limits import LimitError, parse_decoders
 from ..slice.paths import SliceNameError, check_name, slice_name, slice_path, user_slice_name
 from ..slice.settings import AskedLimits, resolve_limits
-from . import hub_slice
+from . import factory, hub_slice
 
 # Limit traits that, set by a kernelspec, give that kernelspec a slice of its own.
 _LIMIT_TRAITS = ("memory_limit", "sm_limit", "sm_mode", "max_decoders")
@@ -309,9 +309,12 @@ class HamiProvisioner(LocalProvisioner):
 
     # ---- the launch -------------------------------------------------------------
 
-    def _kernel_environment(self, env, limits, sources, creates):
+    def _kernel_environment(self, env, limits, sources, creates, hub=False):
         """Replace every limit variable of the kernel's *env* by *limits*: what
-        the kernel reads agrees with what its slice enforces. When the kernel
+        the kernel reads agrees with what its slice enforces. Under the *hub*,
+        by none: the hub's limits file holds them, an administrator may change
+        them while the kernel runs, and an environment cannot follow (what
+        holds is what ``%hami status`` shows). When the kernel
         *creates* the slice file, ``HAMI_MAX_DECODERS_<n>`` (which *limits*
         does not carry) keep, per GPU, the fewest decoders any source asks,
         never more than *limits*; otherwise the file's entries hold."""
@@ -328,6 +331,8 @@ class HamiProvisioner(LocalProvisioner):
                         per_gpu[name] = n
         for name in [k for k in env if _LIMIT_VARIABLE.fullmatch(k) or _DECODERS_PER_GPU.fullmatch(k)]:
             del env[name]
+        if hub:
+            return
         env.update(limits.environment())
         cap = limits.limits.max_decoders
         env.update({k: str(v) for k, v in per_gpu.items() if not cap or v < cap})
@@ -366,6 +371,14 @@ class HamiProvisioner(LocalProvisioner):
                 hub = hub_slice.hub_slice(os.environ) or hub_slice.hub_slice(server_env)
             except hub_slice.HubSliceError as e:
                 raise SliceSetupError(f"hami-jupyter: the kernel was not started: {e}") from None
+            if hub is not None and _in_jupyter_server(self.parent) and not factory.routing_in_force():
+                raise SliceSetupError(
+                    f"hami-jupyter: the kernel was not started: JupyterHub gave this server the "
+                    f"slice {hub}, but hami-jupyter's server extension is not in force in it "
+                    "(a Jupyter config file of yours may turn it off: \"hami_jupyter\": false "
+                    "under ServerApp.jpserver_extensions; `jupyter server extension list` shows "
+                    f"it), so kernels could start outside the slice. Remove that setting, then "
+                    "stop and start your server from the hub's control panel.")
             asked = self.resolve_limits(env, server_env)
             path = self.resolve_slice(env, hub)
             if hub is not None and not path.exists():
@@ -385,7 +398,7 @@ class HamiProvisioner(LocalProvisioner):
                     "Check that the slice root is writable, or remove a corrupt file."
                 ) from None
             self._kernel_environment(env, limits, self._limit_sources(env, server_env),
-                                     creates=outcome == "deferred")
+                                     creates=outcome == "deferred", hub=hub is not None)
             if nested:
                 env[hub_slice.PROCESS_CAP] = str(nested)
         except SliceSetupError:
@@ -396,7 +409,7 @@ class HamiProvisioner(LocalProvisioner):
 
         preload = env.get("LD_PRELOAD", "")
         entries = [p for p in preload.replace(" ", ":").split(":") if p]
-        if library not in entries:
+        if not any(_same_file(p, library) for p in entries):  # the hub's server has it already
             entries.append(library)
         env["LD_PRELOAD"] = ":".join(entries)
         env["HAMI_SLICE"] = str(path)
@@ -453,6 +466,22 @@ class HamiProvisioner(LocalProvisioner):
         await super().load_provisioner_info(provisioner_info)
         if provisioner_info.get("hami_slice"):
             self._slice_path = Path(provisioner_info["hami_slice"])
+
+
+def _same_file(a, b):
+    try:
+        return a == b or os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _in_jupyter_server(kernel_manager):
+    """Whether *kernel_manager* is a Jupyter server's (not nbclient's, say, in a terminal)."""
+    try:
+        from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
+    except ImportError:
+        return False
+    return isinstance(kernel_manager, ServerKernelManager)
 
 
 def _in_force_text(snap, limits, outcome):

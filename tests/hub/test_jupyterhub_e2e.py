@@ -13,6 +13,7 @@ import grp
 import json
 import os
 import pwd
+import shutil
 import stat
 import subprocess
 import textwrap
@@ -163,11 +164,41 @@ class RealUsersHub(Hub):
         return path
 
 
+# alice's own Jupyter config turns hami-jupyter's server extension off (issue
+# 27, item 3): her kernels must stay in her slice all the same.
+EXTENSION_OFF = {"ServerApp": {"jpserver_extensions": {"hami_jupyter": False}}}
+
+
+def disable_extension_in_config(user):
+    """Write *user*'s ~/.jupyter/jupyter_server_config.json, hers, turning the
+    extension off; returns what puts back the file that was there before."""
+    pw = pwd.getpwnam(user)
+    folder = Path(pw.pw_dir) / ".jupyter"
+    path = folder / "jupyter_server_config.json"
+    made_folder = not folder.exists()
+    before = path.read_bytes() if path.exists() else None
+    folder.mkdir(exist_ok=True)
+    path.write_text(json.dumps(EXTENSION_OFF))
+    for p in (folder, path):
+        os.chown(p, pw.pw_uid, pw.pw_gid)
+
+    def restore():
+        if before is not None:
+            path.write_bytes(before)
+        elif made_folder:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+    return restore
+
+
 @pytest.fixture(scope="module")
 def real_hub(tmp_path_factory):
     _require_jupyterhub()
     require_root_users()
     users = UnixUsers().create()
+    restore_config = disable_extension_in_config("alice")
     shared = shared_tmpdir("hami-hub-e2e-")
     system_root = Path("/run/hami-jupyter")  # the example's default: the test must not touch it
     had_system_root = system_root.exists()
@@ -181,6 +212,7 @@ def real_hub(tmp_path_factory):
         yield h
     finally:
         left = h.stop() if h is not None else []
+        restore_config()
         users.remove()
         subprocess.run(["rm", "-rf", str(shared)])
         touched = not had_system_root and system_root.exists()
@@ -244,6 +276,13 @@ ESCAPE = (
     "print(r.returncode)\n"
     "print(r.stderr.replace(chr(10), ' '))\n"
 )
+# What a kernel's own process says of the preload library and its slice.
+ENV_CHECK = (
+    "import os\n"
+    "print(os.environ.get('LD_PRELOAD', ''))\n"
+    "print(os.environ.get('HAMI_SLICE', ''))\n"
+    "print(any(l.rstrip().endswith('/libvgpu.so') for l in open('/proc/self/maps')))\n"
+)
 HAND_MADE = (
     "import json, pathlib, sys\n"
     "base = pathlib.Path.home() / '.local/share/jupyter/kernels'\n"
@@ -274,6 +313,11 @@ def test_no_kernelspec_leaves_the_hubs_slice(real_hub):
     assert hub.execute(user, kernel_id, HAND_MADE).error is None
     for name in ("python3", "plain64"):  # no provisioner named, and local-provisioner with 64g in env
         kid = hub.start_kernel(user, name)
+        env = hub.execute(user, kid, ENV_CHECK)
+        assert env.error is None, f"kernelspec {name}: {env.error}"
+        preload, slice_var, mapped = env.stdout.splitlines()
+        assert "libvgpu.so" in preload and mapped == "True", f"kernelspec {name}: no preload: {env.stdout}"
+        assert slice_var == str(hub.slice_root / f"{user}.slice"), f"kernelspec {name}: {env.stdout}"
         mem = hub.execute(user, kid, MEM_CHECK)
         assert mem.error is None and mem.stdout.split() == [str(memory)], f"kernelspec {name}: {mem}"
         status = _status_json(hub.execute(user, kid, "%load_ext hami_jupyter.magic\n%hami status --json"), name)

@@ -20,7 +20,7 @@ from hami_jupyter import native
 from hami_jupyter.hub.sizes import parse_size_spec
 from hami_jupyter.gpus import HostGpu
 from hami_jupyter.hub.slice_files import prepare_user_slice
-from hami_jupyter.hub.spawner import pre_spawn_hook
+from hami_jupyter.hub.spawner import EXTENSION_ARG, pre_spawn_hook
 from hami_jupyter.slice.file import read_snapshot
 from hami_jupyter.slice.change import limits_writable, set_memory_limit
 
@@ -166,10 +166,20 @@ def test_pre_spawn_hook_sets_the_servers_environment(world):
     c.SlicePolicy.default = "small"
     c.SlicePolicy.slice_root = str(world.root)
     spawner = SimpleNamespace(user=SimpleNamespace(name="no-such-unix-user", groups=[]),
-                              user_options={}, environment={}, log=SimpleNamespace(info=lambda *a: None))
-    pre_spawn_hook(SlicePolicy(config=c))(spawner)
+                              user_options={}, environment={"LD_PRELOAD": "/opt/other.so"},
+                              args=["--HamiParking.enabled=True"],
+                              log=SimpleNamespace(info=lambda *a: None))
+    hook = pre_spawn_hook(SlicePolicy(config=c))
+    hook(spawner)
     env = spawner.environment
-    assert env["HAMI_SLICE"] == str(world.root / "no-such-unix-user.slice")
-    assert (env["HAMI_MEMORY_LIMIT"], env["HAMI_SM_LIMIT"], env["HAMI_SM_MODE"]) == (str(GiB), "25", "hard")
+    assert env["HAMI_SLICE"] == env["HAMI_HUB_SLICE"] == str(world.root / "no-such-unix-user.slice")
+    # No limit figures, which an administrator's live change would leave wrong:
+    # the limits file holds them (issue 27, item 4).
+    assert not {"HAMI_MEMORY_LIMIT", "HAMI_SM_LIMIT", "HAMI_SM_MODE"} & set(env), env
+    # The library and the extension in force whatever the user's config says
+    # (issue 27, item 3), once however often the server starts.
+    hook(spawner)
+    assert env["LD_PRELOAD"] == f"/opt/other.so:{native.library_path()}"
+    assert spawner.args == ["--HamiParking.enabled=True", EXTENSION_ARG]
     # No Unix user of that name: the server runs as the hub's user, who owns the usage file.
     assert mode_owner(env["HAMI_SLICE"])[1] == os.getuid()

@@ -2,7 +2,8 @@
 
 The hub is played by hand here: the user's slice with a hub-owned limits file
 (2 GiB, SM 30 %), and the server environment the spawner's pre_spawn_hook
-gives (``HAMI_HUB_SLICE``, ``HAMI_SLICE``, the size's limit variables).
+gives (``HAMI_HUB_SLICE``, ``HAMI_SLICE``), with the size's limit variables
+that hubs before issue 27 also put there.
 Kernels are real ipykernel processes under the preload library on the
 simulated GPU (16 GiB, 64 MiB per context).
 """
@@ -10,6 +11,7 @@ simulated GPU (16 GiB, 64 MiB per context).
 import getpass
 import json
 import logging
+import os
 import sys
 from types import SimpleNamespace
 
@@ -123,9 +125,12 @@ def test_kernel_asking_more_gets_the_hubs_cap(hub, start_kernel, kernelspec, cel
     name = kernelspec("big", config={"memory_limit": "64g", "sm_limit": 90},
                       env={"CUDA_DEVICE_MEMORY_LIMIT": "64g"})
     km, kc = start_kernel(kernel_name=name)
-    env = kernel_env(kc, cell, "HAMI_SLICE", "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
-    assert env == {"HAMI_SLICE": str(hub), "CUDA_DEVICE_MEMORY_LIMIT": str(2 * GiB),
-                   "CUDA_DEVICE_SM_LIMIT": "30"}
+    env = kernel_env(kc, cell, "HAMI_SLICE", "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
+                     "HAMI_MEMORY_LIMIT")
+    # No limit figures in its environment: the hub's limits file holds them, and
+    # an administrator's live change would leave any figure here wrong (issue 27).
+    assert env == {"HAMI_SLICE": str(hub), "CUDA_DEVICE_MEMORY_LIMIT": None,
+                   "CUDA_DEVICE_SM_LIMIT": None, "HAMI_MEMORY_LIMIT": None}
     assert total_seen(kc, cell) == 2 * GiB
     # Above the hub's 2 GiB is refused; 1900 MiB + the 64 MiB context fit, 100 MiB more do not.
     assert cell(kc, ASK).stdout.split() == ["refused", "3072", "ok", "1900", "refused", "100"]
@@ -228,6 +233,23 @@ def test_every_kernelspec_runs_in_the_hubs_slice(hub, server_extension, start_ke
     # The server said so at startup.
     assert any("every kernel runs in it" in r.getMessage() and str(hub) in r.getMessage()
                for r in caplog.records)
+
+
+def test_a_jupyter_server_without_the_extension_refuses_the_kernel(hub, hami_env):
+    """Issue 27, item 3: under the hub, a Jupyter server where the extension is
+    not in force (a user's config turned it off) would start other kernelspecs
+    outside the slice; the provisioner says so rather than start one."""
+    import asyncio
+
+    from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
+
+    km = ServerKernelManager(kernel_name="hami-python3")
+    with pytest.raises(SliceSetupError) as info:
+        asyncio.run(km.start_kernel(env=dict(os.environ)))
+    message = str(info.value)
+    assert "the kernel was not started" in message and str(hub) in message
+    assert "server extension is not in force" in message and '"hami_jupyter": false' in message
+    assert not km.has_kernel
 
 
 def test_without_the_hub_kernelspecs_keep_their_provisioner(hami_env, server_extension,
