@@ -35,7 +35,9 @@ _venv_bin = os.path.join(sys.prefix, "bin")
 c.Spawner.cmd = [os.path.join(_venv_bin, "jupyterhub-singleuser")]
 c.Spawner.environment = {"PATH": f"{_venv_bin}:/usr/local/bin:/usr/bin:/bin"}
 # Kernels idle for 15 minutes give their GPU memory back (parked in host
-# memory; their next cell brings it back): docs/parking.md.
+# memory; their next cell brings it back): docs/parking.md. On the servers'
+# command line, so a user's own config cannot undo them; a change here needs a
+# hub restart, and reaches each server at its next start.
 c.Spawner.args = ["--HamiParking.enabled=True", "--HamiParking.idle_seconds=900"]
 
 # Named slice sizes. memory: per GPU; sm: percent of each GPU's compute;

@@ -158,12 +158,12 @@ static int backing_open(void)
 		return -1;
 	char *slash = strrchr(path, '/');
 	*slash = 0;
-	if (mkdir(path, 0777) < 0 && errno != EEXIST) {
+	if (sim_side_mkdir(path) < 0) {
 		warn("cannot create", path);
 		return -1;
 	}
 	*slash = '/';
-	M.fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+	M.fd = sim_side_open(path, 1);
 	if (M.fd < 0) {
 		warn("cannot create", path);
 		return -1;
@@ -309,9 +309,9 @@ static int save(unsigned e)
 	struct stat sb;
 	char *slash = strrchr(ckpt, '/');
 	*slash = 0;
-	int dir = mkdir(ckpt, 0777) == 0 || errno == EEXIST;
+	int dir = sim_side_mkdir(ckpt) == 0;
 	*slash = '/';
-	if (dir && fstat(src, &sb) == 0 && (dst = open(ckpt, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666)) >= 0 &&
+	if (dir && fstat(src, &sb) == 0 && (dst = sim_side_open(ckpt, 1)) >= 0 &&
 	    ftruncate(dst, sb.st_size) == 0 && copy_data(src, dst) == 0)
 		rc = drop_data(src);
 	if (dst >= 0) {

@@ -299,6 +299,8 @@ static int open_existing(const char *path, struct sim_state **out)
 	return fd;
 }
 
+static void side_dirs_make(const char *state);
+
 /* Create a fully initialised file beside PATH and link it into place.
  * Returns the fd, -1 with errno EEXIST when someone else was first, -2 on
  * other failures (printed). */
@@ -348,6 +350,7 @@ static int create_state(const char *path, const struct sim_config *cfg, struct s
 		return e == EEXIST ? -1 : -2;
 	}
 	unlink(tmp);
+	side_dirs_make(path);
 	g.dev = sb.st_dev;
 	g.ino = sb.st_ino;
 	*out = st;
@@ -571,6 +574,43 @@ static void side_unlink(const char *kind, unsigned entry)
 }
 
 static const char *const side_kinds[] = {"mem", "ckpt"};
+
+int sim_side_mkdir(const char *dir)
+{
+	if (mkdir(dir, 01777) < 0)
+		return errno == EEXIST ? 0 : -1;
+	return chmod(dir, 01777); /* the umask took bits away */
+}
+
+int sim_side_open(const char *path, int trunc)
+{
+	int flags = O_RDWR | O_CLOEXEC | (trunc ? O_TRUNC : 0);
+	int fd = open(path, flags | O_CREAT | O_EXCL, 0666);
+	if (fd >= 0) {
+		if (fchmod(fd, 0666) < 0) {
+			int e = errno;
+			close(fd);
+			unlink(path);
+			errno = e;
+			return -1;
+		}
+		return fd;
+	}
+	if (errno != EEXIST)
+		return -1;
+	return open(path, flags);
+}
+
+/* The side folders of a new state, made by its creator (often root, in a
+ * folder only root may write) for every user who will use it. */
+static void side_dirs_make(const char *state)
+{
+	char dir[PATH_MAX + 32];
+	for (size_t k = 0; k < sizeof(side_kinds) / sizeof(side_kinds[0]); k++)
+		if ((size_t)snprintf(dir, sizeof(dir), "%s.%s", state, side_kinds[k]) < sizeof(dir) &&
+		    sim_side_mkdir(dir) < 0)
+			fprintf(stderr, "hami-sim: cannot create %s: %s\n", dir, strerror(errno));
+}
 
 void sim_side_clear(const char *state)
 {

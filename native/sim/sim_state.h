@@ -217,6 +217,15 @@ SIM_HIDDEN int sim_side_path(const char *kind, unsigned entry, char *buf, size_t
 /* Remove every side file of the state file STATE (hami-simctl reset, when
  * no process is left). */
 SIM_HIDDEN void sim_side_clear(const char *state);
+/* The folder of side files DIR (<state>.mem, <state>.ckpt), made if missing:
+ * one state serves every user's processes, so it is world-writable with the
+ * sticky bit (1777), whatever the umask. 0, or -1 with errno. */
+SIM_HIDDEN int sim_side_mkdir(const char *dir);
+/* Open side file PATH read-write, created 0666 (every user's processes and the
+ * root checkpointer meet in it) and emptied when TRUNC. Falls back to opening
+ * an existing file without O_CREAT: fs.protected_regular refuses O_CREAT on
+ * another user's file in a sticky folder. An fd, or -1 with errno. */
+SIM_HIDDEN int sim_side_open(const char *path, int trunc);
 
 /* Mark our entry as a CUDA process (cuInit). */
 SIM_HIDDEN void sim_mark_cuda(void);
