@@ -24,7 +24,7 @@ hub_deps_install() {
     fi
     if ! command -v npm >/dev/null 2>&1; then
         echo "dev/hub-deps.sh: npm is missing; the JupyterHub test needs Node.js >= 20 and npm" \
-             "to install configurable-http-proxy (e.g. apt-get install nodejs npm)" >&2
+             "to install configurable-http-proxy (docs/single-host.md, step 1, says how)" >&2
         return 1
     fi
     echo "dev/hub-deps.sh: installing configurable-http-proxy@$hub_deps_chp_version into node_modules/"
