@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from ..gpus import read_gpus
-from ..slice.paths import SliceNameError, default_root, slice_path
+from ..slice.paths import SliceNameError, default_root, not_yours, others_skipped, slice_path
 from ..slice.size import format_size
 from ..slice.status import format_text
 from . import actions, changes
@@ -80,6 +80,10 @@ def list_command(args):
     gpus, message = read_gpus()
     for line in skipped:  # another user's or unsafe: never read, the others still show
         print(f"{args.cli_prog}: warning: {line}", file=sys.stderr)
+    others = [v.path for v in views if v.error and not_yours(v.path)]
+    if others:  # theirs in a shared root (the hub's): not a fault, as doctor says
+        print(f"{args.cli_prog}: {others_skipped(others)}", file=sys.stderr)
+        views = [v for v in views if v.path not in others]
     for v in views:
         if v.error:
             _error(args, v.error, 1)

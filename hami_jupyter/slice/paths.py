@@ -351,6 +351,26 @@ def skip_message(path, error):
     return f"skipped {os.fspath(path)}: {error}"
 
 
+def not_yours(path):
+    """True for a slice file another user owns that this user may not read: in a
+    shared root (the hub's, 0640 per user) that is theirs, not a fault, and the
+    listers skip it (``status``, ``slice list``, ``doctor``)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid != os.geteuid() and not os.access(path, os.R_OK)
+
+
+def others_skipped(paths):
+    """One line for the other users' slices a lister skipped (*paths*), or None."""
+    if not paths:
+        return None
+    names = ", ".join(slice_name(p) for p in paths)
+    return (f"skipped {len(paths)} slice(s) of other users, which you cannot read: not yours "
+            f"({names})")
+
+
 def list_slice_paths(root=None, env=None, skipped=None):
     """Every trusted ``*.slice`` file directly under the root, sorted by name.
 

@@ -123,3 +123,26 @@ def test_no_slice_of_ones_own_yet_says_to_start_the_server(hub_root):
     assert root_check["status"] == "WARN", root_check
     assert "start (or restart) your server from the hub" in root_check["advice"]
     assert "HAMI_SLICE_ROOT" not in json.dumps(root_check)
+
+
+def cli_as(user, python, *argv):
+    env = {"PATH": "/usr/bin:/bin", "JUPYTERHUB_USER": user, "PYTHONPATH": str(REPO),
+           "HOME": f"/home/{user}"}
+    return subprocess.run([RUNUSER, "-u", user, "--", python, "-m", "hami_jupyter", *argv],
+                          env=env, cwd="/", capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("argv", [["slice", "list"], ["status"], ["status", "--json"]],
+                         ids=["slice-list", "status", "status-json"])
+def test_slice_list_and_status_skip_others_slices_like_doctor(hub_root, argv):
+    """Issue 27, item 6(g): as alice, `slice list` and `status` exited 1 on bob's
+    slice ("no permission to read slice file"); they skip it as doctor does."""
+    python, root = hub_root
+    done = cli_as("alice", python, *argv, "--root", str(root))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no permission" not in done.stdout + done.stderr
+    assert "skipped" in done.stderr and "bob" in done.stderr, done.stderr
+    if "--json" in argv:
+        assert [s["slice"] for s in json.loads(done.stdout)] == ["alice"]
+    else:
+        assert "alice" in done.stdout and "bob" not in done.stdout, done.stdout
