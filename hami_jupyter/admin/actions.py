@@ -37,6 +37,34 @@ def _service_socket(path, audit_path=None):
     return sock if service.usable(sock) else None
 
 
+def guard_parked(root):
+    """The processes the guard parked under *root* (its report's ``parked``
+    records), oldest first; [] without a report or when it cannot be read."""
+    try:
+        report = guard_report.read_report(root)
+    except (guard_report.GuardReportError, OSError):
+        return []
+    return [r for r in (report or {}).get("parked") or []
+            if isinstance(r, dict) and isinstance(r.get("pid"), int)]
+
+
+def guard_act(root, pid, what, *, audit_path=None):
+    """Resume or end (*what*: "resume" or "end") the process *pid* the guard
+    parked under *root*; a line saying what was done, or ParkedError. Root
+    does it here; anyone else through the admin service, which checks that
+    they are an administrator and logs who they are."""
+    from ..guard import parked
+
+    if os.geteuid() == 0:
+        return parked.handle(Path(root), pid, what, audit_path=audit_path)
+    sock = service.socket_path(root)
+    if not service.usable(sock):
+        raise parked.ParkedError(f"only root or the admin service may {what} a process the guard "
+                                 f"parked, and no admin service listens on {sock} for you: run "
+                                 f"`sudo hami-jupyter guard --{what} {pid}`")
+    return service.remote_guard(sock, pid, what)
+
+
 def writable(path):
     """Whether this user may change the slice's limits, here or through the service."""
     path = Path(path)

@@ -31,6 +31,7 @@ import ipywidgets as widgets
 from ..slice.size import format_size
 from ..slice.status_html import LEVEL_COLOUR, short_id, short_uuid
 from .hub_client import HubServiceError
+from .parked_rows import ParkedRow
 from .slice_form import (DEFAULT, FORM_BUTTON, FORM_ROW, LABEL_STYLE, LimitsForm, gpu_entry,
                          limit_texts, overcommit_box)
 from .sparkline import sparkline
@@ -338,6 +339,7 @@ class HubView:
         self.client = client
         self.document = document
         self.kernel_rows, self.slice_forms, self.server_rows = {}, {}, {}
+        self.parked_rows = {}  # (node, pid) -> ParkedRow
         self.message, self.errors = "", []
         self.last_answer = None
         self.title = widgets.HTML()
@@ -349,8 +351,11 @@ class HubView:
         self.kernels_box = widgets.VBox()
         self.slices_box = widgets.VBox()
         self.servers_box = widgets.VBox()
+        self.parked_title = widgets.HTML("<b>Parked by the guard</b>")
+        self.parked_box = widgets.VBox()
         self.widget = widgets.VBox([
             self.title, self.outcome, self.unreachable, self.nodes,
+            self.parked_title, self.parked_box,
             widgets.HTML("<b>Users</b>"), self.users,
             widgets.HTML("<b>Kernels</b>"), self.kernels_box,
             widgets.HTML("<b>Slices</b>"), self.overcommit, self.slices_box,
@@ -378,9 +383,29 @@ class HubView:
         self.nodes.value = "".join(node_html(n, history) for n in nodes) or \
             "<div>No server answered yet.</div>"
         self.users.value = users_html(document)
+        self._update_parked()
         self._update_kernels()
         self._update_slices()
         self._update_servers()
+
+    def _update_parked(self):
+        wanted = {(n["node"], p["pid"]): (n["node"], p) for n in self.document.get("nodes", [])
+                  for p in n.get("parked", [])}
+        for key, (node, record) in wanted.items():
+            if key in self.parked_rows:
+                self.parked_rows[key].update(record)
+            else:
+                self.parked_rows[key] = ParkedRow(
+                    lambda what, r, node=node: self.act(action=f"guard-{what}", node=node, pid=r["pid"]),
+                    record, node)
+        for gone in set(self.parked_rows) - set(wanted):
+            self.parked_rows.pop(gone).box.close()
+        children = [self.parked_rows[k].box for k in wanted]
+        if list(self.parked_box.children) != children:
+            self.parked_box.children = children
+        shown = None if wanted else "none"
+        self.parked_title.layout.display = shown
+        self.parked_box.layout.display = shown
 
     def _sync(self, rows, wanted, make, box):
         for key, item in wanted.items():

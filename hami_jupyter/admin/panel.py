@@ -61,6 +61,7 @@ from ..slice.status_html import LEVEL_COLOUR, format_html, nowrap, short_id, sho
 from . import actions, changes, hub_client, marks
 from .changes import READ_ONLY
 from .hub_view import HubView
+from .parked_rows import ParkedRow
 from .slice_form import (DEFAULT, FORM_BUTTON, LimitsForm, gpu_entry, limit_texts,
                          overcommit_box)
 
@@ -359,11 +360,18 @@ class AdminPanel:
         self.gpu_table = widgets.HTML()
         self.memory_table = widgets.HTML()  # each slice per GPU: used, cap, real (guard)
         self.slices = widgets.VBox()
+        # Processes the guard parked under this root: Resume / End (docs/guard.md).
+        self.parked_rows = {}
+        self.parked_message = widgets.HTML()
+        self.parked_box = widgets.VBox()
+        self.parked = widgets.VBox([widgets.HTML("<b>Parked by the guard</b>"), self.parked_message,
+                                    self.parked_box])
         self.hub_notice = widgets.HTML(
             f'<div class="hami-hub-note" style="{_MUTED}">{escape(self.hub_note)}</div>'
             if self.hub_note else "")
-        self.widget = widgets.VBox([self.title, self.hub_notice, self.banner, self.gpu_table,
-                                    self.overcommit, self.memory_table, self.slices, self.footer])
+        self.widget = widgets.VBox([self.title, self.hub_notice, self.banner, self.parked,
+                                    self.gpu_table, self.overcommit, self.memory_table, self.slices,
+                                    self.footer])
         self.refresh()
         if start:
             self.start()
@@ -421,6 +429,7 @@ class AdminPanel:
             self.gpu_table.value = _gpu_table(gpus, message, actions.commitments(views, gpus))
             self.memory_table.value = _memory_table(views, actions.guard_note(self.root))
             self._update_forms(views)
+            self._update_parked()
             if not views and not skipped:
                 self.banner.value = (f"<div>No slices under {escape(str(self.root))} yet: a slice "
                                      "appears when its first kernel starts.</div>")
@@ -435,6 +444,35 @@ class AdminPanel:
             self.refresh_count += 1
             self.footer.value = (f"<small style='{_MUTED}'>updated {time.strftime('%H:%M:%S')}"
                                  f"{f', every {self.interval:g} s' if self.running else ''}</small>")
+
+    def _update_parked(self):
+        wanted = {r["pid"]: r for r in actions.guard_parked(self.root)}
+        for pid, record in wanted.items():
+            if pid in self.parked_rows:
+                self.parked_rows[pid].update(record)
+            else:
+                self.parked_rows[pid] = ParkedRow(self.guard_act, record)
+        for gone in set(self.parked_rows) - set(wanted):
+            self.parked_rows.pop(gone).box.close()
+        boxes = [self.parked_rows[p].box for p in wanted]
+        if list(self.parked_box.children) != boxes:
+            self.parked_box.children = boxes
+        self.parked.layout.display = None if wanted or self.parked_message.value else "none"
+
+    def guard_act(self, what, record):
+        """Resume or end a process the guard parked (root here, else the admin
+        service); the line saying what was done, or None (the panel says why)."""
+        from ..guard.parked import ParkedError
+
+        try:
+            message = actions.guard_act(self.root, record["pid"], what, audit_path=self.audit_path)
+        except ParkedError as e:
+            self.parked_message.value = f'<div style="color: {LEVEL_COLOUR["critical"]}">{escape(str(e))}</div>'
+            message = None
+        else:
+            self.parked_message.value = f"<div>{escape(message)}</div>"
+        self.refresh()
+        return message
 
     def _update_forms(self, views):
         for view in views:

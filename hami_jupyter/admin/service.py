@@ -19,6 +19,12 @@ leave a change unlogged through the toolkit. This small service, run as root
   :func:`.changes.reset_here` on the slice of that name under its own root
   (never a path the caller names), and appends the audit record with the
   caller's user name and uid from the OS;
+- ``{"op": "guard-resume"|"guard-end", "pid": PID}``: resumes or ends a
+  process the guard parked (:func:`hami_jupyter.guard.parked.handle`, which
+  checks the guard's report under its root and audits it with the caller's
+  name and uid). Root may add ``"on_behalf": NAME`` (the hub view, root
+  itself, acting for a JupyterHub administrator): the record then names
+  ``NAME (JupyterHub)``;
 - it answers one JSON line: ``{"ok": true, "change": ...}`` or
   ``{"ok": false, "error": ..., "change": ...}``.
 
@@ -47,6 +53,7 @@ from . import changes
 from .changes import Change, ChangeError, ReadOnlyError
 
 SOCKET_NAME = "admin.sock"
+GUARD_RESUME, GUARD_END = "guard-resume", "guard-end"
 MAX_REQUEST = 1 << 16
 TIMEOUT_S = 30.0
 
@@ -144,6 +151,23 @@ def remote_parking(sock, path, op, kernel_id):
     return reply["message"]
 
 
+def remote_guard(sock, pid, what, on_behalf=None):
+    """Resume or end (*what*: "resume" or "end") the process *pid* the guard
+    parked, through the service; its line, or ParkedError."""
+    from ..guard.parked import ParkedError
+
+    request = {"op": f"guard-{what}", "pid": pid}
+    if on_behalf:
+        request["on_behalf"] = on_behalf
+    try:
+        reply = _call(sock, request)
+    except ServiceError as e:
+        raise ParkedError(f"{e}; nothing was done") from None
+    if not reply.get("ok"):
+        raise ParkedError(reply.get("error") or f"the admin service did not {what} it")
+    return reply["message"]
+
+
 def remote_reset(sock, path):
     """:func:`.changes.reset_here` through the service."""
     try:
@@ -199,6 +223,8 @@ class AdminService:
             request = json.loads(line)
             if not isinstance(request, dict):
                 raise ValueError
+            if request.get("op") in (GUARD_RESUME, GUARD_END):
+                return self._guard(request, who, uid)
             name = request["slice"]
             if not isinstance(name, str) or "/" in name:
                 raise ValueError
@@ -224,6 +250,27 @@ class AdminService:
             return {"ok": False, "error": str(e),
                     "change": e.change.as_dict() if e.change is not None else None,
                     "read_only": isinstance(e, ReadOnlyError)}
+
+    def _guard(self, request, who, uid):
+        from ..guard import parked
+
+        pid = request.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return {"ok": False, "error": "a malformed request: no pid"}
+        on_behalf = request.get("on_behalf")
+        if on_behalf is not None:
+            if uid != 0 or not isinstance(on_behalf, str) or not on_behalf:
+                return {"ok": False, "error": "only root may act on behalf of another"}
+            who = f"{on_behalf} (JupyterHub)"
+        what = parked.RESUME if request["op"] == GUARD_RESUME else parked.END
+        try:
+            message = parked.handle(self.root, pid, what, who=who, uid=uid)
+        except parked.ParkedError as e:
+            return {"ok": False, "error": str(e)}
+        except OSError as e:
+            return {"ok": False, "error": f"could not {what} process {pid}: {e.strerror or e}"}
+        self.log(f"hami-jupyter admin-service: {who} (uid {uid}): {message}")
+        return {"ok": True, "message": message}
 
     def _parking(self, op, path, kernel_id, who, uid):
         if not isinstance(kernel_id, str) or not kernel_id:

@@ -253,11 +253,12 @@ def _guard(args):
     logging.getLogger("hami_jupyter").setLevel(args.log_level.upper())
     root = Path(args.root) if args.root else default_root()
     if args.resume is not None or args.end is not None:
+        from ..admin.actions import guard_act  # root here; an administrator through the admin service
         from ..guard import parked
 
         pid, what = (args.resume, parked.RESUME) if args.resume is not None else (args.end, parked.END)
         try:
-            print(parked.handle(root, pid, what, audit_path=args.audit_log))
+            print(guard_act(root, pid, what, audit_path=args.audit_log))
         except parked.ParkedError as e:
             raise Failure(str(e)) from None
         except PermissionError:

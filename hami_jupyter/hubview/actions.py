@@ -21,6 +21,11 @@ nothing but the hub's own servers and slices:
   takes effect at the next server start and offers ``next-size``;
 - ``next-size``: the size of a user's next start (:mod:`hami_jupyter.hub.next_sizes`,
   read by the policy at spawn).
+- ``guard-resume``, ``guard-end`` a process the guard parked (``node``,
+  ``pid``): on the service's own node only, through that node's root admin
+  service (``<slice_root>/admin.sock``), which checks the guard's report,
+  resumes or ends the process and writes the audit record, naming the
+  administrator (``<who> (JupyterHub)``).
 
 Kernel actions are also logged by the service (who, what, which kernel);
 limit changes go to the audit log like every administrator's change.
@@ -44,7 +49,8 @@ KERNEL_ACTIONS = {
     "resume": ("POST", "hami/v1/kernels/{}/resume", "resumed"),
 }
 SLICE_ACTIONS = ("resize", "reset")
-ACTIONS = (*KERNEL_ACTIONS, "stop-server", *SLICE_ACTIONS, "next-size")
+GUARD_ACTIONS = {"guard-resume": "resume", "guard-end": "end"}
+ACTIONS = (*KERNEL_ACTIONS, "stop-server", *SLICE_ACTIONS, "next-size", *GUARD_ACTIONS)
 _KERNEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -90,6 +96,8 @@ class Actions:
             return await self._slice(action, request, who)
         if action == "next-size":
             return await self._next_size(request, who)
+        if action in GUARD_ACTIONS:
+            return await self._guard(GUARD_ACTIONS[action], request, who)
         raise ActionError(400, f"unknown action {action!r}; actions: {', '.join(ACTIONS)}")
 
     def _server(self, request):
@@ -201,6 +209,36 @@ class Actions:
         return {"ok": True, "message": message,
                 "change": change.as_dict() if change is not None else None,
                 "warnings": change.warnings if change is not None else []}
+
+    async def _guard(self, what, request, who):
+        from ..admin import service as admin_service
+        from ..guard.parked import ParkedError
+
+        node, pid = _text(request, "node"), request.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            raise ActionError(400, "the request needs 'pid' (a process id)")
+        listed = next((p for n in self.service.document.get("nodes", []) if n["node"] == node
+                       for p in n.get("parked", []) if p["pid"] == pid), None)
+        if listed is None:
+            raise ActionError(404, f"the hub's latest view lists no process {pid} parked by the "
+                                   f"guard on node {node!r}")
+        if node != self.service.node:
+            raise ActionError(409, f"process {pid} is on node {node!r}; this hub service acts on "
+                                   f"node {self.service.node!r} only. There: hami-jupyter guard "
+                                   f"--{what} {pid}")
+        sock = admin_service.socket_path(self.service.slice_root)
+        if not admin_service.usable(sock):
+            raise ActionError(503, f"no admin service listens on {sock}: it resumes and ends "
+                                   "processes the guard parked (hami-jupyter admin-service)")
+        loop = asyncio.get_running_loop()
+        try:
+            message = await loop.run_in_executor(
+                None, lambda: admin_service.remote_guard(sock, pid, what, on_behalf=who))
+        except ParkedError as e:
+            raise ActionError(409, str(e)) from None
+        self.log.info("hami-jupyter hub-service: %s (JupyterHub): %s", who, message)
+        await self.service.refresh_after(f"guard-{what}")
+        return {"ok": True, "message": message}
 
     async def _next_size(self, request, who):
         user = _text(request, "user")

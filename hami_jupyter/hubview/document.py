@@ -12,7 +12,9 @@ they become::
                                               "memory_real", "guard_state",
                                               "sm_share", "sm_util", "mode",
                                               "kernels": [kernel, ...]}]}],
-                "kernels_without_gpu": [kernel, ...], "errors": [...]}],
+                "kernels_without_gpu": [kernel, ...], "errors": [...],
+                "parked": [{"pid", "slice", "user", "command", "uuid", "process_bytes",
+                            "unix", "why"}, ...]}],
      "servers": [{"user", "server", "url", "state", "node", "error", ...}],
      "users": [{"user", "servers", "memory_used", "memory_limit", ...}]}
 
@@ -22,6 +24,9 @@ that GPU; a kernel that holds none yet is in its node's
 servers of one user on one node share a slice: it is listed once, each of its
 kernels owned by the server that runs it. A server that did not answer is in
 ``servers`` with ``state`` "unreachable" and the error, never left out.
+A node's ``parked`` are the processes the guard there parked (each slice's
+``guard.parked``, as its servers read the guard's report), once each: an
+administrator resumes or ends them (:mod:`.actions`).
 """
 
 from dataclasses import dataclass, field
@@ -124,7 +129,7 @@ def _gather(readings):
             continue
         node = nodes.setdefault(body.get("node") or "?", {
             **_new_node(body.get("node") or "?"), "slices": {}, "owners": {}, "activity": {},
-            "reporters": {}})
+            "reporters": {}, "parked": {}})
         node["servers"].append(r.ref.key)
         for g in body.get("host_gpus") or []:
             gpu = node["gpus"].setdefault(g["uuid"], _new_gpu(g["uuid"]))
@@ -145,6 +150,9 @@ def _gather(readings):
                                            "error": s["error"], "server": r.ref.key})
                 continue
             node["slices"].setdefault(key, s)
+            for p in (s.get("guard") or {}).get("parked") or []:
+                if isinstance(p, dict) and isinstance(p.get("pid"), int):
+                    node["parked"].setdefault(p["pid"], {**p, "slice": s.get("slice")})
     return nodes
 
 
@@ -213,7 +221,8 @@ def _nodes(gathered):
         out.append({"node": name, "servers": node["servers"],
                     "gpus": [_gpu_totals(g) for g in gpus],
                     "kernels_without_gpu": node["kernels_without_gpu"],
-                    "errors": node["errors"], "gpu_facts_error": node["gpu_facts_error"]})
+                    "errors": node["errors"], "gpu_facts_error": node["gpu_facts_error"],
+                    "parked": sorted(node["parked"].values(), key=lambda p: (p.get("unix") or 0, p["pid"]))})
     return out
 
 

@@ -7,6 +7,7 @@
 
 import {
   IGpuStatus,
+  IGuardParked,
   IKernelSliceStatus,
   IParkFields,
   IParkResult,
@@ -419,6 +420,80 @@ export function guardOverLines(status: IKernelSliceStatus | null): string[] {
     }
   }
   return lines;
+}
+
+/** `"14:02"`: the local time of Unix seconds *unix*, as `%hami status` writes it. */
+export function clockText(unix: number): string {
+  const when = new Date(unix * 1000);
+  const pad = (n: number) => String(n).padStart(2, '0');
+  return `${pad(when.getHours())}:${pad(when.getMinutes())}`;
+}
+
+/**
+ * The note for a GPU whose slice holds more than a cap lowered since, `null`
+ * otherwise: `"over its new 20.0 GiB cap since 14:02, held before the change:
+ * new allocations are refused until its use falls below the cap; nothing it
+ * holds is taken"` (the words of `%hami status`).
+ */
+export function heldText(gpu: IGpuStatus): string | null {
+  const since = gpu.over_cap_since;
+  if (typeof since !== 'number' || !Number.isFinite(since)) {
+    return null;
+  }
+  return (
+    `over its new ${formatBytes(count(gpu.memory_limit))} cap since ${clockText(since)}, held ` +
+    'before the change: new allocations are refused until its use falls below the cap; nothing ' +
+    'it holds is taken'
+  );
+}
+
+/** One line per GPU of the status held over a lowered cap (`"GPU 0: over its new …"`). */
+export function heldLines(status: IKernelSliceStatus | null): string[] {
+  if (!status || !status.in_slice || status.error !== undefined) {
+    return [];
+  }
+  const lines: string[] = [];
+  for (const gpu of status.gpus ?? []) {
+    const text = heldText(gpu);
+    if (text !== null) {
+      lines.push(`GPU ${gpu.index}: ${text}`);
+    }
+  }
+  return lines;
+}
+
+/**
+ * One line for a process of the slice the guard parked, with the guard's
+ * reason: `"pid 4242 (python train.py) parked by the guard 3 min ago: held
+ * 1.5 GiB past the slice's cap without the preload library. Its 1.5 GiB are
+ * safe in host memory; it waits until an administrator resumes it (after
+ * raising the cap) or ends it"`. *now*: Unix seconds.
+ */
+export function guardParkedText(record: IGuardParked, now: number): string {
+  const when = typeof record.unix === 'number' ? record.unix : now;
+  const minutes = Math.floor(Math.max(0, now - when) / 60);
+  const command = typeof record.command === 'string' && record.command !== '' ? record.command : '?';
+  const why = typeof record.why === 'string' && record.why.trim() !== '' ? record.why.trim() : 'over its slice cap';
+  const held = formatBytes(count(record.process_bytes ?? 0));
+  return (
+    `pid ${record.pid} (${command}) parked by the guard ${minutes} min ago: ${why}. Its ${held} ` +
+    'are safe in host memory; it waits until an administrator resumes it (after raising the cap) ' +
+    'or ends it'
+  );
+}
+
+/** One line per process of the slice the guard parked; empty without any (or outside a slice). */
+export function guardParkedLines(status: IKernelSliceStatus | null, now: number): string[] {
+  if (!status || !status.in_slice || status.error !== undefined) {
+    return [];
+  }
+  const parked = status.guard?.parked;
+  if (!Array.isArray(parked)) {
+    return [];
+  }
+  return parked
+    .filter(r => r !== null && typeof r === 'object' && typeof r.pid === 'number')
+    .map(r => guardParkedText(r, now));
 }
 
 /** The status bar item's class while the guard sees a GPU of the kernel's slice over its cap. */

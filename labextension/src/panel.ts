@@ -19,7 +19,10 @@
  * `.hami-kernel-resume-button`, `.hami-kernel-interrupt`,
  * `.hami-kernel-restart`, `.hami-kernel-shutdown`; the outcome of a park or
  * resume `.hami-panel-notice` (`.hami-panel-notice-error` when it failed); the
- * guard's notice `.hami-panel-guard` (a line per GPU it sees over its cap), and
+ * guard's notice `.hami-panel-guard` (a line per GPU it sees over its cap), the
+ * processes of the slice the guard parked, with its reason (`.hami-panel-guard-parked`),
+ * the GPUs held over a cap lowered since (`.hami-panel-held`: "over its new … cap
+ * since 14:02, held before the change"), and
  * such a GPU's line `.hami-panel-gpu.hami-guard-over`. The GPU lines carry the
  * guard's real figure beside the reported one where they differ.
  */
@@ -46,6 +49,8 @@ import {
   gpuLevel,
   gpuText,
   guardOverLines,
+  guardParkedLines,
+  heldLines,
   kernelParkText,
   LEVEL_CLASSES,
   levelClass,
@@ -167,6 +172,14 @@ export class SlicePanel extends Widget {
     this._guard.hidden = true;
     this._guard.setAttribute('role', 'alert');
 
+    this._guardParked = element('div', 'hami-panel-guard-parked', this.node);
+    this._guardParked.hidden = true;
+    this._guardParked.setAttribute('role', 'alert');
+
+    this._held = element('div', 'hami-panel-held', this.node);
+    this._held.hidden = true;
+    this._held.setAttribute('role', 'status');
+
     this._summary = element('div', 'hami-panel-summary', this.node);
     this._usage = element('div', 'hami-panel-usage', this._summary);
     const meter = element('div', 'hami-meter', this._summary);
@@ -251,6 +264,13 @@ export class SlicePanel extends Widget {
     const over = guardOverLines(status);
     this._guard.textContent = over.length > 0 ? `Over the memory cap:\n${over.join('\n')}` : '';
     this._guard.hidden = over.length === 0;
+    const parkedByGuard = guardParkedLines(status, Date.now() / 1000);
+    this._guardParked.textContent =
+      parkedByGuard.length > 0 ? `Parked by the guard:\n${parkedByGuard.join('\n')}` : '';
+    this._guardParked.hidden = parkedByGuard.length === 0;
+    const held = heldLines(status);
+    this._held.textContent = held.join('\n');
+    this._held.hidden = held.length === 0;
     this._summary.hidden = !usable;
     this._table.hidden = !usable;
     if (!usable || status === null) {
@@ -533,6 +553,8 @@ export class SlicePanel extends Widget {
   private _notice: HTMLElement;
   private _noticeTimer: number | null = null;
   private _guard: HTMLElement;
+  private _guardParked: HTMLElement;
+  private _held: HTMLElement;
   private _summary: HTMLElement;
   private _usage: HTMLElement;
   private _meterFill: HTMLElement;

@@ -65,6 +65,25 @@ export interface IGuardInfo {
   written_unix?: number | null;
   /** Why a report that exists cannot be read. */
   error?: string | null;
+  /** Processes of the slice the guard parked (kept while the guard is down); missing: none. */
+  parked?: IGuardParked[];
+}
+
+/**
+ * A process of the slice the guard parked: it held memory no cap allowed; its
+ * GPU state waits in host memory until an administrator resumes or ends it.
+ */
+export interface IGuardParked {
+  pid: number;
+  user?: string | null;
+  command?: string | null;
+  uuid?: string | null;
+  /** Bytes the process held on the GPU when it was parked. */
+  process_bytes?: number | null;
+  /** When it was parked (Unix seconds). */
+  unix?: number | null;
+  /** The guard's reason. */
+  why?: string | null;
 }
 
 /** One GPU of the slice. */
@@ -85,6 +104,13 @@ export interface IGpuStatus extends IGuardGpuFields {
   limit_is_fallback?: boolean;
   /** Bytes of this GPU's memory that parked kernels hold in host memory; missing: 0. */
   memory_parked?: number;
+  /**
+   * When the slice holds more than a cap an administrator lowered since: the
+   * time of that change (Unix seconds; the memory was held before it). New
+   * allocations are refused until use falls below the cap; nothing is taken.
+   * Null or missing: not over a lowered cap.
+   */
+  over_cap_since?: number | null;
 }
 
 /** One kernel of the slice (of this server or of another one), with its parking fields. */

@@ -5,6 +5,7 @@ import {
   KIB,
   MIB,
   asLevel,
+  clockText,
   formatBytes,
   formatGiB,
   formatMemory,
@@ -18,6 +19,10 @@ import {
   GUARD_OVER_CLASS,
   guardOverLines,
   guardOverText,
+  guardParkedLines,
+  guardParkedText,
+  heldLines,
+  heldText,
   kernelParkText,
   levelClass,
   memoryFraction,
@@ -798,5 +803,57 @@ describe('the guard', () => {
     const parsed = parseKernelStatus(JSON.parse(JSON.stringify(guarded(1.4 * GIB, 'over'))));
     expect(statusGuardClass(parsed)).toBe(GUARD_OVER_CLASS);
     expect(parsed?.guard?.action).toBe('kill');
+  });
+});
+
+describe('what the guard parked and a lowered cap (issue 27)', () => {
+  const parked = {
+    pid: 4242,
+    command: 'python train.py',
+    user: 'alice',
+    process_bytes: 1.5 * GIB,
+    unix: 1_000_000,
+    why: "held 1.5 GiB past the slice's cap without the preload library"
+  };
+
+  function slice(overrides: Partial<IKernelSliceStatus> = {}): IKernelSliceStatus {
+    return parseKernelStatus({
+      kernel_id: 'k1',
+      in_slice: true,
+      slice: 'alice',
+      path: '/run/hami-jupyter/alice.slice',
+      memory_used: 30 * GIB,
+      memory_limit: 20 * GIB,
+      memory_level: 'critical',
+      sm_share: 0,
+      sm_util: 0,
+      gpus: [gpu({ memory_used: 30 * GIB, memory_limit: 20 * GIB, over_cap_since: 1_000_000 })],
+      ...overrides
+    }) as IKernelSliceStatus;
+  }
+
+  it('says who the guard parked, why, and that its memory is safe', () => {
+    const text = guardParkedText(parked, 1_000_000 + 185);
+    expect(text).toBe(
+      "pid 4242 (python train.py) parked by the guard 3 min ago: held 1.5 GiB past the slice's cap " +
+        'without the preload library. Its 1.5 GiB are safe in host memory; it waits until an ' +
+        'administrator resumes it (after raising the cap) or ends it'
+    );
+    expect(guardParkedLines(slice({ guard: { running: true, parked: [parked] } }), 1_000_000)).toEqual([
+      guardParkedText(parked, 1_000_000)
+    ]);
+    expect(guardParkedLines(slice({ guard: { running: true } }), 1_000_000)).toEqual([]);
+    expect(guardParkedLines(null, 1_000_000)).toEqual([]);
+  });
+
+  it('notes a GPU held over a cap lowered since, with the time of the change', () => {
+    const [line] = heldLines(slice());
+    expect(line).toBe(
+      `GPU 0: over its new 20.0 GiB cap since ${clockText(1_000_000)}, held before the change: new ` +
+        'allocations are refused until its use falls below the cap; nothing it holds is taken'
+    );
+    expect(clockText(1_000_000)).toMatch(/^\d\d:\d\d$/);
+    expect(heldLines(slice({ gpus: [gpu()] }))).toEqual([]);
+    expect(heldText(gpu({ over_cap_since: null }))).toBeNull();
   });
 });

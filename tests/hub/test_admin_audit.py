@@ -109,6 +109,13 @@ CHILD = textwrap.dedent("""
                 out[what] = "done"
             except OSError as e:
                 out[what] = type(e).__name__
+    elif step == "guard-end":
+        from hami_jupyter.guard.parked import ParkedError
+        root, pid = arg.rsplit(":", 1)
+        try:
+            out["message"] = actions.guard_act(root, int(pid), "end")
+        except ParkedError as e:
+            out["error"] = str(e)
     elif step in ("set", "reset"):
         try:
             if step == "set":
@@ -228,6 +235,49 @@ def test_the_service_applies_an_admins_change_and_refuses_anyone_else(base, admi
     finally:
         service.close()
     assert not (root / "admin.sock").exists()
+
+
+def test_the_service_ends_a_process_the_guard_parked_for_an_admin_only(base, admins):
+    """Issue 27, item 2: an administrator who is not root ends (or resumes) a
+    process the guard parked through the admin service, which checks who asks
+    and audits it under their name."""
+    from fake_guard import write_guard
+
+    from hami_jupyter.admin.service import AdminService
+    from hami_jupyter.guard.procs import start_ticks
+    from hami_jupyter.slice.guard_report import write_report
+
+    root = base / "slices"
+    prepare_user_slice("alice", SMALL, NOBODY, NOBODY, root, admin_group=admins.group, gpus=GPUS)
+    parked = subprocess.Popen(["sleep", "60"])
+    service = AdminService(root, admins.group).start()
+    try:
+        report = write_guard(root, {}, action="park")
+        report["parked"] = [{"pid": parked.pid, "start_ticks": start_ticks(parked.pid), "slice": "alice",
+                             "user": "alice", "uuid": UUIDS[0], "command": "sleep 60",
+                             "process_bytes": GiB, "unix": report["written_unix"], "action": "park",
+                             "why": "held 1.0 GiB past its slice's cap without the preload library"}]
+        write_report(report, root)
+        env = {**os.environ, "HOME": str(base)}
+        target = f"{root}:{parked.pid}"
+
+        os.chmod(root / "admin.sock", 0o666)  # the service's own check, by the caller's uid
+        seen = child(NOBODY, NOBODY, [], "guard-end", target, env)
+        assert "not an administrator" in seen.get("error", ""), seen
+        assert parked.poll() is None
+
+        seen = child(admins.uid, admins.primary_gid, [admins.gid], "guard-end", target, env)
+        assert "error" not in seen and f"process {parked.pid} (alice) ended" in seen["message"], seen
+        assert parked.wait(WAIT_S) != 0
+        last = records(root)[-1]
+        assert (last["action"], last["who"], last["uid"], last["pid"], last["slice"]) == \
+            ("guard-end", admins.user, admins.uid, parked.pid, "alice")
+        assert audit.verify(audit.default_path(root))[0] == []
+    finally:
+        service.close()
+        if parked.poll() is None:
+            parked.kill()
+            parked.wait()
 
 
 # ---- item 4: the hub keeps an admin's change until reset ---------------------------------------

@@ -175,6 +175,76 @@ def test_actions_refuse_what_the_hub_does_not_list(tmp_path):
     assert e.value.status == 403
 
 
+def parked_record(pid, ticks=None, user="alice"):
+    return {"pid": pid, "user": user, "command": "python train.py", "uuid": GPU,
+            "process_bytes": 3 * GiB, "real_bytes": 4 * GiB, "unix": 900.0,
+            "why": "held 3.0 GiB past its slice's cap without the preload library",
+            **({"start_ticks": ticks} if ticks is not None else {})}
+
+
+def with_parked(slice_status, *records):
+    return {**slice_status, "guard": {"running": True, "parked": list(records)}}
+
+
+def test_a_nodes_processes_parked_by_the_guard_are_listed_once():
+    """Issue 27, item 2: the hub view lists what the guard parked, per node."""
+    shared = with_parked(status("alice", [kernel("k1", "alice", 10)]), parked_record(4242))
+    other = with_parked(status("bob", []), parked_record(5151, user="bob"))
+    d = doc.build([
+        doc.Reading(doc.ServerRef("alice", "", "/user/alice/"), answer("n1", [shared], {"k1": "alice"})),
+        doc.Reading(doc.ServerRef("alice", "b", "/user/alice/b/"), answer("n1", [shared], {})),
+        doc.Reading(doc.ServerRef("bob", "", "/user/bob/"), answer("n2", [other], {})),
+    ], 1000.0)
+    by_node = {n["node"]: [(p["pid"], p["slice"], p["user"]) for p in n["parked"]] for n in d["nodes"]}
+    assert by_node == {"n1": [(4242, "alice", "alice")], "n2": [(5151, "bob", "bob")]}
+
+
+def test_ending_a_parked_process_goes_through_the_admin_service_as_the_hub_admin(tmp_path):
+    """The hub view's End: the node's root admin service ends it and audits
+    it under the JupyterHub administrator's name."""
+    import os
+    import subprocess
+
+    from fake_guard import write_guard
+
+    from hami_jupyter import audit
+    from hami_jupyter.admin.service import AdminService
+    from hami_jupyter.guard.procs import start_ticks
+    from hami_jupyter.slice.guard_report import write_report
+
+    if os.geteuid() != 0:
+        pytest.skip("the admin service acts on behalf of a hub administrator for root only")
+    root = tmp_path / "slices"
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        record = parked_record(sleeper.pid, start_ticks(sleeper.pid))
+        report = write_guard(root, {}, action="park")
+        write_report({**report, "parked": [{**record, "slice": "alice", "action": "park"}]}, root)
+        d = doc.build([doc.Reading(doc.ServerRef("alice", "", "/user/alice/"), answer(
+            "n1", [with_parked(status("alice", []), record)], {}))], 0.0)
+        service = fake_service(tmp_path, document=d, slice_root=str(root))
+        with pytest.raises(ActionError) as e:  # no admin service yet
+            run(service, action="guard-end", node="n1", pid=sleeper.pid)
+        assert e.value.status == 503 and "admin-service" in str(e.value)
+        admin = AdminService(root).start()
+        try:
+            with pytest.raises(ActionError) as e:
+                run(service, action="guard-end", node="n2", pid=sleeper.pid)
+            assert e.value.status == 404
+            done = run(service, action="guard-end", node="n1", pid=sleeper.pid)
+        finally:
+            admin.close()
+        assert done["ok"] and f"process {sleeper.pid} (alice) ended" in done["message"], done
+        assert sleeper.wait(30) != 0
+        assert service.refreshed == ["guard-end"]
+        last = audit.read_records(audit.default_path(root))[-1]
+        assert (last["action"], last["who"], last["pid"]) == ("guard-end", "ada (JupyterHub)", sleeper.pid)
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+
+
 def test_registering_the_service_grants_what_it_needs_and_no_more():
     c = Config()
     c.JupyterHub.port = 8123
@@ -299,3 +369,27 @@ def test_the_hub_views_slice_form_is_the_local_panels_form():
     assert form.apply() is not None
     assert client.acts[-1]["device"] == GPU and client.acts[-1]["sm"] == "30"
     assert "memory" not in client.acts[-1] and "mode" not in client.acts[-1]
+
+
+def test_the_hub_view_shows_parked_processes_with_resume_and_end():
+    """Issue 27, item 2: the administrator's AdminPanel() (the hub view) lists
+    what the guard parked, per node, and its buttons ask the service."""
+    from hami_jupyter.admin.hub_view import HubView
+
+    readings = [doc.Reading(doc.ServerRef("alice", "", "/user/alice/"), answer(
+        "n1", [with_parked(status("alice", []), parked_record(4242))], {}))]
+    document = {**doc.build(readings, 1000.0), "service": {"node": "n1", "refresh_seconds": 5}}
+    client = FakeClient(document)
+    view = HubView(client, document)
+    row = view.parked_rows[("n1", 4242)]
+    text = row.label.value
+    assert "pid 4242" in text and "python train.py" in text and "alice" in text and "n1" in text
+    assert "3.0 GiB safe in host memory" in text and "without the preload library" in text
+    assert row.act("resume") is not None
+    assert client.acts[-1] == {"action": "guard-resume", "node": "n1", "pid": 4242}
+    row.act("end")
+    assert client.acts[-1] == {"action": "guard-end", "node": "n1", "pid": 4242}
+    # Once the guard no longer lists it, the row goes.
+    view.show_document({**doc.build([doc.Reading(doc.ServerRef("alice", "", "/user/alice/"), answer(
+        "n1", [status("alice", [])], {}))], 1001.0), "service": {"node": "n1"}})
+    assert view.parked_rows == {} and view.parked_box.layout.display == "none"

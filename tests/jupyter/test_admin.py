@@ -896,3 +896,41 @@ def test_audit_reader_refuses_a_damaged_log(tmp_path):
         f.write('{"slice": "bo')
     with pytest.raises(audit.AuditLogError, match=r"audit.log:2: not an audit record"):
         audit.read_records(log)
+
+
+def test_the_panel_ends_a_process_the_guard_parked(hami_env, panels):
+    """Issue 27, item 2: the local AdminPanel() lists what the guard parked under
+    its root, with the reason, and End ends it (root here; an administrator
+    who is not root goes through the admin service: tests/hub/test_admin_audit.py)."""
+    import os
+    import subprocess
+
+    from fake_guard import write_guard
+
+    from hami_jupyter import audit
+    from hami_jupyter.guard.procs import start_ticks
+    from hami_jupyter.slice.guard_report import write_report
+
+    if os.geteuid() != 0:
+        pytest.skip("ending another process of the guard's is root's (or the admin service's)")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        report = write_guard(hami_env.root, {}, action="park")
+        write_report({**report, "parked": [{
+            "pid": sleeper.pid, "start_ticks": start_ticks(sleeper.pid), "slice": "alice",
+            "user": "alice", "command": "sleep 60", "uuid": "GPU-x", "process_bytes": 1 << 30,
+            "unix": report["written_unix"], "action": "park",
+            "why": "held 1.0 GiB past its slice's cap without the preload library"}]}, hami_env.root)
+        panel = panels()
+        row = panel.parked_rows[sleeper.pid]
+        assert "sleep 60" in row.label.value and "without the preload library" in row.label.value
+        assert panel.parked.layout.display is None
+        assert f"process {sleeper.pid} (alice) ended" in row.act("end")
+        assert sleeper.wait(30) != 0
+        assert "ended" in panel.parked_message.value
+        last = audit.read_records(audit.default_path(hami_env.root))[-1]
+        assert (last["action"], last["pid"]) == ("guard-end", sleeper.pid)
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()

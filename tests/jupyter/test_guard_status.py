@@ -135,3 +135,28 @@ def test_an_unreadable_report_never_fails_the_status(alice):
                                                     "slices": ["alice"]}))
     status = slice_status(path)  # the right version, the wrong shape: nothing of it believed
     assert status["guard"]["running"] is True and status["gpus"][0]["memory_real"] is None
+
+
+def test_the_rest_answer_carries_what_the_guard_parked_and_a_held_gpu(alice):
+    """Issue 27, item 2: what the JupyterLab panel shows comes over REST: the
+    guard's parked processes of the slice (with the reason) and, per GPU,
+    since when the slice is held over a cap lowered below its use; the
+    top-level cap is the one in force."""
+    from hami_jupyter.server.kernel_slices import summary
+    from hami_jupyter.slice.change import set_memory_limit
+    from hami_jupyter.slice.guard_report import write_report
+
+    path, uuid = alice
+    set_memory_limit(path, None, 128 * MiB)  # an administrator's shrink below the 164 MiB in use
+    report = write_guard(path.parent, {"alice": {uuid: seen(USED, USED, 128 * MiB, "held")}}, action="park")
+    why = "held 1.5 GiB past the slice's cap without the preload library"
+    write_report({**report, "parked": [{"pid": 4242, "slice": "alice", "user": "alice",
+                                        "command": "python train.py", "uuid": uuid,
+                                        "process_bytes": 3 * GIB // 2, "unix": 1.0, "why": why}]},
+                 path.parent)
+    body = summary(slice_status(path), "k1")
+    (gpu,) = body["gpus"]
+    assert body["memory_limit"] == gpu["memory_limit"] == 128 * MiB
+    assert gpu["over_cap_since"] is not None
+    (parked,) = body["guard"]["parked"]
+    assert (parked["pid"], parked["why"], parked["command"]) == (4242, why, "python train.py")
