@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TAG_ENV, Hub, _require_jupyterhub
-from unix_users import UnixUsers, require_root_users, shared_tmpdir, user_python
+from unix_users import RUNUSER, UnixUsers, require_root_users, shared_tmpdir, user_python
 
 from hami_jupyter import native
 from hami_jupyter.slice.file import read_snapshot
@@ -324,3 +324,201 @@ def test_no_kernelspec_leaves_the_hubs_slice(real_hub):
         assert status["path"] == str(hub.slice_root / f"{user}.slice"), status
     status, reply = hub.request("POST", f"{hub.url}/user/{user}/api/kernels", {"name": "elsewhere"})
     assert status >= 400, f"a kernelspec naming another slice started: {status} {reply}"
+
+
+# ---- issue 27: enforcement never destroys a user's work ----------------------------
+#
+# On the root hub above, with a real guard and the root admin service beside it
+# (the example starts the admin service as a hub service; this hub's services
+# are the test's, so the test starts it), alice's config turning the extension
+# off (see real_hub):
+# 1. an administrator shrinks alice's slice below what her kernel holds: the
+#    kernel lives, its next cell runs, every figure shows the new cap;
+# 2. a process of hers without the preload library passes the cap: the guard
+#    parks it (its data kept), carol (hami-admin, not root) raises the cap and
+#    resumes it through the admin service, and its bytes hash the same;
+# 3. no process is ended more than once; the kernel is never acted on.
+
+HOLD = (
+    "from hami_jupyter import driver_memory as d\n"
+    "d.init()\n"
+    "held = d.DeviceBuffer(2 << 30)\n"
+    "print(held.nbytes)\n"
+)
+FIGURES = (
+    "import json, os\n"
+    "print(json.dumps({'ppid': os.getppid(), 'env': {k: v for k, v in os.environ.items()\n"
+    "                                                 if k.endswith(('MEMORY_LIMIT', 'SM_LIMIT', 'SM_MODE'))}}))\n"
+)
+# A process started from the kernel without the preload library (a bypass),
+# holding 1.5 GiB and 4 MiB of random bytes it can hash again on request.
+BYPASS = (
+    "import os, subprocess, sys\n"
+    "code = '''\n"
+    "import hashlib, os, sys\n"
+    "from hami_jupyter import driver_memory as d\n"
+    "d.init()\n"
+    "big = d.DeviceBuffer(1536 << 20)\n"
+    "data = os.urandom(4 << 20)\n"
+    "big.write(data)\n"
+    "print(os.getpid(), hashlib.sha256(data).hexdigest(), flush=True)\n"
+    "for line in sys.stdin:\n"
+    "    print(hashlib.sha256(big.read(len(data))).hexdigest(), flush=True)\n"
+    "'''\n"
+    "env = {k: v for k, v in os.environ.items() if k != 'LD_PRELOAD'}\n"
+    "bypass = subprocess.Popen([sys.executable, '-c', code], env=env, text=True,\n"
+    "                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
+    "print(bypass.stdout.readline().strip())\n"
+)
+BYPASS_HASH = (
+    "bypass.stdin.write('hash\\n'); bypass.stdin.flush()\n"
+    "print(bypass.stdout.readline().strip())\n"
+)
+
+
+class RootHelpers:
+    """The guard and the admin service, as root, on the simulated GPU; ended at teardown."""
+
+    def __init__(self, hub, tmp):
+        self.hub, self.procs = hub, []
+        self.env = native.sim_env(hub.sim_state, base={"PATH": "/usr/bin:/bin"},
+                                  PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+        self.tmp = tmp
+
+    def start(self, name, *args):
+        log = open(self.tmp / f"{name}.log", "wb")
+        proc = subprocess.Popen([self.hub.python, "-m", "hami_jupyter", *args], env=self.env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append((proc, log))
+        return proc
+
+    def log(self, name):
+        return (self.tmp / f"{name}.log").read_text(errors="replace")[-4000:]
+
+    def stop(self):
+        for proc, log in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            log.close()
+
+
+def wait_report(root, guard, predicate, what, timeout=20):
+    from hami_jupyter.slice.guard_report import read_report
+
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        assert guard.poll() is None, f"the guard exited while waiting for {what}"
+        try:
+            last = read_report(root)
+        except Exception:  # being replaced right now
+            last = None
+        if last and last.get("guard_pid") == guard.pid and predicate(last):
+            return last
+        time.sleep(0.1)
+    pytest.fail(f"{what} not in the guard's report within {timeout} s: {json.dumps(last)[:3000]}")
+
+
+def alice_gpu(report):
+    gpus = ((report.get("slices") or {}).get("alice") or {}).get("gpus") or {}
+    return next(iter(gpus.values()), {})
+
+
+def metric(text, name, slice_name):
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'slice="{slice_name}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_enforcement_keeps_work_under_the_root_hub(real_hub, tmp_path):
+    from hami_jupyter import audit
+
+    hub, user = real_hub, "alice"
+    root = hub.slice_root
+    if user not in hub.users:
+        hub.spawn(user)
+    hub.wait_ready(user)
+    helpers = RootHelpers(hub, tmp_path)
+    try:
+        guard = helpers.start("guard", "guard", "--root", str(root))
+        helpers.start("admin-service", "admin-service", "--root", str(root),
+                      "--admin-group", "hami-admin")
+        kernel_id = hub.start_kernel(user)
+        held = hub.execute(user, kernel_id, HOLD)
+        assert held.error is None and held.stdout.split() == [str(2 * GIB)], held
+        wait_report(root, guard, lambda r: (alice_gpu(r).get("real_bytes") or 0) >= 2 * GIB,
+                    "alice's kernel holding 2 GiB")
+
+        # 1. An administrator shrinks her slice below what the kernel holds.
+        shrink = subprocess.run([hub.python, "-m", "hami_jupyter", "slice", "set", user,
+                                 "--memory", "1g", "--root", str(root)], env=helpers.env,
+                                capture_output=True, text=True, timeout=60)
+        assert shrink.returncode == 0, shrink.stdout + shrink.stderr
+        report = wait_report(root, guard, lambda r: alice_gpu(r).get("state") == "held",
+                             "alice's slice held over its lowered cap")
+        again = hub.execute(user, kernel_id, "print(held.nbytes, 6 * 7)")
+        assert again.error is None and again.stdout.split() == [str(2 * GIB), "42"], again
+
+        # Every figure shows the cap in force (issue 27, item 4).
+        status = _status_json(hub.execute(user, kernel_id, "%hami status --json"), "alice")
+        gpu = next(g for g in status["gpus"] if g["index"] == 0)  # where the kernel holds 2 GiB
+        assert gpu["over_cap_since"] is not None, gpu
+        assert {g["memory_limit"] for g in status["gpus"]} == {GIB}, status["gpus"]
+        _, body = hub.request("GET", f"{hub.url}/user/{user}/hami/v1/kernels/{kernel_id}")
+        assert isinstance(body, dict), f"no hami/v1 REST API on alice's server: {body!r:.300}"
+        assert body["memory_limit"] == GIB and {g["memory_limit"] for g in body["gpus"]} == {GIB}, body
+        _, slices = hub.request("GET", f"{hub.url}/user/{user}/hami/v1/slices")
+        mine = next(s for s in slices["slices"] if s["slice"] == user)
+        assert {g["memory_limit"] for g in mine["gpus"]} == {GIB}, mine
+        _, metrics = hub.request("GET", f"{hub.url}/user/{user}/metrics")
+        assert metric(metrics, "hami_slice_memory_limit_bytes", user) == GIB, metrics[:3000]
+        figures = json.loads(hub.execute(user, kernel_id, FIGURES).stdout)
+        assert figures["env"] == {}, f"limit figures in the kernel's environment: {figures}"
+        server_env = Path(f"/proc/{figures['ppid']}/environ").read_bytes().split(b"\0")
+        assert not [v for v in server_env if v.startswith((b"HAMI_MEMORY_LIMIT=", b"HAMI_SM_LIMIT="))], \
+            "limit figures in the server's environment"
+
+        # 2. A bypass passes the cap: parked, not ended; its data kept.
+        started = hub.execute(user, kernel_id, BYPASS)
+        assert started.error is None, started
+        pid_text, digest = started.stdout.split()
+        pid = int(pid_text)
+        report = wait_report(root, guard, lambda r: any(p["pid"] == pid for p in r.get("parked") or []),
+                             "the bypass parked")
+        assert os.path.exists(f"/proc/{pid}"), "the parked bypass is gone"
+        # carol (hami-admin, not root) raises the cap and resumes it, through the admin service.
+        raise_cap = subprocess.run([hub.python, "-m", "hami_jupyter", "slice", "set", user,
+                                    "--memory", "40g", "--root", str(root)], env=helpers.env,
+                                   capture_output=True, text=True, timeout=60)
+        assert raise_cap.returncode == 0, raise_cap.stdout + raise_cap.stderr
+        resume = subprocess.run([RUNUSER, "-u", "carol", "--", hub.python, "-m", "hami_jupyter", "guard",
+                                 "--root", str(root), "--resume", str(pid)],
+                                env={"PATH": "/usr/bin:/bin", "HOME": "/home/carol"}, cwd="/",
+                                capture_output=True, text=True, timeout=120)
+        assert resume.returncode == 0, f"{resume.stdout}{resume.stderr}\n{helpers.log('admin-service')}"
+        assert "runs again" in resume.stdout
+        back = hub.execute(user, kernel_id, BYPASS_HASH)
+        assert back.error is None and back.stdout.split() == [digest], "the bypass's data changed"
+
+        # 3. Nobody ended twice, the kernel never acted on; who did what is in the log.
+        report = wait_report(root, guard, lambda r: not any(p["pid"] == pid for p in r.get("parked") or []),
+                             "the resumed bypass off the parked list")
+        acted = [a.get("pid") for a in report.get("actions") or [] if a.get("action") in ("kill", "park")]
+        assert len(acted) == len(set(acted)) and acted == [pid], report.get("actions")
+        records = audit.read_records(audit.default_path(root))
+        guard_records = [(r["action"], r.get("pid"), r.get("who")) for r in records
+                         if r["action"].startswith("guard-")]
+        assert guard_records == [("guard-park", pid, "hami-jupyter guard"),
+                                 ("guard-resume", pid, "carol")], guard_records
+        assert hub.execute(user, kernel_id, "print(held.nbytes)").stdout.split() == [str(2 * GIB)]
+        # Done: the bypass ends (its stdin closes) and the kernel goes, so the hub stops at once.
+        hub.execute(user, kernel_id, "bypass.stdin.close(); print(bypass.wait(30))")
+        hub.server_api(user, "DELETE", f"kernels/{kernel_id}", expect={204})
+    finally:
+        helpers.stop()
