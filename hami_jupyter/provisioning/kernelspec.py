@@ -173,8 +173,25 @@ def applied_limits(config, environ=None, server_config=None):
         ("kernelspec", "config", {k: config.get(k) for k in
                                   ("memory_limit", "sm_limit", "sm_mode", "max_decoders")}),
         ("server config", "config", server_config),
-        ("this environment", "env", environ),
+        _in_force_layer(environ),
     ])
+
+
+def _in_force_layer(environ):
+    """The limits this place holds kernels to, as a layer of ``resolve_limits``:
+    under the hub, those in force in the hub's slice file, which an
+    administrator may have changed since the server started (its environment
+    says nothing of them); elsewhere, the environment's limit variables."""
+    try:
+        hub = hub_slice.hub_slice(environ)
+        held = read_snapshot(hub).fallback_limit if hub is not None else None
+    except (hub_slice.HubSliceError, OSError, SliceFileError):
+        held = None
+    if held is None:
+        return ("this environment", "env", environ)
+    return (f"the hub's slice {hub}, in force", "config", {
+        "memory_limit": held.memory_limit or None, "sm_limit": held.sm_share or None,
+        "sm_mode": held.mode if held.sm_share else None, "max_decoders": held.max_decoders or None})
 
 
 def describe_config(config, environ=None, server_config=None):

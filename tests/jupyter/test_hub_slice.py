@@ -301,3 +301,16 @@ def test_kernelspec_install_under_the_hub_may_ask_a_smaller_memory_cap(hub, kern
     assert code == 0, err
     spec = json.loads((hami_env.tmp / "user-data" / "kernels" / "small" / "kernel.json").read_text())
     assert spec["metadata"]["kernel_provisioner"]["config"]["memory_limit"] in ("1g", GiB, str(GiB))
+
+
+def test_kernelspec_list_under_the_hub_shows_the_limits_in_force(hub, kernelspec, hami_env):
+    """Issue 27, item 4: after an administrator's change, what `hami-jupyter
+    kernelspec list` says a kernel gets is the slice's cap in force, not a
+    figure of the server's environment from its start."""
+    from hami_jupyter.provisioning.kernelspec import describe_config
+    from hami_jupyter.slice.change import set_memory_limit
+
+    set_memory_limit(hub, None, GiB)  # the administrator's shrink, 2 GiB -> 1 GiB
+    text = describe_config({})
+    assert text.startswith(f"memory 1.0 GiB (from memory_limit (the hub's slice {hub}, in force))"), text
+    assert "SM 30 % (hard" in text and "this environment" not in text
