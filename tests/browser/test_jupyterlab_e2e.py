@@ -25,6 +25,10 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_guard import write_guard
+
+from hami_jupyter.slice.change import set_memory_limit
+from hami_jupyter.slice.guard_report import report_path, write_report
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -64,6 +68,8 @@ EMPTY_TEXT = re.compile(r"^vGPU 0\.0 / 1\.0 GiB · SM \d+ % / 25 %$")
 ANY_SLICE_TEXT = re.compile(r"^vGPU \d+\.\d / 1\.0 GiB · SM \d+ % / 25 %$")
 
 MiB = 1 << 20
+GiB = 1 << 30
+PARKED_WHY = "held 1.5 GiB past the slice's cap without the preload library"
 
 
 def _expect():
@@ -156,6 +162,26 @@ def test_hami_notebook_status_bar_warning_panel_and_restart(page, lab):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert SCREENSHOT.stat().st_size > 10_000
+
+    # Issue 27: an administrator lowers the cap below the 864 MiB in use, and the
+    # guard parked a process of the slice: the panel says both, in plain words.
+    slice_file = Path(status["path"])
+    set_memory_limit(slice_file, None, 512 * MiB)
+    report = write_guard(slice_file.parent, {}, action="park")
+    write_report({**report, "parked": [{"pid": 4242, "slice": slice_file.stem, "user": "tester",
+                                        "command": "python train.py", "process_bytes": 1536 * MiB,
+                                        "unix": report["written_unix"], "why": PARKED_WHY}]},
+                 slice_file.parent)
+    expect(panel.locator(".hami-panel-held")).to_contain_text(
+        "over its new 512 MiB cap since", timeout=STATUS_TIMEOUT_MS)
+    expect(panel.locator(".hami-panel-held")).to_contain_text("held before the change")
+    parked_note = panel.locator(".hami-panel-guard-parked")
+    expect(parked_note).to_contain_text("pid 4242 (python train.py) parked by the guard")
+    expect(parked_note).to_contain_text(PARKED_WHY)
+    set_memory_limit(slice_file, None, GiB)
+    report_path(slice_file.parent).unlink()
+    expect(parked_note).to_be_hidden(timeout=STATUS_TIMEOUT_MS)
+    expect(panel.locator(".hami-panel-held")).to_be_hidden()
 
     # Restart from the panel, after the confirmation dialog.
     row.locator(".hami-kernel-restart").click()
