@@ -10,8 +10,11 @@ pod's host name is the pod's name, so the spawner should pass the node's name
 in (``HAMI_NODE_NAME`` from the downward API's ``spec.nodeName``); tests use
 it to put servers of one machine on two "nodes".
 
-The GPUs are NVML's, read in the server process, which runs without the
-preload library, so the figures are physical (:mod:`hami_jupyter.gpus`).
+The GPUs are NVML's, physical figures (:mod:`hami_jupyter.gpus`): a server
+a hub started has the preload library loaded (its environment carries it,
+so that every process it starts does), and then they are read in a child
+process without it (about a quarter of a second), in the background once a
+first answer is known, so that no request waits for it.
 A kernel's idle time is Jupyter's own: the time since its last message.
 """
 
@@ -38,17 +41,33 @@ _gpus_lock = threading.Lock()
 _gpus_cache = {"read": None, "answer": None}
 
 
+def _read_into_cache(now):
+    gpus, message = read_gpus()
+    with _gpus_lock:
+        _gpus_cache["answer"] = ([asdict(g) for g in gpus], message)
+        _gpus_cache["read"] = now
+        _gpus_cache["reading"] = False
+
+
 def host_gpus(now=None):
     """``(gpus as dicts, why they are missing or None)``: NVML's GPUs of this host,
     read again at most every GPUS_FRESH_S seconds (NVML runs in the server's event
-    loop; a busy host must not make every poll of the hub service wait on it)."""
+    loop; a busy host must not make every poll of the hub service wait on it).
+    Once an answer is known, a stale one is answered while a thread reads anew."""
     now = time.monotonic() if now is None else now
     with _gpus_lock:
         read = _gpus_cache["read"]
-        if read is None or now - read >= GPUS_FRESH_S or now < read:
-            gpus, message = read_gpus()
-            _gpus_cache["answer"] = ([asdict(g) for g in gpus], message)
-            _gpus_cache["read"] = now
+        stale = read is None or now - read >= GPUS_FRESH_S or now < read
+        first = _gpus_cache["answer"] is None
+        background = stale and not first and not _gpus_cache.get("reading")
+        if background:
+            _gpus_cache["reading"] = True
+    if stale and first:
+        _read_into_cache(now)
+    elif background:
+        threading.Thread(target=_read_into_cache, args=(now,), name="hami-host-gpus",
+                         daemon=True).start()
+    with _gpus_lock:
         gpus, message = _gpus_cache["answer"]
     return [dict(g) for g in gpus], message
 

@@ -304,16 +304,31 @@ def test_the_command_refuses_to_start_without_a_token(tmp_path):
 
 
 def test_a_servers_gpus_are_read_again_only_every_few_seconds(monkeypatch):
+    import threading
+
     from hami_jupyter.server import host
 
-    calls = []
-    monkeypatch.setattr(host, "read_gpus", lambda: (calls.append(1), ([], "no NVML"))[1])
+    calls, release = [], threading.Event()
+
+    def read():
+        calls.append(1)
+        if len(calls) > 1:
+            release.wait(30)  # a slow read (a child process, under the preload library)
+        return [], f"read {len(calls)}"
+
+    monkeypatch.setattr(host, "read_gpus", read)
     monkeypatch.setattr(host, "_gpus_cache", {"read": None, "answer": None})
-    assert host.host_gpus(now=100.0) == ([], "no NVML")
+    assert host.host_gpus(now=100.0) == ([], "read 1")
     host.host_gpus(now=100.0 + host.GPUS_FRESH_S / 2)
     assert len(calls) == 1  # the hub service's next poll: from the cache
-    host.host_gpus(now=100.0 + host.GPUS_FRESH_S)
+    # Stale: answered from the cache at once, read anew in the background.
+    assert host.host_gpus(now=100.0 + host.GPUS_FRESH_S) == ([], "read 1")
+    assert host.host_gpus(now=100.0 + host.GPUS_FRESH_S + 1) == ([], "read 1")  # one read at a time
+    release.set()
+    for t in [t for t in threading.enumerate() if t.name == "hami-host-gpus"]:
+        t.join(30)
     assert len(calls) == 2
+    assert host.host_gpus(now=100.0 + host.GPUS_FRESH_S + 2) == ([], "read 2")
 
 
 class FakeClient:
