@@ -30,6 +30,7 @@ FLOORS = {
     "native": 0,  # where the built C code is
     "driver_memory": 0,  # framework-free CUDA allocations
     "slice": 1,  # the slice file and everything that reads or writes it
+    "processes": 1,  # a process by its PID and start time; ending one safely
     "gpus": 2,  # the host's GPUs from NVML
     "advice": 2,  # what to do about a slice error
     "audit": 2,  # the audit log: admin tools, hub, hub service and guard write it

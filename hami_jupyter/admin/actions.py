@@ -53,7 +53,7 @@ def guard_act(root, pid, what, *, audit_path=None):
     parked under *root*; a line saying what was done, or ParkedError. Root
     does it here; anyone else through the admin service, which checks that
     they are an administrator and logs who they are."""
-    from ..guard import parked
+    from . import guard_parked as parked
 
     if os.geteuid() == 0:
         return parked.handle(Path(root), pid, what, audit_path=audit_path)

@@ -462,7 +462,7 @@ class AdminPanel:
     def guard_act(self, what, record):
         """Resume or end a process the guard parked (root here, else the admin
         service); the line saying what was done, or None (the panel says why)."""
-        from ..guard.parked import ParkedError
+        from .guard_parked import ParkedError
 
         try:
             message = actions.guard_act(self.root, record["pid"], what, audit_path=self.audit_path)

@@ -20,7 +20,7 @@ leave a change unlogged through the toolkit. This small service, run as root
   (never a path the caller names), and appends the audit record with the
   caller's user name and uid from the OS;
 - ``{"op": "guard-resume"|"guard-end", "pid": PID}``: resumes or ends a
-  process the guard parked (:func:`hami_jupyter.guard.parked.handle`, which
+  process the guard parked (:func:`hami_jupyter.admin.guard_parked.handle`, which
   checks the guard's report under its root and audits it with the caller's
   name and uid). Root may add ``"on_behalf": NAME`` (the hub view, root
   itself, acting for a JupyterHub administrator): the record then names
@@ -154,7 +154,7 @@ def remote_parking(sock, path, op, kernel_id):
 def remote_guard(sock, pid, what, on_behalf=None):
     """Resume or end (*what*: "resume" or "end") the process *pid* the guard
     parked, through the service; its line, or ParkedError."""
-    from ..guard.parked import ParkedError
+    from .guard_parked import ParkedError
 
     request = {"op": f"guard-{what}", "pid": pid}
     if on_behalf:
@@ -252,7 +252,7 @@ class AdminService:
                     "read_only": isinstance(e, ReadOnlyError)}
 
     def _guard(self, request, who, uid):
-        from ..guard import parked
+        from . import guard_parked as parked
 
         pid = request.get("pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:

@@ -254,7 +254,7 @@ def _guard(args):
     root = Path(args.root) if args.root else default_root()
     if args.resume is not None or args.end is not None:
         from ..admin.actions import guard_act  # root here; an administrator through the admin service
-        from ..guard import parked
+        from ..admin import guard_parked as parked
 
         pid, what = (args.resume, parked.RESUME) if args.resume is not None else (args.end, parked.END)
         try:

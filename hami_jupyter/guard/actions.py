@@ -39,14 +39,12 @@ reused in between is never hit.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
 
 from .. import audit
 from ..slice.parking import ParkError, hold_process
 from ..slice.size import format_size
-from .procs import start_ticks
+from ..processes import end_process, start_ticks
 
 GUARD_WHO = "hami-jupyter guard"
 WARN, KILL, PARK = "warn", "kill", "park"
@@ -54,34 +52,6 @@ ACTIONS = (PARK, KILL, WARN)
 RETURN_WINDOW_S = 600  # the same command line ended again within this is a return, not a new story
 
 log = logging.getLogger("hami_jupyter.guard")
-
-
-def end_process(pid, ticks, proc="/proc"):
-    """SIGKILL *pid* if it is still the process that started at *ticks*.
-
-    True when signalled, False when that process is gone (or its PID now
-    names another); PermissionError when this user may not signal it.
-    """
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    except (AttributeError, OSError):  # a kernel before 5.3: check, then kill by PID
-        fd = None
-    try:
-        if start_ticks(pid, proc) != ticks:
-            return False
-        try:
-            if fd is not None:
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-            else:
-                os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return False
-    finally:
-        if fd is not None:
-            os.close(fd)
-    return True
 
 
 def _preload(p):

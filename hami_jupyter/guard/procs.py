@@ -24,6 +24,7 @@ import os
 import pwd
 from dataclasses import dataclass
 
+from ..processes import start_ticks
 from ..slice.size import parse_size
 
 SLICE_VARIABLES = ("HAMI_SLICE", "CUDA_DEVICE_MEMORY_SHARED_CACHE")  # in the library's order
@@ -61,21 +62,6 @@ class ProcessFacts:
         env = self.environ or {}
         name = SLICE_VARIABLES[0] if SLICE_VARIABLES[0] in env else SLICE_VARIABLES[1]
         return env.get(name) or None
-
-
-def start_ticks(pid, proc="/proc"):
-    """Field 22 of ``/proc/<pid>/stat``, or None when the process is gone."""
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    # The name (field 2) is in parentheses and may hold spaces and ')': split after the last one.
-    fields = data[data.rfind(b")") + 2:].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
 
 
 def pid_namespace(pid, proc="/proc"):

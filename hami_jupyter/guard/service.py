@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from .. import audit
+from ..processes import start_ticks
 from ..slice.guard_report import MAX_ACTIONS, write_report
 from ..slice.paths import UntrustedPath, check_folder
 from ..slice.size import format_size
@@ -43,7 +44,7 @@ from .actions import KILL, PARK, WARN, Actions
 from .attribution import Attributor
 from .nvml import NvmlReader, NvmlUnavailable
 from .policy import DEFAULT_TOLERANCE, Placed, measure, plan_kills
-from .procs import ProcessTable, start_ticks
+from .procs import ProcessTable
 from .report import build, carried_over
 from .slices import SliceFiles
 

@@ -212,7 +212,7 @@ class Actions:
 
     async def _guard(self, what, request, who):
         from ..admin import service as admin_service
-        from ..guard.parked import ParkedError
+        from ..admin.guard_parked import ParkedError
 
         node, pid = _text(request, "node"), request.get("pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:

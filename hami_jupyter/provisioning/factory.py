@@ -122,15 +122,23 @@ def route_every_kernel(parent=None):
     except RoutingError:
         stop_routing()  # a factory that half works would break even the kernelspec list
         raise
+    from .provisioner import HamiProvisioner
+
+    HamiProvisioner.hub_routing = True
     return factory
 
 
 def routing_in_force():
-    """Whether :func:`route_every_kernel` is in force in this process."""
+    """Whether :func:`route_every_kernel` is in force in this process (the
+    provisioner reads the same fact from its own class, set below: it must not
+    import this module, which imports it)."""
     return isinstance(KernelProvisionerFactory._instance, HubSliceProvisionerFactory)
 
 
 def stop_routing():
     """Undo :func:`route_every_kernel` (jupyter_client's own factory comes back)."""
+    from .provisioner import HamiProvisioner
+
+    HamiProvisioner.hub_routing = False
     if isinstance(KernelProvisionerFactory._instance, HubSliceProvisionerFactory):
         HubSliceProvisionerFactory.clear_instance()  # its own class's and jupyter_client's

@@ -60,7 +60,7 @@ from ..slice.file import SliceFileError, read_snapshot
 from ..slice.limits import LimitError, parse_decoders
 from ..slice.paths import SliceNameError, check_name, slice_name, slice_path, user_slice_name
 from ..slice.settings import AskedLimits, resolve_limits
-from . import factory, hub_slice
+from . import hub_slice
 
 # Limit traits that, set by a kernelspec, give that kernelspec a slice of its own.
 _LIMIT_TRAITS = ("memory_limit", "sm_limit", "sm_mode", "max_decoders")
@@ -79,6 +79,10 @@ class HamiProvisioner(LocalProvisioner):
     """Launch local kernels with the vGPU preload library, inside a slice."""
 
     _exited_unasked = False  # the process exited without a shutdown asked (see cleanup)
+    # Every kernel of this server goes through this provisioner (set by
+    # factory.route_every_kernel once it proved it; a hub's server without it
+    # starts no kernel: see pre_launch)
+    hub_routing = False
 
     memory_limit = Union(
         [Unicode(), Int()], default_value=None, allow_none=True, config=True,
@@ -371,7 +375,7 @@ class HamiProvisioner(LocalProvisioner):
                 hub = hub_slice.hub_slice(os.environ) or hub_slice.hub_slice(server_env)
             except hub_slice.HubSliceError as e:
                 raise SliceSetupError(f"hami-jupyter: the kernel was not started: {e}") from None
-            if hub is not None and _in_jupyter_server(self.parent) and not factory.routing_in_force():
+            if hub is not None and _in_jupyter_server(self.parent) and not self.hub_routing:
                 raise SliceSetupError(
                     f"hami-jupyter: the kernel was not started: JupyterHub gave this server the "
                     f"slice {hub}, but hami-jupyter's server extension is not in force in it "

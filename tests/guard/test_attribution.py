@@ -10,7 +10,8 @@ import pytest
 from guard_helpers import wait_exec
 
 from hami_jupyter.guard.attribution import ENVIRON, SLOT, USER, Attributor, library_path
-from hami_jupyter.guard.procs import ProcessFacts, ProcessTable, pid_namespace, read_facts, start_ticks
+from hami_jupyter.guard.procs import ProcessFacts, ProcessTable, pid_namespace, read_facts
+from hami_jupyter.processes import start_ticks
 from hami_jupyter.guard.slices import SliceFiles
 from hami_jupyter.slice.create import ensure_slice
 from hami_jupyter.slice.settings import resolve_limits

@@ -110,7 +110,7 @@ CHILD = textwrap.dedent("""
             except OSError as e:
                 out[what] = type(e).__name__
     elif step == "guard-end":
-        from hami_jupyter.guard.parked import ParkedError
+        from hami_jupyter.admin.guard_parked import ParkedError
         root, pid = arg.rsplit(":", 1)
         try:
             out["message"] = actions.guard_act(root, int(pid), "end")
@@ -244,7 +244,7 @@ def test_the_service_ends_a_process_the_guard_parked_for_an_admin_only(base, adm
     from fake_guard import write_guard
 
     from hami_jupyter.admin.service import AdminService
-    from hami_jupyter.guard.procs import start_ticks
+    from hami_jupyter.processes import start_ticks
     from hami_jupyter.slice.guard_report import write_report
 
     root = base / "slices"

@@ -209,7 +209,7 @@ def test_ending_a_parked_process_goes_through_the_admin_service_as_the_hub_admin
 
     from hami_jupyter import audit
     from hami_jupyter.admin.service import AdminService
-    from hami_jupyter.guard.procs import start_ticks
+    from hami_jupyter.processes import start_ticks
     from hami_jupyter.slice.guard_report import write_report
 
     if os.geteuid() != 0:

@@ -908,7 +908,7 @@ def test_the_panel_ends_a_process_the_guard_parked(hami_env, panels):
     from fake_guard import write_guard
 
     from hami_jupyter import audit
-    from hami_jupyter.guard.procs import start_ticks
+    from hami_jupyter.processes import start_ticks
     from hami_jupyter.slice.guard_report import write_report
 
     if os.geteuid() != 0:

@@ -21,8 +21,7 @@ from .. import audit
 from ..slice.guard_report import GuardReportError, read_report
 from ..slice.parking import ParkError, restore_process
 from ..slice.size import format_size
-from .actions import end_process
-from .procs import start_ticks
+from ..processes import end_process, start_ticks
 
 RESUME, END = "resume", "end"
 
