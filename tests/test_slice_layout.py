@@ -43,7 +43,7 @@ C_FIELDS = {
         "name[]", "reserved[]",
     ],
     "hami_device_limit": [
-        "memory_limit", "sm_share", "mode", "max_decoders", "flags", "reserved",
+        "memory_limit", "sm_share", "mode", "max_decoders", "flags", "memory_guarantee",
     ],
     "hami_limit_set": ["device[]", "fallback"],
     "hami_slice_limits": ["generation", "changed_unix_ns", "copy[]"],
@@ -58,7 +58,8 @@ C_FIELDS = {
         "active_unix_ns", "kernel_id[]", "comm[]", "memory_used[]", "sm_util[]",
         "decoders[]", "frames_decoded", "frames_mapped", "decode_ns", "park_state", "park_wanted",
         "park_wait", "park_error", "park_unix_ns", "gpu_active_unix_ns", "parked[]", "driver_bytes[]",
-        "changes", "reserved[]",
+        "changes", "park_reason", "room_wait_device", "room_wait_since_unix_ns",
+        "room_wait_bytes", "reserved[]",
     ],
     "hami_slice_file": ["header", "limits", "device[]", "slot[]"],
     "hami_limits_file": ["magic[]", "version_major", "version_minor", "file_size", "reserved[]", "limits"],

@@ -30,7 +30,7 @@ from .layout import (
     HamiSliceLimits,
     limits_file_path,
 )
-from .limits import MODE_NUMBERS, MODES
+from .limits import MODE_NUMBERS, MODES, check_guarantee
 from .locks import LockTimeout, lock_byte
 from .paths import open_trusted
 
@@ -80,14 +80,17 @@ def update_limits(path, change):
                                  f"{_LOCK_WAIT_S:g} s") from None
         with mmap.mmap(fd, size, mmap.MAP_SHARED) as m:
             copy_at = base + HamiSliceLimits.copy.offset
-            generation = ctypes.c_uint64.from_buffer(m, base + HamiSliceLimits.generation.offset)
+            generation_at = base + HamiSliceLimits.generation.offset
+            # Writers take turns under the lock: the generation stays as read.
+            in_force = ctypes.c_uint64.from_buffer_copy(m, generation_at).value
             set_size = ctypes.sizeof(HamiLimitSet)
-            current = HamiLimitSet.from_buffer_copy(m, copy_at + (generation.value & 1) * set_size)
-            change(current, snapshot)
-            nxt = generation.value + 1
+            current = HamiLimitSet.from_buffer_copy(m, copy_at + (in_force & 1) * set_size)
+            change(current, snapshot)  # may refuse (raise): nothing is written then
+            nxt = in_force + 1
             at = copy_at + (nxt & 1) * set_size
             m[at:at + set_size] = bytes(current)
             ctypes.c_uint64.from_buffer(m, base + HamiSliceLimits.changed_unix_ns.offset).value = time.time_ns()
+            generation = ctypes.c_uint64.from_buffer(m, generation_at)
             generation.value = nxt  # one aligned 8-byte store: the publication
             del generation
         return nxt
@@ -102,16 +105,24 @@ def limits_writable(path):
     return os.access(limits_target(path)[0], os.W_OK, effective_ids=os.access in os.supports_effective_ids)
 
 
-def set_limits(path, device, memory_limit=None, sm_share=None, mode=None):
+def set_limits(path, device, memory_limit=None, sm_share=None, mode=None, memory_guarantee=None):
     """Set some limits of one GPU (UUID or slice index), or of the fallback
     entry (every GPU without limits of its own) when *device* is None, in one
-    publication; a field left None keeps its value. Running processes follow
-    at their next allocation (memory) and within 100 ms (SM share)."""
+    publication; a field left None keeps its value (the memory guarantee
+    too). Running processes follow at their next allocation (memory) and
+    within 100 ms (SM share). A guarantee above the limit is refused
+    (:class:`~.limits.LimitError`), whichever of the two changes."""
     fields = {}
     if memory_limit is not None:
         if isinstance(memory_limit, bool) or not isinstance(memory_limit, int) or memory_limit < 0:
             raise ValueError(f"memory limit must be a whole number of bytes (0: none), not {memory_limit!r}")
         fields["memory_limit"] = memory_limit
+    if memory_guarantee is not None:
+        if (isinstance(memory_guarantee, bool) or not isinstance(memory_guarantee, int)
+                or memory_guarantee < 0):
+            raise ValueError(f"memory guarantee must be a whole number of bytes (0: the limit), "
+                             f"not {memory_guarantee!r}")
+        fields["memory_guarantee"] = memory_guarantee
     if sm_share is not None:
         if isinstance(sm_share, bool) or not isinstance(sm_share, int) or not 0 <= sm_share <= 100:
             raise ValueError(f"SM share must be a whole percent of each GPU (1-99; 0 or 100: no "
@@ -131,6 +142,7 @@ def set_limits(path, device, memory_limit=None, sm_share=None, mode=None):
                            ctypes.sizeof(entry))
         for name, value in fields.items():
             setattr(entry, name, value)
+        check_guarantee(entry.memory_limit, entry.memory_guarantee)  # before anything is published
         entry.flags |= HAMI_LIMIT_SET
 
     return update_limits(path, change)

@@ -154,13 +154,15 @@ def apply_if_idle(path, limits):
     process of the slice is alive.
 
     A live slice keeps what it has: an admin may have resized it while its
-    kernels run, and a kernel start must not undo that. Returns True when the
-    limits were written.
+    kernels run, and a kernel start must not undo that. Limits that give no
+    memory guarantee keep the one the fallback has (a kernel's settings never
+    name one). Returns True when the limits were written.
     """
     with SliceFile(path) as sf:
         snap = sf.snapshot()
     if snap.slots:
         return False
+    limits = limits.keeping_guarantee(snap.fallback_limit)
     if snap.fallback_limit == limits and all(d.limit_is_fallback for d in snap.devices):
         return False
 

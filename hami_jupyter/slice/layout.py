@@ -16,7 +16,7 @@ import os
 
 HAMI_SLICE_MAGIC = b"HAMISLCE"  # 8 bytes, no terminator
 HAMI_SLICE_VERSION_MAJOR = 1
-HAMI_SLICE_VERSION_MINOR = 6
+HAMI_SLICE_VERSION_MINOR = 7
 
 HAMI_LIMITS_MAGIC = b"HAMILIMT"  # the companion limits file, 8 bytes
 HAMI_LIMITS_VERSION_MAJOR = 1
@@ -59,6 +59,12 @@ HAMI_PARK_WAIT_NONE = 0  # hami_slot.park_wait: why a wanted resume waits
 HAMI_PARK_WAIT_SLICE = 1  # no room under the slice's cap now
 HAMI_PARK_WAIT_GPU = 2  # not that much free memory on the GPU now
 
+HAMI_PARK_REASON_NONE = 0  # hami_slot.park_reason (1.7): not parked, or no reason given
+HAMI_PARK_REASON_IDLE = 1  # the Jupyter server's idle policy
+HAMI_PARK_REASON_ASKED = 2  # a user or administrator asked (REST, CLI, panel)
+HAMI_PARK_REASON_ROOM = 3  # the memory broker: to make room for another user's work
+HAMI_PARK_REASON_GUARD = 4  # the guard: over the cap outside the library
+
 
 # ---- layout: the structs of slice_file.h, same names and order -------------
 # Each class names its C struct in _c_name_ so the layout test can pair them.
@@ -94,7 +100,7 @@ class HamiDeviceLimit(ctypes.Structure):
         ("mode", ctypes.c_uint32),
         ("max_decoders", ctypes.c_uint32),
         ("flags", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64),
+        ("memory_guarantee", ctypes.c_uint64),  # 1.7: 0 = the limit is the guarantee
     ]
 
 
@@ -164,7 +170,11 @@ class HamiSlot(ctypes.Structure):
         ("parked", ctypes.c_uint64 * HAMI_SLICE_MAX_DEVICES),
         ("driver_bytes", ctypes.c_uint64 * HAMI_SLICE_MAX_DEVICES),
         ("changes", ctypes.c_uint64),  # 1.6: charges, credits and reclaims finished (the recount's check)
-        ("reserved", ctypes.c_uint8 * 392),
+        ("park_reason", ctypes.c_uint32),  # 1.7: HAMI_PARK_REASON_*
+        ("room_wait_device", ctypes.c_uint32),  # 1.7: slice device index of a wait for GPU room
+        ("room_wait_since_unix_ns", ctypes.c_uint64),  # 1.7: nonzero while waiting for GPU room
+        ("room_wait_bytes", ctypes.c_uint64),  # 1.7: the bytes it waits for
+        ("reserved", ctypes.c_uint8 * 368),
     ]
 
 

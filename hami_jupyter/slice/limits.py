@@ -45,13 +45,17 @@ class Limits:
 
     *memory_limit* in bytes per GPU, *sm_share* a whole percent 1-99 of each
     GPU, *mode* "hard" or "elastic" (how the share is held), *max_decoders*
-    video decoders at once per GPU.
+    video decoders at once per GPU. *memory_guarantee* (slice file 1.7) is
+    the bytes per GPU the slice keeps whatever others need (the memory broker
+    parks none of its processes while it holds no more); 0: the guarantee is
+    the limit. It is carried here so that every writer of limits keeps it.
     """
 
     memory_limit: int = 0
     sm_share: int = 0
     mode: str = "hard"
     max_decoders: int = 0
+    memory_guarantee: int = 0
 
     def __post_init__(self):
         if self.sm_share == 100:  # HAMi's "no share"
@@ -73,7 +77,8 @@ class Limits:
     @classmethod
     def of_entry(cls, entry):
         """From a ``struct hami_device_limit`` (:class:`~.layout.HamiDeviceLimit`)."""
-        return cls(entry.memory_limit, entry.sm_share % 100, mode_name(entry.mode), entry.max_decoders)
+        return cls(entry.memory_limit, entry.sm_share % 100, mode_name(entry.mode), entry.max_decoders,
+                   entry.memory_guarantee)
 
     def fill_entry(self, entry, flags):
         """Write these limits into a :class:`~.layout.HamiDeviceLimit` with *flags*."""
@@ -81,14 +86,29 @@ class Limits:
         entry.sm_share = self.sm_share
         entry.mode = MODE_NUMBERS[self.mode]
         entry.max_decoders = self.max_decoders
+        entry.memory_guarantee = self.memory_guarantee
         entry.flags = flags
+        check_guarantee(entry.memory_limit, entry.memory_guarantee)
         return entry
+
+    def keeping_guarantee(self, existing):
+        """These limits, with the guarantee of *existing* (a :class:`Limits`)
+        when they give none: a writer that did not ask to change the
+        guarantee must not drop it. A kept guarantee above a lower new limit
+        comes down to the limit (never above it)."""
+        if self.memory_guarantee or not existing.memory_guarantee:
+            return self
+        kept = existing.memory_guarantee
+        if self.memory_limit:
+            kept = min(kept, self.memory_limit)
+        return replace(self, memory_guarantee=kept)
 
     @classmethod
     def from_dict(cls, data):
         """From :meth:`as_dict`'s form (JSON: the admin marks, the admin service)."""
         return cls(int(data.get("memory_limit") or 0), int(data.get("sm_share") or 0),
-                   data.get("mode") or "hard", int(data.get("max_decoders") or 0))
+                   data.get("mode") or "hard", int(data.get("max_decoders") or 0),
+                   int(data.get("memory_guarantee") or 0))
 
     def as_dict(self):
         return asdict(self)
@@ -103,6 +123,14 @@ class Limits:
             "SM unlimited" + (" (elastic)" if self.mode == "elastic" else ""))
         decoders = f", {self.max_decoders} decoders" if self.max_decoders else ""
         return f"{memory}, {sm}{decoders}"
+
+
+def check_guarantee(memory_limit, memory_guarantee):
+    """Refuse a guarantee above a (nonzero) limit: the slice could never use it."""
+    if memory_limit and memory_guarantee > memory_limit:
+        raise LimitError(f"a memory guarantee of {format_size(memory_guarantee)} is above the "
+                         f"memory limit of {format_size(memory_limit)}; lower the guarantee "
+                         "or raise the limit")
 
 
 def _text(value, source, what, forms):

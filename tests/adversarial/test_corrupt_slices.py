@@ -179,7 +179,7 @@ def _cases(rng, base):
         add("limits-generation", d)
     for field, values in [("mode", [2, 7, 0xFFFFFFFF]), ("sm_share", [101, 255, 0xFFFFFFFF]),
                           ("max_decoders", [256, 0xFFFFFFFF]), ("flags", [0, 2, 0xFFFFFFFE, 0xFFFFFFFF]),
-                          ("reserved", [(1 << 64) - 1])]:
+                          ("memory_guarantee", [(1 << 64) - 1])]:
         f = getattr(layout.HamiDeviceLimit, field)
         for value in values:
             for entry in (0, layout.HAMI_SLICE_MAX_DEVICES):  # device 0's entry, the fallback

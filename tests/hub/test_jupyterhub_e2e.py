@@ -89,7 +89,7 @@ def test_each_user_kernel_holds_its_own_slice(hub):
         status = _status_json(hub.execute(user, kernel_id, "%hami status --json"), where)
         assert status["slice"] == user, status
         assert status["path"] == str(hub.slice_root / f"{user}.slice"), status
-        assert status["default_limit"] == {"memory_limit": memory, "sm_share": sm, "mode": mode, "max_decoders": 0}
+        assert status["default_limit"] == {"memory_limit": memory, "sm_share": sm, "mode": mode, "max_decoders": 0, "memory_guarantee": 0}
         assert [g["memory_limit"] for g in status["gpus"]] == [memory], status["gpus"]
         listed = {k["kernel_id"]: k for k in status["kernels"]}
         assert kernel_id in listed, status["kernels"]
@@ -257,7 +257,7 @@ def test_real_users_kernels_land_in_the_hubs_slices(real_hub):
         assert mem.stdout.split() == [str(memory)], f"{where}: stdout {mem.stdout!r}"
         status = _status_json(hub.execute(user, kernel_id, "%hami status --json"), where)
         assert status["path"] == str(slice_file), status
-        assert status["default_limit"] == {"memory_limit": memory, "sm_share": sm, "mode": mode, "max_decoders": 0}
+        assert status["default_limit"] == {"memory_limit": memory, "sm_share": sm, "mode": mode, "max_decoders": 0, "memory_guarantee": 0}
         listed = {k["kernel_id"]: k for k in status["kernels"]}
         assert listed.get(kernel_id, {}).get("processes"), f"{where}: not in its slice: {status}"
     # Both users' processes met on the one simulated GPU.

@@ -271,8 +271,8 @@ def test_panel_apply_writes_the_slice_and_the_audit_log(hami_env, panels, monkey
     assert record["uid"] == os.getuid() and record["euid"] == os.geteuid()
     assert record["slice"] == "alice" and record["path"] == str(path)
     assert record["device"] is None and record["uuid"] is None
-    assert record["old"] == {"memory_limit": 2 * GiB, "sm_share": 0, "mode": "hard", "max_decoders": 0}
-    assert record["new"] == {"memory_limit": 4 * GiB, "sm_share": 25, "mode": "elastic", "max_decoders": 0}
+    assert record["old"] == {"memory_limit": 2 * GiB, "sm_share": 0, "mode": "hard", "max_decoders": 0, "memory_guarantee": 0}
+    assert record["new"] == {"memory_limit": 4 * GiB, "sm_share": 25, "mode": "elastic", "max_decoders": 0, "memory_guarantee": 0}
     assert datetime.fromisoformat(record["when"].replace("Z", "+00:00")).utcoffset().total_seconds() == 0
     assert form.pending() == {} and (form.memory.value, form.sm.value) == ("4g", "25")
 
@@ -567,7 +567,7 @@ def test_cli_list_as_text_and_json(hami_env, capsys, charge, no_nvml):
     assert [s["slice"] for s in shown["slices"]] == ["alice", "bob"]
     assert all(s["writable"] for s in shown["slices"])
     assert shown["slices"][0]["gpus"][0]["memory_used"] == 100 * MiB + CONTEXT
-    assert shown["slices"][1]["default_limit"] == {"memory_limit": GiB, "sm_share": 30, "mode": "hard", "max_decoders": 0}
+    assert shown["slices"][1]["default_limit"] == {"memory_limit": GiB, "sm_share": 30, "mode": "hard", "max_decoders": 0, "memory_guarantee": 0}
     assert shown["gpus"] == [{"uuid": uuid, "name": "", "memory_total": 16 * GiB,
                               "promised": 3 * GiB, "holders": {"alice": 2 * GiB, "bob": GiB}}]
 

@@ -69,7 +69,7 @@ def test_status_shows_a_slice_as_text_and_json(hami_env, capsys):
     [status] = json.loads(out)
     assert status["slice"] == "alice"
     assert status["path"] == str(path)
-    assert status["default_limit"] == {"memory_limit": GiB, "sm_share": 30, "mode": "hard", "max_decoders": 0}
+    assert status["default_limit"] == {"memory_limit": GiB, "sm_share": 30, "mode": "hard", "max_decoders": 0, "memory_guarantee": 0}
     assert status["gpus"] == [] and status["kernels"] == []
 
 
@@ -408,7 +408,7 @@ def test_kernelspec_install_writes_limits_and_starts_a_kernel_in_them(
     _, kc = start_kernel("gpu-small")
     [path] = list_slice_paths(hami_env.root)
     assert path.name.endswith("-gpu-small.slice")  # a kernelspec with limits: a slice of its own
-    assert slice_status(path)["default_limit"] == {"memory_limit": GiB, "sm_share": 25, "mode": "hard", "max_decoders": 0}
+    assert slice_status(path)["default_limit"] == {"memory_limit": GiB, "sm_share": 25, "mode": "hard", "max_decoders": 0, "memory_guarantee": 0}
     result = cell(kc, "from hami_jupyter import driver_memory as d\n"
                       "d.init()\n"
                       "print(d.mem_get_info()[1])")

@@ -33,7 +33,7 @@
 
 #define HAMI_SLICE_MAGIC "HAMISLCE" /* 8 bytes, no terminator */
 #define HAMI_SLICE_VERSION_MAJOR 1u
-#define HAMI_SLICE_VERSION_MINOR 6u
+#define HAMI_SLICE_VERSION_MINOR 7u
 
 #define HAMI_LIMITS_MAGIC "HAMILIMT" /* the companion limits file, 8 bytes */
 #define HAMI_LIMITS_VERSION_MAJOR 1u
@@ -88,6 +88,13 @@
 #define HAMI_PARK_WAIT_SLICE 1u /* the slice's cap has no room for it now */
 #define HAMI_PARK_WAIT_GPU 2u   /* the GPU has not that much free memory now */
 
+/* hami_slot.park_reason (1.7): why the process was parked, see docs/parking.md */
+#define HAMI_PARK_REASON_NONE 0u  /* not parked, or parked by a parker that gave no reason */
+#define HAMI_PARK_REASON_IDLE 1u  /* the Jupyter server's idle policy */
+#define HAMI_PARK_REASON_ASKED 2u /* a user or administrator asked (REST, CLI, panel) */
+#define HAMI_PARK_REASON_ROOM 3u  /* the memory broker: to make room for another user's work */
+#define HAMI_PARK_REASON_GUARD 4u /* the guard: over the cap outside the library */
+
 struct hami_slice_header {
 	char magic[8];
 	uint32_t version_major;
@@ -117,7 +124,9 @@ struct hami_device_limit {
 	uint32_t mode;         /* HAMI_MODE_* */
 	uint32_t max_decoders; /* concurrent NVDEC decoders */
 	uint32_t flags;        /* HAMI_LIMIT_* */
-	uint64_t reserved;
+	/* (1.7) bytes the slice is guaranteed on the GPU; 0: the limit is the
+	 * guarantee (nothing oversubscribed). Never above a nonzero limit. */
+	uint64_t memory_guarantee;
 };
 
 /* One complete, consistent set of limits. */
@@ -186,7 +195,12 @@ struct hami_slot {
 	/* (1.6) charges, credits and reclaims of this slot ever finished: a
 	 * recount that saw it unchanged knows none ran while it summed */
 	uint64_t changes;
-	uint8_t reserved[392];
+	/* (1.7) the memory broker, see docs/parking.md */
+	uint32_t park_reason;    /* HAMI_PARK_REASON_*: set by the parker before PARKED, 0 on resume */
+	uint32_t room_wait_device; /* slice device index a thread of the process waits for room on */
+	uint64_t room_wait_since_unix_ns; /* nonzero while it waits for GPU room: when the wait began */
+	uint64_t room_wait_bytes;  /* the bytes it waits for */
+	uint8_t reserved[368];
 };
 
 /* The whole file, in order. */
