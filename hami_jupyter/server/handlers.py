@@ -67,7 +67,7 @@ class ParkHandler(_KernelParkingHandler):
     async def post(self, kernel_id):
         self._known(kernel_id)
         try:
-            result = await self.parking.park(kernel_id, reason="asked over REST")
+            result = await self.parking.park(kernel_id, why="asked over REST", reason="asked")
         except ParkError as e:
             raise web.HTTPError(409, str(e)) from None
         self.finish(json.dumps({"kernel_id": kernel_id, "park_state": "parked",

@@ -170,6 +170,8 @@ def summary(status, kernel_id):
             "memory_parked": mine["memory_parked"] if mine else 0,
             "park_state": mine["park_state"] if mine else "running",
             "park_wait": mine["park_wait"] if mine else None,
+            "park_reason": mine["park_reason"] if mine else None,
+            "room_wait": mine["room_wait"] if mine else None,
         },
         "gpus": gpus,
         "kernels": status["kernels"],

@@ -109,8 +109,10 @@ class ParkingManager:
 
     # ---- parking --------------------------------------------------------------
 
-    async def park(self, kernel_id, reason="asked"):
-        """Park one kernel (in a worker thread: the moves take seconds); a ParkResult."""
+    async def park(self, kernel_id, why="asked", reason="asked"):
+        """Park one kernel (in a worker thread: the moves take seconds); a
+        ParkResult. *why* is for the log; *reason* (idle, asked) for the slot,
+        where the kernel's user sees it."""
         path = self.slice_of(kernel_id)
         if path is None:
             raise parking.ParkError(f"kernel {kernel_id} is not in a GPU slice")
@@ -120,11 +122,11 @@ class ParkingManager:
         try:
             reserve = _bytes(self.config.host_memory_reserve, "host_memory_reserve")
             result = await asyncio.to_thread(parking.park_kernel, path, kernel_id,
-                                             host_reserve=reserve)
+                                             host_reserve=reserve, reason=reason)
         finally:
             self._busy.discard(kernel_id)
         self.log.info("hami-jupyter: parked kernel %s (%s): %s to host memory in %.1f s",
-                      kernel_id, reason, format_size(result.bytes), result.seconds)
+                      kernel_id, why, format_size(result.bytes), result.seconds)
         return result
 
     async def resume(self, kernel_id, on_wait=None, timeout=None):
@@ -207,7 +209,7 @@ class ParkingManager:
         """Park what the policy says to; a failure is logged, never raised."""
         for kernel_id, why in self.candidates():
             try:
-                await self.park(kernel_id, why)
+                await self.park(kernel_id, why, reason="idle")
             except parking.ParkError as e:
                 self.log.warning("hami-jupyter: %s", e)
             except Exception as e:  # the watcher must go on whatever one kernel does

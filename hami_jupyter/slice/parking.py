@@ -36,11 +36,15 @@ from .layout import (
 )
 from .paths import default_root, list_slice_paths, open_trusted
 from .size import format_size
-from .status import PARK_WAITS
+from .status import PARK_REASONS, PARK_WAITS
 
 HEARTBEAT_S = 2.0  # a process whose parking thread is silent this long cannot resume itself
 MOVE_WAIT_S = 2.0  # its parking thread moves the charge to parked[] within a tick (20 ms)
 LOCK_TIMEOUT_MS = 10000
+# Why a kernel is parked, as hami-park writes it into each slot (park_reason):
+# "idle" (the server's idle policy), "asked" (a user or administrator: REST,
+# CLI, panel), "room" (the memory broker), "guard".
+REASONS = tuple(PARK_REASONS.values())
 
 
 class ParkError(RuntimeError):
@@ -93,11 +97,12 @@ def _tool_env():
     return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 
 
-def _run_park(path, pid, lock_timeout_ms):
-    """Park one process; ``(bytes, seconds)``, or ParkError with hami-park's reason."""
+def _run_park(path, pid, lock_timeout_ms, reason):
+    """Park one process for *reason* (one of :data:`REASONS`); ``(bytes,
+    seconds)``, or ParkError with hami-park's reason."""
     tool = str(native.park_tool_path())
     try:
-        done = subprocess.run([tool, "park", os.fspath(path), str(pid), str(lock_timeout_ms)],
+        done = subprocess.run([tool, "park", os.fspath(path), str(pid), str(lock_timeout_ms), reason],
                               env=_tool_env(), capture_output=True, text=True,
                               timeout=lock_timeout_ms / 1000 + 600)
     except subprocess.TimeoutExpired:
@@ -182,12 +187,16 @@ def find_kernel(kernel_id, root=None):
                     "for the folder")
 
 
-def park_kernel(path, kernel_id, *, host_reserve=0, lock_timeout_ms=LOCK_TIMEOUT_MS):
+def park_kernel(path, kernel_id, *, host_reserve=0, lock_timeout_ms=LOCK_TIMEOUT_MS, reason="asked"):
     """Park every process of *kernel_id* in the slice at *path* that holds GPU
     memory; returns a :class:`ParkResult`. ParkError, with the kernel left
     running (every process unlocked), when it cannot: nothing to park, a
     process that could not resume itself, too little host memory (less than
-    the bytes plus *host_reserve* available), or a step of the driver's."""
+    the bytes plus *host_reserve* available), or a step of the driver's.
+    *reason* (one of :data:`REASONS`) goes into each slot, so that the
+    kernel's user sees why (``%hami status``, the panel)."""
+    if reason not in REASONS:
+        raise ValueError(f"park reason must be one of {', '.join(REASONS)}, not {reason!r}")
     snap = read_snapshot(path)
     slots = kernel_slots(snap, kernel_id)
     if not slots:
@@ -212,7 +221,7 @@ def park_kernel(path, kernel_id, *, host_reserve=0, lock_timeout_ms=LOCK_TIMEOUT
     started, parked, moved = time.monotonic(), [], 0
     try:
         for s in holding:
-            bytes_, _ = _run_park(path, s.pid, lock_timeout_ms)
+            bytes_, _ = _run_park(path, s.pid, lock_timeout_ms, reason)
             parked.append(s)
             moved += bytes_
     except ParkError as e:

@@ -45,6 +45,11 @@ from .layout import (
     HAMI_PARK_PARKED,
     HAMI_PARK_PARKING,
     HAMI_PARK_RESUMING,
+    HAMI_PARK_RUNNING,
+    HAMI_PARK_REASON_ASKED,
+    HAMI_PARK_REASON_GUARD,
+    HAMI_PARK_REASON_IDLE,
+    HAMI_PARK_REASON_ROOM,
     HAMI_PARK_WAIT_GPU,
     HAMI_PARK_WAIT_SLICE,
 )
@@ -53,11 +58,19 @@ from .size import format_size
 
 # Where a process's GPU state is (hami_slot.park_state), by name; a kernel's is
 # the furthest from the GPU of its processes'.
-PARK_STATES = {0: "running", HAMI_PARK_PARKING: "parking", HAMI_PARK_PARKED: "parked",
+PARK_STATES = {HAMI_PARK_RUNNING: "running", HAMI_PARK_PARKING: "parking", HAMI_PARK_PARKED: "parked",
                HAMI_PARK_RESUMING: "resuming"}
 _PARK_ORDER = ("running", "resuming", "parking", "parked")
 PARK_WAITS = {HAMI_PARK_WAIT_SLICE: "room under the slice's memory cap",
               HAMI_PARK_WAIT_GPU: "free memory on the GPU"}
+# Why a process was parked (hami_slot.park_reason), by the name hami-park takes,
+# and in the words its user reads.
+PARK_REASONS = {HAMI_PARK_REASON_IDLE: "idle", HAMI_PARK_REASON_ASKED: "asked",
+                HAMI_PARK_REASON_ROOM: "room", HAMI_PARK_REASON_GUARD: "guard"}
+PARK_REASON_WORDS = {"idle": "while idle",
+                     "asked": "on request",
+                     "room": "to make room for another user's work",
+                     "guard": "by the guard (over the cap outside the library)"}
 
 WARNING_FRACTION = 0.80  # of the memory cap: a warning, unless configured otherwise
 CRITICAL_FRACTION = 0.95  # of the memory cap: nearly out
@@ -245,6 +258,13 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
             "memory_driver": {uuid_of[d]: v for d, v in (s.driver_bytes or {}).items() if v},
             "park_state": PARK_STATES.get(s.park_stage(), "running"),
             "park_wait": PARK_WAITS.get(s.park_wait) if s.park_wanted else None,
+            # Why it was parked: idle, asked, room, guard; None while not parked.
+            "park_reason": (PARK_REASONS.get(s.park_reason)
+                            if s.park_stage() != HAMI_PARK_RUNNING else None),
+            # A wait for the memory broker to make room on the GPU, or None.
+            "room_wait": ({"uuid": uuid_of.get(s.room_wait_device), "bytes": s.room_wait_bytes,
+                           "since_unix": s.room_wait_since_unix_ns / 1e9}
+                          if s.room_wait_since_unix_ns else None),
             "gpu_active_unix": s.gpu_active_unix_ns / 1e9,
         }
         if not s.kernel_id:
@@ -277,6 +297,10 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
                               default="running")
         waits = [p["park_wait"] for p in k["processes"] if p["park_wait"]]
         k["park_wait"] = waits[0] if waits else None
+        reasons = [p["park_reason"] for p in k["processes"] if p["park_reason"]]
+        k["park_reason"] = reasons[0] if reasons else None
+        room = [p["room_wait"] for p in k["processes"] if p["room_wait"]]
+        k["room_wait"] = min(room, key=lambda w: w["since_unix"]) if room else None
 
     return {
         "slice": snap.name,
@@ -378,13 +402,22 @@ def level_words(level, status):
 
 
 def parking_text(kernel):
-    """", parked: 8.0 GiB in host memory" (and what a resume waits for), or "" on the GPU."""
+    """", parked to make room for another user's work: 8.0 GiB in host memory"
+    (why, when known, and what a resume waits for), a wait for room on the GPU,
+    or "" on the GPU. Takes a kernel's or a process's entry."""
     state = kernel.get("park_state", "running")
-    if state == "running":
-        return ""
-    text = f", {state}: {format_size(kernel.get('memory_parked', 0))} in host memory"
-    if kernel.get("park_wait"):
-        text += f", resume waits for {kernel['park_wait']}"
+    text = ""
+    if state != "running":
+        why = PARK_REASON_WORDS.get(kernel.get("park_reason")) if state == "parked" else None
+        text = (f", {state}{' ' + why if why else ''}: "
+                f"{format_size(kernel.get('memory_parked', sum((kernel.get('parked') or {}).values())))}"
+                " in host memory")
+        if kernel.get("park_wait"):
+            text += f", resume waits for {kernel['park_wait']}"
+    room = kernel.get("room_wait")
+    if room:
+        text += (f", waiting for the memory broker to make {format_size(room['bytes'])} of room "
+                 "on the GPU")
     return text
 
 
@@ -452,13 +485,13 @@ def format_text(status):
         for p in k["processes"]:
             lines.append(f"      pid {p['pid']} {p['comm']}: "
                          f"{format_size(sum(p['memory_used'].values()))}{_driver(p)}, "
-                         f"SM {sum(p['sm_util'].values())} %{_video(p)}")
+                         f"SM {sum(p['sm_util'].values())} %{_video(p)}{parking_text(p)}")
     if status["other_processes"]:
         lines.append("  other processes (not started by a kernel):")
     for p in status["other_processes"]:
         lines.append(f"    pid {p['pid']} {p['comm']}: {format_size(sum(p['memory_used'].values()))}"
                      f"{_driver(p)}, "
-                     f"SM {sum(p['sm_util'].values())} %")
+                     f"SM {sum(p['sm_util'].values())} %{parking_text(p)}")
     if status["dead_processes"]:
         lines.append(f"  {status['dead_processes']} dead process(es) not reclaimed yet "
                      "(their memory is not counted above)")

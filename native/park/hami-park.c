@@ -2,7 +2,10 @@
  * hami-park: moves one process's GPU state to host memory and back, with the
  * CUDA driver's process checkpoint API (docs/parking.md).
  *
- *   hami-park park SLICE_FILE PID [LOCK_TIMEOUT_MS]   lock, checkpoint; the slot says PARKED
+ *   hami-park park SLICE_FILE PID [LOCK_TIMEOUT_MS [REASON]]
+ *                                                     lock, checkpoint; the slot says PARKED and
+ *                                                     why: REASON idle (the default), asked, room
+ *                                                     or guard
  *   hami-park hold PID [LOCK_TIMEOUT_MS]              lock, checkpoint, and nothing else: a process
  *                                                     the guard parks (it may have no slot, and only
  *                                                     an administrator's restore brings it back)
@@ -20,8 +23,9 @@
  * Park writes the target's slot: park_state from RUNNING to PARKING (compare
  * and swap), then PARKED, holding an OFD lock on park_state's first byte all
  * along, so that the target's housekeeper can tell a parker at work from one
- * that died (and then runs "recover"). Everything else of the slot, the
- * charge included, the target itself moves.
+ * that died (and then runs "recover"). The reason goes to park_reason before
+ * PARKED is published. Everything else of the slot, the charge included, the
+ * target itself moves (and it clears park_reason when it resumes).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -185,7 +189,22 @@ static int find_slot(const char *path, int pid, int *fd_out, struct hami_slice_f
 
 /* ---- the commands ---------------------------------------------------------- */
 
-static int park(const char *path, int pid, unsigned timeout_ms)
+/* HAMI_PARK_REASON_* by the name the command line gives it; 0 for none known. */
+static uint32_t parse_reason(const char *text)
+{
+	static const struct { const char *name; uint32_t reason; } names[] = {
+		{ "idle", HAMI_PARK_REASON_IDLE },
+		{ "asked", HAMI_PARK_REASON_ASKED },
+		{ "room", HAMI_PARK_REASON_ROOM },
+		{ "guard", HAMI_PARK_REASON_GUARD },
+	};
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(text, names[i].name) == 0)
+			return names[i].reason;
+	return HAMI_PARK_REASON_NONE;
+}
+
+static int park(const char *path, int pid, unsigned timeout_ms, uint32_t reason)
 {
 	int fd, i;
 	struct hami_slice_file *f;
@@ -239,8 +258,9 @@ static int park(const char *path, int pid, unsigned timeout_ms)
 		return fail(rc, "%s of process %d failed; it runs on, unparked", step, pid);
 	}
 	__atomic_store_n(&s->park_error, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->park_reason, reason, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->park_unix_ns, (uint64_t)time(NULL) * 1000000000ull, __ATOMIC_RELAXED);
-	__atomic_store_n(&s->park_state, HAMI_PARK_PARKED, __ATOMIC_RELEASE);
+	__atomic_store_n(&s->park_state, HAMI_PARK_PARKED, __ATOMIC_RELEASE); /* publishes the reason too */
 	printf("ok %llu %.3f\n", (unsigned long long)bytes, now_s() - t0);
 	return 0; /* exit drops the lock, after PARKED is published */
 }
@@ -367,7 +387,8 @@ static int state(int pid)
 
 static int usage(void)
 {
-	fprintf(stderr, "usage: hami-park park SLICE_FILE PID [LOCK_TIMEOUT_MS] | hold PID [LOCK_TIMEOUT_MS] | "
+	fprintf(stderr, "usage: hami-park park SLICE_FILE PID [LOCK_TIMEOUT_MS [idle|asked|room|guard]] | "
+		"hold PID [LOCK_TIMEOUT_MS] | "
 		"restore PID [UUID=BYTES...] | recover PID | state PID\n");
 	return 2;
 }
@@ -376,12 +397,14 @@ int main(int argc, char **argv)
 {
 	int pid;
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	if (argc >= 4 && strcmp(argv[1], "park") == 0 && argc <= 5) {
+	if (argc >= 4 && strcmp(argv[1], "park") == 0 && argc <= 6) {
 		char *end = NULL;
-		unsigned long timeout = argc == 5 ? strtoul(argv[4], &end, 10) : DEFAULT_LOCK_TIMEOUT_MS;
-		if (parse_pid(argv[3], &pid) < 0 || (end && *end) || timeout > 3600000)
+		unsigned long timeout = argc >= 5 ? strtoul(argv[4], &end, 10) : DEFAULT_LOCK_TIMEOUT_MS;
+		uint32_t reason = argc == 6 ? parse_reason(argv[5]) : HAMI_PARK_REASON_IDLE;
+		if (parse_pid(argv[3], &pid) < 0 || (end && *end) || timeout > 3600000 ||
+		    reason == HAMI_PARK_REASON_NONE)
 			return usage();
-		return park(argv[2], pid, (unsigned)timeout);
+		return park(argv[2], pid, (unsigned)timeout, reason);
 	}
 	if (argc >= 3 && argc <= 4 && strcmp(argv[1], "hold") == 0) {
 		char *end = NULL;

@@ -293,6 +293,7 @@ static void resume(struct hami_slot *s)
 	last_wait_logged = HAMI_PARK_WAIT_NONE;
 	__atomic_store_n(&s->park_wait, HAMI_PARK_WAIT_NONE, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->park_error, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->park_reason, HAMI_PARK_REASON_NONE, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->park_unix_ns, hami_now_ns(), __ATOMIC_RELAXED);
 	__atomic_store_n(&s->park_wanted, 0, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->park_state, HAMI_PARK_RUNNING, __ATOMIC_RELEASE);
@@ -322,9 +323,13 @@ void hami_park_tick(void)
 		/* The parker died half-way: never leave the process locked. */
 		char answer[512];
 		hami_log(HAMI_LOG_WARN, "the process that was parking this one is gone: undoing its work");
-		if (run_park_tool("recover", NULL, answer, sizeof(answer)) == CUDA_SUCCESS)
-			__atomic_store_n(&s->park_state, strstr(answer, "checkpointed") ? HAMI_PARK_PARKED
-									: HAMI_PARK_RUNNING, __ATOMIC_RELEASE);
+		if (run_park_tool("recover", NULL, answer, sizeof(answer)) == CUDA_SUCCESS) {
+			int parked = strstr(answer, "checkpointed") != NULL;
+			if (!parked) /* a reason the dead parker may have left */
+				__atomic_store_n(&s->park_reason, HAMI_PARK_REASON_NONE, __ATOMIC_RELAXED);
+			__atomic_store_n(&s->park_state, parked ? HAMI_PARK_PARKED : HAMI_PARK_RUNNING,
+					 __ATOMIC_RELEASE);
+		}
 		return;
 	}
 	if (state != HAMI_PARK_PARKED || parker != 0)

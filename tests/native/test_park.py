@@ -13,9 +13,13 @@ import subprocess
 
 import pytest
 
+from hami_jupyter.slice import parking
 from hami_jupyter.slice.layout import (
     HAMI_PARK_PARKED,
     HAMI_PARK_PARKING,
+    HAMI_PARK_REASON_IDLE,
+    HAMI_PARK_REASON_NONE,
+    HAMI_PARK_REASON_ROOM,
     HAMI_PARK_RUNNING,
     HAMI_PARK_WAIT_GPU,
     HAMI_PARK_WAIT_SLICE,
@@ -23,6 +27,7 @@ from hami_jupyter.slice.layout import (
     slot_offset,
 )
 from hami_jupyter.slice.locks import F_OFD_SETLK, flock_bytes
+from hami_jupyter.slice.status import format_text, slice_status
 from native_helpers import (
     CUDA_ERROR_OUT_OF_MEMORY,
     GiB,
@@ -229,3 +234,43 @@ def test_an_allocation_of_a_parked_process_waits_and_is_charged_after_the_resume
     assert s.used(0) == SIM_CONTEXT + 768 * MiB + GiB == gpu.used(0)
     rec = p.cmd("alloc 1g over", timeout=WAIT_S)
     assert rec["rc"] == CUDA_ERROR_OUT_OF_MEMORY  # the cap holds as before
+
+
+def test_a_park_says_why_until_the_process_resumes(holder, hami_build):
+    """The reason hami-park is given is in the slot while parked (its user
+    reads it in the status), and the process clears it when it comes back."""
+    s, p = holder
+    assert run_park(hami_build, s.env, "park", s.path, p.pid, 10000, "room")[0] == 0
+    wait_for(lambda: sum(slot(s, p.pid).parked.values()), WAIT_S, what="parked")
+    assert slot(s, p.pid).park_reason == HAMI_PARK_REASON_ROOM
+    [proc] = slice_status(s.path)["other_processes"]
+    assert proc["park_reason"] == "room"
+    assert "parked to make room for another user's work" in format_text(slice_status(s.path))
+    assert p.ok("check a 90", timeout=WAIT_S)["equal"]
+    me = slot(s, p.pid)
+    assert me.park_state == HAMI_PARK_RUNNING and me.park_reason == HAMI_PARK_REASON_NONE
+    assert slice_status(s.path)["other_processes"][0]["park_reason"] is None
+
+
+def test_a_park_without_a_reason_is_the_idle_policys_and_an_unknown_one_is_refused(holder, hami_build):
+    s, p = holder
+    rc, _ = run_park(hami_build, s.env, "park", s.path, p.pid, 10000, "bored")
+    assert rc == 2 and slot(s, p.pid).park_state == HAMI_PARK_RUNNING
+    assert run_park(hami_build, s.env, "park", s.path, p.pid)[0] == 0
+    assert slot(s, p.pid).park_reason == HAMI_PARK_REASON_IDLE
+
+
+def test_park_kernel_passes_its_reason_to_each_process(cudrive, make_slice, monkeypatch):
+    s = make_slice(limit="2g", overhead="64m")
+    p = cudrive.start({**s.env, "HAMI_KERNEL_ID": "k-room"})
+    for line in ("init", "ctx 0", "alloc 64m a"):
+        p.ok(line)
+    wait_for(lambda: slot(s, p.pid).active_unix_ns, WAIT_S, what="the parking thread's heartbeat")
+    for name, value in s.env.items():  # hami-park finds the simulated driver as the process does
+        if name != "LD_PRELOAD":
+            monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError):
+        parking.park_kernel(s.path, "k-room", reason="bored")
+    parking.park_kernel(s.path, "k-room", reason="room")
+    [kernel] = slice_status(s.path)["kernels"]
+    assert (kernel["park_state"], kernel["park_reason"]) == ("parked", "room")

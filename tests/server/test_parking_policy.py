@@ -54,6 +54,7 @@ async def test_an_idle_kernel_is_parked_and_its_next_cell_resumes_it(
     assert state(jp_serverapp, small.id) == "running"
     body = json.loads((await jp_fetch("hami", "v1", "kernels", big.id)).body)
     assert body["kernel"]["park_state"] == "parked"
+    assert body["kernel"]["park_reason"] == "idle"  # the server's idle policy parked it
     result = await cell(jp_ws_fetch, big.id, CHECK)
     assert "GPU memory restored" in result.stdout and result.stdout.endswith("intact\n"), result
 

@@ -76,6 +76,7 @@ async def test_a_parked_kernels_next_cell_brings_its_memory_back(
 
     status = await get_json("hami", "v1", "kernels", k.id)
     assert status["kernel"]["park_state"] == "parked"
+    assert status["kernel"]["park_reason"] == "asked"  # over REST: a user asked
     assert status["kernel"]["memory_parked"] == CONTEXT + 512 * MiB
     assert status["memory_used"] == 0 and status["gpus"][0]["memory_parked"] == CONTEXT + 512 * MiB
     metrics = (await jp_fetch("metrics")).body.decode()
@@ -88,6 +89,7 @@ async def test_a_parked_kernels_next_cell_brings_its_memory_back(
     assert result.stdout.endswith("intact\n")
     status = await get_json("hami", "v1", "kernels", k.id)
     assert status["kernel"]["park_state"] == "running" and status["kernel"]["memory_parked"] == 0
+    assert status["kernel"]["park_reason"] is None
     assert status["memory_used"] == CONTEXT + 512 * MiB
 
 

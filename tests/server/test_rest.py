@@ -78,7 +78,8 @@ async def test_kernel_usage_follows_the_slice_file(start_kernel, get_json, slice
     assert body["memory_gpu"] is None
     assert (body["sm_share"], body["sm_util"], body["gpus"]) == (slice_env.sm_share, 0, [])
     assert body["kernel"] == {"memory_used": 0, "sm_util": 0, "processes": [], "memory_parked": 0,
-                              "park_state": "running", "park_wait": None}
+                              "park_state": "running", "park_wait": None,
+                              "park_reason": None, "room_wait": None}
     assert [(e["kernel_id"], e["user"], e["this_server"]) for e in body["kernels"]] == \
         [(k.id, USER, True)]
     assert (body["warning_fraction"], body["critical_fraction"]) == (0.8, 0.95)
@@ -190,7 +191,8 @@ async def test_slices_lists_the_kernels_slices(start_kernel, get_json, jp_fetch,
     assert {k["kernel_id"]: k["this_server"] for k in this_kernel["kernels"]} == \
         {a.id: True, b.id: True, other: False}
     assert this_kernel["kernel"] == {"memory_used": 0, "sm_util": 0, "processes": [], "memory_parked": 0,
-                                     "park_state": "running", "park_wait": None}
+                                     "park_state": "running", "park_wait": None,
+                                     "park_reason": None, "room_wait": None}
 
     # Without kernels: only the server's own slice, when $HAMI_SLICE names one.
     for kernel in (a, b, plain):
