@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "hami.h"
@@ -165,6 +166,46 @@ static void read_mode(void)
 		bad_setting("HAMI_SM_MODE", v, "not a mode (hard or elastic)");
 }
 
+#define ROOM_WAIT_DEFAULT_S 120
+#define ROOM_WAIT_MAX_S 86400
+
+/* HAMI_ROOM_WAIT: whole seconds 0..ROOM_WAIT_MAX_S, digits only (0: never wait for room). */
+static void read_room_wait(void)
+{
+	const char *v = getenv("HAMI_ROOM_WAIT");
+	config.room_wait_s = ROOM_WAIT_DEFAULT_S;
+	if (!v)
+		return;
+	size_t len = strlen(v);
+	uint32_t n = 0;
+	int ok = len >= 1 && len <= 5;
+	for (const char *p = v; ok && *p; p++) {
+		ok = *p >= '0' && *p <= '9';
+		n = n * 10 + (uint32_t)(*p - '0');
+	}
+	if (!ok || n > ROOM_WAIT_MAX_S) {
+		bad_setting("HAMI_ROOM_WAIT", v, "not a wait for GPU room (whole seconds 0-86400, digits only; "
+			    "0 = never wait)");
+		return;
+	}
+	config.room_wait_s = n;
+}
+
+/* HAMI_BROKER_SOCKET: an absolute path that fits a Unix socket address. */
+static void read_broker_socket(void)
+{
+	const char *v = getenv("HAMI_BROKER_SOCKET");
+	config.broker_socket = HAMI_HUB_SLICE_ROOT "/broker.sock";
+	if (!v)
+		return;
+	if (v[0] != '/' || strlen(v) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+		bad_setting("HAMI_BROKER_SOCKET", v, "not the memory broker's socket (an absolute path of "
+			    "at most 107 bytes)");
+		return;
+	}
+	config.broker_socket = v;
+}
+
 static void copy_bounded(char *dst, size_t cap, const char *src)
 {
 	size_t n = src ? strnlen(src, cap - 1) : 0;
@@ -246,6 +287,8 @@ static void read_config(void)
 	read_mode();
 	read_size("HAMI_CONTEXT_OVERHEAD", &config.has_context_overhead, &config.context_overhead);
 	read_limit("HAMI_PROCESS_MEMORY_LIMIT", &config.has_process_limit, &config.process_limit);
+	read_room_wait();
+	read_broker_socket();
 
 	const char *slice_var = getenv("HAMI_SLICE") ? "HAMI_SLICE" : "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 	const char *slice = getenv(slice_var);

@@ -3,7 +3,9 @@
  * (hundreds of MiB on a Hopper GPU), so it is charged to the slice: the
  * primary context once per device per process, each created context on its
  * own. HAMI_CONTEXT_OVERHEAD sets the amount; otherwise the first context of
- * the process is measured through NVML and that figure is reused.
+ * the process is measured through NVML and that figure is reused. A context
+ * whose cost was reserved and that the driver refuses for memory waits for
+ * the memory broker to make room (room.c), as an allocation does.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -173,6 +175,25 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	CUresult rc = fn(pctx, dev);
+	struct hami_room room = HAMI_ROOM_INIT;
+	while (rc == CUDA_ERROR_OUT_OF_MEMORY && cost.reserved) {
+		pthread_mutex_unlock(&lock); /* never held while waiting */
+		int again = hami_room_wait(&room, sdev, cost.bytes, "a CUDA context", NULL);
+		pthread_mutex_lock(&lock);
+		if (!again)
+			break;
+		if (primary_retains[dev] > 0) { /* another thread made it meanwhile: ours is not needed */
+			hami_credit(sdev, cost.bytes);
+			rc = fn(pctx, dev);
+			if (rc == CUDA_SUCCESS)
+				primary_retains[dev]++;
+			pthread_mutex_unlock(&lock);
+			hami_room_end(&room);
+			return rc;
+		}
+		rc = fn(pctx, dev);
+	}
+	hami_room_end(&room);
 	uint64_t bytes = 0;
 	CUresult settled = settle_context(rc, &cost, &bytes);
 	if (settled == CUDA_SUCCESS) {
@@ -236,9 +257,17 @@ static CUresult begin_create(CUcontext *pctx, void *fn, CUdevice dev, struct ctx
 	return CUDA_SUCCESS;
 }
 
-/* Charge a context created by cuCtxCreate*, or destroy it if the slice is full. */
-static CUresult finish_create(CUresult rc, CUcontext *pctx, const struct ctx_cost *c)
+/* The driver refused a context for memory: wait for room, 1 to try again. */
+static int wait_for_room(CUresult rc, const struct ctx_cost *c, struct hami_room *room)
 {
+	return rc == CUDA_ERROR_OUT_OF_MEMORY && c->sdev >= 0 && c->reserved &&
+	       hami_room_wait(room, c->sdev, c->bytes, "a CUDA context", NULL);
+}
+
+/* Charge a context created by cuCtxCreate*, or destroy it if the slice is full. */
+static CUresult finish_create(CUresult rc, CUcontext *pctx, const struct ctx_cost *c, struct hami_room *room)
+{
+	hami_room_end(room);
 	if (c->sdev < 0)
 		return rc;
 	uint64_t bytes = 0;
@@ -262,9 +291,15 @@ HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevic
 {
 	HAMI_IN_DRIVER();
 	create2_fn fn = HAMI_REAL(create2_fn, "cuCtxCreate_v2");
-	struct ctx_cost c;
-	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
-	return err != CUDA_SUCCESS ? err : finish_create(fn(pctx, flags, dev), pctx, &c);
+	struct ctx_cost c = { .sdev = -1 };
+	struct hami_room room = HAMI_ROOM_INIT;
+	CUresult rc = begin_create(pctx, (void *)fn, dev, &c);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	do
+		rc = fn(pctx, flags, dev);
+	while (wait_for_room(rc, &c, &room));
+	return finish_create(rc, pctx, &c, &room);
 }
 
 HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams, unsigned int flags,
@@ -272,18 +307,30 @@ HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams
 {
 	HAMI_IN_DRIVER();
 	create3_fn fn = HAMI_REAL(create3_fn, "cuCtxCreate_v3");
-	struct ctx_cost c;
-	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
-	return err != CUDA_SUCCESS ? err : finish_create(fn(pctx, params, numParams, flags, dev), pctx, &c);
+	struct ctx_cost c = { .sdev = -1 };
+	struct hami_room room = HAMI_ROOM_INIT;
+	CUresult rc = begin_create(pctx, (void *)fn, dev, &c);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	do
+		rc = fn(pctx, params, numParams, flags, dev);
+	while (wait_for_room(rc, &c, &room));
+	return finish_create(rc, pctx, &c, &room);
 }
 
 HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev)
 {
 	HAMI_IN_DRIVER();
 	create4_fn fn = HAMI_REAL(create4_fn, "cuCtxCreate_v4");
-	struct ctx_cost c;
-	CUresult err = begin_create(pctx, (void *)fn, dev, &c);
-	return err != CUDA_SUCCESS ? err : finish_create(fn(pctx, params, flags, dev), pctx, &c);
+	struct ctx_cost c = { .sdev = -1 };
+	struct hami_room room = HAMI_ROOM_INIT;
+	CUresult rc = begin_create(pctx, (void *)fn, dev, &c);
+	if (rc != CUDA_SUCCESS)
+		return rc;
+	do
+		rc = fn(pctx, params, flags, dev);
+	while (wait_for_room(rc, &c, &room));
+	return finish_create(rc, pctx, &c, &room);
 }
 
 HAMI_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)

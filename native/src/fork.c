@@ -28,6 +28,7 @@ static pthread_mutex_t *const taken[] = {
 	&hami_claim_lock,
 	&hami_slot_lock,
 	&hami_records_mutex,
+	&hami_room_lock,
 };
 
 static pthread_mutex_t *const made_anew[] = {
@@ -60,6 +61,7 @@ static void child(void)
 	hami_records_reset();
 	hami_slice_after_fork();
 	hami_park_after_fork();
+	hami_room_after_fork();
 	hami_true_up_after_fork();
 	hami_process_after_fork();
 	hami_contexts_after_fork();

@@ -71,6 +71,8 @@ struct hami_config {
 	uint64_t context_overhead; /* HAMI_CONTEXT_OVERHEAD */
 	int has_process_limit;
 	uint64_t process_limit;    /* HAMI_PROCESS_MEMORY_LIMIT: this process's own cap per GPU, inside the slice's */
+	uint32_t room_wait_s;      /* HAMI_ROOM_WAIT: seconds to wait for GPU room (room.c); 0: never */
+	const char *broker_socket; /* HAMI_BROKER_SOCKET, else <hub slice root>/broker.sock */
 	const char *slice_path;    /* HAMI_SLICE or CUDA_DEVICE_MEMORY_SHARED_CACHE; NULL: private */
 	char slice_name[HAMI_SLICE_NAME_LEN];
 	char kernel_id[HAMI_SLICE_KERNEL_ID_LEN];
@@ -158,6 +160,41 @@ int hami_process_take(int sdev, uint64_t bytes, uint64_t *now);
 void hami_process_force(int sdev, uint64_t bytes);
 void hami_process_give(int sdev, uint64_t bytes);
 void hami_process_after_fork(void);
+
+/*
+ * room.c: when the slice had room for an allocation but the GPU had not (the
+ * driver said out of memory), the memory broker is asked to make room
+ * (broker_client.c) and the driver call is tried again; docs/preload.md.
+ * A struct hami_room lives for one wait, on the waiting thread's stack (or
+ * across a parked process's resume attempts).
+ */
+struct hami_room {
+	uint64_t since_ns;  /* CLOCK_REALTIME: when the wait began (kept across re-asks); 0: none */
+	uint64_t deadline;  /* monotonic; 0: set at the next ask */
+	int entry;          /* this wait's entry in the process's table (the slot shows the oldest), -1 */
+	int connected;      /* a broker took a connection during this wait */
+	int answered;       /* ... and answered a line */
+	int told_start, told_end;
+	char why[160];      /* the broker's last NO */
+};
+#define HAMI_ROOM_INIT { .entry = -1 }
+/* 1: try the driver again; 0: give up (said why, unless go_on() stopped it). go_on may be NULL. */
+int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *what, int (*go_on)(void));
+void hami_room_end(struct hami_room *w);
+void hami_room_after_fork(void);
+extern pthread_mutex_t hami_room_lock;
+
+/* broker_client.c: one request to the broker (protocol in that file) */
+enum hami_broker_answer {
+	HAMI_BROKER_OK,      /* room was made (or was there): try again */
+	HAMI_BROKER_NO,      /* nothing can be parked now: *why* says why */
+	HAMI_BROKER_LOST,    /* the connection closed before a final answer (a restart?) */
+	HAMI_BROKER_LATE,    /* the deadline came first */
+	HAMI_BROKER_STOPPED  /* go_on() said to stop */
+};
+int hami_broker_connect(const char *path, uint64_t timeout_ns); /* a socket, or -1: no broker there */
+int hami_broker_request(int fd, const char *uuid, uint64_t bytes, uint64_t since_ns, uint64_t deadline,
+			int (*go_on)(void), int *answered, char *why, size_t cap);
 
 /* sm_share.c: the SM-share gate (launch path) and controller (housekeeper) */
 extern int hami_sm_watch;
@@ -298,6 +335,7 @@ extern pthread_mutex_t hami_thunks_lock;  /* park_gate_thunks.c: the thunk table
 extern pthread_mutex_t hami_claim_lock;   /* slice.c: GPU entry claims */
 extern pthread_mutex_t hami_slot_lock;    /* slice.c: slot locks, sweeps */
 extern pthread_mutex_t hami_records_mutex; /* records.c: the handle table */
+/* room.c's hami_room_lock: the table of waits for GPU room (declared with room.c's interface) */
 void hami_slice_after_fork(void);
 
 #endif

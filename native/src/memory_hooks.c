@@ -1,7 +1,9 @@
 /*
  * Every driver call that takes device memory is charged to the slice before
  * the driver is asked (reserve, then allocate) and credited by its matching
- * free. A free of something we never saw still goes to the driver.
+ * free. A free of something we never saw still goes to the driver. When the
+ * slice had room but the GPU had not, the call waits for the memory broker to
+ * make room and is tried again (room.c), the reservation kept meanwhile.
  */
 #include <pthread.h>
 #include <string.h>
@@ -71,7 +73,12 @@ static CUresult charged_alloc(CUdeviceptr *dptr, size_t bytes, const char *what,
 		return rc;
 	if (sdev >= 0 && bytes && (rc = hami_charge(sdev, bytes, what)) != CUDA_SUCCESS)
 		return rc;
-	rc = managed ? managed(dptr, bytes, flags) : fn(dptr, bytes);
+	struct hami_room room = HAMI_ROOM_INIT;
+	do
+		rc = managed ? managed(dptr, bytes, flags) : fn(dptr, bytes);
+	while (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && bytes &&
+	       hami_room_wait(&room, sdev, bytes, what, NULL));
+	hami_room_end(&room);
 	if (sdev < 0 || !bytes)
 		return rc;
 	if (rc != CUDA_SUCCESS)
@@ -113,7 +120,12 @@ HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 		guess = UINT64_MAX; /* no GPU holds it: the charge refuses it */
 	if (sdev >= 0 && guess && (rc = hami_charge(sdev, guess, "cuMemAllocPitch")) != CUDA_SUCCESS)
 		return rc;
-	rc = fn(dptr, pitch, width, height, elementSize);
+	struct hami_room room = HAMI_ROOM_INIT;
+	do
+		rc = fn(dptr, pitch, width, height, elementSize);
+	while (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && guess &&
+	       hami_room_wait(&room, sdev, guess, "cuMemAllocPitch", NULL));
+	hami_room_end(&room);
 	if (sdev < 0 || !guess)
 		return rc;
 	if (rc != CUDA_SUCCESS) {
@@ -242,7 +254,13 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
 	}
 	if (need && (rc = hami_charge(sdev, need, what)) != CUDA_SUCCESS)
 		return rc;
-	rc = from_pool ? from_pool(dptr, bytes, pool, stream) : fn(dptr, bytes, stream);
+	/* Only growth the slice reserved waits for room: a refusal with spare in
+	 * the pool is the driver's own business. */
+	struct hami_room room = HAMI_ROOM_INIT;
+	do
+		rc = from_pool ? from_pool(dptr, bytes, pool, stream) : fn(dptr, bytes, stream);
+	while (rc == CUDA_ERROR_OUT_OF_MEMORY && need && hami_room_wait(&room, sdev, need, what, NULL));
+	hami_room_end(&room);
 	if (!tracked) {
 		if (rc != CUDA_SUCCESS)
 			hami_credit(sdev, need);
@@ -401,7 +419,12 @@ HAMI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 	CUresult rc;
 	if (sdev >= 0 && size && (rc = hami_charge(sdev, size, "cuMemCreate")) != CUDA_SUCCESS)
 		return rc;
-	rc = fn(handle, size, prop, flags);
+	struct hami_room room = HAMI_ROOM_INIT;
+	do
+		rc = fn(handle, size, prop, flags);
+	while (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && size &&
+	       hami_room_wait(&room, sdev, size, "cuMemCreate", NULL));
+	hami_room_end(&room);
 	if (sdev < 0 || !size)
 		return rc;
 	if (rc != CUDA_SUCCESS)
@@ -463,7 +486,11 @@ static CUresult charged_array(void *out, uint64_t bytes, const char *what, uint3
 		return rc;
 	if (sdev >= 0 && (rc = hami_charge(sdev, bytes, what)) != CUDA_SUCCESS)
 		return rc;
-	rc = create(out, desc, levels);
+	struct hami_room room = HAMI_ROOM_INIT;
+	do
+		rc = create(out, desc, levels);
+	while (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && hami_room_wait(&room, sdev, bytes, what, NULL));
+	hami_room_end(&room);
 	if (sdev < 0)
 		return rc;
 	if (rc != CUDA_SUCCESS)

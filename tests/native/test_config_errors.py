@@ -51,3 +51,23 @@ def test_unset_limit_means_no_limit(cudrive, make_slice):
     assert res.one("totalmem")["total"] == SIM_MEMORY, res.describe()
     assert res.rcs("alloc") == [CUDA_SUCCESS], res.describe()
     assert not res.hami_lines(), res.describe()
+
+
+@pytest.mark.parametrize("value", ["2s", "-1", "", " 5", "1.5", "86401", "999999"])
+def test_malformed_room_wait_is_refused(cudrive, make_slice, gpu, value):
+    """HAMI_ROOM_WAIT (seconds to wait for the memory broker) fails closed like a limit."""
+    s = make_slice(limit="1g", overhead="64m", HAMI_ROOM_WAIT=value)
+    _check_refused(cudrive, gpu, s.env, "HAMI_ROOM_WAIT", value)
+
+
+@pytest.mark.parametrize("value", ["", "broker.sock", "/" + "x" * 120])
+def test_malformed_broker_socket_is_refused(cudrive, make_slice, gpu, value):
+    s = make_slice(limit="1g", overhead="64m", HAMI_BROKER_SOCKET=value)
+    _check_refused(cudrive, gpu, s.env, "HAMI_BROKER_SOCKET", value)
+
+
+@pytest.mark.parametrize("value", ["0", "2", "86400"])
+def test_room_wait_takes_whole_seconds(cudrive, make_slice, value):
+    s = make_slice(limit="1g", overhead="64m", HAMI_ROOM_WAIT=value)
+    res = cudrive.run("init ctx 0 alloc 64m", s.env)
+    assert res.rcs("alloc") == [CUDA_SUCCESS] and not res.hami_lines(), res.describe()

@@ -1,0 +1,215 @@
+/*
+ * Waiting for room on the GPU (docs/preload.md, "When the GPU is full"). The
+ * slice had room for an allocation and reserved it, but the driver said out of
+ * memory: other slices' work fills the GPU. The node's memory broker can park
+ * idle kernels to make room, so the waiting thread asks it (broker_client.c)
+ * and, on its OK, the caller tries the driver again; on its NO it asks again
+ * until HAMI_ROOM_WAIT runs out. No broker (nothing takes the connection):
+ * out of memory at once, as without one.
+ *
+ * While a thread waits, the process's slot says so (room_wait_*: the oldest
+ * wait of the process), for the views and for a restarted broker's queue.
+ * Nothing here calls CUDA or NVML, and no library mutex is held while waiting
+ * (hami_room_lock only guards the table of waits, for microseconds).
+ */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hami.h"
+
+#define CONNECT_TIMEOUT_NS 1000000000ull /* a broker that takes longer to accept is not there */
+#define ASK_AGAIN_NS 1000000000ull       /* after a NO */
+#define RECONNECT_NS 250000000ull        /* after a broker that answered before went away */
+#define MAX_WAITS 64                     /* threads waiting at once that the slot can show */
+
+pthread_mutex_t hami_room_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The process's waits, for the slot's fields. Guarded by hami_room_lock. */
+static struct {
+	int used;
+	int sdev;
+	uint64_t bytes;
+	uint64_t since_ns;
+} waits[MAX_WAITS];
+
+/* Show the oldest wait in the slot (or none). Called with hami_room_lock held. */
+static void show_oldest(void)
+{
+	struct hami_slice_file *f = hami_slice();
+	int i = hami_slot();
+	if (!f || i < 0)
+		return;
+	struct hami_slot *s = &f->slot[i];
+	int oldest = -1;
+	for (int k = 0; k < MAX_WAITS; k++)
+		if (waits[k].used && (oldest < 0 || waits[k].since_ns < waits[oldest].since_ns))
+			oldest = k;
+	/* since last when set, first when cleared: a reader that sees it nonzero sees the rest */
+	__atomic_store_n(&s->room_wait_since_unix_ns, 0, __ATOMIC_RELEASE);
+	if (oldest < 0)
+		return;
+	__atomic_store_n(&s->room_wait_device, (uint32_t)waits[oldest].sdev, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->room_wait_bytes, waits[oldest].bytes, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->room_wait_since_unix_ns, waits[oldest].since_ns, __ATOMIC_RELEASE);
+}
+
+static int table_add(int sdev, uint64_t bytes, uint64_t since_ns)
+{
+	int entry = -1;
+	pthread_mutex_lock(&hami_room_lock);
+	for (int k = 0; k < MAX_WAITS && entry < 0; k++)
+		if (!waits[k].used) {
+			waits[k].used = 1;
+			waits[k].sdev = sdev;
+			waits[k].bytes = bytes;
+			waits[k].since_ns = since_ns;
+			entry = k;
+		}
+	show_oldest();
+	pthread_mutex_unlock(&hami_room_lock);
+	return entry; /* -1: the table is full; the wait goes on unseen */
+}
+
+static void table_remove(int entry)
+{
+	pthread_mutex_lock(&hami_room_lock);
+	if (entry >= 0 && entry < MAX_WAITS)
+		waits[entry].used = 0;
+	show_oldest();
+	pthread_mutex_unlock(&hami_room_lock);
+}
+
+/* A child of fork has none of its parent's waiting threads. */
+void hami_room_after_fork(void)
+{
+	memset(waits, 0, sizeof(waits));
+}
+
+/* "GPU 1" by the CUDA ordinal the program knows, else by UUID. */
+static void gpu_name(int sdev, const char *uuid, char *out, size_t cap)
+{
+	for (int o = 0; o < hami_ordinal_count(); o++)
+		if (hami_ordinal_device(o) == sdev) {
+			snprintf(out, cap, "GPU %d", o);
+			return;
+		}
+	snprintf(out, cap, "GPU %s", uuid);
+}
+
+static void pause_ns(uint64_t ns, uint64_t deadline)
+{
+	uint64_t now = hami_monotonic_ns();
+	if (now >= deadline)
+		return;
+	if (ns > deadline - now)
+		ns = deadline - now;
+	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull) };
+	nanosleep(&ts, NULL);
+}
+
+/* The wait ends without room: one line saying why (once per wait). */
+static int give_up(struct hami_room *w, const char *gpu, uint64_t bytes, const char *what)
+{
+	if (!w->told_end) {
+		char size[32];
+		const char *for_what = what ? what : "this process's parked memory";
+		hami_human(bytes, size);
+		w->told_end = 1;
+		if (!w->connected)
+			hami_log(HAMI_LOG_ERROR, "%s has no room for %s (%s) and no memory broker answered "
+				 "(is hami-jupyter broker running?): out of memory", gpu, size, for_what);
+		else if (w->why[0])
+			hami_log(HAMI_LOG_ERROR, "%s still has no room for %s (%s) after %u s: the memory "
+				 "broker found nothing to park: %s; out of memory", gpu, size, for_what,
+				 hami_config()->room_wait_s, w->why);
+		else if (w->answered)
+			hami_log(HAMI_LOG_ERROR, "%s still has no room for %s (%s) after %u s: the memory "
+				 "broker made none in time; out of memory", gpu, size, for_what,
+				 hami_config()->room_wait_s);
+		else
+			hami_log(HAMI_LOG_ERROR, "%s still has no room for %s (%s) after %u s: the memory "
+				 "broker took the request but never answered; out of memory", gpu, size,
+				 for_what, hami_config()->room_wait_s);
+	}
+	w->deadline = 0;
+	return 0;
+}
+
+/*
+ * The driver refused *bytes* on slice device sdev that the slice had
+ * reserved: ask the broker for room. 1: room was made, try the driver again
+ * (call again if it still refuses: the same wait goes on, its since kept);
+ * 0: give up (the line saying why is written; go_on() returning 0 stops the
+ * wait quietly). hami_room_end() closes the wait either way.
+ */
+int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *what, int (*go_on)(void))
+{
+	const struct hami_config *c = hami_config();
+	struct hami_slice_file *f = hami_slice();
+	if (!c->room_wait_s || !f || sdev < 0 || sdev >= HAMI_SLICE_MAX_DEVICES || !bytes)
+		return 0;
+	char uuid[HAMI_SLICE_UUID_LEN], gpu[HAMI_SLICE_UUID_LEN + 8];
+	snprintf(uuid, sizeof(uuid), "%.*s", HAMI_SLICE_UUID_LEN - 1, f->device[sdev].uuid);
+	gpu_name(sdev, uuid, gpu, sizeof(gpu));
+	if (!w->since_ns) {
+		w->since_ns = hami_now_ns();
+		w->entry = table_add(sdev, bytes, w->since_ns);
+	}
+	if (!w->deadline)
+		w->deadline = hami_monotonic_ns() + (uint64_t)c->room_wait_s * 1000000000ull;
+	for (;;) {
+		uint64_t now = hami_monotonic_ns();
+		if (now >= w->deadline)
+			return give_up(w, gpu, bytes, what);
+		if (go_on && !go_on())
+			return 0;
+		uint64_t left = w->deadline - now;
+		int fd = hami_broker_connect(c->broker_socket, left < CONNECT_TIMEOUT_NS ? left : CONNECT_TIMEOUT_NS);
+		if (fd < 0) {
+			if (!w->connected)
+				return give_up(w, gpu, bytes, what); /* no broker: as without one */
+			pause_ns(RECONNECT_NS, w->deadline); /* it answered before: restarting? */
+			continue;
+		}
+		w->connected = 1;
+		if (!w->told_start) {
+			char size[32];
+			w->told_start = 1;
+			hami_log(HAMI_LOG_WARN, "%s has no room for %s now (%s): waiting up to %u s while the "
+				 "memory broker parks idle kernels of this GPU", gpu, hami_human(bytes, size),
+				 what ? what : "this process's parked memory", c->room_wait_s);
+		}
+		char why[sizeof(w->why)] = "";
+		int answer = hami_broker_request(fd, uuid, bytes, w->since_ns, w->deadline, go_on, &w->answered,
+						 why, sizeof(why));
+		close(fd);
+		switch (answer) {
+		case HAMI_BROKER_OK:
+			return 1;
+		case HAMI_BROKER_NO:
+			memcpy(w->why, why, sizeof(w->why));
+			pause_ns(ASK_AGAIN_NS, w->deadline);
+			break;
+		case HAMI_BROKER_LOST:
+			pause_ns(RECONNECT_NS, w->deadline); /* asked again with the same since */
+			break;
+		case HAMI_BROKER_STOPPED:
+			return 0;
+		default: /* LATE: the loop's first check gives up */
+			break;
+		}
+	}
+}
+
+/* The wait is over (room came, or not): the slot stops showing it. */
+void hami_room_end(struct hami_room *w)
+{
+	if (!w->since_ns)
+		return;
+	if (w->told_start && !w->told_end)
+		hami_log(HAMI_LOG_INFO, "the wait for room on the GPU is over: the memory broker made room");
+	table_remove(w->entry);
+	*w = (struct hami_room)HAMI_ROOM_INIT;
+}
