@@ -13,7 +13,8 @@
  *  - a wanted resume first finds room under the slice's cap (the charge comes
  *    back with the same compare-and-swap as an allocation), then runs
  *    "hami-park restore" on this pid, which checks the GPUs' free memory,
- *    restores and unlocks;
+ *    restores and unlocks; a GPU without that much free memory is a wait for
+ *    the memory broker to make room (room.c), then the restore is tried again;
  *  - a parker that died half-way (PARKING, and nobody holds its lock) is
  *    undone by "hami-park recover".
  *
@@ -53,6 +54,7 @@ static int moved;                 /* the charge is in parked[] (parking thread o
 static uint64_t calls_seen;       /* parking thread only */
 static uint64_t next_try_ns;      /* parking thread only */
 static uint32_t last_wait_logged; /* parking thread only */
+static struct hami_room room = HAMI_ROOM_INIT; /* a resume's wait for GPU room (parking thread only) */
 static int thread_started;
 
 /* ---- which threads are inside the driver --------------------------------- */
@@ -246,6 +248,35 @@ static void set_wait(struct hami_slot *s, uint32_t why)
 	last_wait_logged = why;
 }
 
+/* Whether the wait for GPU room goes on: the resume is still wanted. It is
+ * also the parking thread's heartbeat while it waits. */
+static int resume_wanted(void)
+{
+	struct hami_slot *s = __atomic_load_n(&hami_parkable_slot, __ATOMIC_ACQUIRE);
+	if (!s)
+		return 0;
+	__atomic_store_n(&s->active_unix_ns, hami_now_ns(), __ATOMIC_RELAXED);
+	return __atomic_load_n(&s->park_wanted, __ATOMIC_ACQUIRE) != 0;
+}
+
+/* The slice device hami-park restore found short of free memory ("GPU <uuid>
+ * has N bytes free, M needed"), else the first with parked bytes; -1: none. */
+static int short_device(struct hami_slot *s, const char *answer)
+{
+	struct hami_slice_file *f = hami_slice();
+	const char *at = strstr(answer, "GPU ");
+	for (int d = 0; f && at && d < HAMI_SLICE_MAX_DEVICES; d++) {
+		size_t n = strnlen(f->device[d].uuid, HAMI_SLICE_UUID_LEN);
+		if (n && strncmp(at + 4, f->device[d].uuid, n) == 0 && at[4 + n] == ' ' &&
+		    __atomic_load_n(&s->parked[d], __ATOMIC_ACQUIRE))
+			return d;
+	}
+	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++)
+		if (__atomic_load_n(&s->parked[d], __ATOMIC_ACQUIRE))
+			return d;
+	return -1;
+}
+
 static void resume(struct hami_slot *s)
 {
 	uint64_t now = hami_monotonic_ns();
@@ -285,8 +316,16 @@ static void resume(struct hami_slot *s)
 		__atomic_store_n(&s->park_state, HAMI_PARK_PARKED, __ATOMIC_RELEASE);
 		set_wait(s, rc == CUDA_ERROR_OUT_OF_MEMORY ? HAMI_PARK_WAIT_GPU : HAMI_PARK_WAIT_NONE);
 		next_try_ns = hami_monotonic_ns() + RETRY_NS;
+		int short_of = rc == CUDA_ERROR_OUT_OF_MEMORY ? short_device(s, answer) : -1;
+		/* Still parked, nothing reserved: the broker may park others for it,
+		 * never this process. Its OK: try again at once. */
+		if (short_of >= 0 &&
+		    hami_room_wait(&room, short_of, __atomic_load_n(&s->parked[short_of], __ATOMIC_ACQUIRE), NULL,
+				   resume_wanted))
+			next_try_ns = 0;
 		return;
 	}
+	hami_room_end(&room);
 	for (d = 0; d < HAMI_SLICE_MAX_DEVICES; d++)
 		__atomic_store_n(&s->parked[d], 0, __ATOMIC_RELAXED);
 	moved = 0;
@@ -314,8 +353,10 @@ void hami_park_tick(void)
 		__atomic_store_n(&s->gpu_active_unix_ns, hami_now_ns(), __ATOMIC_RELAXED);
 	}
 	uint32_t state = __atomic_load_n(&s->park_state, __ATOMIC_ACQUIRE);
-	if (state == HAMI_PARK_RUNNING)
+	if (state == HAMI_PARK_RUNNING) {
+		hami_room_end(&room); /* back on the GPU however it came (a no-op without a wait) */
 		return;
+	}
 	if (inside)
 		__atomic_store_n(&s->park_wanted, 1, __ATOMIC_RELEASE);
 	int parker = hami_slot_byte_locked(slot_index_of(s), offsetof(struct hami_slot, park_state));
@@ -338,6 +379,8 @@ void hami_park_tick(void)
 		move_charge_out(s);
 	if (__atomic_load_n(&s->park_wanted, __ATOMIC_ACQUIRE))
 		resume(s);
+	else
+		hami_room_end(&room); /* the wish was taken back: no wait for room either */
 }
 
 /*
@@ -384,6 +427,7 @@ void hami_park_after_fork(void)
 	moved = 0;
 	calls_seen = 0;
 	next_try_ns = 0;
+	room = (struct hami_room)HAMI_ROOM_INIT;
 	struct hami_call_mark *mine = hami_thread_mark;
 	for (int i = 0; i < MAX_MARKS; i++)
 		if (&marks[i] != mine)
