@@ -260,7 +260,7 @@ def test_a_park_without_a_reason_is_the_idle_policys_and_an_unknown_one_is_refus
     assert slot(s, p.pid).park_reason == HAMI_PARK_REASON_IDLE
 
 
-def test_park_kernel_passes_its_reason_to_each_process(cudrive, make_slice, monkeypatch):
+def test_park_kernel_passes_its_reason_to_each_process(cudrive, make_slice, monkeypatch, hami_build):
     s = make_slice(limit="2g", overhead="64m")
     p = cudrive.start({**s.env, "HAMI_KERNEL_ID": "k-room"})
     for line in ("init", "ctx 0", "alloc 64m a"):
@@ -269,6 +269,7 @@ def test_park_kernel_passes_its_reason_to_each_process(cudrive, make_slice, monk
     for name, value in s.env.items():  # hami-park finds the simulated driver as the process does
         if name != "LD_PRELOAD":
             monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HAMI_NATIVE_DIR", str(hami_build.out))  # this test's build's hami-park
     with pytest.raises(ValueError):
         parking.park_kernel(s.path, "k-room", reason="bored")
     parking.park_kernel(s.path, "k-room", reason="room")
