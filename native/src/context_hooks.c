@@ -146,6 +146,42 @@ static int ready_device(CUdevice dev, CUresult *err)
 	return s == CUDA_SUCCESS ? hami_ordinal_device(dev) : -1;
 }
 
+/* Not a CUresult: the primary context was made by another thread while this one waited. */
+#define RETAINED_MEANWHILE ((CUresult)-1)
+
+/*
+ * The driver refused the primary context for memory, its cost reserved: wait
+ * for room with the lock dropped (called and returning with it held), then
+ * retain again. RETAINED_MEANWHILE when another thread made the context while
+ * this one waited: then this retain is counted and its reservation given back.
+ */
+static CUresult retain_when_room(retain_fn fn, CUcontext *pctx, CUdevice dev, int sdev,
+				 const struct ctx_cost *cost)
+{
+	struct hami_room room = HAMI_ROOM_INIT;
+	CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+	for (;;) {
+		pthread_mutex_unlock(&lock); /* never held while waiting */
+		int again = hami_room_wait(&room, sdev, cost->bytes, "a CUDA context", NULL);
+		pthread_mutex_lock(&lock);
+		if (!again)
+			break;
+		if (primary_retains[dev] > 0) {
+			rc = fn(pctx, dev);
+			if (rc == CUDA_SUCCESS) {
+				primary_retains[dev]++;
+				hami_credit(sdev, cost->bytes);
+				rc = RETAINED_MEANWHILE;
+			}
+			break;
+		}
+		if ((rc = fn(pctx, dev)) != CUDA_ERROR_OUT_OF_MEMORY)
+			break;
+	}
+	hami_room_end(&room);
+	return rc;
+}
+
 HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
 	HAMI_IN_DRIVER();
@@ -175,25 +211,12 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	CUresult rc = fn(pctx, dev);
-	struct hami_room room = HAMI_ROOM_INIT;
-	while (rc == CUDA_ERROR_OUT_OF_MEMORY && cost.reserved) {
-		pthread_mutex_unlock(&lock); /* never held while waiting */
-		int again = hami_room_wait(&room, sdev, cost.bytes, "a CUDA context", NULL);
-		pthread_mutex_lock(&lock);
-		if (!again)
-			break;
-		if (primary_retains[dev] > 0) { /* another thread made it meanwhile: ours is not needed */
-			hami_credit(sdev, cost.bytes);
-			rc = fn(pctx, dev);
-			if (rc == CUDA_SUCCESS)
-				primary_retains[dev]++;
-			pthread_mutex_unlock(&lock);
-			hami_room_end(&room);
-			return rc;
-		}
-		rc = fn(pctx, dev);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY && cost.reserved)
+		rc = retain_when_room(fn, pctx, dev, sdev, &cost);
+	if (rc == RETAINED_MEANWHILE) {
+		pthread_mutex_unlock(&lock);
+		return CUDA_SUCCESS;
 	}
-	hami_room_end(&room);
 	uint64_t bytes = 0;
 	CUresult settled = settle_context(rc, &cost, &bytes);
 	if (settled == CUDA_SUCCESS) {
@@ -257,17 +280,15 @@ static CUresult begin_create(CUcontext *pctx, void *fn, CUdevice dev, struct ctx
 	return CUDA_SUCCESS;
 }
 
-/* The driver refused a context for memory: wait for room, 1 to try again. */
-static int wait_for_room(CUresult rc, const struct ctx_cost *c, struct hami_room *room)
+/* Whether a context the driver refused waits for room: its cost was reserved. */
+static int waits_for_room(CUresult rc, const struct ctx_cost *c)
 {
-	return rc == CUDA_ERROR_OUT_OF_MEMORY && c->sdev >= 0 && c->reserved &&
-	       hami_room_wait(room, c->sdev, c->bytes, "a CUDA context", NULL);
+	return rc == CUDA_ERROR_OUT_OF_MEMORY && c->sdev >= 0 && c->reserved;
 }
 
 /* Charge a context created by cuCtxCreate*, or destroy it if the slice is full. */
-static CUresult finish_create(CUresult rc, CUcontext *pctx, const struct ctx_cost *c, struct hami_room *room)
+static CUresult finish_create(CUresult rc, CUcontext *pctx, const struct ctx_cost *c)
 {
-	hami_room_end(room);
 	if (c->sdev < 0)
 		return rc;
 	uint64_t bytes = 0;
@@ -292,14 +313,17 @@ HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevic
 	HAMI_IN_DRIVER();
 	create2_fn fn = HAMI_REAL(create2_fn, "cuCtxCreate_v2");
 	struct ctx_cost c = { .sdev = -1 };
-	struct hami_room room = HAMI_ROOM_INIT;
 	CUresult rc = begin_create(pctx, (void *)fn, dev, &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	do
-		rc = fn(pctx, flags, dev);
-	while (wait_for_room(rc, &c, &room));
-	return finish_create(rc, pctx, &c, &room);
+	rc = fn(pctx, flags, dev);
+	if (waits_for_room(rc, &c)) {
+		struct hami_room room = HAMI_ROOM_INIT;
+		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, c.sdev, c.bytes, "a CUDA context", NULL))
+			rc = fn(pctx, flags, dev);
+		hami_room_end(&room);
+	}
+	return finish_create(rc, pctx, &c);
 }
 
 HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams, unsigned int flags,
@@ -308,14 +332,17 @@ HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams
 	HAMI_IN_DRIVER();
 	create3_fn fn = HAMI_REAL(create3_fn, "cuCtxCreate_v3");
 	struct ctx_cost c = { .sdev = -1 };
-	struct hami_room room = HAMI_ROOM_INIT;
 	CUresult rc = begin_create(pctx, (void *)fn, dev, &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	do
-		rc = fn(pctx, params, numParams, flags, dev);
-	while (wait_for_room(rc, &c, &room));
-	return finish_create(rc, pctx, &c, &room);
+	rc = fn(pctx, params, numParams, flags, dev);
+	if (waits_for_room(rc, &c)) {
+		struct hami_room room = HAMI_ROOM_INIT;
+		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, c.sdev, c.bytes, "a CUDA context", NULL))
+			rc = fn(pctx, params, numParams, flags, dev);
+		hami_room_end(&room);
+	}
+	return finish_create(rc, pctx, &c);
 }
 
 HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev)
@@ -323,14 +350,17 @@ HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int 
 	HAMI_IN_DRIVER();
 	create4_fn fn = HAMI_REAL(create4_fn, "cuCtxCreate_v4");
 	struct ctx_cost c = { .sdev = -1 };
-	struct hami_room room = HAMI_ROOM_INIT;
 	CUresult rc = begin_create(pctx, (void *)fn, dev, &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	do
-		rc = fn(pctx, params, flags, dev);
-	while (wait_for_room(rc, &c, &room));
-	return finish_create(rc, pctx, &c, &room);
+	rc = fn(pctx, params, flags, dev);
+	if (waits_for_room(rc, &c)) {
+		struct hami_room room = HAMI_ROOM_INIT;
+		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, c.sdev, c.bytes, "a CUDA context", NULL))
+			rc = fn(pctx, params, flags, dev);
+		hami_room_end(&room);
+	}
+	return finish_create(rc, pctx, &c);
 }
 
 HAMI_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)

@@ -73,12 +73,13 @@ static CUresult charged_alloc(CUdeviceptr *dptr, size_t bytes, const char *what,
 		return rc;
 	if (sdev >= 0 && bytes && (rc = hami_charge(sdev, bytes, what)) != CUDA_SUCCESS)
 		return rc;
-	struct hami_room room = HAMI_ROOM_INIT;
-	do
-		rc = managed ? managed(dptr, bytes, flags) : fn(dptr, bytes);
-	while (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && bytes &&
-	       hami_room_wait(&room, sdev, bytes, what, NULL));
-	hami_room_end(&room);
+	rc = managed ? managed(dptr, bytes, flags) : fn(dptr, bytes);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && bytes) { /* the slice had room, the GPU not */
+		struct hami_room room = HAMI_ROOM_INIT;
+		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, sdev, bytes, what, NULL))
+			rc = managed ? managed(dptr, bytes, flags) : fn(dptr, bytes);
+		hami_room_end(&room);
+	}
 	if (sdev < 0 || !bytes)
 		return rc;
 	if (rc != CUDA_SUCCESS)
@@ -120,12 +121,13 @@ HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 		guess = UINT64_MAX; /* no GPU holds it: the charge refuses it */
 	if (sdev >= 0 && guess && (rc = hami_charge(sdev, guess, "cuMemAllocPitch")) != CUDA_SUCCESS)
 		return rc;
-	struct hami_room room = HAMI_ROOM_INIT;
-	do
-		rc = fn(dptr, pitch, width, height, elementSize);
-	while (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && guess &&
-	       hami_room_wait(&room, sdev, guess, "cuMemAllocPitch", NULL));
-	hami_room_end(&room);
+	rc = fn(dptr, pitch, width, height, elementSize);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && guess) {
+		struct hami_room room = HAMI_ROOM_INIT;
+		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, sdev, guess, "cuMemAllocPitch", NULL))
+			rc = fn(dptr, pitch, width, height, elementSize);
+		hami_room_end(&room);
+	}
 	if (sdev < 0 || !guess)
 		return rc;
 	if (rc != CUDA_SUCCESS) {
@@ -254,13 +256,15 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
 	}
 	if (need && (rc = hami_charge(sdev, need, what)) != CUDA_SUCCESS)
 		return rc;
+	rc = from_pool ? from_pool(dptr, bytes, pool, stream) : fn(dptr, bytes, stream);
 	/* Only growth the slice reserved waits for room: a refusal with spare in
 	 * the pool is the driver's own business. */
-	struct hami_room room = HAMI_ROOM_INIT;
-	do
-		rc = from_pool ? from_pool(dptr, bytes, pool, stream) : fn(dptr, bytes, stream);
-	while (rc == CUDA_ERROR_OUT_OF_MEMORY && need && hami_room_wait(&room, sdev, need, what, NULL));
-	hami_room_end(&room);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY && need) {
+		struct hami_room room = HAMI_ROOM_INIT;
+		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, sdev, need, what, NULL))
+			rc = from_pool ? from_pool(dptr, bytes, pool, stream) : fn(dptr, bytes, stream);
+		hami_room_end(&room);
+	}
 	if (!tracked) {
 		if (rc != CUDA_SUCCESS)
 			hami_credit(sdev, need);
@@ -419,12 +423,13 @@ HAMI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 	CUresult rc;
 	if (sdev >= 0 && size && (rc = hami_charge(sdev, size, "cuMemCreate")) != CUDA_SUCCESS)
 		return rc;
-	struct hami_room room = HAMI_ROOM_INIT;
-	do
-		rc = fn(handle, size, prop, flags);
-	while (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && size &&
-	       hami_room_wait(&room, sdev, size, "cuMemCreate", NULL));
-	hami_room_end(&room);
+	rc = fn(handle, size, prop, flags);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && size) {
+		struct hami_room room = HAMI_ROOM_INIT;
+		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, sdev, size, "cuMemCreate", NULL))
+			rc = fn(handle, size, prop, flags);
+		hami_room_end(&room);
+	}
 	if (sdev < 0 || !size)
 		return rc;
 	if (rc != CUDA_SUCCESS)
@@ -486,11 +491,13 @@ static CUresult charged_array(void *out, uint64_t bytes, const char *what, uint3
 		return rc;
 	if (sdev >= 0 && (rc = hami_charge(sdev, bytes, what)) != CUDA_SUCCESS)
 		return rc;
-	struct hami_room room = HAMI_ROOM_INIT;
-	do
-		rc = create(out, desc, levels);
-	while (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && hami_room_wait(&room, sdev, bytes, what, NULL));
-	hami_room_end(&room);
+	rc = create(out, desc, levels);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0) {
+		struct hami_room room = HAMI_ROOM_INIT;
+		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, sdev, bytes, what, NULL))
+			rc = create(out, desc, levels);
+		hami_room_end(&room);
+	}
 	if (sdev < 0)
 		return rc;
 	if (rc != CUDA_SUCCESS)
