@@ -44,7 +44,7 @@ def test_park_and_resume_on_the_command_line(parked_kernel, capsys, cell):
     assert out.startswith(f"parked kernel {km.kernel_id}: 320.0 MiB moved to host memory in ")
     assert park_state(read_snapshot(path), km.kernel_id) == "parked"
     code, out, _ = run(capsys, "status")
-    assert code == 0 and "parked: 320.0 MiB in host memory" in out
+    assert code == 0 and "parked on request: 320.0 MiB in host memory" in out  # and why
     assert "parked 320.0 MiB in host memory" in out
     code, out, err = run(capsys, "resume", km.kernel_id)
     assert code == 0 and out.startswith(f"resumed kernel {km.kernel_id}: 320.0 MiB back on the GPU"), err
