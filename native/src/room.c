@@ -23,6 +23,7 @@
 #define ASK_AGAIN_NS 1000000000ull       /* after a NO */
 #define RECONNECT_NS 250000000ull        /* after a broker that answered before went away */
 #define MAX_WAITS 64                     /* threads waiting at once that the slot can show */
+#define NO_BROKER_REPORT_NS 1000000000ull /* "no memory broker answered": once a second at most */
 
 pthread_mutex_t hami_room_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -109,6 +110,21 @@ static void pause_ns(uint64_t ns, uint64_t deadline)
 	nanosleep(&ts, NULL);
 }
 
+static uint64_t last_no_broker_report;
+
+/* Whether "no memory broker answered" may be said now: a program that keeps
+ * meeting a full GPU without a broker gets it once a second, as charge.c's
+ * out-of-memory line. */
+static int no_broker_report_due(void)
+{
+	uint64_t now = hami_monotonic_ns();
+	uint64_t last = __atomic_load_n(&last_no_broker_report, __ATOMIC_RELAXED);
+	if (last && now - last < NO_BROKER_REPORT_NS)
+		return 0;
+	return __atomic_compare_exchange_n(&last_no_broker_report, &last, now, 0, __ATOMIC_RELAXED,
+					   __ATOMIC_RELAXED);
+}
+
 /* The wait ends without room: one line saying why (once per wait). */
 static int give_up(struct hami_room *w, const char *gpu, uint64_t bytes, const char *what)
 {
@@ -117,10 +133,11 @@ static int give_up(struct hami_room *w, const char *gpu, uint64_t bytes, const c
 		const char *for_what = what ? what : "this process's parked memory";
 		hami_human(bytes, size);
 		w->told_end = 1;
-		if (!w->connected)
-			hami_log(HAMI_LOG_ERROR, "%s has no room for %s (%s) and no memory broker answered "
-				 "(is hami-jupyter broker running?): out of memory", gpu, size, for_what);
-		else if (w->why[0])
+		if (!w->connected) {
+			if (no_broker_report_due())
+				hami_log(HAMI_LOG_ERROR, "%s has no room for %s (%s) and no memory broker answered "
+					 "(is hami-jupyter broker running?): out of memory", gpu, size, for_what);
+		} else if (w->why[0])
 			hami_log(HAMI_LOG_ERROR, "%s still has no room for %s (%s) after %u s: the memory "
 				 "broker found nothing to park: %s; out of memory", gpu, size, for_what,
 				 hami_config()->room_wait_s, w->why);
