@@ -25,10 +25,10 @@ static pthread_mutex_t *const taken[] = {
 	&hami_graph_lock,
 	&hami_open_lock,
 	&hami_thunks_lock,
+	&hami_room_lock, /* room.c takes the slot lock under it */
 	&hami_claim_lock,
 	&hami_slot_lock,
 	&hami_records_mutex,
-	&hami_room_lock,
 };
 
 static pthread_mutex_t *const made_anew[] = {
