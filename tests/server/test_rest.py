@@ -61,7 +61,7 @@ def check_against_file(body):
     mine = next(k for k in status["kernels"] if k["kernel_id"] == body["kernel_id"])
     assert without_heartbeat(body["kernel"]) == without_heartbeat(
         {k: mine[k] for k in ("memory_used", "sm_util", "processes", "memory_parked", "park_state",
-                              "park_wait")})
+                              "park_wait", "park_reason", "room_wait")})
     assert body["sm_util"] == max(g["sm_util"] for g in status["gpus"])
 
 
