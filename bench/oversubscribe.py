@@ -1,0 +1,383 @@
+"""More users than the GPU's memory divides into (issue 28), on a real GPU.
+
+    python3 bench/oversubscribe.py [--sessions 16] [--gib 8] [--bursts 4] [--steps 20]
+                                   [--idle 15,45] [--min-idle 5] [--headroom SIZE] [--seed 1]
+                                   [--out FILE] [--csv FILE]
+
+One GPU (cuda:0), PyTorch, run as root from the repository root. It builds
+native/, makes one slice per session under a temporary slice root (limit
+GIB + 3 GiB, guarantee 2 GiB: the limits add up to far more than the GPU, the
+guarantees do not), starts the node's memory broker on that root, then:
+
+1. reference: each session's training alone, in one process without the
+   library (model built from its seed, every step's loss kept);
+2. the run: SESSIONS PyTorch processes under the preload library, each its
+   own slice, each holding a GIB working set (a model and its Adam state,
+   half of it; a fixed data set on the GPU, the other half), each running
+   BURSTS "cells" of STEPS training steps at times drawn from SEED, with idle
+   spells of IDLE seconds between them. A cell that meets a full GPU waits
+   (the library asks the broker, which parks the idlest kernel of another
+   slice); a parked session's next cell brings it back (its resume waits for
+   room the same way).
+
+Reported: steps that failed (target 0); per cell the delay from its start to
+its first step's end beyond that session's usual step, and the p95 of those
+that met a resume or a park on the way (target: within 2x the resume time of
+that size, and at most 6 s at 8 GiB); bytes parked and resumed (the broker's
+and the processes' records); whether every loss equals the reference's bit
+for bit; the GPU's memory use over time (NVML, every 0.5 s; --csv writes it);
+how many such users static slicing would fit on this GPU; and what idle
+culling would have lost instead of parking (the steps done by every session
+at the moment it was parked). JSON with every figure goes to --out.
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+GiB = 1 << 30
+
+# One session: a model and its optimizer state take half the working set, a
+# data set the other half. Deterministic: the same seed gives the same losses
+# whatever happened to the process between steps (parks, waits).
+WORKER = r'''
+import json, os, sys, time
+import torch
+seed, gib, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+torch.use_deterministic_algorithms(True)
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+def build(seed):
+    torch.manual_seed(int(seed))
+    width = 4096
+    # parameters + gradients + Adam's two moments: 16 bytes a parameter
+    layers = max(1, int(gib * (1 << 30) / 2 / 16 / (width * width)))
+    model = torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(width, width, bias=False),
+                                                                     torch.nn.ReLU())]).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    rows = int(gib * (1 << 30) / 2 / (width * 4))
+    data = torch.randn(rows, width, device="cuda")
+    target = torch.randn(width, device="cuda")
+    for p in model.parameters():  # Adam's state exists from the start: the working set is whole
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    torch.cuda.synchronize()
+    return model, opt, data, target
+def step(model, opt, data, target, n):
+    batch = data[(n * 512) % (data.shape[0] - 512):][:512]
+    loss = ((model(batch) - target) ** 2).mean()
+    opt.zero_grad(set_to_none=False)
+    loss.backward()
+    opt.step()
+    return loss.item()
+if mode == "reference":  # SEED is a comma-separated list: each trained alone, one after another
+    steps = int(sys.argv[4])
+    for one in seed.split(","):
+        model, opt, data, target = build(one)
+        say(seed=int(one), losses=[repr(step(model, opt, data, target, n)) for n in range(steps)])
+        del model, opt, data, target
+        torch.cuda.empty_cache()
+    sys.exit(0)
+t0 = time.time()
+model, opt, data, target = build(seed)
+say(ready=True, init_s=time.time() - t0, held=torch.cuda.memory_reserved())
+n = 0
+for line in sys.stdin:
+    cmd = line.split()
+    if not cmd or cmd[0] == "quit":
+        break
+    k, t_cmd = int(cmd[1]), float(cmd[2])
+    losses, ends = [], []
+    try:
+        for _ in range(k):
+            losses.append(repr(step(model, opt, data, target, n)))
+            ends.append(time.time())
+            n += 1
+        say(cell=True, t_cmd=t_cmd, ends=ends, losses=losses, failed=0)
+    except Exception as e:  # an out-of-memory error or anything else: a failed step
+        say(cell=True, t_cmd=t_cmd, ends=ends, losses=losses, failed=k - len(losses), error=str(e)[-400:])
+'''
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sessions", type=int, default=16)
+    p.add_argument("--gib", type=float, default=8.0, help="working set per session (GiB)")
+    p.add_argument("--bursts", type=int, default=4, help="cells per session")
+    p.add_argument("--steps", type=int, default=20, help="training steps per cell")
+    p.add_argument("--idle", default="15,45", help="idle seconds between cells: LOW,HIGH")
+    p.add_argument("--min-idle", type=float, default=5.0, help="the broker's --min-idle-seconds")
+    p.add_argument("--headroom", default=None, help="the broker's --headroom, when it has one")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default=str(REPO / "native" / "build" / "bench" / "oversubscribe.json"))
+    p.add_argument("--csv", default=None, help="the GPU's memory over time")
+    return p.parse_args()
+
+
+def nvml_gpu():
+    import pynvml
+
+    pynvml.nvmlInit()
+    return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def make_slices(root, n, limit, guarantee):
+    from hami_jupyter.slice.change import set_limits
+    from hami_jupyter.slice.create import ensure_slice
+    from hami_jupyter.slice.settings import resolve_limits
+
+    paths = []
+    for i in range(n):
+        name = f"s{i:02d}"
+        path = root / f"{name}.slice"
+        ensure_slice(path, name, resolve_limits({"memory_limit": str(limit)}, {}))
+        set_limits(path, None, memory_guarantee=guarantee)
+        paths.append(path)
+    return paths
+
+
+def plain_env():
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("HAMI_")}
+    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def reference_losses(args, steps):
+    """Each session's losses, trained alone without the library, one after another."""
+    seeds = [args.seed * 1000 + i for i in range(args.sessions)]
+    done = subprocess.run([sys.executable, "-c", WORKER, ",".join(map(str, seeds)), str(args.gib), "reference",
+                           str(steps)], env=plain_env(), capture_output=True, text=True, timeout=1200)
+    if done.returncode:
+        raise SystemExit(f"the reference run failed:\n{done.stderr[-2000:]}")
+    by_seed = {r["seed"]: r["losses"] for r in map(json.loads, done.stdout.strip().splitlines())}
+    return {i: by_seed[seed] for i, seed in enumerate(seeds)}
+
+
+class Session:
+    def __init__(self, i, args, path, sock):
+        env = plain_env()
+        env.update(LD_PRELOAD=str(REPO / "native" / "build" / "libvgpu.so"), HAMI_SLICE=str(path),
+                   HAMI_ROOM_WAIT="300", HAMI_BROKER_SOCKET=str(sock))
+        self.i = i
+        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, str(args.seed * 1000 + i), str(args.gib),
+                                      "run"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.cells = []
+        self.ready = None
+        self.lock = threading.Lock()
+        self.busy = False
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            with self.lock:
+                if rec.get("ready"):
+                    self.ready = rec
+                elif rec.get("cell"):
+                    self.cells.append(rec)
+                    self.busy = False
+
+    def send(self, steps):
+        with self.lock:
+            self.busy = True
+        self.proc.stdin.write(f"cell {steps} {time.time():.6f}\n")
+        self.proc.stdin.flush()
+
+
+def parked_state(paths):
+    """``{session index: parked bytes}`` and the processes waiting for room, from the slice files."""
+    from hami_jupyter.slice.file import read_snapshot
+
+    parked, waiting = {}, 0
+    for i, path in enumerate(paths):
+        try:
+            snap = read_snapshot(path)
+        except (OSError, ValueError):
+            continue
+        parked[i] = sum(sum((s.parked or {}).values()) for s in snap.slots)
+        waiting += sum(1 for s in snap.slots if getattr(s, "room_wait_since_unix_ns", 0))
+    return parked, waiting
+
+
+def main():
+    args = parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run it as root: the broker parks other processes")
+    lo, hi = (float(x) for x in args.idle.split(","))
+    subprocess.run(["make", "-C", str(REPO / "native"), "-j8", "all"], check=True, stdout=subprocess.DEVNULL)
+    pynvml, gpu = nvml_gpu()
+    total = pynvml.nvmlDeviceGetMemoryInfo(gpu).total
+    per = args.gib * GiB
+    static_fit = int(total // (per + 0.55 * GiB))  # a context is about 0.5 GiB on Hopper
+    rng = random.Random(args.seed)
+    steps_total = args.bursts * args.steps
+
+    t = time.time()
+    reference = reference_losses(args, steps_total)
+    print(f"reference: {args.sessions} sessions x {steps_total} steps alone in {time.time() - t:.0f} s", flush=True)
+
+    root = Path(tempfile.mkdtemp(prefix="hami-oversub-"))
+    root.chmod(0o755)
+    paths = make_slices(root, args.sessions, int(per + 3 * GiB), 2 * GiB)
+    sock = root / "broker.sock"
+    broker_cmd = [sys.executable, "-m", "hami_jupyter", "broker", "--root", str(root), "--min-idle-seconds",
+                  str(args.min_idle)]
+    if args.headroom:
+        broker_cmd += ["--headroom", args.headroom]
+    broker_log = open(root / "broker.log", "w")
+    broker = subprocess.Popen(broker_cmd, env=plain_env(), stdout=broker_log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while not sock.exists():
+        if broker.poll() is not None or time.time() > deadline:
+            raise SystemExit("the broker did not start:\n" + (root / "broker.log").read_text()[-3000:])
+        time.sleep(0.1)
+
+    samples, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            parked, waiting = parked_state(paths)
+            samples.append((time.time(), pynvml.nvmlDeviceGetMemoryInfo(gpu).used, sum(parked.values()), waiting))
+            stop.wait(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t_start = time.time()
+    sessions = []
+    for i, path in enumerate(paths):
+        sessions.append(Session(i, args, path, sock))
+        time.sleep(0.5)
+    deadline = time.time() + 900
+    while not all(s.ready for s in sessions):
+        if time.time() > deadline or any(s.proc.poll() is not None for s in sessions):
+            stop.set()
+            bad = [s.i for s in sessions if s.proc.poll() is not None]
+            raise SystemExit(f"sessions {bad} ended during set-up: "
+                             + "; ".join(sessions[b].proc.stderr.read()[-800:] for b in bad[:2]))
+        time.sleep(0.2)
+    t_ready = time.time()
+    print(f"{args.sessions} sessions of {args.gib:g} GiB ready in {t_ready - t_start:.0f} s", flush=True)
+
+    # The cells: each session's first at a random offset, the next ones an idle
+    # spell after the last one answered.
+    plan = {s.i: t_ready + rng.uniform(0, hi) for s in sessions}
+    done = {s.i: 0 for s in sessions}
+    deadline = time.time() + 3600
+    while any(done[i] < args.bursts for i in done) and time.time() < deadline:
+        now = time.time()
+        for s in sessions:
+            if s.busy or done[s.i] >= args.bursts:
+                continue
+            if plan[s.i] is None:
+                plan[s.i] = now + rng.uniform(lo, hi)
+            if now >= plan[s.i]:
+                s.send(args.steps)
+                done[s.i] += 1
+                plan[s.i] = None
+        time.sleep(0.05)
+    while any(s.busy for s in sessions) and time.time() < deadline:
+        time.sleep(0.1)
+    t_end = time.time()
+    stop.set()
+    sampler.join(timeout=5)
+
+    # Figures.
+    failed = sum(c["failed"] for s in sessions for c in s.cells)
+    delays, obstructed = [], []
+    for s in sessions:
+        all_steps = [b - a for c in s.cells for a, b in zip(c["ends"], c["ends"][1:])]
+        usual = statistics.median(all_steps) if all_steps else 0.0
+        for c in s.cells:
+            if not c["ends"]:
+                continue
+            delay = c["ends"][0] - c["t_cmd"] - usual
+            delays.append(delay)
+            if delay > 1.0:  # a resume or someone else's park stood in the way
+                obstructed.append(delay)
+    def trained(s):
+        return [loss for c in s.cells for loss in c["losses"]]
+
+    losses_equal = all(trained(s) == reference[s.i][:len(trained(s))] for s in sessions)
+    audit = []
+    audit_path = root / "audit.log"
+    if audit_path.exists():
+        for line in audit_path.read_text().splitlines():
+            try:
+                audit.append(json.loads(line))
+            except ValueError:
+                pass
+    parks = [r for r in audit if r.get("who") == "hami-jupyter broker" and "park" in str(r.get("action"))]
+    parked_bytes = sum(int(r.get("bytes") or r.get("process_bytes") or 0) for r in parks)
+    used = [u for _, u, _, _ in samples]
+    # Idle culling instead of parking: every session parked would have lost its
+    # training state, i.e. the steps it had done when it was parked.
+    culled_steps = 0
+    for r in parks:
+        pid = r.get("pid")
+        for s in sessions:
+            if s.proc.pid == pid:
+                when = r.get("unix") or 0
+                culled_steps += sum(len([e for e in c["ends"] if e < when]) for c in s.cells)
+    result = {
+        "gpu": pynvml.nvmlDeviceGetName(gpu) if not isinstance(pynvml.nvmlDeviceGetName(gpu), bytes)
+        else pynvml.nvmlDeviceGetName(gpu).decode(),
+        "gpu_bytes": total, "sessions": args.sessions, "gib": args.gib, "asked_gib": args.sessions * args.gib,
+        "bursts": args.bursts, "steps": args.steps, "idle": [lo, hi], "min_idle": args.min_idle,
+        "headroom": args.headroom, "seed": args.seed,
+        "setup_s": t_ready - t_start, "run_s": t_end - t_ready,
+        "cells": sum(len(s.cells) for s in sessions), "failed_steps": failed,
+        "delays_s": sorted(round(d, 3) for d in delays),
+        "obstructed_cells": len(obstructed),
+        "obstructed_p95_s": round(sorted(obstructed)[max(0, int(0.95 * len(obstructed)) - 1)], 3) if obstructed else None,
+        "broker_parks": len(parks), "broker_parked_bytes": parked_bytes,
+        "losses_equal_reference": losses_equal,
+        "gpu_used_bytes": {"min": min(used), "median": statistics.median(used), "max": max(used)} if used else None,
+        "static_slicing_fits": static_fit,
+        "idle_culling_would_have_lost_steps": culled_steps,
+        "errors": [c.get("error") for s in sessions for c in s.cells if c.get("error")][:5],
+    }
+    for s in sessions:
+        try:
+            s.proc.stdin.write("quit\n")
+            s.proc.stdin.flush()
+        except OSError:
+            pass
+    for s in sessions:
+        try:
+            s.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+    broker.terminate()
+    broker.wait(timeout=30)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("seconds,gpu_used_bytes,parked_bytes,waiting\n")
+            for t_, u, p, w in samples:
+                f.write(f"{t_ - t_start:.2f},{u},{p},{w}\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "delays_s"}, indent=1))
+    print((root / "broker.log").read_text()[-3000:])
+
+
+if __name__ == "__main__":
+    main()
