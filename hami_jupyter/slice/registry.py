@@ -57,6 +57,10 @@ class KernelEntry:
     started_unix: float
     slice: str
     pid_start: int = 0  # the process's start time (clock ticks since boot); 0: unknown
+    # Written by the kernel's Jupyter server (hami_jupyter.server.activity) while
+    # the kernel runs, for the memory broker, which parks only idle kernels:
+    last_activity_unix: float = 0.0  # its last message or cell (0: not published)
+    busy: bool = False  # a cell runs now
 
 
 class BadEntry(ValueError):
@@ -116,6 +120,14 @@ def _whole(data, key, low, high):
     return value
 
 
+def _seconds(data, key):
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value >= 0):
+        raise BadEntry(f"{key} {value!r} is not a time in seconds")
+    return float(value)
+
+
 def entry_from_json(data, kernel_id=None):
     """A :class:`KernelEntry` from an entry's decoded JSON; BadEntry saying what is wrong.
 
@@ -123,8 +135,10 @@ def entry_from_json(data, kernel_id=None):
     *kernel_id* is given); user, kernelspec: strings of at most 256 printable
     characters; slice: a string of at most 4096; pid: a whole number
     1..4194304; started_unix: a number of seconds, finite, not negative;
-    pid_start: a whole number 0..2**63-1 (0: unknown), 0 when missing.
-    Keys beyond these are ignored.
+    pid_start: a whole number 0..2**63-1 (0: unknown), 0 when missing;
+    last_activity_unix: a number of seconds, finite, not negative (0 when
+    missing); busy: true or false (false when missing). Keys beyond these
+    are ignored.
     """
     if not isinstance(data, dict):
         raise BadEntry(f"a JSON {type(data).__name__}, not an object")
@@ -137,18 +151,20 @@ def entry_from_json(data, kernel_id=None):
         raise BadEntry(f"kernel_id {kid!r} is not a kernel id")
     if kernel_id is not None and kid != kernel_id:
         raise BadEntry(f"kernel_id {kid!r} differs from its file name")
-    started = data["started_unix"]
-    if isinstance(started, bool) or not isinstance(started, (int, float)) or not (
-            math.isfinite(started) and started >= 0):
-        raise BadEntry(f"started_unix {started!r} is not a time in seconds")
+    started = _seconds(data, "started_unix")
+    busy = data.get("busy", False)
+    if not isinstance(busy, bool):
+        raise BadEntry(f"busy is {type(busy).__name__}, not true or false")
     return KernelEntry(
         kernel_id=kid,
         user=_text(data, "user", MAX_NAME_LEN),
         kernelspec=_text(data, "kernelspec", MAX_NAME_LEN),
         pid=_whole(data, "pid", 1, MAX_PID),
-        started_unix=float(started),
+        started_unix=started,
         slice=_text(data, "slice", MAX_PATH_LEN),
         pid_start=_whole(data, "pid_start", 0, 2**63 - 1) if "pid_start" in data else 0,
+        last_activity_unix=_seconds(data, "last_activity_unix") if "last_activity_unix" in data else 0.0,
+        busy=busy,
     )
 
 
@@ -215,6 +231,25 @@ def register(slice_path, entry: KernelEntry):
     # 0644 whatever the umask: readable by administrators the registry folder
     # lets in, never writable by other users (readers would refuse it).
     replace_file(target, json.dumps(asdict(entry)).encode(), 0o644)
+
+
+def record_activity(slice_path, kernel_id, last_activity_unix, busy):
+    """Write the kernel's last activity and whether a cell runs into its entry
+    (replaced whole, atomically). False when the kernel has no entry (never
+    registered, or unregistered meanwhile): an entry is only ever made by
+    :func:`register`. OSError (UntrustedPath included) as :func:`register`."""
+    d, dst = _checked_dir(slice_path)
+    try:
+        entry = _read_entry(d, dst, _entry_path(slice_path, kernel_id).name)
+    except FileNotFoundError:
+        return False
+    except BadEntry as e:
+        log.warning("hami-jupyter: the activity of kernel %s is not recorded: its entry %s", kernel_id, e)
+        return False
+    entry.last_activity_unix = float(last_activity_unix)
+    entry.busy = bool(busy)
+    replace_file(_entry_path(slice_path, kernel_id), json.dumps(asdict(entry)).encode(), 0o644)
+    return True
 
 
 def unregister(slice_path, kernel_id):

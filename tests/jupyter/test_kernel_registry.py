@@ -59,6 +59,11 @@ BAD_ENTRIES = {
     "k-long-user": {"user": "a" * 100_000},
     "k-escape-user": {"user": "\x1b[2J\x1b[31mroot"},
     "k-int-kernelspec": {"kernelspec": 3},
+    # the activity the server publishes (the broker parks only idle kernels by it)
+    "k-text-activity": {"last_activity_unix": "now"},
+    "k-inf-activity": {"last_activity_unix": float("inf")},
+    "k-string-busy": {"busy": "no"},
+    "k-int-busy": {"busy": 0},
     "k-other-id": {"kernel_id": "k-someone-else"},
 }
 
@@ -96,6 +101,19 @@ def test_bad_entries_are_skipped_with_a_warning_and_the_good_one_stays(tmp_path,
     assert "user holds control characters" in warned
     assert "kernel_id 'k-someone-else' differs from its file name" in warned
     assert [e.kernel_id for e in reg.kernels(slice_file, include_dead=True)] == [good.kernel_id]
+
+
+def test_the_servers_activity_record_keeps_the_entry_and_reads_back(tmp_path):
+    slice_file = tmp_path / "alice.slice"
+    good = _good(slice_file)
+    assert (good.last_activity_unix, good.busy) == (0.0, False)  # nothing published yet
+    assert reg.record_activity(slice_file, good.kernel_id, 1764060000.25, True)
+    [back] = reg.kernels(slice_file)
+    assert (back.last_activity_unix, back.busy) == (1764060000.25, True)
+    assert (back.pid, back.user, back.started_unix) == (good.pid, good.user, good.started_unix)
+    # No entry, no record: the activity of a kernel never registered makes none.
+    assert not reg.record_activity(slice_file, "k-unknown", 1.0, False)
+    assert not (reg.registry_dir(slice_file) / "k-unknown.json").exists()
 
 
 def test_a_registry_or_entry_anyone_may_change_is_not_read(tmp_path, caplog):
