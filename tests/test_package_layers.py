@@ -41,6 +41,7 @@ FLOORS = {
     "guard": 5,  # hami-jupyter guard: memory caps held with NVML's per-process figures
     "server": 6,  # the Jupyter server extension
     "hubview": 6,  # hami-jupyter hub-service: the hub-wide view, a JupyterHub service
+    "broker": 6,  # hami-jupyter broker: GPU room made by parking idle kernels (uses the guard's readers)
     "commands": 7,  # the hami-jupyter command
     "_server_help": 7,  # the extension's settings in `jupyter server --help-all`
     "__main__": 8,
@@ -49,6 +50,7 @@ FLOORS = {
 # part -> parts it must never import, floors notwithstanding
 APART = {
     "guard": {"admin"},  # runs alone on a node, without the admin tools
+    "broker": {"admin"},  # runs beside the guard, as alone
 }
 
 

@@ -6,7 +6,8 @@ the hub's), ``doctor`` checks the set-up,
 ``slice list|set|reset`` shows and resizes slices (administrators), ``audit
 verify`` checks the audit log, ``admin-service`` applies administrators'
 changes as root, ``guard`` holds memory caps with the driver's figures (a
-root service), ``hub-service`` is the hub-wide view (a JupyterHub service,
+root service), ``broker`` makes GPU room for waiting allocations by parking
+idle kernels (a root service), ``hub-service`` is the hub-wide view (a JupyterHub service,
 configured with traitlets: its arguments go to it untouched), and ``demo``
 shows a slice at work. This module only parses arguments and prints;
 the work is done by the modules it calls.
@@ -271,6 +272,35 @@ def _guard(args):
         raise Failure(str(e)) from None
 
 
+# ---- broker -------------------------------------------------------------------
+
+
+def _broker(args):
+    import logging
+
+    from ..broker import service
+    from ..slice.size import parse_size
+
+    problems = []
+    if not 0 <= args.min_idle_seconds < 86400 * 365:
+        problems.append(f"--min-idle-seconds {args.min_idle_seconds:g}: give a number of seconds, 0 or more")
+    reserve = None
+    try:
+        reserve = parse_size(args.host_memory_reserve)
+    except ValueError as e:
+        problems.append(f"--host-memory-reserve: {e}")
+    if problems:
+        raise UsageError(*problems)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("hami_jupyter").setLevel(args.log_level.upper())
+    root = Path(args.root) if args.root else default_root()
+    try:
+        return service.main(root, min_idle=args.min_idle_seconds, host_reserve=reserve,
+                            audit_path=args.audit_log, socket_path=Path(args.socket) if args.socket else None)
+    except service.BrokerStartError as e:
+        raise Failure(str(e)) from None
+
+
 # ---- hub-service ----------------------------------------------------------------
 
 
@@ -388,6 +418,29 @@ def build_parser(with_demo_options=False):
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                    help="what the log shows (default info)")
     p.set_defaults(func=_guard, cli_prog=p.prog)
+
+    p = sub.add_parser(
+        "broker", help="make GPU room for waiting allocations by parking idle kernels (root)",
+        description="Listen on <root>/broker.sock (or $HAMI_BROKER_SOCKET) for processes whose "
+                    "allocation within their slice's limit found no room on the GPU, and make room: "
+                    "park idle kernels of any user on that GPU, the longest idle first, never one "
+                    "active within --min-idle-seconds or whose slice holds no more than its "
+                    "guarantee, never more than needed. Writes <root>/broker.json and appends every "
+                    "decision to the audit log. Run it as root, beside the guard (docs/broker.md).")
+    p.add_argument("--root", metavar="DIR",
+                   help="slice root (default: HAMI_SLICE_ROOT, /run/hami-jupyter, "
+                        "$XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>)")
+    p.add_argument("--socket", metavar="PATH",
+                   help="where to listen (default: $HAMI_BROKER_SOCKET, else <root>/broker.sock)")
+    p.add_argument("--min-idle-seconds", type=float, default=60.0, metavar="SECONDS",
+                   help="park only kernels with no cell, message or GPU call for this long (default 60)")
+    p.add_argument("--host-memory-reserve", default="2g", metavar="SIZE",
+                   help="host memory that must stay available after a park (default 2g): a kernel "
+                        "whose GPU state does not fit beside it is not parked")
+    p.add_argument("--audit-log", metavar="FILE", help="audit log (default: <root>/audit.log)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                   help="what the log shows (default info)")
+    p.set_defaults(func=_broker, cli_prog=p.prog)
 
     p = sub.add_parser(
         "hub-service", add_help=False,

@@ -133,6 +133,23 @@ class NvmlReader:
             self._read_gpu(index, reading)
         return reading
 
+    def memory(self, uuid, errors):
+        """``(total, free)`` bytes of GPU *uuid* now, as the driver counts them
+        (the memory broker's measure of room); None, with the reason appended
+        to *errors*, when NVML cannot say."""
+        nv = self._pynvml
+        if not self._started and not self._restart(errors):
+            return None
+        try:
+            handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+            info = nv.nvmlDeviceGetMemoryInfo(handle)
+        except nv.NVMLError as e:
+            errors.append(f"GPU {uuid}: NVML cannot tell its free memory: {e}")
+            if _code(e) in (nv.NVML_ERROR_UNINITIALIZED, nv.NVML_ERROR_DRIVER_NOT_LOADED):
+                self._started = False
+            return None
+        return int(info.total), int(info.free)
+
     def _read_gpu(self, index, reading):
         nv = self._pynvml
         try:

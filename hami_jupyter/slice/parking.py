@@ -8,7 +8,8 @@ extension, ``hami-jupyter park|resume`` and the admin panel alike:
 
 - :func:`park_kernel` checks that there is something to park and room in host
   memory for it, then parks every process of the kernel; if one fails, the
-  ones already parked are asked back and the error says why;
+  ones already parked are asked back and the error says why (:func:`park_process`
+  does the same for a process of no kernel);
 - :func:`request_resume` marks the kernel's parked processes as wanted (one
   flag in each slot): each process's parking thread then finds room under the
   slice's cap and on the GPU, restores and unlocks itself;
@@ -203,19 +204,39 @@ def park_kernel(path, kernel_id, *, host_reserve=0, lock_timeout_ms=LOCK_TIMEOUT
         raise ParkError(f"kernel {kernel_id} has no process on the GPU in slice {snap.name!r}")
     if any(s.park_state != HAMI_PARK_RUNNING for s in slots):
         raise ParkError(f"kernel {kernel_id} is {park_state(snap, kernel_id)} already")
+    return _park_slots(path, slots, f"kernel {kernel_id}", kernel_id, host_reserve, lock_timeout_ms, reason)
+
+
+def park_process(path, pid, *, host_reserve=0, lock_timeout_ms=LOCK_TIMEOUT_MS, reason="asked"):
+    """Park the one process *pid* (its slot's PID) of the slice at *path*, as
+    :func:`park_kernel` parks a kernel's: for a process that belongs to no
+    kernel (started outside Jupyter with ``HAMI_SLICE``), which is a kernel of
+    its own. ParkError, with the process left running, when it cannot."""
+    if reason not in REASONS:
+        raise ValueError(f"park reason must be one of {', '.join(REASONS)}, not {reason!r}")
+    slots = [s for s in read_snapshot(path).slots if s.pid == pid]
+    if not slots:
+        raise ParkError(f"process {pid} has no live slot in {path}")
+    if slots[0].park_state != HAMI_PARK_RUNNING:
+        raise ParkError(f"process {pid} is not running on the GPU (parked or being parked)")
+    return _park_slots(path, slots[:1], f"process {pid}", slots[0].kernel_id, host_reserve, lock_timeout_ms,
+                       reason)
+
+
+def _park_slots(path, slots, what, kernel_id, host_reserve, lock_timeout_ms, reason):
     holding = [s for s in slots if sum(s.memory_used.values())]
     if not holding:
-        raise ParkError(f"kernel {kernel_id} holds no GPU memory: nothing to park")
+        raise ParkError(f"{what} holds no GPU memory: nothing to park")
     now = time.time_ns()
     silent = [s.pid for s in holding if now - s.active_unix_ns > HEARTBEAT_S * 1e9]
     if silent:
-        raise ParkError(f"process(es) {silent} of kernel {kernel_id} do not answer (their "
+        raise ParkError(f"process(es) {silent} of {what} do not answer (their "
                         "parking thread is not running), so they could not bring their state "
                         "back: not parked")
     need = sum(sum(s.memory_used.values()) for s in holding)
     available = host_available()
     if available and need + host_reserve > available:
-        raise ParkError(f"host memory too low to hold kernel {kernel_id}'s GPU state: it needs "
+        raise ParkError(f"host memory too low to hold {what}'s GPU state: it needs "
                         f"{format_size(need)} plus {format_size(host_reserve)} kept free, and "
                         f"{format_size(available)} is available: not parked")
     started, parked, moved = time.monotonic(), [], 0
@@ -226,17 +247,17 @@ def park_kernel(path, kernel_id, *, host_reserve=0, lock_timeout_ms=LOCK_TIMEOUT
             moved += bytes_
     except ParkError as e:
         if parked:
-            _write_wanted(path, snap, parked, 1)
-        raise ParkError(f"kernel {kernel_id} was not parked: {e}") from None
-    _wait_moved(path, kernel_id)
+            _write_wanted(path, None, parked, 1)
+        raise ParkError(f"{what} was not parked: {e}") from None
+    _wait_moved(path, {s.pid for s in parked})
     return ParkResult(kernel_id, moved, time.monotonic() - started, tuple(s.pid for s in parked))
 
 
-def _wait_moved(path, kernel_id):
+def _wait_moved(path, pids):
     """Until each parked process's parking thread has moved its charge to parked[]."""
     deadline = time.monotonic() + MOVE_WAIT_S
     while time.monotonic() < deadline:
-        slots = kernel_slots(read_snapshot(path), kernel_id)
+        slots = [s for s in read_snapshot(path).slots if s.pid in pids]
         if not any(s.charge_unmoved() for s in slots):
             return
         time.sleep(0.01)

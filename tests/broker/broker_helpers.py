@@ -1,0 +1,220 @@
+"""Helpers of the broker's tests (the fixtures are in conftest.py).
+
+* ``BrokerProcess``: ``hami-jupyter broker`` as a child process, its report and its log;
+* ``RoomClient``: tests/broker/room_client.py under the preload library in a
+  slice, asking the broker for room over its socket;
+* ``age``: make a process look idle for so many seconds (its slot's last GPU call);
+* ``park_state_of``, ``audit_of``, ``wait_for``.
+"""
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from native_helpers import DEFAULT_TIMEOUT, slot_of, wait_for
+
+from hami_jupyter import audit
+from hami_jupyter.slice.broker_report import read_report
+from hami_jupyter.slice.file import read_snapshot
+from hami_jupyter.slice.layout import HAMI_PARK_PARKED, HAMI_PARK_RUNNING, HamiSlot, slot_offset
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENT = Path(__file__).resolve().parent / "room_client.py"
+MiB = 1 << 20
+GiB = 1 << 30
+START_TIMEOUT = 60
+
+
+class BrokerProcess:
+    """``python -m hami_jupyter broker --root ROOT ...`` running as a child process."""
+
+    def __init__(self, argv, env, root, socket_path, log_path, preexec_fn=None):
+        self.root, self.socket = root, socket_path
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, preexec_fn=preexec_fn)
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def log(self):
+        if not self._log.closed:
+            self._log.flush()
+        return Path(self.log_path).read_text(errors="replace")
+
+    def report(self):
+        try:
+            return read_report(self.root)
+        except Exception:  # being replaced right now
+            return None
+
+    def wait_report(self, predicate=lambda r: True, timeout=DEFAULT_TIMEOUT, what="a report"):
+        """The first report of this broker for which *predicate* holds."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the broker exited ({self.proc.returncode}) waiting for {what}:\n"
+                                     f"{self.log()[-4000:]}")
+            last = self.report()
+            if last and last.get("broker_pid") == self.proc.pid and last.get("running") and predicate(last):
+                return last
+            time.sleep(0.05)
+        raise AssertionError(f"{what} not written within {timeout} s; last report: "
+                             f"{json.dumps(last)[:3000]}\nbroker log:\n{self.log()[-4000:]}")
+
+    def signal(self, signum):
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            if self.proc.poll() is not None and not self._log.closed:
+                self._log.close()
+
+    def kill(self):
+        """SIGKILL the broker alone (a park it started goes on in its hami-park)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def teardown(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        if not self._log.closed:
+            self._log.close()
+
+
+class RoomClient:
+    """room_client.py running in a slice; ``ask`` sends a request, ``lines`` reads the answers."""
+
+    def __init__(self, env, stderr_path):
+        self._stderr = open(stderr_path, "wb")
+        self.stderr_path = stderr_path
+        self.proc = subprocess.Popen([sys.executable, str(CLIENT)], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._stderr, start_new_session=True)
+        self.pid = self.proc.pid
+        self._events = queue.Queue()
+        self._pending = {}  # name -> events read but not asked for yet
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self._events.put(json.loads(line))
+        self._events.put(None)
+
+    def stderr(self):
+        self._stderr.flush()
+        return Path(self.stderr_path).read_text(errors="replace")
+
+    def send(self, line):
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def _next(self, name, timeout):
+        pending = self._pending.setdefault(name, [])
+        deadline = time.monotonic() + timeout
+        while not pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"room client {self.pid}: nothing for {name!r} within {timeout} s; "
+                                     f"stderr:\n{self.stderr()[-3000:]}")
+            try:
+                event = self._events.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                continue
+            if event is None:
+                raise AssertionError(f"room client {self.pid} ended; stderr:\n{self.stderr()[-3000:]}")
+            key = event["name"] if event["op"] == "ask" else event["op"]
+            self._pending.setdefault(key, []).append(event)
+        return pending.pop(0)
+
+    def init(self, device=0):
+        self.send(f"init {device}")
+        self._next("init", DEFAULT_TIMEOUT)
+
+    def ask(self, name, socket_path, uuid, size, since=None):
+        """Send a request on a new connection; returns its since (Unix ns)."""
+        since = time.time_ns() if since is None else since
+        self.send(f"ask {name} {socket_path} {uuid} {size} {since}")
+        return since
+
+    def line(self, name, timeout=DEFAULT_TIMEOUT):
+        """The next answer line of connection *name* ("closed" when the broker closed it)."""
+        event = self._next(name, timeout)
+        if event.get("error"):
+            raise AssertionError(f"request {name}: {event['error']}")
+        return "closed" if event.get("closed") else event["line"]
+
+    def final(self, name, timeout=DEFAULT_TIMEOUT):
+        """``(lines before, final answer)``: the BUSY lines, then OK/NO (or "closed")."""
+        before = []
+        while True:
+            line = self.line(name, timeout)
+            if not line.startswith("BUSY"):
+                return before, line
+            before.append(line)
+
+    def close(self, name):
+        self.send(f"close {name}")
+        self._next("close", DEFAULT_TIMEOUT)
+
+    def teardown(self):
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+        self._stderr.close()
+
+
+def slot(path, pid):
+    found = slot_of(read_snapshot(path), pid)
+    assert found is not None, f"process {pid} has no live slot in {path}"
+    return found
+
+
+def age(path, pid, seconds, since_ns):
+    """Make process *pid* look idle for *seconds*: its slot's last GPU call is
+    moved back. *since_ns*: when its last command was sent; its parking thread
+    records that call within a tick, and the call must be recorded before it
+    is moved back (else the tick would write it over)."""
+    wait_for(lambda: slot(path, pid).gpu_active_unix_ns >= since_ns, DEFAULT_TIMEOUT,
+             what=f"process {pid}'s last GPU call recorded")
+    index = slot(path, pid).index
+    when = time.time_ns() - int(seconds * 1e9)
+    with open(path, "r+b") as f:
+        f.seek(slot_offset(index) + HamiSlot.gpu_active_unix_ns.offset)
+        f.write(when.to_bytes(8, "little"))
+
+
+def parked(path, pid):
+    s = slot(path, pid)
+    return s.park_state == HAMI_PARK_PARKED
+
+
+def running(path, pid):
+    return slot(path, pid).park_state == HAMI_PARK_RUNNING
+
+
+def audit_of(root, *actions):
+    """The audit log's records of these actions (all of them without any)."""
+    found = audit.read_records(audit.default_path(root))
+    return [r for r in found if not actions or r.get("action") in actions]
+
+
+def broker_env(gpu, **extra):
+    """The broker's environment: the simulated GPU, this checkout first on the path."""
+    env = gpu.env(**extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return env

@@ -1,0 +1,68 @@
+"""A process that asks the broker for room, run under the preload library in a slice.
+
+The broker knows who asks from the socket's peer (SO_PEERCRED): a request is
+only a request when it comes from a process holding a live slot in a slice.
+So the test's client is such a process: it starts CUDA on a device (the
+library gives it its slot), then follows the protocol in Python. Commands on
+stdin, one per line; every event is one JSON line on stdout:
+
+    init DEV                          -> {"op": "init"}
+    ask NAME SOCKET UUID BYTES SINCE  -> {"op": "ask", "name": NAME, "line": "BUSY 1"} per answer
+                                         line, then {"op": "ask", "name": NAME, "closed": true}
+    close NAME                        -> the connection NAME is closed at once (a process that gives
+                                         up, or is killed, mid-wait); {"op": "close", "name": NAME}
+"""
+
+import json
+import socket
+import sys
+import threading
+
+from hami_jupyter import driver_memory
+
+out_lock = threading.Lock()
+connections = {}
+
+
+def say(**record):
+    with out_lock:
+        sys.stdout.write(json.dumps(record) + "\n")
+        sys.stdout.flush()
+
+
+def ask(name, path, uuid, size, since):
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connections[name] = conn
+    try:
+        conn.connect(path)
+        conn.sendall(f"ROOM {uuid} {size} {since}\n".encode())
+        buffered = b""
+        while True:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            buffered += chunk
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                say(op="ask", name=name, line=line.decode())
+    except OSError as e:
+        say(op="ask", name=name, error=str(e))
+    say(op="ask", name=name, closed=True)
+
+
+for command in sys.stdin:
+    words = command.split()
+    if not words:
+        continue
+    if words[0] == "init":
+        driver_memory.init(int(words[1]))
+        say(op="init")
+    elif words[0] == "ask":
+        name, path, uuid, size, since = words[1:6]
+        threading.Thread(target=ask, args=(name, path, uuid, int(size), int(since)), daemon=True).start()
+    elif words[0] == "close":
+        conn = connections.get(words[1])
+        if conn is not None:
+            conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+        say(op="close", name=words[1])

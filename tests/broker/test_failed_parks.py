@@ -1,0 +1,64 @@
+"""A park that fails: the broker says so (log, audit) and tries the next kernel."""
+
+import os
+import signal
+import time
+
+from broker_helpers import GiB, MiB, audit_of, parked, running, slot
+from native_helpers import wait_for
+
+from hami_jupyter import audit
+from hami_jupyter.slice.parking import HEARTBEAT_S
+
+CONTEXT = 64 * MiB
+HOUR = 3600
+
+
+def test_a_park_that_fails_is_said_and_the_next_kernel_is_parked(slices, holder, client, start_broker,
+                                                                 socket_path, gpu, root):
+    uuid = gpu.uuid(0)
+    for name in ("carol", "alice", "bob", "erin"):
+        slices.make(name)
+    asker = client(slices.env("carol", kernel="k-carol"))
+    stuck = holder(slices.env("alice", kernel="k-alice"), "4g", age_s=2 * HOUR)
+    after = holder(slices.env("bob", kernel="k-bob"), "4g", age_s=HOUR)
+    last = holder(slices.env("erin", kernel="k-erin"), "4g", age_s=HOUR / 2)
+    # The idlest kernel's process is stopped: its parking thread, which would
+    # bring it back, does not answer, so it cannot be parked.
+    os.kill(stuck.pid, signal.SIGSTOP)
+    wait_for(lambda: time.time_ns() - slot(stuck.slice, stuck.pid).active_unix_ns > (HEARTBEAT_S + 0.5) * 1e9,
+             30, what="the stopped process's heartbeat gone quiet")
+    broker = start_broker()
+
+    asker.ask("w", socket_path, uuid, 6 * GiB)  # 3.75 GiB free: one kernel of 4 GiB covers it
+    assert asker.final("w") == ([], f"OK {4 * GiB + CONTEXT}")
+    assert running(stuck.slice, stuck.pid) and parked(after.slice, after.pid) and running(last.slice, last.pid)
+    failed, park, served = audit_of(root, "broker-park-failed", "broker-park", "broker-served")
+    assert failed["kernel"] == "k-alice" and "do not answer" in failed["error"]
+    assert failed["requester"]["pid"] == asker.pid
+    assert park["kernel"] == "k-bob" and [k["kernel"] for k in served["parked"]] == ["k-bob"]
+    assert "park of kernel k-alice (slice alice) failed: " in broker.log()
+    assert "; trying the next" in broker.log()
+    assert audit.verify(audit.default_path(root)) == ([], [])
+
+
+def test_no_park_leaves_less_host_memory_than_the_reserve(slices, holder, client, start_broker, socket_path,
+                                                          gpu, root):
+    uuid = gpu.uuid(0)
+    for name in ("carol", "alice", "bob"):
+        slices.make(name)
+    asker = client(slices.env("carol", kernel="k-carol"))
+    first = holder(slices.env("alice", kernel="k-alice"), "6g", age_s=HOUR)
+    second = holder(slices.env("bob", kernel="k-bob"), "6g", age_s=HOUR / 2)
+    start_broker("--host-memory-reserve", "1024t")  # more than any host has free
+
+    asker.ask("w", socket_path, uuid, 6 * GiB)
+    _, answer = asker.final("w")
+    assert answer.startswith("NO ") and "2 park(s) failed" in answer, answer
+    assert running(first.slice, first.pid) and running(second.slice, second.pid)
+    failed = audit_of(root, "broker-park-failed")
+    assert [r["kernel"] for r in failed] == ["k-alice", "k-bob"]
+    assert all("host memory too low" in r["error"] and "1.0 PiB kept free" in r["error"] for r in failed)
+    [refused] = audit_of(root, "broker-refused")
+    assert refused["requester"]["pid"] == asker.pid and "2 park(s) failed" in refused["why"]
+    assert audit.verify(audit.default_path(root)) == ([], [])

@@ -1,0 +1,122 @@
+"""Waiters: served one at a time in the order their waits began; one that goes
+away gets nothing parked for it; a broker restart loses no wait.
+
+A park already under way on the GPU (a Jupyter server's, or a broker's
+before it restarted) is room on its way: the broker waits for it before it
+parks more. Here the test plays that parker, as hami-park does (the slot's
+park state PARKING, its lock held), which keeps the broker busy with a
+request for exactly as long as the test needs; then the parker gives up (the
+state goes back to RUNNING, the lock is dropped).
+"""
+
+import fcntl
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from broker_helpers import GiB, MiB, audit_of, parked, running, slot
+from native_helpers import wait_for
+
+from hami_jupyter import audit
+from hami_jupyter.slice.layout import HAMI_PARK_PARKING, HAMI_PARK_RUNNING, HamiSlot, slot_offset
+from hami_jupyter.slice.locks import F_OFD_SETLK, flock_bytes
+
+CONTEXT = 64 * MiB
+HOUR = 3600
+
+
+class ParkerAtWork:
+    """The test as a parker of process *it*: PARKING, with hami-park's lock held, until :meth:`gives_up`."""
+
+    def __init__(self, it):
+        self.path, self.pid = it.slice, it.pid
+        at = slot_offset(slot(self.path, self.pid).index) + HamiSlot.park_state.offset
+        self.at = at
+        self.fd = os.open(self.path, os.O_RDWR)
+        fcntl.fcntl(self.fd, F_OFD_SETLK, flock_bytes(fcntl.F_WRLCK, at))
+        os.pwrite(self.fd, HAMI_PARK_PARKING.to_bytes(4, "little"), at)
+
+    def gives_up(self):
+        os.pwrite(self.fd, HAMI_PARK_RUNNING.to_bytes(4, "little"), self.at)
+        os.close(self.fd)
+
+
+def serving(broker, uuid, pid):
+    """The first report where the broker serves *pid*'s request on *uuid*."""
+    return broker.wait_report(lambda r: any(q["pid"] == pid and q["serving"]
+                                            for q in r["gpus"].get(uuid, {}).get("queue", [])),
+                              what=f"pid {pid}'s request being served")
+
+
+@pytest.fixture
+def gpu_of_five(slices, holder, client):
+    """16 GiB: two requesters (carol, dave); erin's kernel, active (never parked);
+    alice's, idle for two hours, and bob's, idle for one (4 GiB each): 6.7 GiB free."""
+    for name, limit in (("carol", "16g"), ("dave", "16g"), ("erin", "8g"), ("alice", "8g"), ("bob", "8g")):
+        slices.make(name, limit)
+    return SimpleNamespace(
+        first=client(slices.env("carol", kernel="k-carol")), second=client(slices.env("dave", kernel="k-dave")),
+        active=holder(slices.env("erin", kernel="k-erin"), "1g"),
+        idlest=holder(slices.env("alice", kernel="k-alice"), "4g", age_s=2 * HOUR),
+        idle=holder(slices.env("bob", kernel="k-bob"), "4g", age_s=HOUR))
+
+
+def test_two_waiters_are_served_in_the_order_their_waits_began(gpu_of_five, start_broker, socket_path, gpu,
+                                                               root):
+    g, uuid = gpu_of_five, gpu.uuid(0)
+    parker = ParkerAtWork(g.active)  # keeps the broker waiting with the first request
+    broker = start_broker()
+    g.first.ask("w1", socket_path, uuid, 8 * GiB)  # alice's kernel covers it
+    serving(broker, uuid, g.first.pid)
+    g.second.ask("w2", socket_path, uuid, 11 * GiB)  # then bob's covers this one
+    assert g.second.line("w2") == "BUSY 1"  # at once, behind the first
+    parker.gives_up()
+    assert g.first.final("w1") == ([], f"OK {4 * GiB + CONTEXT}")
+    assert g.second.final("w2") == ([], f"OK {4 * GiB + CONTEXT}")
+    assert parked(g.idlest.slice, g.idlest.pid) and parked(g.idle.slice, g.idle.pid)
+    records = audit_of(root, "broker-park", "broker-served")
+    assert [(r["action"], r["requester"]["pid"], r.get("kernel")) for r in records] == [
+        ("broker-park", g.first.pid, "k-alice"), ("broker-served", g.first.pid, None),
+        ("broker-park", g.second.pid, "k-bob"), ("broker-served", g.second.pid, None)]
+    assert audit.verify(audit.default_path(root)) == ([], [])
+
+
+def test_nothing_is_parked_for_a_requester_that_went_away(gpu_of_five, start_broker, socket_path, gpu, root):
+    g, uuid = gpu_of_five, gpu.uuid(0)
+    parker = ParkerAtWork(g.active)
+    broker = start_broker()
+    g.first.ask("w1", socket_path, uuid, 8 * GiB)
+    serving(broker, uuid, g.first.pid)
+    g.second.ask("w2", socket_path, uuid, 8 * GiB)
+    assert g.second.line("w2") == "BUSY 1"
+    g.second.close("w2")  # gives up (or is killed) while it waits in the queue
+    g.first.close("w1")  # and this one while it is being served
+    wait_for(lambda: len(audit_of(root, "broker-dropped")) == 2, 30, what="both requests dropped")
+    parker.gives_up()
+    broker.wait_report(lambda r: not r["gpus"].get(uuid, {}).get("queue"), what="an empty queue")
+    assert running(g.idlest.slice, g.idlest.pid) and running(g.idle.slice, g.idle.pid)
+    assert sorted(r["requester"]["pid"] for r in audit_of(root, "broker-dropped")) == sorted(
+        [g.first.pid, g.second.pid])
+    assert not audit_of(root, "broker-park", "broker-served", "broker-refused")
+    assert audit.verify(audit.default_path(root)) == ([], [])
+
+
+def test_a_restarted_broker_serves_the_wait_asked_again(gpu_of_five, start_broker, socket_path, gpu, root):
+    g, uuid = gpu_of_five, gpu.uuid(0)
+    parker = ParkerAtWork(g.active)
+    broker = start_broker()
+    since = g.first.ask("w", socket_path, uuid, 8 * GiB)
+    serving(broker, uuid, g.first.pid)
+    broker.kill()  # dies with the request in hand
+    assert g.first.line("w") == "closed"
+    again = start_broker()
+    g.first.ask("again", socket_path, uuid, 8 * GiB, since=since)  # as the library asks again
+    serving(again, uuid, g.first.pid)
+    parker.gives_up()
+    assert g.first.final("again") == ([], f"OK {4 * GiB + CONTEXT}")
+    assert parked(g.idlest.slice, g.idlest.pid) and running(g.idle.slice, g.idle.pid)
+    [park] = audit_of(root, "broker-park")
+    [served] = audit_of(root, "broker-served")
+    assert park["requester"]["since_unix_ns"] == served["requester"]["since_unix_ns"] == since
+    assert audit.verify(audit.default_path(root)) == ([], [])
