@@ -10,6 +10,8 @@ Enabled by ``jupyter-config/jupyter_server_config.d/hami_jupyter.json``
   and parking of idle kernels with its configuration ``c.HamiParking``
   (:mod:`.parking`): a parked kernel's next cell brings its GPU memory back;
 - the slices' gauges on the server's ``{base_url}metrics`` (:mod:`.metrics`);
+- each kernel's last activity and whether a cell runs, in its kernel registry
+  entry, for the node's memory broker (:mod:`.activity`);
 - under JupyterHub (``HAMI_HUB_SLICE`` in the server's environment), the
   rule that every kernel runs in the hub's slice: every kernelspec starts
   through ``hami-provisioner``, whatever provisioner it names or none
@@ -30,6 +32,7 @@ from tornado import web
 from ..provisioning import factory
 from ..provisioning.hub_slice import HubSliceError, hub_slice
 from . import metrics
+from .activity import ActivityPublisher
 from .config import SliceDisplay
 from .handlers import KernelHandler, ParkHandler, ResumeHandler, SlicesHandler
 from .parking import HamiParking, ParkingManager, parking_connection_class
@@ -80,10 +83,12 @@ def _start_parking(serverapp):
 
 
 async def _start_jupyter_server_extension(serverapp):
-    """jupyter_server calls this once its event loop runs: the idle-kernel watcher starts."""
+    """jupyter_server calls this once its event loop runs: the idle-kernel watcher
+    and the activity publisher start."""
     manager = serverapp.web_app.settings.get("hami_parking")
     if manager is not None:
         manager.start()
+    serverapp.web_app.settings["hami_activity"] = ActivityPublisher(serverapp).start()
 
 
 def _route_kernels_under_hub(serverapp):

@@ -30,6 +30,7 @@ def started(jp_serverapp, jp_asyncio_loop):
     jp_asyncio_loop.run_until_complete(jp_serverapp.extension_manager.start_all_extensions())
     yield
     jp_serverapp.web_app.settings["hami_parking"].stop()
+    jp_serverapp.web_app.settings["hami_activity"].stop()
 
 
 def state(serverapp, kernel_id):
