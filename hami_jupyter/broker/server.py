@@ -334,9 +334,7 @@ def _nothing_to_park(need, free, request, eligible, skipped, failed, parked):
     if parked:
         text += f"; {len(parked)} kernel(s) were parked for it already"
     if skipped:
-        shown = "; ".join(f"{k.label} of {k.slice}: {why}" for k, why in skipped[:4])
-        more = f"; and {len(skipped) - 4} more" if len(skipped) > 4 else ""
-        text += f". Not parked: {shown}{more}"
+        text += ". Not parked: " + "; ".join(f"{k.label} of {k.slice}: {why}" for k, why in skipped)
     return text
 
 

@@ -7,31 +7,49 @@ slice's limit. Which kernel the broker parks, or why none, is what a user
 sees: her kernel parked (or not), the requester's answer, the audit log.
 """
 
+import re
+import time
+
 from broker_helpers import GiB, MiB, audit_of, parked, running, slot
 
 from hami_jupyter import audit
 from hami_jupyter.broker.protocol import parse_answer
+from hami_jupyter.slice import registry
 from hami_jupyter.slice.layout import HAMI_PARK_REASON_ROOM
 
 CONTEXT = 64 * MiB
 HOUR = 3600
 
 
+def published(path, kernel_id, pid, busy, ago):
+    """What the kernel's Jupyter server publishes in its registry entry (hami_jupyter.server.activity)."""
+    registry.register(path, registry.new_entry(path, kernel_id, "someone", "hami-python3", pid))
+    assert registry.record_activity(path, kernel_id, time.time() - ago, busy)
+
+
 def test_the_idlest_kernel_that_may_be_parked_makes_the_room(slices, holder, client, start_broker,
                                                               socket_path, gpu, root):
     uuid = gpu.uuid(0)
     for name, limit, guarantee in (("carol", "8g", "1g"), ("bob", "8g", "6g"), ("dave", "8g", "1g"),
-                                   ("alice", "8g", "1g"), ("erin", "8g", "256m")):
+                                   ("alice", "8g", "1g"), ("erin", "8g", "256m"), ("frank", "8g", "256m"),
+                                   ("gina", "8g", "256m")):
         slices.make(name, limit, guarantee)
     asker = client(slices.env("carol", kernel="k-carol"))
-    # The requester's own kernel has another process, the idlest of all: never parked for it.
-    own = holder(slices.env("carol", kernel="k-carol"), "2g", age_s=2 * HOUR)
+    # The requester's own kernel has another process, idle for long: never parked for it.
+    own = holder(slices.env("carol", kernel="k-carol"), "1g", age_s=2 * HOUR)
     # Idle for longer than alice's, but bob's slice holds no more than its 6 GiB guarantee.
     guaranteed = holder(slices.env("bob", kernel="k-bob"), "4g", age_s=1.5 * HOUR)
     active = holder(slices.env("dave", kernel="k-dave"), "4g")  # a GPU call just now
     idlest = holder(slices.env("alice", kernel="k-alice"), "4g", age_s=HOUR)
     second = holder(slices.env("erin", kernel="k-erin"), "512m", age_s=HOUR / 2)
-    free = 16 * GiB - (14 * GiB + 512 * MiB + 6 * CONTEXT)
+    # No GPU call for hours, but their Jupyter server says a cell runs in one,
+    # and the other got a message just now (a cell on the CPU, say).
+    running_cell = holder(slices.env("frank", kernel="k-frank"), "512m", age_s=3 * HOUR)
+    published(slices.path("frank"), "k-frank", running_cell.pid, busy=True, ago=3 * HOUR)
+    messaged = holder(slices.env("gina", kernel="k-gina"), "512m", age_s=3 * HOUR)
+    published(slices.path("gina"), "k-gina", messaged.pid, busy=False, ago=0)
+    others = (own, guaranteed, active, second, running_cell, messaged)
+    free = 16 * GiB - (14 * GiB + 512 * MiB + 8 * CONTEXT)
     assert gpu.status()["devices"][0]["used"] == 16 * GiB - free
     broker = start_broker()
 
@@ -40,20 +58,27 @@ def test_the_idlest_kernel_that_may_be_parked_makes_the_room(slices, holder, cli
     before, answer = asker.final("big")
     word, why = parse_answer(answer)
     assert (before, word) == ([], "NO"), answer
-    assert "none was parked" in why and "the requester's own kernel" in why
-    assert all(running(p.slice, p.pid) for p in (own, guaranteed, active, idlest, second))
+    assert "none was parked" in why
+    assert all(running(p.slice, p.pid) for p in (idlest,) + others)
 
     # 3 GiB: alice's kernel, the idlest that may be parked, covers it alone.
     asker.ask("fits", socket_path, uuid, 3 * GiB)
     assert asker.final("fits") == ([], f"OK {4 * GiB + CONTEXT}")
     assert parked(slices.path("alice"), idlest.pid)
     assert slot(idlest.slice, idlest.pid).park_reason == HAMI_PARK_REASON_ROOM  # what alice is told
-    assert all(running(p.slice, p.pid) for p in (own, guaranteed, active, second))
+    assert all(running(p.slice, p.pid) for p in others)
     assert gpu.used(0) == 16 * GiB - free - 4 * GiB - CONTEXT
 
     refused, park, served = audit_of(root, "broker-refused", "broker-park", "broker-served")
     assert refused["requester"]["slice"] == "carol" and refused["requester"]["pid"] == asker.pid
     assert "none was parked" in refused["why"]
+    for text in ("kernel k-carol of carol: the requester's own kernel",
+                 "kernel k-bob of bob: slice bob holds 4.1 GiB, within its 6.0 GiB guarantee",
+                 "kernel k-frank of frank: a cell runs in it"):
+        assert text in refused["why"], refused["why"]
+    for name in ("dave", "gina"):  # active seconds ago, by the GPU and by the server
+        assert re.search(f"kernel k-{name} of {name}: active [0-9]+ s ago \\(parked only after 60 s idle\\)",
+                         refused["why"]), refused["why"]
     assert (park["slice"], park["kernel"], park["pids"], park["user"]) == (
         "alice", "k-alice", [idlest.pid], refused["requester"]["user"])
     assert park["requester"]["slice"] == "carol" and park["requester"]["bytes"] == 3 * GiB
