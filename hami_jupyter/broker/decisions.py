@@ -37,6 +37,8 @@ from ..slice.size import format_size as _size
 BROKER_WHO = "hami-jupyter broker"
 PARK, PARK_FAILED, SERVED, REFUSED, DROPPED = "park", "park-failed", "served", "refused", "dropped"
 STRANGER_WINDOW_S = 60.0
+MAX_REMEMBERED = 4096  # refusals remembered for the count; older than FORGET_AFTER_S are forgotten beyond
+FORGET_AFTER_S = 3600.0
 
 log = logging.getLogger("hami_jupyter.broker")
 
@@ -49,7 +51,7 @@ class Decisions:
         self.audit_path = audit_path
         self._lock = threading.Lock()
         self._latest = collections.defaultdict(lambda: collections.deque(maxlen=MAX_DECISIONS))
-        self._repeats = {}  # key -> [count since the last record, unix of the last record, why]
+        self._repeats = {}  # key -> [asks since the last record, monotonic time of the last record, rule]
         self.errors = collections.deque(maxlen=10)  # audit writes that failed, for the report
 
     def latest(self):
@@ -102,10 +104,11 @@ class Decisions:
         self._audit(SERVED, request.uuid, request.slice, request.path, request.uid, fields)
         self._keep(SERVED, request.uuid, fields)
 
-    def refused(self, request, why):
-        """``NO`` to a request from a process with a slot (*request* a served request)."""
+    def refused(self, request, why, kind):
+        """``NO`` to a request from a process with a slot; *kind*: the rule that
+        refused it (a wait refused again by the same rule is not recorded again)."""
         key = ("wait", request.pid, request.since_ns, request.uuid)
-        if not self._first(key, why, None):
+        if not self._first(key, kind, None):
             log.debug("broker: NO again to %s: %s", request.who(), why)
             return
         log.info("broker: NO to %s: %s", request.who(), why)
@@ -114,10 +117,10 @@ class Decisions:
         self._audit(REFUSED, request.uuid, request.slice, request.path, request.uid, fields)
         self._keep(REFUSED, request.uuid, fields)
 
-    def refused_stranger(self, root, pid, uid, user, uuid, why):
-        """``NO`` to a request that is no request of a slice's process."""
-        key = ("stranger", uid, why)
-        if not self._first(key, why, STRANGER_WINDOW_S):
+    def refused_stranger(self, root, pid, uid, user, uuid, why, kind):
+        """``NO`` to a request that is no request of a slice's process; *kind*: the rule."""
+        key = ("stranger", uid, kind)
+        if not self._first(key, kind, STRANGER_WINDOW_S):
             return
         log.warning("broker: NO to pid %s (user %s): %s", pid, user or uid, why)
         fields = {"requester": {"pid": pid, "user": user}, "why": why,
@@ -136,14 +139,16 @@ class Decisions:
         self._audit(DROPPED, request.uuid, request.slice, request.path, request.uid, fields)
         self._keep(DROPPED, request.uuid, fields)
 
-    def _first(self, key, why, window):
-        """Whether *key* with *why* is to be recorded now (the first time, or a
-        new reason, or *window* seconds after the last); counts the asks."""
+    def _first(self, key, kind, window):
+        """Whether *key* refused by rule *kind* is to be recorded now (the first
+        time, or another rule, or *window* seconds after the last); counts the asks."""
         now = time.monotonic()
         with self._lock:
+            if len(self._repeats) > MAX_REMEMBERED:
+                self._repeats = {k: v for k, v in self._repeats.items() if now - v[1] < FORGET_AFTER_S}
             seen = self._repeats.get(key)
-            if seen is None or seen[2] != why or (window is not None and now - seen[1] >= window):
-                self._repeats[key] = [(seen[0] if seen else 0) + 1, now, why]
+            if seen is None or seen[2] != kind or (window is not None and now - seen[1] >= window):
+                self._repeats[key] = [(seen[0] if seen else 0) + 1, now, kind]
                 return True
             seen[0] += 1
             return False

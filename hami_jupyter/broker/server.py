@@ -54,7 +54,12 @@ log = logging.getLogger("hami_jupyter.broker")
 
 
 class Refused(Exception):
-    """A request answered ``NO`` before it is queued; the message says why."""
+    """A request answered ``NO`` before it is queued; the message says why,
+    *kind* names the rule (the audit log records each kind once a minute per user)."""
+
+    def __init__(self, why, kind):
+        super().__init__(why)
+        self.kind = kind
 
 
 class Broker:
@@ -167,17 +172,18 @@ class Broker:
             line = None
         if line is None:
             self.decisions.refused_stranger(self.root, pid, uid, user, None,
-                                            "no request line (ROOM <gpu uuid> <bytes> <since_unix_ns>)")
+                                            "no request line (ROOM <gpu uuid> <bytes> <since_unix_ns>)",
+                                            "no-request")
             return None
         try:
             room = protocol.parse_request(line)
             return self.check(conn, pid, uid, user, room)
         except protocol.BadRequest as e:
             why = f"malformed request: {e}"
-            self.decisions.refused_stranger(self.root, pid, uid, user, None, why)
+            self.decisions.refused_stranger(self.root, pid, uid, user, None, why, "malformed")
         except Refused as e:
             why = str(e)
-            self.decisions.refused_stranger(self.root, pid, uid, user, room.uuid, why)
+            self.decisions.refused_stranger(self.root, pid, uid, user, room.uuid, why, e.kind)
         _send(conn, protocol.no(why))
         return None
 
@@ -187,17 +193,18 @@ class Broker:
         found = self.slot_of(pid, self.look([]))
         if found is None:
             raise Refused(f"pid {pid} holds no live slot in a slice under {self.root}: only a process "
-                          "running under the preload library in one of its slices may ask for room")
+                          "running under the preload library in one of its slices may ask for room", "no-slot")
         seen, slot, facts = found
         device = seen.device(room.uuid)
         limits = device.limit if device is not None else seen.snapshot.fallback_limit
         charge = device.memory_used if device is not None else 0
         if limits.memory_limit and charge > limits.memory_limit:
             raise Refused(f"slice {seen.name} holds {format_size(charge)} on GPU {room.uuid}, over its "
-                          f"{format_size(limits.memory_limit)} limit: room is made only within a limit")
+                          f"{format_size(limits.memory_limit)} limit: room is made only within a limit",
+                          "over-limit")
         if limits.memory_limit and room.bytes > limits.memory_limit:
             raise Refused(f"{format_size(room.bytes)} is more than slice {seen.name}'s "
-                          f"{format_size(limits.memory_limit)} limit on GPU {room.uuid}")
+                          f"{format_size(limits.memory_limit)} limit on GPU {room.uuid}", "over-limit")
         return Request(conn=conn, pid=pid, uid=uid, user=user or facts.user, slice=seen.name,
                        path=seen.path, kernel_id=slot.kernel_id, slot_pid=slot.pid, uuid=room.uuid,
                        bytes=room.bytes, since_ns=room.since_ns)
@@ -231,25 +238,27 @@ class Broker:
         while True:
             if self.stop.is_set():
                 return None
+            if not request.alive():  # before each park, and before it is told OK
+                self.decisions.dropped(request, parked)
+                return None
             errors = []
             free = self.room.free(request.uuid, errors)
             if free is None:
-                return self._no(request, f"the broker cannot read the GPU's free memory: {'; '.join(errors)}")
+                return self._no(request, f"the broker cannot read the GPU's free memory: {'; '.join(errors)}",
+                                "nvml")
             if free >= request.bytes:
                 self.decisions.served(request, made, free, parked)
                 return protocol.ok(made)
             if self.cannot_park:
-                return self._no(request, f"this driver cannot park processes ({self.cannot_park})")
+                return self._no(request, f"this driver cannot park processes ({self.cannot_park})", "driver")
             holders = self.room.holders(request.uuid, errors)
             if holders is None:
-                return self._no(request, f"the broker cannot read the GPU's processes: {'; '.join(errors)}")
+                return self._no(request, f"the broker cannot read the GPU's processes: {'; '.join(errors)}",
+                                "nvml")
             slices = self.look(errors)
             kernels = gather(slices, request.uuid, holders, self._placed(holders, slices), self.own_ns)
             if any(k.state == "parking" for k in kernels) and time.monotonic() < settle_until:
                 time.sleep(0.1)  # room on its way: measured again when it is there
-                if not request.alive():
-                    self.decisions.dropped(request, parked)
-                    return None
                 continue
             now = time.time()
             eligible, skipped = judge(kernels, requester, self.min_idle, now)
@@ -258,11 +267,10 @@ class Broker:
             chosen = plan(eligible, need)
             if not chosen:
                 return self._no(request, _nothing_to_park(need, free, request, eligible, skipped, failed,
-                                                          parked))
+                                                          parked), "nothing-to-park")
             kernel = chosen[0]
             if not request.alive():
-                self.decisions.dropped(request, parked)
-                return None
+                continue  # said at the top
             try:
                 result = self.parker.park(kernel)
             except ParkError as e:
@@ -294,8 +302,8 @@ class Broker:
                 out[pid] = (seen.name, slot.index, facts.user)
         return out
 
-    def _no(self, request, why):
-        self.decisions.refused(request, why)
+    def _no(self, request, why, kind):
+        self.decisions.refused(request, why, kind)
         return protocol.no(why)
 
     # ---- the report ------------------------------------------------------------------------
@@ -348,12 +356,14 @@ def listening_socket(path):
     except FileNotFoundError:
         pass
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    umask = os.umask(0o111)  # bind makes the file 0666 itself: no chmod of a path someone could swap
     try:
         server.bind(str(tmp))
-        os.chmod(tmp, 0o666)
+        os.umask(umask)
         server.listen(64)
         os.replace(tmp, path)
     except BaseException:
+        os.umask(umask)
         server.close()
         try:
             tmp.unlink()

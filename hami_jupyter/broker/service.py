@@ -58,8 +58,13 @@ def _check_root(root):
 
 
 def _check_socket(path):
-    """Refuse to start when another broker answers at *path*; a socket left by
-    one that died is replaced."""
+    """Refuse to start when another broker answers at *path*, or when its folder
+    is one another user could change (they could put their own socket there);
+    a socket left by a broker that died is replaced."""
+    try:
+        check_folder(path.parent)
+    except (OSError, UntrustedPath) as e:
+        raise BrokerStartError(f"the socket's folder {path.parent} cannot be used: {e}") from None
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:
