@@ -1,0 +1,39 @@
+"""The preload library and the broker together: an allocation the GPU had no room for waits, and goes through.
+
+A cudrive process of carol's slice asks for 6 GiB, within her 8 GiB limit,
+while alice's idle kernel fills the GPU: the driver says out of memory, the
+library keeps the reservation and asks the broker (native/src/room.c), the
+broker parks alice's kernel, and the driver call, tried again, succeeds. The
+program sees one successful allocation.
+"""
+
+from broker_helpers import GiB, MiB, audit_of, parked, slot
+
+from hami_jupyter import audit
+from hami_jupyter.slice.layout import HAMI_PARK_REASON_ROOM
+
+HOUR = 3600
+
+
+def test_an_allocation_waits_for_the_room_the_broker_makes(slices, holder, cudrive, start_broker, socket_path,
+                                                           gpu, root):
+    slices.make("carol", "8g", "1g")
+    slices.make("alice", "12g", "1g")
+    idle = holder(slices.env("alice", kernel="k-alice"), "10g", age_s=HOUR)
+    start_broker()
+    worker = cudrive.start(slices.env("carol", kernel="k-carol", HAMI_BROKER_SOCKET=socket_path,
+                                      HAMI_ROOM_WAIT=60))
+    worker.ok("init")
+    worker.ok("ctx 0")
+    assert gpu.used(0) + 6 * GiB > 16 * GiB  # the GPU has no room for it, the slice has
+    answer = worker.cmd("alloc 6g", timeout=60)
+    assert answer["rc"] == 0, f"{answer}\n{worker.stderr()[-3000:]}"
+    assert parked(idle.slice, idle.pid) and slot(idle.slice, idle.pid).park_reason == HAMI_PARK_REASON_ROOM
+    said = [line for line in worker.stderr().splitlines() if line.startswith("hami:")]
+    assert len(said) == 1 and "no room for 6.0 GiB now" in said[0] and "waiting up to 60 s" in said[0], said
+    [park] = audit_of(root, "broker-park")
+    assert park["kernel"] == "k-alice" and park["requester"]["pid"] == worker.pid
+    assert park["requester"]["bytes"] == 6 * GiB
+    [served] = audit_of(root, "broker-served")
+    assert served["made_bytes"] == 10 * GiB + 64 * MiB
+    assert audit.verify(audit.default_path(root)) == ([], [])
