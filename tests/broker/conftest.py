@@ -96,6 +96,7 @@ def client(tmp_path):
 
     def start(env, device=0):
         c = RoomClient(env, tmp_path / f"client-{len(started)}.stderr")
+        c.slice = Path(env["HAMI_SLICE"])
         started.append(c)
         c.init(device)
         return c

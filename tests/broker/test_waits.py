@@ -11,6 +11,7 @@ state goes back to RUNNING, the lock is dropped).
 
 import fcntl
 import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +20,7 @@ from broker_helpers import GiB, MiB, audit_of, parked, running, slot
 from native_helpers import wait_for
 
 from hami_jupyter import audit
+from hami_jupyter.slice.file import read_snapshot
 from hami_jupyter.slice.layout import HAMI_PARK_PARKING, HAMI_PARK_RUNNING, HamiSlot, slot_offset
 from hami_jupyter.slice.locks import F_OFD_SETLK, flock_bytes
 
@@ -40,6 +42,20 @@ class ParkerAtWork:
     def gives_up(self):
         os.pwrite(self.fd, HAMI_PARK_RUNNING.to_bytes(4, "little"), self.at)
         os.close(self.fd)
+
+
+def waiting(it, uuid, since_ns, size):
+    """Write what the library writes in its slot while a thread of process *it* waits for room."""
+    snap = read_snapshot(it.slice)
+    [device] = [d for d in snap.devices if d.uuid == uuid]
+    at = slot_offset(slot(it.slice, it.pid).index)
+    fd = os.open(it.slice, os.O_RDWR)
+    try:
+        os.pwrite(fd, device.index.to_bytes(4, "little"), at + HamiSlot.room_wait_device.offset)
+        os.pwrite(fd, size.to_bytes(8, "little"), at + HamiSlot.room_wait_bytes.offset)
+        os.pwrite(fd, since_ns.to_bytes(8, "little"), at + HamiSlot.room_wait_since_unix_ns.offset)
+    finally:
+        os.close(fd)
 
 
 def serving(broker, uuid, pid):
@@ -120,3 +136,23 @@ def test_a_restarted_broker_serves_the_wait_asked_again(gpu_of_five, start_broke
     [served] = audit_of(root, "broker-served")
     assert park["requester"]["since_unix_ns"] == served["requester"]["since_unix_ns"] == since
     assert audit.verify(audit.default_path(root)) == ([], [])
+
+
+def test_after_a_restart_an_older_wait_that_asks_later_is_still_served_first(gpu_of_five, start_broker,
+                                                                            socket_path, gpu, root):
+    """A restarted broker knows the waits from the slots (room_wait_*, which the
+    library sets while a thread waits): the one that began first is served
+    first, even when its process asks the new broker a moment after another."""
+    g, uuid = gpu_of_five, gpu.uuid(0)
+    older = time.time_ns() - 10 * 10**9
+    waiting(g.first, uuid, older, 8 * GiB)  # carol's process waits since 10 s ago, as the library shows it
+    broker = start_broker()
+    g.second.ask("newer", socket_path, uuid, 11 * GiB)  # dave's wait began later, but asks first
+    broker.wait_report(lambda r: [(q["pid"], q["serving"]) for q in r["gpus"].get(uuid, {}).get("queue", [])]
+                       == [(g.second.pid, False)], what="dave's request held for the older wait")
+    g.first.ask("older", socket_path, uuid, 8 * GiB, since=older)
+    assert g.first.final("older") == ([], f"OK {4 * GiB + CONTEXT}")
+    assert g.second.final("newer") == ([], f"OK {4 * GiB + CONTEXT}")
+    records = audit_of(root, "broker-park")
+    assert [(r["requester"]["pid"], r["kernel"]) for r in records] == [(g.first.pid, "k-alice"),
+                                                                        (g.second.pid, "k-bob")]
