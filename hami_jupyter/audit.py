@@ -4,7 +4,8 @@ Every change applied from the admin panel or ``hami-jupyter slice set|reset``
 appends one record, and so does the hub each time it writes (or keeps) a
 user's limits at server start: who, when (ISO-8601, UTC), the slice, what
 changed and the limits before and after. The guard appends one each time it
-warns about or ends a process over a cap. By default the log is
+warns about or ends a process over a cap, and the memory broker one for each
+of its decisions (a kernel parked to make room, and for whom). By default the log is
 ``audit.log`` in the slice root.
 
 It sits below every writer (it imports only :mod:`.slice` and the standard
