@@ -212,6 +212,16 @@ def plan(eligible, need):
     last one chosen is the one that covers the rest, and none after it. None
     when all of them together do not. A slice's kernels count only while the
     slice, less what is chosen of it, still holds more than its guarantee."""
+    chosen, total = _take(eligible, need)
+    return chosen if total >= need else None
+
+
+def coverable(eligible):
+    """The bytes all of *eligible* could free together, by :func:`plan`'s rule."""
+    return _take(eligible, float("inf"))[1]
+
+
+def _take(eligible, need):
     chosen, total, held = [], 0, {}
     for k in eligible:
         if total >= need:
@@ -222,4 +232,4 @@ def plan(eligible, need):
         chosen.append(k)
         total += k.bytes
         held[k.slice] = left - k.bytes
-    return chosen if total >= need else None
+    return chosen, total

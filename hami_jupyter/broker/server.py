@@ -41,7 +41,7 @@ from ..slice.parking import ParkError
 from ..slice.size import format_size
 from . import protocol
 from .decisions import Decisions
-from .kernels import Requester, gather, judge, plan
+from .kernels import Requester, coverable, gather, judge, plan
 from .queue import Queues
 from .request import Request
 
@@ -329,12 +329,11 @@ def _send(conn, line):
 
 def _nothing_to_park(need, free, request, eligible, skipped, failed, parked):
     """Why no more room can be made, in one line."""
-    parkable = sum(k.bytes for k in eligible)
     text = (f"GPU {request.uuid} has {format_size(free)} free, {format_size(need)} short of the "
             f"{format_size(request.bytes)} asked; ")
     if eligible:
-        text += (f"the {len(eligible)} kernel(s) that may be parked hold only {format_size(parkable)}, "
-                 "so none was parked")
+        text += (f"the {len(eligible)} kernel(s) that may be parked could free only "
+                 f"{format_size(coverable(eligible))}, so none was parked")
     else:
         text += "no kernel may be parked"
     if failed:
