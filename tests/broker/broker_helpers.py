@@ -29,6 +29,7 @@ CLIENT = Path(__file__).resolve().parent / "room_client.py"
 MiB = 1 << 20
 GiB = 1 << 30
 START_TIMEOUT = 60
+TICKS_S = 0.08  # a few of the parking thread's 20 ms ticks
 
 
 class BrokerProcess:
@@ -186,16 +187,27 @@ def slot(path, pid):
 
 def age(path, pid, seconds, since_ns):
     """Make process *pid* look idle for *seconds*: its slot's last GPU call is
-    moved back. *since_ns*: when its last command was sent; its parking thread
-    records that call within a tick, and the call must be recorded before it
-    is moved back (else the tick would write it over)."""
-    wait_for(lambda: slot(path, pid).gpu_active_unix_ns >= since_ns, DEFAULT_TIMEOUT,
-             what=f"process {pid}'s last GPU call recorded")
+    moved back. *since_ns*: when its last command was sent. Its parking thread
+    records calls at its next tick (every 20 ms), so the record is moved back
+    once that thread has recorded the command's last call (the figure is at or
+    after *since_ns* and stays put for a few ticks), and again if a late tick
+    wrote over it."""
     index = slot(path, pid).index
-    when = time.time_ns() - int(seconds * 1e9)
-    with open(path, "r+b") as f:
-        f.seek(slot_offset(index) + HamiSlot.gpu_active_unix_ns.offset)
-        f.write(when.to_bytes(8, "little"))
+    at = slot_offset(index) + HamiSlot.gpu_active_unix_ns.offset
+    deadline = time.monotonic() + DEFAULT_TIMEOUT
+    while time.monotonic() < deadline:
+        seen = slot(path, pid).gpu_active_unix_ns
+        time.sleep(TICKS_S)
+        if seen < since_ns or slot(path, pid).gpu_active_unix_ns != seen:
+            continue  # the command's calls are not all recorded yet
+        when = time.time_ns() - int(seconds * 1e9)
+        with open(path, "r+b") as f:
+            f.seek(at)
+            f.write(when.to_bytes(8, "little"))
+        time.sleep(TICKS_S)
+        if slot(path, pid).gpu_active_unix_ns == when:
+            return
+    raise AssertionError(f"process {pid}'s last GPU call could not be moved back within {DEFAULT_TIMEOUT} s")
 
 
 def parked(path, pid):

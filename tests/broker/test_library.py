@@ -7,7 +7,9 @@ broker parks alice's kernel, and the driver call, tried again, succeeds. The
 program sees one successful allocation.
 """
 
-from broker_helpers import GiB, MiB, audit_of, parked, slot
+import time
+
+from broker_helpers import GiB, MiB, age, audit_of, parked, slot
 
 from hami_jupyter import audit
 from hami_jupyter.slice.layout import HAMI_PARK_REASON_ROOM
@@ -36,4 +38,36 @@ def test_an_allocation_waits_for_the_room_the_broker_makes(slices, holder, cudri
     assert park["requester"]["bytes"] == 6 * GiB
     [served] = audit_of(root, "broker-served")
     assert served["made_bytes"] == 10 * GiB + 64 * MiB
+    assert audit.verify(audit.default_path(root)) == ([], [])
+
+
+def test_a_parked_kernels_resume_waits_for_room_the_same_way(slices, holder, cudrive, start_broker, socket_path,
+                                                             gpu, root):
+    """alice's kernel was parked to make room for carol's; alice's next call
+    wants it back, the GPU has no room for it, and her parking thread asks
+    the broker too: bob's idle kernel is parked for her (carol's, active, is not)."""
+    room = {"HAMI_BROKER_SOCKET": socket_path, "HAMI_ROOM_WAIT": 60}
+    slices.make("carol", "8g", "1g")
+    slices.make("alice", "12g", "1g")
+    slices.make("bob", "8g", "1g")
+    alice = holder(slices.env("alice", kernel="k-alice", **room), "8g")
+    alice.ok("alloc 1m data")
+    sent = time.time_ns()
+    alice.ok("write data 7")  # her data, to find again (1 MiB: the simulated park copies what was written)
+    age(alice.slice, alice.pid, 2 * HOUR, sent)
+    bob = holder(slices.env("bob", kernel="k-bob", **room), "2g", age_s=HOUR)
+    start_broker()
+    carol = cudrive.start(slices.env("carol", kernel="k-carol", **room))
+    carol.ok("init")
+    carol.ok("ctx 0")
+    assert carol.cmd("alloc 6g", timeout=60)["rc"] == 0
+    assert parked(alice.slice, alice.pid) and not parked(bob.slice, bob.pid)
+    assert gpu.used(0) + 8 * GiB + 65 * MiB > 16 * GiB  # no room for alice's state to come back
+
+    assert alice.cmd("check data 7", timeout=60)["equal"]  # her call waits for her state, intact
+    assert not parked(alice.slice, alice.pid) and parked(bob.slice, bob.pid)
+    assert slot(bob.slice, bob.pid).park_reason == HAMI_PARK_REASON_ROOM
+    parks = audit_of(root, "broker-park")
+    assert [(r["kernel"], r["requester"]["kernel"]) for r in parks] == [("k-alice", "k-carol"),
+                                                                         ("k-bob", "k-alice")]
     assert audit.verify(audit.default_path(root)) == ([], [])
