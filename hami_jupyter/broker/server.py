@@ -205,9 +205,12 @@ class Broker:
         if limits.memory_limit and room.bytes > limits.memory_limit:
             raise Refused(f"{format_size(room.bytes)} is more than slice {seen.name}'s "
                           f"{format_size(limits.memory_limit)} limit on GPU {room.uuid}", "over-limit")
+        # A wait cannot have begun before its process, nor after now: a since
+        # outside that would only move the request in the queue.
+        since = min(max(room.since_ns, slot.started_unix_ns), time.time_ns())
         return Request(conn=conn, pid=pid, uid=uid, user=user or facts.user, slice=seen.name,
                        path=seen.path, kernel_id=slot.kernel_id, slot_pid=slot.pid, uuid=room.uuid,
-                       bytes=room.bytes, since_ns=room.since_ns)
+                       bytes=room.bytes, since_ns=since)
 
     def _serve(self, request):
         ahead = self.queues.add(request)

@@ -78,14 +78,12 @@ def _check_socket(path):
     raise BrokerStartError(f"another broker answers at {path} already: one broker per node")
 
 
-def main(root, *, min_idle=DEFAULT_MIN_IDLE_S, host_reserve, audit_path=None, socket_path=None,
-         room=None, ready=None):
-    """``hami-jupyter broker``: returns the exit status, or raises BrokerStartError.
-    *ready*: called once the socket listens (tests)."""
+def main(root, *, min_idle=DEFAULT_MIN_IDLE_S, host_reserve, audit_path=None, socket_path=None):
+    """``hami-jupyter broker``: returns the exit status, or raises BrokerStartError."""
     _check_root(root)
     socket_path = socket_path or protocol.socket_path(root)
     _check_socket(socket_path)
-    room = room or Room()
+    room = Room()
     try:
         room.start()
     except NvmlUnavailable as e:
@@ -119,8 +117,6 @@ def main(root, *, min_idle=DEFAULT_MIN_IDLE_S, host_reserve, audit_path=None, so
     log.info("broker: making room at %s for the slices under %s: parks kernels idle for %g s, "
              "keeps %s of host memory free, audit log %s", socket_path, root, min_idle,
              format_size(host_reserve), broker.decisions.audit_path)
-    if ready is not None:
-        ready()
     try:
         _accept(server, broker)
     finally:

@@ -142,12 +142,15 @@ def test_after_a_restart_an_older_wait_that_asks_later_is_still_served_first(gpu
                                                                             socket_path, gpu, root):
     """A restarted broker knows the waits from the slots (room_wait_*, which the
     library sets while a thread waits): the one that began first is served
-    first, even when its process asks the new broker a moment after another."""
+    first, even when its process asks the new broker a moment after another
+    (which cannot jump the queue by claiming an older since)."""
     g, uuid = gpu_of_five, gpu.uuid(0)
     older = time.time_ns() - 10 * 10**9
     waiting(g.first, uuid, older, 8 * GiB)  # carol's process waits since 10 s ago, as the library shows it
     broker = start_broker()
-    g.second.ask("newer", socket_path, uuid, 11 * GiB)  # dave's wait began later, but asks first
+    # dave's wait began later, but he asks first, and claims it began in 1970:
+    # a wait cannot begin before its process, so his counts from its start.
+    g.second.ask("newer", socket_path, uuid, 11 * GiB, since=1)
     broker.wait_report(lambda r: [(q["pid"], q["serving"]) for q in r["gpus"].get(uuid, {}).get("queue", [])]
                        == [(g.second.pid, False)], what="dave's request held for the older wait")
     g.first.ask("older", socket_path, uuid, 8 * GiB, since=older)
