@@ -20,6 +20,7 @@ from broker_helpers import GiB, MiB, audit_of, parked, running, slot
 from native_helpers import wait_for
 
 from hami_jupyter import audit
+from hami_jupyter.slice.broker_report import waiting
 from hami_jupyter.slice.file import read_snapshot
 from hami_jupyter.slice.layout import HAMI_PARK_PARKING, HAMI_PARK_RUNNING, HamiSlot, slot_offset
 from hami_jupyter.slice.locks import F_OFD_SETLK, flock_bytes
@@ -44,7 +45,7 @@ class ParkerAtWork:
         os.close(self.fd)
 
 
-def waiting(it, uuid, since_ns, size):
+def waits_in_slot(it, uuid, since_ns, size):
     """Write what the library writes in its slot while a thread of process *it* waits for room."""
     snap = read_snapshot(it.slice)
     [device] = [d for d in snap.devices if d.uuid == uuid]
@@ -87,6 +88,10 @@ def test_two_waiters_are_served_in_the_order_their_waits_began(gpu_of_five, star
     serving(broker, uuid, g.first.pid)
     g.second.ask("w2", socket_path, uuid, 11 * GiB)  # then bob's covers this one
     assert g.second.line("w2") == "BUSY 1"  # at once, behind the first
+    # Who waits, as every view reads it (broker.json): the one served first.
+    report = broker.wait_report(lambda r: len(r["gpus"].get(uuid, {}).get("queue", [])) == 2)
+    assert [(q["pid"], q["slice"], q["bytes"], q["serving"]) for q in waiting(report, uuid)] == [
+        (g.first.pid, "carol", 8 * GiB, True), (g.second.pid, "dave", 11 * GiB, False)]
     parker.gives_up()
     assert g.first.final("w1") == ([], f"OK {4 * GiB + CONTEXT}")
     assert g.second.final("w2") == ([], f"OK {4 * GiB + CONTEXT}")
@@ -146,7 +151,7 @@ def test_after_a_restart_an_older_wait_that_asks_later_is_still_served_first(gpu
     (which cannot jump the queue by claiming an older since)."""
     g, uuid = gpu_of_five, gpu.uuid(0)
     older = time.time_ns() - 10 * 10**9
-    waiting(g.first, uuid, older, 8 * GiB)  # carol's process waits since 10 s ago, as the library shows it
+    waits_in_slot(g.first, uuid, older, 8 * GiB)  # carol's process waits since 10 s ago, as the library shows it
     broker = start_broker()
     # dave's wait began later, but he asks first, and claims it began in 1970:
     # a wait cannot begin before its process, so his counts from its start.
