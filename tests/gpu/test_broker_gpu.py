@@ -1,0 +1,128 @@
+"""The memory broker on the real GPU (docs/broker.md).
+
+alice's idle PyTorch process holds 30 GiB; carol's asks for 55 GiB, within
+her 70 GiB limit, which the 80 GB GPU does not have free. Her allocation
+waits in the preload library, the broker parks alice's kernel (the driver's
+checkpoint: NVML shows alice at 0 bytes), and carol's tensor is made. Once
+carol is gone, alice's next call brings her 30 GiB back, contents intact.
+
+Run on the GPU machine (dev/gpu-run.sh), as root:
+``HAMI_TEST_GPU=1 python3 -m pytest -s tests/gpu/test_broker_gpu.py``.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from gpu_helpers import REPO, GiB
+
+pytestmark = pytest.mark.gpu
+
+HOLDER = """
+import sys, torch
+held = torch.empty({gib} << 30, dtype=torch.uint8, device="cuda")
+head, tail = held[:64 << 20], held[-(64 << 20):]
+head.fill_(7); tail.fill_(11)
+torch.cuda.synchronize()
+print("held", flush=True)
+for line in sys.stdin:
+    print("intact" if bool((head == 7).all()) and bool((tail == 11).all()) else "CHANGED", flush=True)
+"""
+
+ASKER = """
+import time, torch
+torch.ones(1, device="cuda"); torch.cuda.synchronize()
+print("ready", flush=True)
+input()
+began = time.monotonic()
+x = torch.empty({gib} << 30, dtype=torch.uint8, device="cuda"); x.fill_(1); torch.cuda.synchronize()
+print(f"allocated in {{time.monotonic() - began:.2f}} s", flush=True)
+input()
+"""
+
+BROKER = """
+import logging, sys
+from pathlib import Path
+logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(message)s")
+from hami_jupyter.broker import service
+sys.exit(service.main(Path(sys.argv[1]), min_idle=2.0, host_reserve=2 << 30))
+"""
+
+
+def nvml_bytes(pid):
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return sum(p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                   if p.pid == pid), pynvml.nvmlDeviceGetMemoryInfo(handle).free
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def python(code, env, **kw):
+    return subprocess.Popen([sys.executable, "-c", code, *kw.pop("args", [])], env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, **kw)
+
+
+def test_an_allocation_waits_while_the_broker_parks_an_idle_kernel(preload_lib, tmp_path):
+    from hami_jupyter import audit
+    from hami_jupyter.slice.create import create_slice
+    from hami_jupyter.slice.file import read_snapshot
+    from hami_jupyter.slice.layout import HAMI_PARK_PARKED, HAMI_PARK_REASON_ROOM
+    from hami_jupyter.slice.limits import Limits
+
+    root = tmp_path / "slices"
+    root.mkdir(mode=0o700)
+    for name, limit in (("alice", 40), ("carol", 70)):
+        create_slice(root / f"{name}.slice", name, Limits(memory_limit=limit * GiB, memory_guarantee=GiB))
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "LIBCUDA_", "PYTORCH_CUDA_ALLOC"))}
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH")) if p)
+
+    def env(name):
+        return dict(base, LD_PRELOAD=str(preload_lib), HAMI_SLICE=str(root / f"{name}.slice"),
+                    HAMI_KERNEL_ID=f"k-{name}", HAMI_BROKER_SOCKET=str(root / "broker.sock"), HAMI_ROOM_WAIT="120",
+                    PYTHONUNBUFFERED="1")
+
+    log = open(tmp_path / "broker.log", "w")
+    broker = subprocess.Popen([sys.executable, "-c", BROKER, str(root)], env=base, stdout=log, stderr=log)
+    alice = python(HOLDER.format(gib=30), env("alice"))
+    carol = python(ASKER.format(gib=55), env("carol"), stderr=subprocess.PIPE)
+    try:
+        assert alice.stdout.readline().strip() == "held"
+        assert carol.stdout.readline().strip() == "ready"
+        time.sleep(3)  # alice idle for longer than --min-idle-seconds 2
+        before, free = nvml_bytes(alice.pid)
+        print(f"alice holds {before / GiB:.2f} GiB (NVML), the GPU has {free / GiB:.2f} GiB free")
+        assert free < 55 * GiB
+        carol.stdin.write("go\n")
+        carol.stdin.flush()
+        said = carol.stdout.readline().strip()
+        print("carol:", said)
+        assert said.startswith("allocated in"), said
+        [me] = [s for s in read_snapshot(root / "alice.slice").slots if s.pid == alice.pid]
+        assert me.park_state == HAMI_PARK_PARKED and me.park_reason == HAMI_PARK_REASON_ROOM
+        after, free = nvml_bytes(alice.pid)
+        print(f"alice parked: {after / GiB:.2f} GiB on the GPU (NVML); {free / GiB:.2f} GiB free with carol's 55")
+        assert after == 0
+        [park] = [r for r in audit.read_records(audit.default_path(root)) if r["action"] == "broker-park"]
+        print(f"park: {park['park_bytes'] / GiB:.2f} GiB in {park['park_seconds']:.1f} s")
+        assert park["kernel"] == "k-alice" and park["requester"]["pid"] == carol.pid
+        carol.stdin.close()
+        carol.wait(60)
+        began = time.monotonic()
+        alice.stdin.write("check\n")
+        alice.stdin.flush()
+        assert alice.stdout.readline().strip() == "intact"
+        print(f"alice's next call: her 30 GiB back in {time.monotonic() - began:.2f} s, intact")
+        assert audit.verify(audit.default_path(root)) == ([], [])
+    finally:
+        for p in (alice, carol, broker):
+            p.kill()
+            p.wait(30)
+        log.close()
+        print((tmp_path / "broker.log").read_text()[-4000:])
