@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from native_helpers import DEFAULT_TIMEOUT, slot_of, wait_for
+from native_helpers import DEFAULT_TIMEOUT, slot_of
 
 from hami_jupyter import audit
 from hami_jupyter.slice.broker_report import read_report

@@ -1,10 +1,10 @@
 """The memory broker on the real GPU (docs/broker.md).
 
-alice's idle PyTorch process holds 30 GiB; carol's asks for 55 GiB, within
-her 70 GiB limit, which the 80 GB GPU does not have free. Her allocation
-waits in the preload library, the broker parks alice's kernel (the driver's
+alice's idle PyTorch process holds 40 % of the GPU; carol's asks for 70 %,
+within her limit, which the GPU does not have free. Her allocation waits in
+the preload library, the broker parks alice's kernel (the driver's
 checkpoint: NVML shows alice at 0 bytes), and carol's tensor is made. Once
-carol is gone, alice's next call brings her 30 GiB back, contents intact.
+carol is gone, alice's next call brings her memory back, contents intact.
 
 Run on the GPU machine (dev/gpu-run.sh), as root:
 ``HAMI_TEST_GPU=1 python3 -m pytest -s tests/gpu/test_broker_gpu.py``.
@@ -51,6 +51,16 @@ sys.exit(service.main(Path(sys.argv[1]), min_idle=2.0, host_reserve=2 << 30))
 """
 
 
+def gpu_total():
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def nvml_bytes(pid):
     import pynvml
 
@@ -75,9 +85,11 @@ def test_an_allocation_waits_while_the_broker_parks_an_idle_kernel(preload_lib, 
     from hami_jupyter.slice.layout import HAMI_PARK_PARKED, HAMI_PARK_REASON_ROOM
     from hami_jupyter.slice.limits import Limits
 
+    total = gpu_total()
+    holds, asks = int(total * 0.4) // GiB, int(total * 0.7) // GiB  # 31 and 55 GiB on an H100
     root = tmp_path / "slices"
     root.mkdir(mode=0o700)
-    for name, limit in (("alice", 40), ("carol", 70)):
+    for name, limit in (("alice", holds + 4), ("carol", asks + 4)):
         create_slice(root / f"{name}.slice", name, Limits(memory_limit=limit * GiB, memory_guarantee=GiB))
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "LIBCUDA_", "PYTORCH_CUDA_ALLOC"))}
@@ -90,15 +102,15 @@ def test_an_allocation_waits_while_the_broker_parks_an_idle_kernel(preload_lib, 
 
     log = open(tmp_path / "broker.log", "w")
     broker = subprocess.Popen([sys.executable, "-c", BROKER, str(root)], env=base, stdout=log, stderr=log)
-    alice = python(HOLDER.format(gib=30), env("alice"))
-    carol = python(ASKER.format(gib=55), env("carol"), stderr=subprocess.PIPE)
+    alice = python(HOLDER.format(gib=holds), env("alice"))
+    carol = python(ASKER.format(gib=asks), env("carol"), stderr=subprocess.PIPE)
     try:
         assert alice.stdout.readline().strip() == "held"
         assert carol.stdout.readline().strip() == "ready"
         time.sleep(3)  # alice idle for longer than --min-idle-seconds 2
         before, free = nvml_bytes(alice.pid)
         print(f"alice holds {before / GiB:.2f} GiB (NVML), the GPU has {free / GiB:.2f} GiB free")
-        assert free < 55 * GiB
+        assert free < asks * GiB
         carol.stdin.write("go\n")
         carol.stdin.flush()
         said = carol.stdout.readline().strip()
@@ -107,7 +119,8 @@ def test_an_allocation_waits_while_the_broker_parks_an_idle_kernel(preload_lib, 
         [me] = [s for s in read_snapshot(root / "alice.slice").slots if s.pid == alice.pid]
         assert me.park_state == HAMI_PARK_PARKED and me.park_reason == HAMI_PARK_REASON_ROOM
         after, free = nvml_bytes(alice.pid)
-        print(f"alice parked: {after / GiB:.2f} GiB on the GPU (NVML); {free / GiB:.2f} GiB free with carol's 55")
+        print(f"alice parked: {after / GiB:.2f} GiB on the GPU (NVML); {free / GiB:.2f} GiB free with carol's "
+              f"{asks}")
         assert after == 0
         [park] = [r for r in audit.read_records(audit.default_path(root)) if r["action"] == "broker-park"]
         print(f"park: {park['park_bytes'] / GiB:.2f} GiB in {park['park_seconds']:.1f} s")
@@ -118,7 +131,7 @@ def test_an_allocation_waits_while_the_broker_parks_an_idle_kernel(preload_lib, 
         alice.stdin.write("check\n")
         alice.stdin.flush()
         assert alice.stdout.readline().strip() == "intact"
-        print(f"alice's next call: her 30 GiB back in {time.monotonic() - began:.2f} s, intact")
+        print(f"alice's next call: her {holds} GiB back in {time.monotonic() - began:.2f} s, intact")
         assert audit.verify(audit.default_path(root)) == ([], [])
     finally:
         for p in (alice, carol, broker):
