@@ -101,9 +101,12 @@ def _last_call(slot):
 
 
 def _activity(path, cache):
-    """``{kernel id: registry entry}`` of the slice at *path* (read once per look)."""
+    """``{kernel id: registry entry}`` of the slice at *path* (read once per look).
+    Entries whose process this PID namespace does not see are kept, never
+    deleted: a kernel in a container's PID namespace is alive there, and its
+    id is only looked up for a kernel that holds live slots."""
     if path not in cache:
-        cache[path] = {e.kernel_id: e for e in registry.kernels(path)}
+        cache[path] = {e.kernel_id: e for e in registry.kernels(path, include_dead=True)}
     return cache[path]
 
 
