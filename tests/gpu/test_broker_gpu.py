@@ -6,8 +6,9 @@ the preload library, the broker parks alice's kernel (the driver's
 checkpoint: NVML shows alice at 0 bytes), and carol's tensor is made. Once
 carol is gone, alice's next call brings her memory back, contents intact.
 
-Run on the GPU machine (dev/gpu-run.sh), as root:
-``HAMI_TEST_GPU=1 python3 -m pytest -s tests/gpu/test_broker_gpu.py``.
+Run on the GPU machine from a checkout of this branch, as root (it needs
+PyTorch and nvidia-ml-py, no Jupyter package):
+``make -C native all tools && PYTHONPATH=$PWD HAMI_TEST_GPU=1 python3 -m pytest -s tests/gpu/test_broker_gpu.py``.
 """
 
 import os
