@@ -48,6 +48,9 @@ from .request import Request
 READ_TIMEOUT_S = 5.0  # a client writes its line at once; one that does not is no client
 SETTLE_S = 20.0  # longest wait for a park under way (hami-park's lock waits up to 10 s)
 FREED_WAIT_S = 2.0  # after a park, how long NVML may take to show the memory free
+HEADROOM = 256 << 20  # more room asked of the GPU each time one wait comes back after an OK
+OKS_KEPT = 4096  # waits whose OKs are remembered; older than OKS_FORGET_S are forgotten beyond
+OKS_FORGET_S = 600.0
 MAX_CONNECTIONS = 256
 
 log = logging.getLogger("hami_jupyter.broker")
@@ -88,6 +91,8 @@ class Broker:
         self._attributor = Attributor(proc)
         self._threads = set()
         self._threads_lock = threading.Lock()
+        self._oks = {}  # (pid, since, uuid) -> [OKs answered to that wait, monotonic time of the last]
+        self._oks_lock = threading.Lock()
         self.errors = []  # what the latest look could not read
 
     # ---- the slices -------------------------------------------------------------
@@ -216,8 +221,8 @@ class Broker:
         ahead = self.queues.add(request)
         self.changed.set()
         try:
-            if ahead and not request.answer(protocol.busy(ahead)):
-                pass  # gone already: the queue sees it at once
+            if ahead:
+                request.answer(protocol.busy(ahead))  # a requester gone already: the queue sees it
             if not self.queues.wait_turn(request, self.stop):
                 if not self.stop.is_set():
                     self.decisions.dropped(request, [])
@@ -232,10 +237,30 @@ class Broker:
 
     # ---- making room ---------------------------------------------------------------------
 
+    def _wanted(self, request):
+        """The free bytes that serve *request*: its bytes, and :data:`HEADROOM`
+        more for each OK its wait was answered already. NVML's free figure is
+        not all a driver call can take (its own bookkeeping, page rounding):
+        a wait that comes back after an OK found the room short, and asking
+        the same again would answer OK at once, over and over."""
+        with self._oks_lock:
+            seen = self._oks.get((request.pid, request.since_ns, request.uuid))
+        return request.bytes + (seen[0] if seen else 0) * HEADROOM
+
+    def _answered_ok(self, request):
+        now = time.monotonic()
+        with self._oks_lock:
+            if len(self._oks) > OKS_KEPT:
+                self._oks = {k: v for k, v in self._oks.items() if now - v[1] < OKS_FORGET_S}
+            seen = self._oks.setdefault((request.pid, request.since_ns, request.uuid), [0, now])
+            seen[0] += 1
+            seen[1] = now
+
     def make_room(self, request):
         """Park for *request* until its GPU has the room; the answer line, or None
         when nothing is to be answered (the requester went away, the broker stops)."""
         requester = Requester(request.slice, request.kernel_id, request.slot_pid)
+        wanted = self._wanted(request)
         parked, failed, made = [], set(), 0
         settle_until = time.monotonic() + SETTLE_S
         while True:
@@ -249,8 +274,9 @@ class Broker:
             if free is None:
                 return self._no(request, f"the broker cannot read the GPU's free memory: {'; '.join(errors)}",
                                 "nvml")
-            if free >= request.bytes:
+            if free >= wanted:
                 self.decisions.served(request, made, free, parked)
+                self._answered_ok(request)
                 return protocol.ok(made)
             if self.cannot_park:
                 return self._no(request, f"this driver cannot park processes ({self.cannot_park})", "driver")
@@ -266,11 +292,11 @@ class Broker:
             now = time.time()
             eligible, skipped = judge(kernels, requester, self.min_idle, now)
             eligible = [k for k in eligible if _key(k) not in failed]
-            need = request.bytes - free
+            need = wanted - free
             chosen = plan(eligible, need)
             if not chosen:
-                return self._no(request, _nothing_to_park(need, free, request, eligible, skipped, failed,
-                                                          parked), "nothing-to-park")
+                return self._no(request, _nothing_to_park(need, free, wanted, request.uuid, eligible, skipped,
+                                                          failed, parked), "nothing-to-park")
             kernel = chosen[0]
             if not request.alive():
                 continue  # said at the top
@@ -330,10 +356,10 @@ def _send(conn, line):
         pass
 
 
-def _nothing_to_park(need, free, request, eligible, skipped, failed, parked):
+def _nothing_to_park(need, free, wanted, uuid, eligible, skipped, failed, parked):
     """Why no more room can be made, in one line."""
-    text = (f"GPU {request.uuid} has {format_size(free)} free, {format_size(need)} short of the "
-            f"{format_size(request.bytes)} asked; ")
+    text = (f"GPU {uuid} has {format_size(free)} free, {format_size(need)} short of the "
+            f"{format_size(wanted)} needed; ")
     if eligible:
         text += (f"the {len(eligible)} kernel(s) that may be parked could free only "
                  f"{format_size(coverable(eligible))}, so none was parked")

@@ -87,3 +87,25 @@ def test_the_idlest_kernel_that_may_be_parked_makes_the_room(slices, holder, cli
     assert audit.verify(audit.default_path(root)) == ([], [])
     decisions = broker.wait_report(lambda r: len(r["gpus"].get(uuid, {}).get("decisions", [])) == 3)
     assert [d["action"] for d in decisions["gpus"][uuid]["decisions"]] == ["refused", "park", "served"]
+
+
+def test_a_wait_that_comes_back_after_an_ok_gets_more_room(slices, holder, client, start_broker, socket_path,
+                                                           gpu, root):
+    """NVML's free figure is not all a driver call can take: a process whose
+    allocation still fails after an OK asks again, with the same since, and
+    must not be told OK for the same figure forever."""
+    uuid = gpu.uuid(0)
+    slices.make("carol", "16g", "1g")
+    slices.make("alice")
+    asker = client(slices.env("carol", kernel="k-carol"))
+    idle = holder(slices.env("alice", kernel="k-alice"), "4g", age_s=HOUR)
+    start_broker()
+    size = 16 * GiB - gpu.used(0) - 100 * MiB  # there is room for it, with 100 MiB to spare
+    since = asker.ask("first", socket_path, uuid, size)
+    assert asker.final("first") == ([], "OK 0")
+    assert running(idle.slice, idle.pid)
+    asker.ask("again", socket_path, uuid, size, since=since)  # the driver still said no: the same wait
+    assert asker.final("again") == ([], f"OK {4 * GiB + CONTEXT}")  # more room than 100 MiB: alice parked
+    assert parked(idle.slice, idle.pid)
+    served = audit_of(root, "broker-served")
+    assert [r["made_bytes"] for r in served] == [0, 4 * GiB + CONTEXT]
