@@ -109,3 +109,21 @@ def test_a_wait_that_comes_back_after_an_ok_gets_more_room(slices, holder, clien
     assert parked(idle.slice, idle.pid)
     served = audit_of(root, "broker-served")
     assert [r["made_bytes"] for r in served] == [0, 4 * GiB + CONTEXT]
+
+
+def test_a_process_of_no_kernel_is_a_kernel_of_its_own(slices, holder, client, start_broker, socket_path,
+                                                       gpu, root):
+    """A process started with HAMI_SLICE outside Jupyter has no kernel id: it
+    is parked alone, never with the slice's other processes of no kernel."""
+    uuid = gpu.uuid(0)
+    slices.make("carol", "16g", "1g")
+    slices.make("erin")
+    asker = client(slices.env("carol", kernel="k-carol"))
+    script = holder(slices.env("erin"), "4g", age_s=HOUR)
+    other = holder(slices.env("erin"), "2g")  # active: stays
+    start_broker()
+    asker.ask("w", socket_path, uuid, 16 * GiB - gpu.used(0) + GiB)
+    assert asker.final("w") == ([], f"OK {4 * GiB + CONTEXT}")
+    assert parked(script.slice, script.pid) and running(other.slice, other.pid)
+    [park] = audit_of(root, "broker-park")
+    assert (park["kernel"], park["pids"]) == (None, [script.pid])
