@@ -132,6 +132,37 @@ static uint64_t own_pid_namespace(void)
 	return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
+/*
+ * How the target's own PID namespace knows it: the inode of its namespace and
+ * the last field of NSpid. A slot holds those, so a kernel in a container's
+ * PID namespace (a pod) is found by a parker on the host (hostPID) too.
+ * 0 when /proc does not tell: the caller then compares with its own.
+ */
+static uint64_t target_namespace(int pid, int *ns_pid)
+{
+	char path[64], line[256];
+	struct stat st;
+	snprintf(path, sizeof(path), "/proc/%d/ns/pid", pid);
+	if (stat(path, &st) < 0)
+		return 0;
+	snprintf(path, sizeof(path), "/proc/%d/status", pid);
+	FILE *f = fopen(path, "re");
+	int found = 0;
+	while (f && fgets(line, sizeof(line), f)) {
+		if (strncmp(line, "NSpid:", 6) != 0)
+			continue;
+		for (char *tok = strtok(line + 6, " \t\n"); tok; tok = strtok(NULL, " \t\n"))
+			found = atoi(tok); /* the last one: its PID in its own namespace */
+		break;
+	}
+	if (f)
+		fclose(f);
+	if (found <= 0)
+		return 0;
+	*ns_pid = found;
+	return (uint64_t)st.st_ino;
+}
+
 static uint64_t host_available(void)
 {
 	FILE *f = fopen("/proc/meminfo", "re");
@@ -168,10 +199,13 @@ static int find_slot(const char *path, int pid, int *fd_out, struct hami_slice_f
 		close(fd);
 		return fail(CUDA_ERROR_INVALID_VALUE, "%s is no slice file of layout 1.4 or later", path), -1;
 	}
-	uint64_t ns = own_pid_namespace();
+	int want = pid;
+	uint64_t ns = target_namespace(pid, &want);
+	if (!ns)
+		ns = own_pid_namespace();
 	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++) {
 		struct hami_slot *s = &f->slot[i];
-		if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != HAMI_SLOT_LIVE || s->pid != pid)
+		if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != HAMI_SLOT_LIVE || s->pid != want)
 			continue;
 		if (ns && s->pid_ns && s->pid_ns != ns)
 			continue; /* that pid names another process in another PID namespace */

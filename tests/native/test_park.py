@@ -8,7 +8,9 @@ its housekeeper finds room and restores), contents intact. docs/parking.md.
 """
 
 import fcntl
+import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -275,3 +277,31 @@ def test_park_kernel_passes_its_reason_to_each_process(cudrive, make_slice, monk
     parking.park_kernel(s.path, "k-room", reason="room")
     [kernel] = slice_status(s.path)["kernels"]
     assert (kernel["park_state"], kernel["park_reason"]) == ("parked", "room")
+
+
+def test_a_process_in_another_pid_namespace_is_found_by_its_host_pid(cudrive, make_slice, hami_build):
+    """A kernel in a container's PID namespace holds a slot with its own PID
+    there (1 here); a parker on the host (the broker, with hostPID) names it by
+    the host's PID. hami-park finds the slot through /proc (the target's
+    namespace and NSpid). The simulated driver knows processes by their own
+    PID, so the lock fails after that here: what this shows is the slot found."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("a PID namespace needs root and unshare")
+    s = make_slice(limit="2g", overhead="64m")
+    cmd = ["unshare", "--pid", "--fork", "--kill-child", str(hami_build.out / "tools" / "cudrive"), "stdin"]
+    proc = subprocess.Popen(cmd, env=s.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        proc.stdin.write("init\nctx 0\nalloc 64m\n")
+        proc.stdin.flush()
+        for _ in range(3):
+            assert json.loads(proc.stdout.readline())["rc"] == 0
+        inner = [x for x in s.snapshot().slots if x.pid == 1]
+        assert inner, "the process's slot (PID 1 in its namespace)"
+        host_pid = int(subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                      text=True).stdout.split()[0])
+        rc, answer = run_park(hami_build, s.env, "park", s.path, host_pid, 200)
+        assert "has no live slot" not in answer, answer
+    finally:
+        proc.kill()
+        proc.wait()
