@@ -296,3 +296,14 @@ def verify(path):
     elif lines and facts.get("last") != line_hash(lines[-1]):
         problems.append(f"{path}: the last line is not the one the head records: it was edited")
     return problems, notes
+
+
+def append_or_say(path, record):
+    """Append *record* to the log at *path*; None, or why it could not be
+    written (for a daemon, which says so and goes on: its act stands)."""
+    try:
+        with AuditLog(path) as trail:
+            trail.append(record)
+    except (AuditLogError, OSError) as e:
+        return f"could not be written: {e}"
+    return None

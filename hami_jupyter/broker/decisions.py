@@ -64,11 +64,9 @@ class Decisions:
             return
         record = audit.make_record(slice_name, str(path), None, uuid, None, None, who=BROKER_WHO,
                                    uid=uid, action=f"broker-{action}", **fields)
-        try:
-            with audit.AuditLog(self.audit_path) as trail:
-                trail.append(record)
-        except (audit.AuditLogError, OSError) as e:
-            message = f"the audit record of a broker {action} could not be written: {e}"
+        failed = audit.append_or_say(self.audit_path, record)
+        if failed:
+            message = f"the audit record of a broker {action} {failed}"
             log.error("broker: %s", message)
             self.errors.append(message)
 

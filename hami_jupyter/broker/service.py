@@ -25,7 +25,7 @@ import socket
 import threading
 
 from ..guard.nvml import NvmlUnavailable
-from ..slice.paths import UntrustedPath, check_folder
+from ..slice.paths import UntrustedPath, check_folder, root_problem
 from ..slice.size import format_size
 from .. import audit
 from . import protocol
@@ -46,15 +46,9 @@ class BrokerStartError(RuntimeError):
 
 
 def _check_root(root):
-    try:
-        check_folder(root)
-    except FileNotFoundError:
-        raise BrokerStartError(f"the slice root {root} does not exist: no slice to make room in yet "
-                               "(the hub makes it; or give --root)") from None
-    except UntrustedPath as e:
-        raise BrokerStartError(f"the slice root cannot be trusted: {e}") from None
-    except OSError as e:
-        raise BrokerStartError(f"the slice root {root}: {e.strerror or e}") from None
+    problem = root_problem(root, ": no slice to make room in yet (the hub makes it; or give --root)")
+    if problem:
+        raise BrokerStartError(problem)
 
 
 def _check_socket(path):

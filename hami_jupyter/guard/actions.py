@@ -83,11 +83,9 @@ class Actions:
             return
         record = audit.make_record(gpu.slice, gpu.path, gpu.device, gpu.uuid, None, None,
                                    who=GUARD_WHO, action=f"guard-{kind}", **fields)
-        try:
-            with audit.AuditLog(self.audit_path) as trail:
-                trail.append(record)
-        except (audit.AuditLogError, OSError) as e:
-            message = f"the audit record of a guard {kind} could not be written: {e}"
+        failed = audit.append_or_say(self.audit_path, record)
+        if failed:
+            message = f"the audit record of a guard {kind} {failed}"
             log.error("guard: %s", message)
             errors.append(message)
 

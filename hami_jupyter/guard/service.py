@@ -37,7 +37,7 @@ from pathlib import Path
 from .. import audit
 from ..processes import start_ticks
 from ..slice.guard_report import MAX_ACTIONS, write_report
-from ..slice.paths import UntrustedPath, check_folder
+from ..slice.paths import root_problem
 from ..slice.size import format_size
 from ..slice.parking import checkpoint_api
 from .actions import KILL, PARK, WARN, Actions
@@ -216,15 +216,9 @@ class Guard:
 
 
 def _check_root(root):
-    try:
-        check_folder(root)
-    except FileNotFoundError:
-        raise GuardStartError(f"the slice root {root} does not exist: nothing to guard yet (the hub makes "
-                              "it; or give --root)") from None
-    except UntrustedPath as e:
-        raise GuardStartError(f"the slice root cannot be trusted: {e}") from None
-    except OSError as e:
-        raise GuardStartError(f"the slice root {root}: {e.strerror or e}") from None
+    problem = root_problem(root, ": nothing to guard yet (the hub makes it; or give --root)")
+    if problem:
+        raise GuardStartError(problem)
 
 
 def _more_files():

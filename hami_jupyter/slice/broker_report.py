@@ -32,12 +32,11 @@ answered), ``refused`` (``NO`` answered, and why) and ``dropped`` (the
 requester went away before it was served: nothing more parked for it).
 """
 
-import json
-import os
 import time
 from pathlib import Path
 
-from .paths import default_root, open_trusted, replace_file
+from . import node_report
+from .paths import default_root
 
 FILE_NAME = "broker.json"
 VERSION = 1
@@ -58,32 +57,16 @@ def write_report(report, root=None):
     """Replace the report atomically, readable by every user (it names slices,
     users and kernel ids, which every user of the node sees in ``nvidia-smi``'s
     process list and the hub's view anyway)."""
-    report = dict(report, version=VERSION)
-    report.setdefault("written_unix", time.time())
-    data = json.dumps(report, separators=(",", ":"), sort_keys=True).encode()
-    replace_file(report_path(root), data, mode=0o644)
+    node_report.write(report_path(root), report, VERSION)
 
 
 def read_report(root=None, now=None):
     """The report as a dict with ``"stale"`` added (True when the broker has not
     written it for a while, or said it stopped), or None when there is none.
     BrokerReportError when it cannot be read."""
-    path = report_path(root)
-    try:
-        fd, _, _ = open_trusted(path, what="broker report")  # root's, or ours: never another user's
-    except FileNotFoundError:
+    report = node_report.read(report_path(root), VERSION, "the broker", BrokerReportError)
+    if report is None:
         return None
-    except OSError as e:
-        raise BrokerReportError(f"cannot read the broker's report {path}: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(1 << 24)
-    try:
-        report = json.loads(data)
-    except ValueError:
-        raise BrokerReportError(f"the broker's report {path} is not JSON") from None
-    if not isinstance(report, dict) or report.get("version") != VERSION:
-        raise BrokerReportError(f"the broker's report {path} is not version {VERSION}: "
-                                "is the broker older or newer than this hami-jupyter?")
     now = time.time() if now is None else now
     written = report.get("written_unix") or 0
     report["stale"] = not report.get("running", False) or now - written > STALE_AFTER_S

@@ -41,12 +41,12 @@ a bypass). ``preload`` says whether the process has a slot, i.e. runs under
 the preload library.
 """
 
-import json
 import os
 import time
 from pathlib import Path
 
-from .paths import default_root, open_trusted, replace_file
+from . import node_report
+from .paths import default_root
 
 FILE_NAME = "guard.json"
 VERSION = 1
@@ -66,33 +66,18 @@ def report_path(root=None):
 def write_report(report, root=None):
     """Replace the report atomically (readable by every user: the figures are
     the users' own slices', which they may see anyway)."""
-    report = dict(report, version=VERSION)
-    report.setdefault("written_unix", time.time())
+    report = dict(report)
     report["actions"] = list(report.get("actions", []))[-MAX_ACTIONS:]
-    data = json.dumps(report, separators=(",", ":"), sort_keys=True).encode()
-    replace_file(report_path(root), data, mode=0o644)
+    node_report.write(report_path(root), report, VERSION)
 
 
 def read_report(root=None, now=None):
     """The report as a dict with ``"stale"`` added (True when the guard has not
     written it for a while: it is not running, or stuck), or None when there is
     none. GuardReportError when it cannot be read."""
-    path = report_path(root)
-    try:
-        fd, _, _ = open_trusted(path, what="guard report")  # root's, or ours: never another user's
-    except FileNotFoundError:
+    report = node_report.read(report_path(root), VERSION, "the guard", GuardReportError)
+    if report is None:
         return None
-    except OSError as e:
-        raise GuardReportError(f"cannot read the guard's report {path}: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(1 << 24)
-    try:
-        report = json.loads(data)
-    except ValueError:
-        raise GuardReportError(f"the guard's report {path} is not JSON") from None
-    if not isinstance(report, dict) or report.get("version") != VERSION:
-        raise GuardReportError(f"the guard's report {path} is not version {VERSION}: "
-                               "is the guard older or newer than this hami-jupyter?")
     now = time.time() if now is None else now
     interval = report.get("interval") or 0.5
     written = report.get("written_unix") or 0

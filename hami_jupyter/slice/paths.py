@@ -415,3 +415,18 @@ def list_slice_paths(root=None, env=None, skipped=None):
             continue
         out.append(path)
     return out
+
+
+def root_problem(root, missing="(the hub makes it; or give --root)"):
+    """Why a node daemon cannot work on the slice root *root*, or None: it
+    must exist and pass the trust rule (:func:`check_folder`). *missing* ends
+    the line for a root that does not exist."""
+    try:
+        check_folder(root)
+    except FileNotFoundError:
+        return f"the slice root {root} does not exist {missing}"
+    except UntrustedPath as e:
+        return f"the slice root cannot be trusted: {e}"
+    except OSError as e:
+        return f"the slice root {root}: {e.strerror or e}"
+    return None
