@@ -79,3 +79,91 @@ def test_the_json_form_round_trips_and_old_forms_read_as_none():
     limits = Limits(8 * GiB, 25, "hard", 2, memory_guarantee=2 * GiB)
     assert Limits.from_dict(limits.as_dict()) == limits
     assert Limits.from_dict({"memory_limit": 8 * GiB}).memory_guarantee == 0
+
+
+# ---- how every view shows it: %hami status (text, HTML, JSON), REST, Prometheus ----
+
+UUID = "GPU-9a7e0000-0000-4000-8000-000000000000"
+
+
+@pytest.fixture
+def lending(tmp_path):
+    """A slice of one GPU (16 GiB) capped at 8 GiB, 2 GiB of it guaranteed."""
+    path = tmp_path / "slices" / "carol.slice"
+    create_slice(path, "carol", Limits(memory_limit=8 * GiB, memory_guarantee=2 * GiB),
+                 devices=[(UUID, 16 * GiB)])
+    return path
+
+
+def test_each_gpu_of_the_status_carries_the_guarantee_in_force(lending, slice_path):
+    from hami_jupyter.slice.status import slice_status
+
+    (gpu,) = slice_status(lending)["gpus"]
+    assert (gpu["memory_limit"], gpu["memory_guarantee"]) == (8 * GiB, 2 * GiB)
+    # No guarantee set: the limit is the guarantee.
+    change.set_limits(lending, None, memory_guarantee=0)
+    assert slice_status(lending)["gpus"][0]["memory_guarantee"] == 8 * GiB
+
+
+def test_the_text_and_html_say_what_is_guaranteed_of_the_cap(lending):
+    from hami_jupyter.slice.status import format_text, slice_status
+    from hami_jupyter.slice.status_html import format_html
+
+    status = slice_status(lending)
+    assert "guaranteed 2.0 GiB of the 8.0 GiB cap: the rest is lent" in format_text(status)
+    assert "guaranteed 2.0&nbsp;GiB of the 8.0&nbsp;GiB cap" in format_html(status)
+    change.set_limits(lending, None, memory_guarantee=0)  # as everywhere without oversubscription
+    status = slice_status(lending)
+    assert "guaranteed" not in format_text(status) and "guaranteed" not in format_html(status)
+
+
+def test_a_slice_without_a_gpu_yet_says_what_each_gpu_gets(slice_path):
+    from hami_jupyter.slice.status import format_text, slice_status
+
+    assert ("each GPU gets: 8.0 GiB (guaranteed 2.0 GiB of the 8.0 GiB cap)"
+            in format_text(slice_status(slice_path)))
+
+
+def test_a_process_waiting_for_room_says_how_much_since_when(lending):
+    import os
+    import time
+
+    from live_slots import live_slot
+
+    from hami_jupyter.slice.status import format_text, slice_status
+    from hami_jupyter.slice.status_html import format_html
+
+    since = time.time() - 60
+    fd = live_slot(lending, 0, pid=os.getpid(), kernel_id="k-waits", used={0: GiB},
+                   room_wait_since_unix_ns=int(since * 1e9), room_wait_bytes=6 * GiB,
+                   room_wait_device=0)
+    try:
+        status = slice_status(lending)
+    finally:
+        os.close(fd)
+    clock = time.strftime("%H:%M", time.localtime(since))
+    (kernel,) = status["kernels"]
+    assert kernel["room_wait"]["bytes"] == 6 * GiB
+    assert f"waiting for 6.0 GiB of GPU room since {clock}" in format_text(status)
+    assert f"waiting for 6.0&nbsp;GiB of GPU room since {clock}" in format_html(status)
+
+
+def test_rest_and_prometheus_carry_the_guarantee(lending):
+    from prometheus_client.core import GaugeMetricFamily  # noqa: F401 (the server's extra)
+
+    from hami_jupyter.server import kernel_slices, metrics
+    from hami_jupyter.slice.status import slice_status
+
+    status = slice_status(lending)
+    assert kernel_slices.summary(status, "none")["memory_guarantee"] == 2 * GiB
+    families = metrics._families()
+    metrics.add_slice(families, status, set())
+    (sample,) = families["hami_slice_memory_guarantee_bytes"].samples
+    assert sample.labels["gpu_uuid"] == UUID and sample.value == 2 * GiB
+
+
+def test_limits_describe_the_guarantee_only_below_the_cap():
+    assert Limits(8 * GiB, memory_guarantee=2 * GiB).describe() == (
+        "memory 8.0 GiB (2.0 GiB guaranteed), SM unlimited")
+    assert Limits(8 * GiB, memory_guarantee=8 * GiB).describe() == "memory 8.0 GiB, SM unlimited"
+    assert Limits(8 * GiB).describe() == "memory 8.0 GiB, SM unlimited"

@@ -26,6 +26,7 @@ import time
 from ..advice import advice
 from ..provisioning.provisioner import HamiProvisioner
 from ..slice.file import SliceFileError
+from ..slice.limits import effective_guarantee
 from ..slice.paths import SliceNameError, slice_name, slice_path
 from ..slice.status import CRITICAL_FRACTION, WARNING_FRACTION, slice_status
 from . import host
@@ -159,6 +160,10 @@ def summary(status, kernel_id):
         "memory_limit": (fullest["memory_limit"] if fullest
                          else status["default_limit"]["memory_limit"]),
         "memory_gpu": fullest["index"] if fullest else None,
+        # That GPU's guarantee in force (the limit when none is set).
+        "memory_guarantee": (fullest["memory_guarantee"] if fullest
+                             else effective_guarantee(status["default_limit"]["memory_limit"],
+                                                      status["default_limit"].get("memory_guarantee", 0))),
         "memory_level": max((g["memory_level"] for g in gpus), key=_LEVELS.index, default="ok"),
         "sm_share": (max(g["sm_share"] for g in gpus) if gpus
                      else status["default_limit"]["sm_share"]),

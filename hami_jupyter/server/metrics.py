@@ -42,6 +42,9 @@ SLICE_GAUGES = (
     ("hami_slice_memory_used_bytes", "GPU memory the slice uses on the GPU", "memory_used"),
     ("hami_slice_memory_limit_bytes", "GPU memory cap of the slice on the GPU (0: none)",
      "memory_limit"),
+    ("hami_slice_memory_guarantee_bytes",
+     "GPU memory the slice is guaranteed on the GPU: never parked to make room for others "
+     "(the cap when no guarantee is set)", "memory_guarantee"),
     ("hami_slice_memory_parked_bytes",
      "GPU memory of the slice's parked kernels, held in host memory, for the GPU", "memory_parked"),
     ("hami_slice_sm_share_percent", "SM share of the slice on the GPU, percent (0: none)",

@@ -66,6 +66,18 @@ class Limits:
         return not (self.memory_limit or self.sm_share or self.max_decoders)
 
     @property
+    def guarantee(self):
+        """The guarantee in force: *memory_guarantee*, or the limit when none is
+        set (0). 0 only for a slice with neither (no cap: nothing promised)."""
+        return effective_guarantee(self.memory_limit, self.memory_guarantee)
+
+    @property
+    def lends(self):
+        """Whether the limit reaches above the guarantee: bytes up there are
+        lent, and the memory broker may take them back by parking idle kernels."""
+        return self.guarantee != self.memory_limit
+
+    @property
     def elastic(self):
         """Whether a share is held elastically (a mode means nothing without a share)."""
         return bool(self.sm_share) and self.mode == "elastic"
@@ -117,12 +129,21 @@ class Limits:
         return replace(self, **fields)
 
     def describe(self):
-        """``memory 4.0 GiB, SM 25 % (hard)``; ``memory unlimited, SM unlimited``."""
+        """``memory 4.0 GiB, SM 25 % (hard)``; ``memory unlimited, SM unlimited``;
+        with a guarantee below the cap ``memory 8.0 GiB (2.0 GiB guaranteed), ...``."""
         memory = f"memory {format_size(self.memory_limit)}" if self.memory_limit else "memory unlimited"
+        if self.lends:
+            memory += f" ({format_size(self.guarantee)} guaranteed)"
         sm = f"SM {self.sm_share} % ({self.mode})" if self.sm_share else (
             "SM unlimited" + (" (elastic)" if self.mode == "elastic" else ""))
         decoders = f", {self.max_decoders} decoders" if self.max_decoders else ""
         return f"{memory}, {sm}{decoders}"
+
+
+def effective_guarantee(memory_limit, memory_guarantee):
+    """The bytes a slice is guaranteed on a GPU: its guarantee, or its limit
+    when it has none (0: the file's "the limit is the guarantee")."""
+    return memory_guarantee or memory_limit
 
 
 def check_guarantee(memory_limit, memory_guarantee):

@@ -54,6 +54,7 @@ from .layout import (
     HAMI_PARK_WAIT_SLICE,
 )
 from .paths import slice_name
+from .limits import effective_guarantee
 from .size import format_size
 
 # Where a process's GPU state is (hami_slot.park_state), by name; a kernel's is
@@ -220,6 +221,8 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
             "memory_parked": parked_by_device.get(d.index, 0),
             "memory_peak": d.memory_peak,
             "memory_limit": limit,
+            # What the slice keeps whatever others need (the limit when none is set).
+            "memory_guarantee": d.limit.guarantee,
             "memory_level": memory_level(used, cap if limit else 0, warning, critical),
             "over_cap_since": over_cap_since(used, limit, snap.limits_changed_unix_ns / 1e9),
             "sm_count": d.sm_count,
@@ -334,6 +337,31 @@ def _memory_line(used, limit, total):
     return f"{format_size(used)} used, no cap"
 
 
+def guarantee_text(limit, guarantee):
+    """"guaranteed 2.0 GiB of the 8.0 GiB cap" for a memory cap *limit* and the
+    guarantee in force *guarantee* (bytes; a ``gpus`` entry's
+    ``memory_limit`` and ``memory_guarantee``); None when the guarantee is
+    the cap (none set), as it is without oversubscription, or unknown (None:
+    a reading from before slice file 1.7)."""
+    limit = limit or 0
+    if guarantee is None or guarantee == limit:
+        return None
+    if not limit:
+        return f"guaranteed {format_size(guarantee)}, no cap"
+    return f"guaranteed {format_size(guarantee)} of the {format_size(limit)} cap"
+
+
+def default_guarantee_text(status):
+    """:func:`guarantee_text` of the slice's default entry (every GPU without its own)."""
+    d = status["default_limit"]
+    return guarantee_text(d["memory_limit"],
+                          effective_guarantee(d["memory_limit"], d.get("memory_guarantee", 0)))
+
+
+LENT_WORDS = ("the rest is lent: while the GPU is short, the memory broker may park this "
+              "slice's idle kernels above the guarantee (never a running cell)")
+
+
 def _sm_line(gpu):
     share = f"share {gpu['sm_share']} % ({gpu['mode']})" if gpu["sm_share"] else "no SM limit"
     return f"SM {gpu['sm_util']} % now, {share}"
@@ -403,8 +431,9 @@ def level_words(level, status):
 
 def parking_text(kernel):
     """", parked to make room for another user's work: 8.0 GiB in host memory"
-    (why, when known, and what a resume waits for), a wait for room on the GPU,
-    or "" on the GPU. Takes a kernel's or a process's entry."""
+    (why, when known, and what a resume waits for), a wait for room on the GPU
+    (:func:`room_wait_text`), or "" on the GPU. Takes a kernel's or a process's
+    entry."""
     state = kernel.get("park_state", "running")
     text = ""
     if state != "running":
@@ -414,11 +443,21 @@ def parking_text(kernel):
                 " in host memory")
         if kernel.get("park_wait"):
             text += f", resume waits for {kernel['park_wait']}"
-    room = kernel.get("room_wait")
+    room = room_wait_text(kernel.get("room_wait"))
     if room:
-        text += (f", waiting for the memory broker to make {format_size(room['bytes'])} of room "
-                 "on the GPU")
+        text += f", {room}"
     return text
+
+
+def room_wait_text(room):
+    """"waiting for 8.0 GiB of GPU room since 14:02" for a ``room_wait`` entry
+    (a process's or a kernel's: the memory broker is making room on a full
+    GPU), else None."""
+    if not room:
+        return None
+    since = room.get("since_unix")
+    when = f" since {time.strftime('%H:%M', time.localtime(since))}" if since else ""
+    return f"waiting for {format_size(room.get('bytes') or 0)} of GPU room{when}"
 
 
 def _video(p):
@@ -444,12 +483,17 @@ def format_text(status):
         d = status["default_limit"]
         cap = format_size(d["memory_limit"]) if d["memory_limit"] else "no memory cap"
         sm = f"SM share {d['sm_share']} % ({d['mode']})" if d["sm_share"] else "no SM limit"
-        lines.append(f"  no GPU used in this slice yet; each GPU gets: {cap}, {sm}")
+        guaranteed = default_guarantee_text(status)
+        lines.append(f"  no GPU used in this slice yet; each GPU gets: {cap}"
+                     f"{' (' + guaranteed + ')' if guaranteed else ''}, {sm}")
     for g in status["gpus"]:
         lines.append(f"  GPU {g['index']} {g['uuid']}")
         real = real_text(g)
         lines.append(f"    memory {_memory_line(g['memory_used'], g['memory_limit'], g['memory_total'])}"
                      + (f", {real}" if real else ""))
+        guaranteed = guarantee_text(g["memory_limit"], g.get("memory_guarantee"))
+        if guaranteed:
+            lines.append(f"    {guaranteed}: {LENT_WORDS}")
         if g.get("memory_parked"):
             lines.append(f"    parked {format_size(g['memory_parked'])} in host memory (not on the GPU, "
                          "back when its kernel runs again)")

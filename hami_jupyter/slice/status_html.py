@@ -20,8 +20,8 @@ import re
 from html import escape
 
 from .size import format_size
-from .status import (guard_over_text, guard_parked_text, level_words, over_cap_text, parking_text,
-                     real_text)
+from .status import (LENT_WORDS, default_guarantee_text, guarantee_text, guard_over_text,
+                     guard_parked_text, level_words, over_cap_text, parking_text, real_text)
 
 LEVEL_COLOUR = {
     "ok": "var(--jp-success-color1, #388e3c)",
@@ -122,6 +122,10 @@ def _gpu_table(gpu, status):
         f"<tr>{_td('memory')}{_td(_memory_cell(gpu))}</tr>",
         f"<tr>{_td('SM')}{_td(_sm_cell(gpu))}</tr>",
     ]
+    guaranteed = guarantee_text(gpu["memory_limit"], gpu.get("memory_guarantee"))
+    if guaranteed:  # only where the cap reaches above the guarantee
+        rows.insert(2, f'<tr>{_td("guarantee")}<td class="hami-guarantee" style="{_CELL}">'
+                       f'{_figures(guaranteed)} {_muted("(" + escape(LENT_WORDS) + ")")}</td></tr>')
     if gpu.get("memory_parked"):
         parked = nowrap(format_size(gpu["memory_parked"])) + " " + _muted(
             "in host memory, back when its kernel runs again")
@@ -193,6 +197,8 @@ def _no_gpu_line(status):
     d = status["default_limit"]
     cap = format_size(d["memory_limit"]) if d["memory_limit"] else "no memory cap"
     sm = f"SM share {d['sm_share']} % ({escape(d['mode'])})" if d["sm_share"] else "no SM limit"
+    guaranteed = default_guarantee_text(status)
+    cap += f" ({guaranteed})" if guaranteed else ""
     return f"<div>No GPU used in this slice yet; each GPU gets: {cap}, {sm}.</div>"
 
 
