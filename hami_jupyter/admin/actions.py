@@ -72,16 +72,18 @@ def writable(path):
 
 
 def apply(path, device=None, memory=None, sm=None, mode=None, *, overcommit=False, gpus=(),
-          audit_path=None):
+          audit_path=None, guarantee=None):
     """Check, apply and log a change (see :func:`.changes.apply_here`); the
     admin service does it for a non-root administrator of a hub's slice."""
     path = Path(path)
     sock = _service_socket(path, audit_path)
     if sock is not None:
-        return service.remote_apply(sock, path, dict(
-            device=device, memory=memory, sm=sm, mode=mode, overcommit=overcommit))
+        request = dict(device=device, memory=memory, sm=sm, mode=mode, overcommit=overcommit)
+        if guarantee is not None:  # an older service refuses no key it does not know: send none
+            request["guarantee"] = guarantee
+        return service.remote_apply(sock, path, request)
     return changes.apply_here(path, device, memory, sm, mode, overcommit=overcommit, gpus=gpus,
-                              audit_path=audit_path)
+                              audit_path=audit_path, guarantee=guarantee)
 
 
 def reset(path, *, audit_path=None):

@@ -5,12 +5,14 @@ they show the same slices and accept and refuse the same changes in the same
 words.
 
 A change names a slice, one *entry* of its limits, and new values for any of
-memory, SM share and mode (None keeps a field as it is):
+memory, guarantee, SM share and mode (None keeps a field as it is):
 
 * the entry is a GPU the slice has used (slice device index or UUID), or
   None for the slice's *default* entry: the limits of every GPU without
   limits of its own, including GPUs the slice has not used yet;
 * memory is a size (``4g``, ``4096m``, bytes) or ``none`` for no cap;
+* guarantee is a size, or ``0`` / ``default`` for none (the cap is then the
+  guarantee, as everywhere without oversubscription); never above the cap;
 * SM share is a whole percent 1..100, or 0, 100 or ``none`` for no share;
 * mode is ``hard`` or ``elastic``.
 
@@ -18,17 +20,25 @@ The checks, in the order an admin meets them:
 
 1. Values are parsed by :mod:`hami_jupyter.slice.limits`; a negative or malformed
    value is refused, never read as "no limit".
-2. Hard slices must fit their GPU. A GPU's *promised* memory is the sum of
-   the memory caps in force on it of every slice in the same folder whose
-   mode there is hard. For a slice that has used the GPU the entry in force
-   is the GPU's own entry, else the slice's default; for a slice that has not
-   used it, its default: any slice may start on any GPU of the host, so its
-   default counts against every GPU it has not used. Elastic slices and
-   slices without a memory cap promise nothing and are not counted. A change
-   that would raise a GPU's promised memory above the GPU's memory is
-   refused, unless overcommit is allowed (then it is a warning). A change
-   that lowers or keeps it is never refused, even on a GPU that is already
-   overcommitted, so an admin can always back out.
+2. Promises must fit their GPU. A GPU's *promised* memory is the sum of
+   what the slices in the same folder are promised on it: a hard slice its
+   guarantee in force (its memory cap, unless a smaller guarantee is set),
+   an elastic slice its guarantee only where one is set. For a slice that
+   has used the GPU the entry in force is the GPU's own entry, else the
+   slice's default; for a slice that has not used it, its default: any slice
+   may start on any GPU of the host, so its default counts against every GPU
+   it has not used. Slices without a memory cap or a guarantee promise
+   nothing and are not counted. A change that would raise a GPU's promised
+   memory above the GPU's memory is refused, unless overcommit is allowed
+   (then it is a warning). A change that lowers or keeps it is never
+   refused, even on a GPU that is already overcommitted, so an admin can
+   always back out. Caps above the guarantees may add up to more than the
+   GPU (that memory is lent; a warning says so): how far is the hub's
+   ``SlicePolicy.memory_oversubscription``, checked when a server starts.
+   Without guarantees the promises are the hard caps, as before guarantees.
+2b. A guarantee is never above the cap it belongs to: a change that would
+   leave one there (a guarantee raised past the cap, or a cap lowered under
+   the guarantee) is refused and says which to change.
 3. A cap below what the slice uses now is applied, with a warning: its
    processes keep what they hold, and new allocations fail until usage falls
    below the cap.
@@ -92,7 +102,7 @@ class Change:
     uuid: str | None = None
     old: Limits | None = None
     new: Limits | None = None
-    fields: tuple = ()  # the fields asked for: memory_limit, sm_share, mode
+    fields: tuple = ()  # the fields asked for: memory_limit, memory_guarantee, sm_share, mode
     errors: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     applied: bool = False
@@ -157,23 +167,38 @@ def in_force(snap, uuid):
     return snap.fallback_limit
 
 
+def promise(limits):
+    """The bytes *limits* (a :class:`Limits`) promise on a GPU (rule 2): a hard
+    slice's guarantee in force, an elastic slice's set guarantee; 0: none."""
+    return limits.guarantee if limits.mode == "hard" else limits.memory_guarantee
+
+
 def _promised(holders):
-    """``[(slice, bytes)]`` of the holders whose limits promise memory (hard, capped)."""
-    return [(name, lim.memory_limit) for name, lim in holders
-            if lim.mode == "hard" and lim.memory_limit]
+    """``[(slice, bytes)]`` of the holders whose limits promise memory (:func:`promise`)."""
+    return [(name, promise(lim)) for name, lim in holders if promise(lim)]
+
+
+def _capped(holders):
+    """``[(slice, cap)]`` of the holders with a memory cap."""
+    return [(name, lim.memory_limit) for name, lim in holders if lim.memory_limit]
 
 
 def commitments(snaps, gpus):
-    """Per known GPU, the memory its hard slices are promised (rule 2 of the module
-    docstring); *snaps* are ``(slice name, snapshot)``.
+    """Per known GPU, the memory its slices are promised (rule 2 of the module
+    docstring) and their caps; *snaps* are ``(slice name, snapshot)``.
 
-    Returns dicts: uuid, name, memory_total, promised (bytes), holders ({slice: bytes}).
+    Returns dicts: uuid, name, memory_total, promised (bytes), holders ({slice:
+    bytes}), capped (the caps' sum, bytes), lent (True when a slice there has a
+    cap above its guarantee: the caps are then more than the promises).
     """
     out = []
     for g in host_gpus([s for _, s in snaps], gpus):
-        holders = _promised([(name, in_force(s, g.uuid)) for name, s in snaps])
+        limits = [(name, in_force(s, g.uuid)) for name, s in snaps]
+        holders = _promised(limits)
         out.append({"uuid": g.uuid, "name": g.name, "memory_total": g.memory_total,
-                    "promised": sum(b for _, b in holders), "holders": dict(holders)})
+                    "promised": sum(b for _, b in holders), "holders": dict(holders),
+                    "capped": sum(b for _, b in _capped(limits)),
+                    "lent": any(lim.memory_limit and lim.lends for _, lim in limits)})
     return out
 
 
@@ -217,7 +242,30 @@ def parse_sm(value, source="SM share"):
     return parse_sm_share(value, source) or 0
 
 
-def check_values(device=None, memory=None, sm=None, mode=None):
+# What an admin writes for "no guarantee of its own": the cap is the guarantee.
+DEFAULT_GUARANTEE = "default"
+
+
+def parse_guarantee(value, source="guarantee"):
+    """Bytes for a guarantee *value* (0: none set, the cap is the guarantee);
+    LimitError for a negative or malformed size. ``0`` and ``default`` mean
+    none; otherwise the grammar of :func:`parse_memory`."""
+    if isinstance(value, str) and value.lower() == DEFAULT_GUARANTEE:
+        return 0
+    if isinstance(value, str) and value.startswith("-"):
+        raise LimitError(f"{source}: {value!r} is negative; give a size such as 2g, or "
+                         f"{DEFAULT_GUARANTEE} (or 0) for none: the cap is then the guarantee")
+    if (isinstance(value, str) and _is_zero(value)) or (
+            isinstance(value, int) and not isinstance(value, bool) and value == 0):
+        return 0
+    try:
+        return parse_memory_limit(value, source)
+    except LimitError:
+        raise LimitError(f"{source}: guarantee {value!r} is not a size; expected a size such as "
+                         f"2g or 2048m, or {DEFAULT_GUARANTEE} (or 0) for none") from None
+
+
+def check_values(device=None, memory=None, sm=None, mode=None, guarantee=None):
     """The problems of a change's values alone, one line each, before any slice
     is read: a malformed size, share, mode or GPU is reported together with
     every other, never hidden behind a slice that cannot be found."""
@@ -227,7 +275,8 @@ def check_values(device=None, memory=None, sm=None, mode=None):
         problems.append(f"--device: {device!r} is neither a GPU index (0-15) nor a GPU UUID "
                         "(GPU-...)")
     for option, raw, parse in (("--memory", memory, parse_memory), ("--sm", sm, parse_sm),
-                               ("--mode", mode, parse_mode)):
+                               ("--mode", mode, parse_mode),
+                               ("--guarantee", guarantee, parse_guarantee)):
         if raw is None:
             continue
         try:
@@ -237,10 +286,11 @@ def check_values(device=None, memory=None, sm=None, mode=None):
     return problems
 
 
-def _new_limits(old, memory, sm, mode, errors):
+def _new_limits(old, memory, sm, mode, errors, guarantee=None):
     values = {}
     for name, raw, parse in (("memory_limit", memory, parse_memory), ("sm_share", sm, parse_sm),
-                             ("mode", mode, lambda v: parse_mode(v, "mode"))):
+                             ("mode", mode, lambda v: parse_mode(v, "mode")),
+                             ("memory_guarantee", guarantee, parse_guarantee)):
         if raw is None:
             continue
         try:
@@ -295,18 +345,41 @@ def _check_fit(change, snap, device, gpus, overcommit):
                                    "GPU yet), so the memory total was not checked")
     for g in touched:
         rest = [(name, in_force(s, g.uuid)) for name, s in others]
-        before = _promised(rest + [(change.slice, in_force(snap, g.uuid))])
-        after = _promised(rest + [(change.slice, change.new)])
+        now = rest + [(change.slice, in_force(snap, g.uuid))]
+        then = rest + [(change.slice, change.new)]
+        before, after = _promised(now), _promised(then)
         total_before, total_after = sum(b for _, b in before), sum(b for _, b in after)
-        if not g.memory_total or total_after <= g.memory_total or total_after <= total_before:
+        if not g.memory_total:
+            continue
+        if total_after <= g.memory_total or total_after <= total_before:
+            _note_lent(change, g, then, now)
             continue
         shares = ", ".join(f"{name} {format_size(b)}" for name, b in after)
-        text = (f"GPU {g.label}: hard slices would be promised {format_size(total_after)} of its "
+        who = "slices" if any(lim.lends for _, lim in then) else "hard slices"
+        text = (f"GPU {g.label}: {who} would be promised {format_size(total_after)} of its "
                 f"{format_size(g.memory_total)} ({shares})")
         if overcommit:
             change.warnings.append(f"{text}; allowed because overcommit is on")
         else:
-            change.errors.append(f"{text}; lower a cap, make a slice elastic, or allow overcommit")
+            change.errors.append(f"{text}; lower a cap or a guarantee, make a slice elastic, or "
+                                 "allow overcommit")
+
+
+def _note_lent(change, g, after, before):
+    """A warning when the caps on GPU *g* come to more than it has while the
+    promises fit: the memory above the guarantees is lent (once per GPU)."""
+    if not any(lim.memory_limit and lim.lends for _, lim in after):
+        return  # no guarantee below a cap: the promises are the caps, checked above
+    capped_after = sum(b for _, b in _capped(after))
+    capped_before = sum(b for _, b in _capped(before))
+    if capped_after <= g.memory_total or capped_after <= capped_before:
+        return
+    text = (f"GPU {g.label}: the caps come to {format_size(capped_after)} of its "
+            f"{format_size(g.memory_total)}; above the guarantees that memory is lent, and the "
+            "memory broker takes it back by parking idle kernels (the hub's "
+            "SlicePolicy.memory_oversubscription bounds it at server starts)")
+    if text not in change.warnings:
+        change.warnings.append(text)
 
 
 def _check_usage(change, snap, device):
@@ -321,15 +394,32 @@ def _check_usage(change, snap, device):
                 "allocations are refused until usage falls below the cap")
 
 
-def propose(path, device=None, memory=None, sm=None, mode=None, *, overcommit=False, gpus=()):
+def _check_guarantee(change):
+    """Rule 2b: the new guarantee (the one set, when a cap moves) not above the new cap."""
+    new = change.new
+    if not (new.memory_limit and new.memory_guarantee > new.memory_limit):
+        return
+    g, cap = format_size(new.memory_guarantee), format_size(new.memory_limit)
+    if "memory_guarantee" in change.fields:
+        change.errors.append(f"a guarantee of {g} is above the memory cap of {cap}: the slice "
+                             f"could never use it; give at most {cap}, or raise the cap too")
+    else:
+        change.errors.append(f"the new cap of {cap} is below the slice's guarantee of {g}; lower "
+                             f"the guarantee too (--guarantee), or choose a cap of at least {g}")
+
+
+def propose(path, device=None, memory=None, sm=None, mode=None, *, overcommit=False, gpus=(),
+            guarantee=None):
     """Check a change without applying it; returns a :class:`Change` whose
     *errors* say why it would be refused and *warnings* what to know."""
     path = Path(path)
     change = Change(path, slice_name(path))
-    change.fields = tuple(n for n, v in (("memory_limit", memory), ("sm_share", sm), ("mode", mode))
+    change.fields = tuple(n for n, v in (("memory_limit", memory), ("memory_guarantee", guarantee),
+                                         ("sm_share", sm), ("mode", mode))
                           if v is not None)
     if not change.fields:
-        change.errors.append("nothing to change: give a memory cap, an SM share or a mode")
+        change.errors.append("nothing to change: give a memory cap, a guarantee, an SM share or "
+                             "a mode")
     try:
         snap = read_snapshot(path)
     except (SliceFileError, OSError) as e:
@@ -346,7 +436,8 @@ def propose(path, device=None, memory=None, sm=None, mode=None, *, overcommit=Fa
             return change
         change.device, change.uuid = found.index, found.uuid
     change.old = found.limit if found else snap.fallback_limit
-    change.new = _new_limits(change.old, memory, sm, mode, change.errors)
+    change.new = _new_limits(change.old, memory, sm, mode, change.errors, guarantee)
+    _check_guarantee(change)
     if found is not None and found.limit_is_fallback:
         change.warnings.append(f"GPU {found.index} gets limits of its own: later changes of the "
                                "slice's default no longer apply to it")
@@ -382,7 +473,7 @@ def _mark(change, log_record):
 
 
 def apply_here(path, device=None, memory=None, sm=None, mode=None, *, overcommit=False, gpus=(),
-               audit_path=None, who=None, uid=None, via=None):
+               audit_path=None, who=None, uid=None, via=None, guarantee=None):
     """Check and apply a change (arguments as :func:`propose`) in this process,
     and log it.
 
@@ -398,7 +489,8 @@ def apply_here(path, device=None, memory=None, sm=None, mode=None, *, overcommit
     if path.exists() and not slice_change.limits_writable(path):
         raise ReadOnlyError(f"{READ_ONLY} of slice {slice_name(path)!r} "
                             "(its limits are not writable for you)")
-    request = dict(device=device, memory=memory, sm=sm, mode=mode, overcommit=overcommit, gpus=gpus)
+    request = dict(device=device, memory=memory, sm=sm, mode=mode, overcommit=overcommit, gpus=gpus,
+                   guarantee=guarantee)
     first = propose(path, **request)
     if not first.ok:  # refused before the audit log is even opened
         raise ChangeError("; ".join(first.errors), first)

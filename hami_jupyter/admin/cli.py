@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..gpus import read_gpus
 from ..slice.paths import SliceNameError, default_root, not_yours, others_skipped, slice_path
+from ..slice.limits import effective_guarantee
 from ..slice.size import format_size
 from ..slice.status import format_text
 from . import actions, changes
@@ -43,6 +44,9 @@ def _gpu_line(g):
     total = g["memory_total"]
     of = f" of {format_size(total)}" if total else ""
     shares = ", ".join(f"{s} {format_size(b)}" for s, b in g["holders"].items())
+    if g.get("lent"):  # a guarantee below a cap: the promises are guarantees, the caps lend
+        return (f"  GPU {g['uuid']}{name}: {format_size(g['promised'])}{of} guaranteed to slices"
+                f"{' (' + shares + ')' if shares else ''}; caps {format_size(g['capped'])}")
     return (f"  GPU {g['uuid']}{name}: {format_size(g['promised'])}{of} promised to hard "
             f"slices{' (' + shares + ')' if shares else ''}")
 
@@ -54,19 +58,28 @@ def _table(rows):
 
 
 def _memory_rows(shown):
-    """One row per slice and GPU: what the slice counts, its cap, and what the guard reads."""
-    rows = [["SLICE", "GPU", "USED", "CAP", "REAL"]]
+    """One row per slice and GPU: what the slice counts, its cap, and what the guard reads;
+    with a GUARANTEED column where some slice has a guarantee below its cap."""
+    entries = []  # (slice, GPU, used, cap, guarantee in force, real)
     for v in shown:
         s = v.status
         if not s["gpus"]:
-            cap = s["default_limit"]["memory_limit"]
-            rows.append([v.name, "-", format_size(0), format_size(cap) if cap else "none", "-"])
+            d = s["default_limit"]
+            entries.append((v.name, "-", 0, d["memory_limit"],
+                            effective_guarantee(d["memory_limit"], d.get("memory_guarantee", 0)),
+                            "-"))
         for g in s["gpus"]:
             real = g.get("memory_real")
-            rows.append([v.name, str(g["index"]), format_size(g["memory_used"]),
-                         format_size(g["memory_limit"]) if g["memory_limit"] else "none",
-                         ("-" if real is None else format_size(real))
-                         + ("  OVER CAP" if g.get("guard_state") == "over" else "")])
+            entries.append((v.name, str(g["index"]), g["memory_used"], g["memory_limit"],
+                            g.get("memory_guarantee", g["memory_limit"]),
+                            ("-" if real is None else format_size(real))
+                            + ("  OVER CAP" if g.get("guard_state") == "over" else "")))
+    lent = any(cap != guarantee for _, _, _, cap, guarantee, _ in entries)
+    rows = [["SLICE", "GPU", "USED", "CAP"] + (["GUARANTEED"] if lent else []) + ["REAL"]]
+    for name, gpu, used, cap, guarantee, real in entries:
+        guaranteed = [format_size(guarantee) if guarantee else "none"] if lent else []
+        rows.append([name, gpu, format_size(used), format_size(cap) if cap else "none",
+                     *guaranteed, real])
     return rows
 
 
@@ -115,9 +128,9 @@ def list_command(args):
 
 def set_command(args):
     """Check and apply one change; print what changed, or why not."""
-    problems = changes.check_values(args.device, args.memory, args.sm, args.mode)
-    if args.memory is None and args.sm is None and args.mode is None:
-        problems.insert(0, "nothing to change: give --memory, --sm or --mode")
+    problems = changes.check_values(args.device, args.memory, args.sm, args.mode, args.guarantee)
+    if args.memory is None and args.sm is None and args.mode is None and args.guarantee is None:
+        problems.insert(0, "nothing to change: give --memory, --guarantee, --sm or --mode")
     try:
         path = slice_path(args.slice, root=args.root)
     except SliceNameError as e:
@@ -129,7 +142,7 @@ def set_command(args):
     try:
         change = actions.apply(path, args.device, args.memory, args.sm, args.mode,
                                overcommit=args.overcommit, gpus=read_gpus()[0],
-                               audit_path=args.audit_log)
+                               audit_path=args.audit_log, guarantee=args.guarantee)
     except changes.ChangeError as e:
         checked = e.change
         for line in checked.errors if checked is not None and checked.errors else [str(e)]:
@@ -234,7 +247,7 @@ def add_slice_commands(subparsers):
     lp.set_defaults(func=list_command, cli_prog=lp.prog)
 
     sp = actions.add_parser(
-        "set", help="change a slice's memory cap, SM share or mode, live",
+        "set", help="change a slice's memory cap, guarantee, SM share or mode, live",
         description="Change one entry of a slice's limits; running kernels follow at their next "
                     "allocation. Without --device the slice's default entry changes: the limits "
                     "of every GPU without limits of its own.")
@@ -242,11 +255,17 @@ def add_slice_commands(subparsers):
     sp.add_argument("--device", metavar="N|UUID",
                     help="one GPU the slice has used: its index in `slice list`, or its UUID")
     sp.add_argument("--memory", metavar="SIZE", help="memory cap, e.g. 4g or 4096m; none for no cap")
+    sp.add_argument("--guarantee", metavar="SIZE",
+                    help="memory the slice keeps whatever others need, e.g. 2g; at most the cap. "
+                         "Above it, up to the cap, memory is lent: the memory broker may park the "
+                         "slice's idle kernels to make room. 0 or default: none (the cap is the "
+                         "guarantee)")
     sp.add_argument("--sm", metavar="PERCENT",
                     help="SM share: a whole percent of each GPU, 1-99; 0 or 100: no share (or none)")
     sp.add_argument("--mode", metavar="MODE", help="how the SM share is held: hard or elastic")
     sp.add_argument("--overcommit", action="store_true",
-                    help="allow hard slices to be promised more memory than a GPU has")
+                    help="allow slices to be promised (hard caps, guarantees) more memory than a "
+                         "GPU has")
     sp.set_defaults(func=set_command, cli_prog=sp.prog)
 
     rp = actions.add_parser(

@@ -299,9 +299,11 @@ class HubSliceForm(LimitsForm):
     def entry_limits(self):
         if self.device.value == DEFAULT:
             d = self.entries[0].get("default_limit") or {}
-            return limit_texts(d.get("memory_limit", 0), d.get("sm_share", 0), d.get("mode", "hard"))
+            limit = d.get("memory_limit", 0)
+            return limit_texts(limit, d.get("sm_share", 0), d.get("mode", "hard"),
+                               d.get("memory_guarantee") or limit)
         e = next(e for e in self.entries if e["uuid"] == self.device.value)
-        return limit_texts(e["memory_limit"], e["sm_share"], e["mode"])
+        return limit_texts(e["memory_limit"], e["sm_share"], e["mode"], e.get("memory_guarantee"))
 
     def preview(self, fields):
         self.show("on Apply: " + ", ".join(f"{k} {v}" for k, v in fields.items()),
@@ -311,8 +313,9 @@ class HubSliceForm(LimitsForm):
         """Send the edited fields to the service; its answer, or None (the message says why)."""
         fields = self.pending()
         if not fields:
-            self.view.show("not applied:", ["nothing to change: edit the memory cap, the SM "
-                                            "share or the mode first"], error=True)
+            self.view.show("not applied:", ["nothing to change: edit the memory cap, the "
+                                            "guarantee, the SM share or the mode first"],
+                           error=True)
             return None
         if self.refuse_malformed():
             self.view.show("not applied:", self.errors, error=True)

@@ -56,6 +56,7 @@ from .. import audit
 from ..gpus import read_gpus
 from ..slice import parking
 from ..slice.paths import default_root
+from ..slice.limits import effective_guarantee
 from ..slice.size import format_size
 from ..slice.status_html import LEVEL_COLOUR, format_html, nowrap, short_id, short_uuid
 from . import actions, changes, hub_client, marks
@@ -136,6 +137,8 @@ def _gpu_table(gpus, message, promised):
         style = f"; color: {LEVEL_COLOUR['critical']}" if over else ""
         shares = " \u00b7 ".join(f"{name}: {format_size(b)}" for name, b in p["holders"].items())
         promised_cell = f'<span style="{style}">{format_size(p["promised"])}</span>'
+        if p.get("lent"):  # guarantees below caps: the promises are the guarantees
+            promised_cell += f" guaranteed, caps {format_size(p['capped'])}"
         if shares:
             promised_cell += f' <span style="{_MUTED}">({escape(shares)})</span>'
         cells = [f'{g.index} <span style="{_MUTED}">{short_uuid(p["uuid"])}</span>'
@@ -207,7 +210,10 @@ class SliceForm(LimitsForm):
             return None
         entry = (status["default_limit"] if self.device.value == DEFAULT else
                  next(g for g in status["gpus"] if g["index"] == self.device.value))
-        return limit_texts(entry["memory_limit"], entry["sm_share"], entry["mode"])
+        guarantee = entry.get("memory_guarantee")
+        if self.device.value == DEFAULT:  # the entry as stored: 0 is "the cap"
+            guarantee = effective_guarantee(entry["memory_limit"], guarantee or 0)
+        return limit_texts(entry["memory_limit"], entry["sm_share"], entry["mode"], guarantee)
 
     def preview(self, fields):
         with self.panel._lock:
@@ -231,7 +237,8 @@ class SliceForm(LimitsForm):
         fields = self.pending()
         if not fields:
             self.show("not applied:", LEVEL_COLOUR["critical"],
-                      ["nothing to change: edit the memory cap, the SM share or the mode first"])
+                      ["nothing to change: edit the memory cap, the guarantee, the SM share "
+                       "or the mode first"])
             return None
         if self.refuse_malformed():
             return None

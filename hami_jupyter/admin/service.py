@@ -13,7 +13,7 @@ leave a change unlogged through the toolkit. This small service, run as root
   only root and members of the admin group (by the group database, the
   caller's primary group included);
 - it reads one request (one JSON line: ``{"op": "set", "slice": NAME,
-  "device", "memory", "sm", "mode", "overcommit"}``, ``{"op": "reset",
+  "device", "memory", "guarantee", "sm", "mode", "overcommit"}``, ``{"op": "reset",
   "slice": NAME}``, or ``{"op": "park"|"resume", "slice": NAME, "kernel_id":
   ID}`` for a kernel of that slice), applies it with :func:`.changes.apply_here` /
   :func:`.changes.reset_here` on the slice of that name under its own root
@@ -234,7 +234,8 @@ class AdminService:
         op = request.get("op")
         try:
             if op == "set":
-                fields = {k: request.get(k) for k in ("device", "memory", "sm", "mode")}
+                fields = {k: request.get(k) for k in ("device", "memory", "sm", "mode",
+                                                      "guarantee")}
                 change = changes.apply_here(path, **fields, overcommit=bool(request.get("overcommit")),
                                             gpus=read_gpus()[0], who=who, uid=uid, via="admin-service")
                 self.log(f"hami-jupyter admin-service: {who} (uid {uid}) applied {change.summary()}")

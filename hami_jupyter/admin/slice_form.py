@@ -4,8 +4,9 @@ are this one form, so both behave alike.
 
 The form edits one *entry* of a slice's limits, picked in its first
 selector: the default entry (:data:`DEFAULT`: every GPU without limits of its
-own) or one GPU. Its inputs are the memory cap, the SM share and the mode,
-then Apply. The rules both views keep:
+own) or one GPU. Its inputs are the memory cap, the guarantee (``default``:
+none, the cap is the guarantee), the SM share and the mode, then Apply. The
+rules both views keep:
 
 * A refresh reloads the inputs only while they show what was loaded
   (:meth:`LimitsForm.pending` is empty), so it never overwrites what an
@@ -32,12 +33,12 @@ import ipywidgets as widgets
 
 from ..slice.limits import LimitError, parse_mode
 from ..slice.status_html import LEVEL_COLOUR
-from .changes import parse_memory, parse_sm
+from .changes import DEFAULT_GUARANTEE, parse_guarantee, parse_memory, parse_sm
 
 DEFAULT = "default"  # the entry selector's value for the slice's default entry
 DEFAULT_LABEL = "default"
 DEFAULT_TOOLTIP = "default: the limits of every GPU without limits of its own"
-FIELDS = ("memory", "sm", "mode")
+FIELDS = ("memory", "guarantee", "sm", "mode")
 MODES = ("hard", "elastic")
 
 FORM_ROW = {"flex_flow": "row wrap", "align_items": "center"}
@@ -60,19 +61,30 @@ def memory_text(n):
     return str(n)
 
 
-def limit_texts(memory_limit, sm_share, mode):
-    """The inputs' texts for an entry's limits (bytes, percent, mode)."""
+def guarantee_text(memory_limit, guarantee):
+    """The guarantee input's text: ``default`` where the guarantee in force
+    (*guarantee*, bytes; None: unknown) is the cap, else the size."""
+    if not guarantee or guarantee == memory_limit:
+        return DEFAULT_GUARANTEE
+    return memory_text(guarantee)
+
+
+def limit_texts(memory_limit, sm_share, mode, guarantee=None):
+    """The inputs' texts for an entry's limits (bytes, percent, mode, and the
+    guarantee in force in bytes)."""
     return {"memory": memory_text(memory_limit),
+            "guarantee": guarantee_text(memory_limit, guarantee),
             "sm": str(sm_share) if sm_share else "none",
             "mode": mode if mode in MODES else "hard"}
 
 
 def value_problems(fields):
-    """What is wrong with the edited *fields* (``memory``, ``sm``, ``mode``
-    texts) alone, one line each, in the words of :func:`.changes.propose`."""
+    """What is wrong with the edited *fields* (``memory``, ``guarantee``,
+    ``sm``, ``mode`` texts) alone, one line each, in the words of
+    :func:`.changes.propose`."""
     problems = []
-    for name, parse in (("memory", parse_memory), ("sm", parse_sm),
-                        ("mode", lambda v: parse_mode(v, "mode"))):
+    for name, parse in (("memory", parse_memory), ("guarantee", parse_guarantee),
+                        ("sm", parse_sm), ("mode", lambda v: parse_mode(v, "mode"))):
         if name in fields:
             try:
                 parse(fields[name])
@@ -108,6 +120,12 @@ class LimitsForm:
                                    tooltip="memory cap per GPU: 4g, 4096m, bytes, or none",
                                    continuous_update=False, style=LABEL_STYLE,
                                    layout=_input_layout("11em"))
+        self.guarantee = widgets.Text(
+            description="guaranteed", placeholder="2g or default",
+            tooltip="memory the slice keeps whatever others need, at most the cap: 2g, 2048m, "
+                    "bytes, or default (the cap). Above it memory is lent: idle kernels may be "
+                    "parked to make room for others",
+            continuous_update=False, style=LABEL_STYLE, layout=_input_layout("12em"))
         self.sm = widgets.Text(description="SM %", placeholder="1-100",
                                tooltip="SM share of each GPU: a whole percent 1-100, or none",
                                continuous_update=False, style=LABEL_STYLE,
@@ -121,10 +139,15 @@ class LimitsForm:
                                            tooltip="check and apply the edited fields now")
         self.message = widgets.HTML()
         self.device.observe(self._on_device, names="value")
-        for w in (self.memory, self.sm, self.mode):
+        for w in self._field_inputs():
             w.observe(self._on_edit, names="value")
         self.apply_button.on_click(lambda _button: self.apply())
-        self.inputs = (self.device, self.memory, self.sm, self.mode, self.apply_button)
+        self.inputs = (self.device, self.memory, self.guarantee, self.sm, self.mode,
+                       self.apply_button)
+
+    def _field_inputs(self):
+        """The inputs of :data:`FIELDS`, in that order."""
+        return (self.memory, self.guarantee, self.sm, self.mode)
 
     def row(self, *extra):
         """The inputs and Apply (then *extra* widgets) as one row."""
@@ -173,14 +196,15 @@ class LimitsForm:
             return
         self._loading = True
         try:
-            self.memory.value, self.sm.value, self.mode.value = (texts[f] for f in FIELDS)
+            for w, f in zip(self._field_inputs(), FIELDS):
+                w.value = texts[f]
         finally:
             self._loading = False
         self._loaded = dict(texts)
 
     def pending(self):
-        """The edited fields, ``{"memory"|"sm"|"mode": text}``: what Apply sends."""
-        now = dict(zip(FIELDS, (self.memory.value, self.sm.value, self.mode.value)))
+        """The edited fields, ``{"memory"|"guarantee"|"sm"|"mode": text}``: what Apply sends."""
+        now = {f: w.value for f, w in zip(FIELDS, self._field_inputs())}
         return {f: now[f] for f in FIELDS if self._loaded and now[f] != self._loaded[f]}
 
     def forget_loaded(self):
@@ -224,8 +248,8 @@ def _lines(items, colour):
     return "".join(f'<div style="color: {colour}">{escape(t)}</div>' for t in items)
 
 
-OVERCOMMIT_TOOLTIP = ("allow memory overcommit: hard slices may then be promised more memory "
-                      "than a GPU has (a warning instead of a refusal)")
+OVERCOMMIT_TOOLTIP = ("allow memory overcommit: slices may then be promised (hard caps, "
+                      "guarantees) more memory than a GPU has (a warning instead of a refusal)")
 
 
 def overcommit_box(value=False):

@@ -194,7 +194,8 @@ class Actions:
                     path, audit_path=self.service.audit_path(), who=actor, via="hub-service"))
                 change = None
             else:
-                fields = {k: request.get(k) for k in ("device", "memory", "sm", "mode")}
+                fields = {k: request.get(k) for k in ("device", "memory", "sm", "mode",
+                                                      "guarantee")}
                 change = await loop.run_in_executor(None, lambda: changes.apply_here(
                     path, **fields, overcommit=bool(request.get("overcommit")), gpus=gpus,
                     audit_path=self.service.audit_path(), who=actor, via="hub-service"))

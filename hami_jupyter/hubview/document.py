@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 READY, PENDING, UNREACHABLE = "ready", "pending", "unreachable"
 
 # Per-GPU figures of a slice_status() GPU entry that the document repeats.
-_SLICE_GPU_FIELDS = ("memory_used", "memory_limit", "memory_parked", "memory_real", "guard_state",
+_SLICE_GPU_FIELDS = ("memory_used", "memory_limit", "memory_guarantee", "memory_parked",
+                     "memory_real", "guard_state",
                      "sm_share", "sm_util", "mode", "memory_level", "limit_is_fallback")
 
 

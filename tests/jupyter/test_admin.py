@@ -277,7 +277,8 @@ def test_panel_apply_writes_the_slice_and_the_audit_log(hami_env, panels, monkey
     assert form.pending() == {} and (form.memory.value, form.sm.value) == ("4g", "25")
 
     form.apply_button.click()  # nothing edited since
-    assert form.errors == ["nothing to change: edit the memory cap, the SM share or the mode first"]
+    assert form.errors == ["nothing to change: edit the memory cap, the guarantee, the SM share "
+                           "or the mode first"]
     assert len(audit_log(hami_env.root)) == 1
 
 
@@ -569,7 +570,8 @@ def test_cli_list_as_text_and_json(hami_env, capsys, charge, no_nvml):
     assert shown["slices"][0]["gpus"][0]["memory_used"] == 100 * MiB + CONTEXT
     assert shown["slices"][1]["default_limit"] == {"memory_limit": GiB, "sm_share": 30, "mode": "hard", "max_decoders": 0, "memory_guarantee": 0}
     assert shown["gpus"] == [{"uuid": uuid, "name": "", "memory_total": 16 * GiB,
-                              "promised": 3 * GiB, "holders": {"alice": 2 * GiB, "bob": GiB}}]
+                              "promised": 3 * GiB, "holders": {"alice": 2 * GiB, "bob": GiB},
+                              "capped": 3 * GiB, "lent": False}]
 
 
 def test_cli_list_shows_the_guards_real_memory(hami_env, capsys, charge, no_nvml):
@@ -712,7 +714,7 @@ def test_cli_set_applies_and_logs(hami_env, capsys, monkeypatch, no_nvml):
     (["alice", "--mode", "turbo"], 2, "SM mode 'turbo' is not one of hard, elastic"),
     (["alice", "--device", "3", "--memory", "1g"], 1, "slice 'alice' has no GPU 3 (it has: none yet)"),
     (["nobody-here", "--memory", "1g"], 1, "slice 'nobody-here' does not exist"),
-    (["alice"], 2, "nothing to change: give --memory, --sm or --mode"),
+    (["alice"], 2, "nothing to change: give --memory, --guarantee, --sm or --mode"),
     (["bad name!", "--memory", "1g"], 2, "invalid slice name 'bad name!'"),
     ([], 2, "the following arguments are required: SLICE"),
 ])
