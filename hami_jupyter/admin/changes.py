@@ -67,6 +67,7 @@ from ..slice.file import SliceFileError, read_snapshot
 from ..slice.limits import (
     LimitError,
     Limits,
+    parse_memory_guarantee,
     parse_memory_limit,
     parse_mode,
     parse_ordinal,
@@ -255,11 +256,8 @@ def parse_guarantee(value, source="guarantee"):
     if isinstance(value, str) and value.startswith("-"):
         raise LimitError(f"{source}: {value!r} is negative; give a size such as 2g, or "
                          f"{DEFAULT_GUARANTEE} (or 0) for none: the cap is then the guarantee")
-    if (isinstance(value, str) and _is_zero(value)) or (
-            isinstance(value, int) and not isinstance(value, bool) and value == 0):
-        return 0
     try:
-        return parse_memory_limit(value, source)
+        return parse_memory_guarantee(value, source)
     except LimitError:
         raise LimitError(f"{source}: guarantee {value!r} is not a size; expected a size such as "
                          f"2g or 2048m, or {DEFAULT_GUARANTEE} (or 0) for none") from None

@@ -20,6 +20,14 @@ differs from its limit, which a request set for every pod by the deployment
 Set ``c.KubeSpawner.profile_list = kubespawner_profiles(policy)``: a callable,
 so each user sees the sizes offered to them.
 
+HAMi has no resource for a guarantee: its scheduler sets ``nvidia.com/gpumem``
+(the whole cap) aside on a GPU for each pod, and the pod's slice has no
+guarantee of its own (the cap is the guarantee). A size's ``guarantee`` is
+therefore not applied on Kubernetes, and its profile says so rather than
+promise it. How far HAMi lets the caps of one GPU add up is HAMi's setting
+(``nvidia.deviceMemoryScaling``), not ``SlicePolicy.memory_oversubscription``:
+the hub does not see which node or GPU a pod lands on (docs/jupyterhub.md).
+
 KubeSpawner puts a profile's ``display_name`` and ``description`` into its
 spawn form as HTML, so they are escaped here: a name shows as written. It
 puts the ``slug`` in as it is (the value of a radio button), and the browser
@@ -39,6 +47,9 @@ from .sizes import PolicyError, SliceSize
 MiB = 1 << 20
 SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
 OWN_SLUG = "(own)"
+# Said in a profile whose size has a guarantee below its cap (see the module docstring).
+NO_GUARANTEE = (" (its guarantee does not apply on Kubernetes: HAMi sets the whole memory cap "
+                "aside for the pod)")
 
 
 def profile(size: SliceSize, hami_resources=True, default=False, slug=None):
@@ -53,10 +64,13 @@ def profile(size: SliceSize, hami_resources=True, default=False, slug=None):
             limits["nvidia.com/gpucores"] = str(size.limits.sm_share)
         override["extra_resource_limits"] = limits
         override["extra_resource_guarantees"] = dict(limits)
+    description = size.description or size.describe(guarantee=False)
+    if size.lends:
+        description += NO_GUARANTEE
     entry = {
         "display_name": html.escape(size.display_name or f"GPU slice {size.name}"),
         "slug": slug or size.name,
-        "description": html.escape(size.description or size.describe()),
+        "description": html.escape(description),
         "kubespawner_override": override,
     }
     if default:

@@ -5,6 +5,12 @@ optionally which GPUs (``gpus``) and limits of their own for some of them
 (``per_gpu``), and how the spawn form shows it. Every value is checked with
 the grammar every other reader shares, so a typo stops the hub at start-up
 with a message naming the size.
+
+``guarantee`` (a size, per GPU like ``memory``; also in ``per_gpu``) is what
+the slice keeps on a GPU whatever others need; the memory cap may reach above
+it, and what lies between is lent (the memory broker takes it back by
+parking the slice's idle kernels). Unset: the cap is the guarantee, as before
+guarantees existed. A guarantee above the size's memory is refused.
 """
 
 from __future__ import annotations
@@ -12,9 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..slice.layout import HAMI_SLICE_MAX_DEVICES
-from ..slice.limits import LimitError, Limits, parse_memory_limit, parse_mode, parse_sm_share
+from ..slice.limits import (
+    LimitError,
+    Limits,
+    check_guarantee,
+    parse_memory_guarantee,
+    parse_memory_limit,
+    parse_mode,
+    parse_sm_share,
+)
 
-_SPEC_KEYS = {"memory", "sm", "mode", "gpus", "per_gpu", "display_name", "description"}
+_SPEC_KEYS = {"memory", "guarantee", "sm", "mode", "gpus", "per_gpu", "display_name", "description"}
+_PER_GPU_KEYS = {"memory", "guarantee", "sm"}
 
 
 class PolicyError(ValueError):
@@ -27,7 +42,8 @@ class SliceSize:
 
     *gpus* are host GPU indices (NVML order) or UUIDs; None means every GPU.
     *per_gpu* (same keys as *gpus*) holds the whole limits of single GPUs
-    that have some of their own.
+    that have some of their own. The guarantee is in the limits
+    (``memory_guarantee``; 0: the cap).
     """
 
     name: str
@@ -37,12 +53,20 @@ class SliceSize:
     display_name: str = ""
     description: str = ""
 
-    def describe(self):
-        """``memory 4.0 GiB, SM 25 % (hard), GPU 0, 1``."""
-        text = self.limits.describe()
+    def describe(self, guarantee=True):
+        """``memory 4.0 GiB, SM 25 % (hard), GPU 0, 1``; ``memory 8.0 GiB (2.0
+        GiB guaranteed), ...`` with a guarantee below the cap (unless
+        *guarantee* is False: where none applies)."""
+        limits = self.limits if guarantee else self.limits.replace(memory_guarantee=0)
+        text = limits.describe()
         if self.gpus is not None:
             text += ", GPU " + ", ".join(str(g) for g in self.gpus)
         return text
+
+    @property
+    def lends(self):
+        """Whether a cap of this size reaches above its guarantee on some GPU."""
+        return self.limits.lends or any(own.lends for own in self.per_gpu.values())
 
     def limits_for(self, gpu_index, gpu_uuid=None):
         """The :class:`Limits` of one host GPU (its own entry, else the size's)."""
@@ -74,6 +98,15 @@ def _gpu_key(value, where):
     return value
 
 
+def _check_guarantee(limits, where):
+    """*limits*, unless its guarantee is above its memory cap: PolicyError naming *where*."""
+    try:
+        check_guarantee(limits.memory_limit, limits.memory_guarantee)
+    except LimitError as e:
+        raise PolicyError(f"{where}: {e}") from None
+    return limits
+
+
 def parse_size_spec(name, spec):
     """A :class:`SliceSize` from its dict form; PolicyError naming the problem."""
     where = f"slice size {name!r}"
@@ -86,19 +119,24 @@ def parse_size_spec(name, spec):
                           f"known: {', '.join(sorted(_SPEC_KEYS))}")
     try:
         memory = parse_memory_limit(spec.get("memory"), f"{where} memory")
+        guarantee = parse_memory_guarantee(spec.get("guarantee"), f"{where} guarantee")
         sm = parse_sm_share(spec.get("sm"), f"{where} sm")
         mode = parse_mode(spec.get("mode"), f"{where} mode") or "hard"
-        limits = Limits(memory or 0, sm or 0, mode)
+        limits = Limits(memory or 0, sm or 0, mode, memory_guarantee=guarantee or 0)
+        _check_guarantee(limits, where)
         per_gpu = {}
         for key, own in (spec.get("per_gpu") or {}).items():
             gwhere = f"{where} per_gpu[{key!r}]"
-            if not isinstance(own, dict) or set(own) - {"memory", "sm"}:
-                raise PolicyError(f"{gwhere}: expected {{'memory': ..., 'sm': ...}}, not {own!r}")
+            if not isinstance(own, dict) or set(own) - _PER_GPU_KEYS:
+                raise PolicyError(f"{gwhere}: expected {{'memory': ..., 'guarantee': ..., "
+                                  f"'sm': ...}}, not {own!r}")
             own_memory = parse_memory_limit(own.get("memory"), f"{gwhere} memory")
+            own_guarantee = parse_memory_guarantee(own.get("guarantee"), f"{gwhere} guarantee")
             own_sm = parse_sm_share(own.get("sm"), f"{gwhere} sm")
-            per_gpu[_gpu_key(key, gwhere)] = limits.replace(
+            per_gpu[_gpu_key(key, gwhere)] = _check_guarantee(limits.replace(
                 **({"memory_limit": own_memory} if own_memory is not None else {}),
-                **({"sm_share": own_sm or 0} if own.get("sm") is not None else {}))
+                **({"memory_guarantee": own_guarantee} if own_guarantee is not None else {}),
+                **({"sm_share": own_sm or 0} if own.get("sm") is not None else {})), gwhere)
     except LimitError as e:
         raise PolicyError(str(e)) from None
     gpus = spec.get("gpus")

@@ -76,6 +76,18 @@ def _device_limits(size, gpus):
     return limits, entered
 
 
+def size_gpus(size, gpus):
+    """The UUIDs of the host GPUs *size* may use (its ``gpus``), for the policy
+    record: what the hub's admission counts the slice against at later
+    starts. None for every GPU; an index this host does not have is left out."""
+    if size.gpus is None:
+        return None
+    by_key = {}
+    for g in gpus:
+        by_key[g.index] = by_key[g.uuid] = g.uuid
+    return [by_key[k] if k in by_key else k for k in size.gpus if k in by_key or isinstance(k, str)]
+
+
 _log = logging.getLogger("hami_jupyter.hub")
 
 
@@ -89,7 +101,8 @@ def prepare_user_slice(name, size: SliceSize, uid, gid, root, admin_group=None, 
     root.mkdir(mode=0o755, parents=True, exist_ok=True)
     path = slice_path(name, root=root)
     limits = size.limits
-    device_limits, entered = _device_limits(size, read_gpus()[0] if gpus is None else gpus)
+    host = read_gpus()[0] if gpus is None else gpus
+    device_limits, entered = _device_limits(size, host)
     admin_gid = grp.getgrnam(admin_group).gr_gid if admin_group else -1
     policy = marks.state_of(limits, {uuid: device_limits[i] for i, (uuid, _) in enumerate(entered)})
     audit_log = _prepare_audit_log(root, admin_gid if admin_group else -1)
@@ -103,6 +116,7 @@ def prepare_user_slice(name, size: SliceSize, uid, gid, root, admin_group=None, 
                                             device_limits=device_limits)
         os.chown(lpath, -1, admin_gid)
         marks.write_json(marks.policy_path(path), {"size": size.name, "limits": policy,
+                                                   "gpus": size_gpus(size, host),
                                                    "when": audit.utc_now()})
         mark = None if created else marks.admin_mark(path)
         if created:

@@ -185,6 +185,20 @@ def parse_memory_limit(value, source):
     return size
 
 
+def parse_memory_guarantee(value, source):
+    """Bytes for a memory guarantee written like a memory limit (``2g``,
+    ``2048m``, bytes), or None when not set here. 0 is allowed and means
+    none: the limit is the guarantee (the file's meaning of 0)."""
+    if value is None:
+        return None
+    text = _text(value, source, "memory guarantee", f"a size; expected {ACCEPTED_FORMS}")
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise LimitError(f"{source}: memory guarantee {value!r} is not a size; expected "
+                         f"{ACCEPTED_FORMS}") from None
+
+
 # A small whole number as settings are written: 1-3 ASCII digits, nothing else
 # (config.c's parse_small). re.ASCII keeps out other scripts' digits, which
 # str.isdigit() accepts; fullmatch keeps out a trailing newline, which $ allows.

@@ -261,3 +261,26 @@ def test_a_written_out_own_size_picked_in_the_form_starts_with_it():
     picked = options_from_form(p)({"slice_size": [value]} if value else {})
     size = p.choose("alice", (), picked.get("slice_size"))
     assert size.limits.memory_limit == 8 << 30 and size.limits.sm_share == 30
+
+
+# ---- guarantees (issue 28, item 1) ------------------------------------------------
+
+def test_a_sizes_guarantee_is_in_its_limits_and_its_form_text():
+    p = policy(sizes={"lent": {"memory": "8g", "guarantee": "2g", "sm": 25},
+                      "kept": {"memory": "4g"}},
+               default="kept", groups={}, users={}, offer={"*": ["lent"]})
+    lent = p.choose("dave", [], "lent")
+    assert (lent.limits.memory_limit, lent.limits.memory_guarantee) == (8 * GiB, 2 * GiB)
+    html = options_form(p)(spawner("dave"))
+    assert "lent: memory 8.0 GiB (2.0 GiB guaranteed), SM 25 % (hard)" in html
+    assert "kept: memory 4.0 GiB, SM unlimited" in html  # no guarantee: nothing more said
+
+
+def test_kubespawner_profiles_say_a_guarantee_does_not_apply():
+    p = policy(sizes={"lent": {"memory": "8g", "guarantee": "2g"}, "kept": {"memory": "4g"}},
+               default="kept", groups={}, users={}, offer={"*": ["lent"]})
+    kept, lent = kubespawner_profiles(p)(spawner("dave"))
+    assert lent["description"] == ("memory 8.0 GiB, SM unlimited (its guarantee does not apply on "
+                                   "Kubernetes: HAMi sets the whole memory cap aside for the pod)")
+    assert lent["kubespawner_override"]["extra_resource_limits"]["nvidia.com/gpumem"] == "8192"
+    assert kept["description"] == "memory 4.0 GiB, SM unlimited"
