@@ -37,3 +37,19 @@ def live_slot(path, index, *, pid, kernel_id="", used=None, **fields):
         del slot
     fcntl.fcntl(fd, locks.F_OFD_SETLK, locks.flock_bytes(fcntl.F_WRLCK, layout.slot_offset(index)))
     return fd
+
+
+def enter_gpu(path, index, uuid, memory_total):
+    """Enter GPU *uuid* at slice device index *index*, as the first process of
+    the slice to use it does (its UUID and memory, state ready)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with mmap.mmap(fd, layout.FILE_SIZE, mmap.MAP_SHARED) as m:
+            d = layout.HamiSliceDevice.from_buffer(
+                m, layout.DEVICES_OFFSET + index * ctypes.sizeof(layout.HamiSliceDevice))
+            d.uuid = uuid.encode()
+            d.memory_total = memory_total
+            d.state = layout.HAMI_DEVICE_READY
+            del d
+    finally:
+        os.close(fd)

@@ -30,6 +30,14 @@ start-up with a message naming the size, never at a user's spawn.
 With ``next_sizes_file`` set, a size an administrator picked for a user's
 next start (through the hub service, on Kubernetes, where a running slice
 cannot grow: :mod:`.next_sizes`) beats all of the above until it is cleared.
+
+A size may carry a ``guarantee`` below its ``memory`` (the cap): memory the
+slice keeps whatever others need, the rest up to the cap lent. Once any size
+has one, or ``memory_oversubscription`` is set, the hub admits a start only
+if every GPU it may use has room (:mod:`.admission`): the guarantees of the
+running servers' slices and the new one no more than the GPU's memory, their
+caps no more than ``memory_oversubscription`` (1.0 unless set) times it. A
+policy with neither starts every server as before: the hub adds nothing up.
 """
 
 from __future__ import annotations
@@ -38,10 +46,10 @@ import grp
 import os
 import pwd
 
-from traitlets import Dict, Unicode, Union
+from traitlets import Dict, Float, Unicode, Union
 from traitlets.config import LoggingConfigurable
 
-from . import next_sizes, spawner
+from . import admission, next_sizes, spawner
 from .sizes import PolicyError, parse_size_spec
 
 class SlicePolicy(LoggingConfigurable):
@@ -81,6 +89,16 @@ class SlicePolicy(LoggingConfigurable):
              "hub starts, against the groups in the hub's database then (groups created "
              "later are not rechecked).")
 
+    memory_oversubscription = Float(
+        None, allow_none=True, config=True,
+        help="How far the memory caps of the slices on one GPU may add up, as a multiple of "
+             "the GPU's memory (a float >= 1.0; 4.0: caps may add up to 4x the GPU), when a "
+             "server starts; their guarantees never add up to more than the GPU. The memory "
+             "above the guarantees is lent: the node's memory broker takes it back by parking "
+             "idle kernels. None (the default): 1.0 once any size has a guarantee, and no "
+             "check at all for a policy without guarantees (as before they existed). Single "
+             "host only: on Kubernetes HAMi's scheduler places pods (docs/jupyterhub.md).")
+
     GROUP_SOURCES = ("jupyterhub", "unix", "both")
 
     def __init__(self, **kwargs):
@@ -88,6 +106,10 @@ class SlicePolicy(LoggingConfigurable):
         if self.group_source not in self.GROUP_SOURCES:
             raise PolicyError(f"group_source: {self.group_source!r} is not one of "
                               f"{', '.join(map(repr, self.GROUP_SOURCES))}")
+        over = self.memory_oversubscription
+        if over is not None and not over >= 1.0:  # NaN too
+            raise PolicyError(f"memory_oversubscription: {over!r} is below 1.0; give 1.0 (caps "
+                              "never add up to more than a GPU) or more (4.0: up to 4x a GPU)")
         self._sizes = {name: parse_size_spec(name, spec) for name, spec in self.sizes.items()}
         self._default = self._entry(self.default, "default") if self.default is not None else None
         self._users = {u: self._entry(v, f"users[{u!r}]") for u, v in self.users.items()}
@@ -225,6 +247,35 @@ class SlicePolicy(LoggingConfigurable):
     @property
     def size_names(self):
         return list(self._sizes)
+
+    # ---- admission ---------------------------------------------------------------
+
+    @property
+    def checks_admission(self):
+        """Whether starts are admitted by the GPUs' room (:mod:`.admission`):
+        once ``memory_oversubscription`` is set or any size has a guarantee."""
+        if self.memory_oversubscription is not None:
+            return True
+        sizes = [*self._sizes.values(), *self._users.values(), *self._groups.values(),
+                 *([self._default] if self._default is not None else [])]
+        return any(size.lends for size in sizes)
+
+    @property
+    def oversubscription(self):
+        """The factor in force: ``memory_oversubscription``, else 1.0."""
+        return 1.0 if self.memory_oversubscription is None else self.memory_oversubscription
+
+    def admit(self, user, size, running_users, gpus=None):
+        """Refuse (:class:`.admission.AdmissionError`) *user*'s start with *size*
+        when a GPU it may use has no room; nothing when admission is off.
+        *running_users*: users with a server started or starting (None: every
+        slice under the root counts); *gpus*: the host's (default: NVML's)."""
+        if not self.checks_admission or size is None:
+            return
+        if gpus is None:
+            from ..gpus import read_gpus
+            gpus = read_gpus()[0]
+        admission.check(user, size, self.slice_root, self.oversubscription, running_users, gpus)
 
     def configure_spawner(self, c):
         """Wire this policy into a single-host hub's config: the slice files and

@@ -18,6 +18,11 @@ started with the extension enabled on its command line
 kernelspec goes through ``hami-provisioner`` and the REST API, metrics and
 parking are there.
 
+Before the slice is made, the hook admits the start (:mod:`.admission`, when
+the policy uses guarantees or ``memory_oversubscription``): a start the GPUs
+have no room for is refused with a 400 that names the GPU and the slices
+holding guarantees there.
+
 JupyterHub keeps a start's user options (``orm_spawner.user_options``) and
 reuses them for every later start that names none. A refused size is
 therefore dropped from them before the refusal is raised: the next plain
@@ -29,6 +34,7 @@ import html
 from .. import native
 from ..provisioning.hub_slice import VARIABLE as HUB_SLICE_VARIABLE
 from ..slice.paths import user_slice_name
+from . import admission
 from .sizes import PolicyError
 from .slice_files import owner_of, prepare_user_slice
 
@@ -92,6 +98,14 @@ def pre_spawn_hook(policy):
         if size is None:
             spawner.log.info("hami-jupyter: no slice size for %s: the server runs without limits", user)
             return
+        try:
+            policy.admit(user, size, admission.hub_running_users(spawner))
+        except admission.AdmissionError as e:
+            # The size is the user's to have; only the GPUs are full now. The
+            # pick is kept: a later start may find room.
+            spawner.log.warning("hami-jupyter: refusing %s's start: %s", user, e)
+            from tornado.web import HTTPError
+            raise HTTPError(400, str(e)) from None
         name = user_slice_name({"JUPYTERHUB_USER": user})
         uid, gid = owner_of(user)
         path = prepare_user_slice(name, size, uid, gid, policy.slice_root, policy.admin_group,

@@ -86,6 +86,7 @@ def find_chp():
 
 class Hub:
     python = sys.executable  # runs the hub (a subclass may pick another)
+    policy_lines = ""  # config lines of a module's own, before the policy is built
 
     def __init__(self, tmp):
         self.tmp = tmp
@@ -121,7 +122,7 @@ class Hub:
             c.SlicePolicy.default = "small"
             c.SlicePolicy.offer = {{"*": ["small", "large"]}}
             c.SlicePolicy.slice_root = {str(self.slice_root)!r}
-            SlicePolicy(config=c).configure_spawner(c)
+            """) + textwrap.dedent(self.policy_lines) + textwrap.dedent("""            SlicePolicy(config=c).configure_spawner(c)
             """)
         path = self.tmp / "jupyterhub_config.py"
         path.write_text(config)
