@@ -5,10 +5,12 @@ service (``hami-jupyter hub-service``) answers this user: the service's
 document (:mod:`hami_jupyter.hubview.document`), drawn as
 
 - one section per node: a table per GPU (name, memory of all its slices
-  against the GPU's, parked memory, what the guard really sees, SM use, a
-  chart of the last minutes with the GPU's memory as a dashed line), then the
-  slices on it with their users, caps, SM share and use, and their kernels
-  with their idle time;
+  against the GPU's, parked memory, the sums of their caps and of their
+  guarantees, what NVML and the guard really see, SM use, a chart of the last
+  minutes with the GPU's memory as a dashed line, and who waits for room on
+  it), then the slices on it with their users, caps and guarantees, SM share
+  and use, and their kernels with their idle time, why one was parked and
+  what one waits for;
 - the same controls as the local panel: per kernel interrupt, restart, shut
   down, park or resume; per server stop; per slice a resize form (memory, SM
   share, mode; one GPU's entry or the default) that the service applies live
@@ -29,6 +31,7 @@ from html import escape
 import ipywidgets as widgets
 
 from ..slice.size import format_size
+from ..slice.status import PARK_REASON_WORDS, room_wait_text
 from ..slice.status_html import LEVEL_COLOUR, short_id, short_uuid
 from .hub_client import HubServiceError
 from .parked_rows import ParkedRow
@@ -74,16 +77,43 @@ def _real(value, state):
 def _kernel_label(k):
     where = f"{escape(k['user'] or '?')}" + (f"/{escape(k['server'])}" if k.get("server") else "")
     state = k.get("execution_state") or "?"
-    parked = (f", {escape(k['park_state'])} {format_size(k['memory_parked'])}"
+    why = PARK_REASON_WORDS.get(k.get("park_reason")) if k.get("park_state") == "parked" else None
+    parked = (f", {escape(k['park_state'])}{' ' + escape(why) if why else ''} "
+              f"{format_size(k['memory_parked'])}"
               if k.get("park_state", "running") != "running" else "")
+    room = room_wait_text(k.get("room_wait"))
+    parked += f", {escape(room)}" if room else ""
     return (f"{short_id(k['kernel_id'])} {where} "
             f"<span style='{_MUTED}'>{escape(k.get('slice') or 'no slice')} on "
             f"{escape(k['node'])}: {format_size(k['memory_used'])}, SM {k['sm_util']} %, "
             f"{escape(state)}, idle {_idle(k.get('idle_seconds'))}{parked}</span>")
 
 
-def gpu_html(node, gpu, history):
-    """One GPU of *node*: its facts, a chart, and its slices with their kernels."""
+def _cap_cell(s):
+    """A slice's cap on a GPU, with its guarantee where that is less."""
+    guarantee = s.get("memory_guarantee")
+    if guarantee is None or guarantee == (s["memory_limit"] or 0):
+        return _cap(s["memory_limit"])
+    return f"{_cap(s['memory_limit'])} <span style='{_MUTED}'>({format_size(guarantee)} guaranteed)</span>"
+
+
+def _waiting_html(gpu):
+    """Who waits for room on *gpu*, oldest first; "" when nobody does."""
+    waiting = gpu.get("waiting") or []
+    if not waiting:
+        return ""
+    who = "; ".join(
+        f"{escape(w['user'] or w['slice'])}"
+        + (f" ({short_id(w['kernel_id'])})" if w.get("kernel_id") else f" (pid {w['pid']})")
+        + f" {escape(room_wait_text(w))}" for w in waiting)
+    return (f'<div class="hami-hub-waiting" style="color: {LEVEL_COLOUR["warning"]}">'
+            f"Waiting for room on this GPU: {who}</div>")
+
+
+def gpu_html(node, gpu, history, oversubscription=None):
+    """One GPU of *node*: its facts, a chart, who waits for room on it, and its
+    slices with their kernels. *oversubscription*: the policy's factor, when
+    the hub admits starts by it (its caps' bound is then shown)."""
     key = f"{node['node']}/{gpu['uuid']}"
     chart = sparkline(history.get("gpus", {}).get(key, []), label=f"GPU {gpu['uuid']}")
     name = escape(gpu.get("name") or "GPU")
@@ -94,8 +124,11 @@ def gpu_html(node, gpu, history):
             f"{', ' + format_size(gpu['memory_parked']) + ' parked' if gpu['memory_parked'] else ''}"
             f", caps {format_size(gpu['memory_limits'])}"
             f"{' (+' + str(gpu['uncapped_slices']) + ' without a cap)' if gpu['uncapped_slices'] else ''}"
+            f"{_bound(gpu, oversubscription)}"
+            f", guaranteed {format_size(gpu.get('memory_guarantees', gpu['memory_limits']))}"
+            f"{_on_gpu(gpu)}"
             f", real (guard) {_real(gpu['memory_real'], None)}, SM {gpu['sm_util']} % &nbsp; "
-            f"{chart}</div>")
+            f"{chart}</div>") + _waiting_html(gpu)
     rows = []
     for s in gpu["slices"]:
         level = s.get("memory_level") or "ok"
@@ -104,24 +137,39 @@ def gpu_html(node, gpu, history):
         rows.append(_row([
             f"<b>{escape(s['slice'])}</b>", escape(", ".join(s["users"])),
             f'<span style="color: {colour}">{format_size(s["memory_used"])}</span> / '
-            f"{_cap(s['memory_limit'])}",
+            f"{_cap_cell(s)}",
             format_size(s["memory_parked"]) if s["memory_parked"] else "-",
             _real(s["memory_real"], s["guard_state"]), share, f"{s['sm_util']} %",
             "<br>".join(_kernel_label(k) for k in s["kernels"]) or f"<span style='{_MUTED}'>-</span>",
         ]))
     table = _table("hami-hub-slices",
-                   ["slice", "users", "used / cap", "parked", "real (guard)", "SM share", "SM use",
+                   ["slice", "users", "used / cap (guarantee)", "parked", "real (guard)", "SM share",
+                    "SM use",
                     "kernels (memory on this GPU, state, idle)"], rows) if rows else ""
     return head + table
 
 
-def node_html(node, history):
+def _bound(gpu, oversubscription):
+    """" (up to 4 x the GPU at a start)": the bound the hub's admission holds the caps to."""
+    if not oversubscription or not gpu.get("memory_total"):
+        return ""
+    return (f" (up to {format_size(int(oversubscription * gpu['memory_total']))}, "
+            f"{oversubscription:g} x the GPU, at a start)")
+
+
+def _on_gpu(gpu):
+    """", 9.0 GiB on the GPU (NVML)": every process's bytes, where NVML told."""
+    used = gpu.get("nvml_memory_used")
+    return "" if used is None else f", {format_size(used)} on the GPU (NVML)"
+
+
+def node_html(node, history, oversubscription=None):
     """A node: its GPUs, kernels holding no GPU memory, and slices it could not read."""
     parts = [f'<h4 class="hami-hub-node" style="margin: 8px 0 2px 0">node {escape(node["node"])} '
              f'<span style="{_MUTED}; font-weight: normal">{len(node["servers"])} server(s)</span></h4>']
     if node.get("gpu_facts_error") and not node["gpus"]:
         parts.append(f'<div style="{_MUTED}">{escape(node["gpu_facts_error"])}</div>')
-    parts += [gpu_html(node, g, history) for g in node["gpus"]]
+    parts += [gpu_html(node, g, history, oversubscription) for g in node["gpus"]]
     if node["kernels_without_gpu"]:
         parts.append("<div>Kernels holding no GPU memory: "
                      + "; ".join(_kernel_label(k) for k in node["kernels_without_gpu"]) + "</div>")
@@ -383,7 +431,8 @@ class HubView:
                             f"server(s); as {escape(str(document.get('viewer')))}; refreshed by the "
                             f"service every {self.service.get('refresh_seconds', '?')} s</span>")
         self.unreachable.value = servers_html(document)
-        self.nodes.value = "".join(node_html(n, history) for n in nodes) or \
+        over = self.service.get("memory_oversubscription")
+        self.nodes.value = "".join(node_html(n, history, over) for n in nodes) or \
             "<div>No server answered yet.</div>"
         self.users.value = users_html(document)
         self._update_parked()

@@ -10,7 +10,8 @@ It adds to the config what the service needs and nothing more:
 
 - a managed service (``c.JupyterHub.services``) named *name* that runs
   ``hami-jupyter hub-service`` on loopback; its settings come from the policy
-  (the slice root, the size names, the next-sizes file) and the arguments;
+  (the slice root, the size names, the next-sizes file, the oversubscription
+  its admission holds caps to) and the arguments;
 - a role for it (``c.JupyterHub.load_roles``) with these scopes, each for one
   reason: ``list:users`` (find every user with a running server),
   ``read:servers`` (their servers' URLs and state), ``read:users:activity``
@@ -101,6 +102,8 @@ def register_hub_service(c, policy=None, *, name="hami-hub", port=10101, url=Non
     if policy is not None:
         args.append(f"--slice-root={policy.slice_root}")
         args += [f"--HamiHubService.sizes={s}" for s in policy.size_names]
+        if policy.checks_admission and not kubernetes:
+            args.append(f"--HamiHubService.memory_oversubscription={policy.oversubscription!r}")
         next_sizes_file = next_sizes_file or policy.next_sizes_file
     if next_sizes_file:
         args.append(f"--next-sizes-file={next_sizes_file}")

@@ -120,6 +120,9 @@ class HamiHubService(Application):
         "Where administrators' picks for users' next starts go (the same file as "
         "SlicePolicy.next_sizes_file); None: no such picks."))
     sizes = List(Unicode(), config=True, help="The policy's size names, offered as next sizes.")
+    memory_oversubscription = Float(None, allow_none=True, config=True, help=(
+        "The policy's SlicePolicy.memory_oversubscription in force when the hub admits starts "
+        "by the GPUs' room (None: it does not), shown beside each GPU's caps."))
 
     @default("hub_api_url")
     def _hub_api_url(self):
@@ -190,6 +193,7 @@ class HamiHubService(Application):
                             "kubernetes": self.kubernetes, "sizes": list(self.sizes),
                             "next_sizes": bool(self.next_sizes_file),
                             "allow_stop_server": self.allow_stop_server,
+                            "memory_oversubscription": self.memory_oversubscription,
                             "slice_root": self.slice_root}}
 
     # ---- refreshing ----

@@ -7,8 +7,10 @@ the slices of its kernels (:mod:`hami_jupyter.server.kernel_slices`); here
 they become::
 
     {"nodes": [{"node", "gpus": [{"uuid", "index", "name", "memory_total", ...totals,
+                                  "waiting": [waiter, ...],
                                   "slices": [{"slice", "users", "memory_used",
-                                              "memory_limit", "memory_parked",
+                                              "memory_limit", "memory_guarantee",
+                                              "memory_parked",
                                               "memory_real", "guard_state",
                                               "sm_share", "sm_util", "mode",
                                               "kernels": [kernel, ...]}]}],
@@ -27,6 +29,15 @@ kernels owned by the server that runs it. A server that did not answer is in
 A node's ``parked`` are the processes the guard there parked (each slice's
 ``guard.parked``, as its servers read the guard's report), once each: an
 administrator resumes or ends them (:mod:`.actions`).
+
+Each GPU's totals (issue 28): ``memory_guarantees`` and ``memory_limits``,
+the sums of its slices' guarantees (the cap where none is set; 0 from a
+server that predates guarantees: its cap) and caps; ``memory_used`` (what
+the slices count), ``nvml_memory_used`` (what NVML sees on the GPU, every
+process's), ``memory_parked`` (their parked kernels' bytes, in host memory);
+and ``waiting``: who waits for room on it now, one entry per process (the
+slots' ``room_wait``): ``{"slice", "user", "server", "kernel_id", "pid",
+"bytes", "since_unix"}``, oldest first (the order the memory broker serves).
 """
 
 from dataclasses import dataclass, field
@@ -101,6 +112,8 @@ def _kernel_entry(k, node, slice_name, owner, activity, uuid=None):
             "slice": slice_name, "kernelspec": k.get("kernelspec"),
             "memory_used": memory, "memory_parked": parked, "sm_util": sm,
             "park_state": k.get("park_state", "running"),
+            "park_reason": k.get("park_reason"),
+            "room_wait": k.get("room_wait"),
             "execution_state": act.get("execution_state"),
             "idle_seconds": act.get("idle_seconds"),
             "pids": [p["pid"] for p in k.get("processes", [])]}
@@ -113,7 +126,7 @@ def _on_gpu(kernel, uuid):
 
 def _new_gpu(uuid):
     return {"uuid": uuid, "index": None, "name": "", "memory_total": 0,
-            "nvml_memory_used": None, "utilization": None, "slices": []}
+            "nvml_memory_used": None, "utilization": None, "slices": [], "waiting": []}
 
 
 def _new_node(name):
@@ -169,14 +182,40 @@ def _slice_entry(status, uuid, g, node_name, node, users):
     return entry
 
 
+def _guarantee(s):
+    """A slice entry's guarantee on its GPU; its cap from a server that sends none."""
+    g = s.get("memory_guarantee")
+    return (s["memory_limit"] or 0) if g is None else g
+
+
+def _waiters(status, node):
+    """``{uuid: [waiter, ...]}`` of a slice's processes that wait for GPU room."""
+    found = {}
+    procs = [(k, p) for k in status.get("kernels", []) for p in k.get("processes", [])]
+    procs += [(None, p) for p in status.get("other_processes", [])]
+    for k, p in procs:
+        wait = p.get("room_wait")
+        if not isinstance(wait, dict) or not wait.get("uuid"):
+            continue
+        user, server = node["owners"].get(k["kernel_id"], (None, None)) if k else (None, None)
+        found.setdefault(wait["uuid"], []).append({
+            "slice": status["slice"], "user": user or (k or {}).get("user"), "server": server,
+            "kernel_id": k["kernel_id"] if k else None, "pid": p.get("pid"),
+            "bytes": wait.get("bytes") or 0, "since_unix": wait.get("since_unix")})
+    return found
+
+
 def _gpu_totals(gpu):
     slices = gpu["slices"]
     reals = [s["memory_real"] for s in slices]
+    gpu["waiting"].sort(key=lambda w: (w["since_unix"] or 0, w["pid"] or 0))
     gpu.update(
         memory_used=sum(s["memory_used"] or 0 for s in slices),
         memory_parked=sum(s["memory_parked"] or 0 for s in slices),
         memory_real=None if not slices or None in reals else sum(reals),
         memory_limits=sum(s["memory_limit"] or 0 for s in slices),
+        memory_guarantees=sum(_guarantee(s) for s in slices),
+        room_wait_bytes=sum(w["bytes"] for w in gpu["waiting"]),
         uncapped_slices=sum(1 for s in slices if not s["memory_limit"]),
         sm_util=sum(s["sm_util"] or 0 for s in slices),
         kernels=sum(len(s["kernels"]) for s in slices),
@@ -193,6 +232,8 @@ def _nodes(gathered):
         for key, status in sorted(node["slices"].items()):
             users = sorted({k.get("user") for k in status.get("kernels", []) if k.get("user")}
                            | node["reporters"].get(key, set()))
+            for uuid, waiters in _waiters(status, node).items():
+                node["gpus"].setdefault(uuid, _new_gpu(uuid))["waiting"].extend(waiters)
             for g in status.get("gpus", []):
                 gpu = node["gpus"].setdefault(g["uuid"], _new_gpu(g["uuid"]))
                 if not gpu["memory_total"]:

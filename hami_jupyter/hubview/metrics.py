@@ -24,6 +24,12 @@ GPU_GAUGES = (
      "memory_used"),
     ("hami_hub_gpu_memory_limit_bytes", "Sum of the memory caps of the slices on the GPU "
      "(slices without a cap add nothing)", "memory_limits"),
+    ("hami_hub_gpu_memory_guarantee_bytes", "Sum of the memory guarantees of the slices on the "
+     "GPU (a slice's cap where it has no guarantee of its own)", "memory_guarantees"),
+    ("hami_hub_gpu_room_waiting_processes", "Processes waiting for room on the GPU (the memory "
+     "broker makes it by parking idle kernels)", "room_waiters"),
+    ("hami_hub_gpu_room_waiting_bytes", "Bytes the processes waiting for room on the GPU asked "
+     "for", "room_wait_bytes"),
     ("hami_hub_gpu_memory_parked_bytes", "GPU memory of parked kernels of the GPU, held in host "
      "memory", "memory_parked"),
     ("hami_hub_gpu_memory_real_bytes", "GPU memory the slices on the GPU really use, as the "
@@ -45,7 +51,12 @@ def _families(document):
         for gpu in node["gpus"]:
             labels = (node["node"], gpu["uuid"], gpu.get("name") or "")
             for family, (_, _, key) in zip(families, GPU_GAUGES):
-                value = len(gpu["slices"]) if key is None else gpu.get(key)
+                if key is None:
+                    value = len(gpu["slices"])
+                elif key == "room_waiters":
+                    value = len(gpu.get("waiting") or [])
+                else:
+                    value = gpu.get(key)
                 if value is not None:
                     family.add_metric(labels, value)
     for s in document.get("servers", []):

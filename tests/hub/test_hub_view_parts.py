@@ -408,3 +408,108 @@ def test_the_hub_view_shows_parked_processes_with_resume_and_end():
     view.show_document({**doc.build([doc.Reading(doc.ServerRef("alice", "", "/user/alice/"), answer(
         "n1", [status("alice", [])], {}))], 1001.0), "service": {"node": "n1"}})
     assert view.parked_rows == {} and view.parked_box.layout.display == "none"
+
+
+# ---- guarantees, sums per GPU, who waits (issue 28, items 1 and 4) ----------------------
+
+def waiting_kernel(kid, user, mib, wait_gib, since):
+    k = kernel(kid, user, mib)
+    k["processes"][0].update(pid=77, room_wait={"uuid": GPU, "bytes": wait_gib * GiB,
+                                                "since_unix": since})
+    k["room_wait"] = k["processes"][0]["room_wait"]
+    return k
+
+
+def lending_document(service=None):
+    """alice: 8 GiB cap, 2 GiB guaranteed, one kernel parked to make room; bob:
+    4 GiB cap from a server that sends no guarantee (its cap), one process
+    waiting for 3 GiB since 900.0."""
+    alice = status("alice", [kernel("k1", "alice", 100)], used=100 * MiB, limit=8 * GiB)
+    alice["gpus"][0]["memory_guarantee"] = 2 * GiB
+    alice["kernels"][0].update(park_state="parked", park_reason="room", memory_parked=GiB)
+    bob = status("bob", [waiting_kernel("k2", "bob", 50, 3, 900.0)], used=50 * MiB, limit=4 * GiB)
+    readings = [doc.Reading(doc.ServerRef("alice", "", "/user/alice/"),
+                            answer("n1", [alice], {"k1": "alice"})),
+                doc.Reading(doc.ServerRef("bob", "", "/user/bob/"),
+                            answer("n1", [bob], {"k2": "bob"}))]
+    return {**doc.build(readings, 1000.0), "service": service or {"node": "n1"}}
+
+
+def test_each_gpu_sums_guarantees_and_caps_and_lists_who_waits():
+    from prometheus_client.core import Metric  # noqa: F401 (prometheus_client is there)
+
+    from hami_jupyter.hubview import metrics
+
+    (gpu,) = lending_document()["nodes"][0]["gpus"]
+    assert (gpu["memory_guarantees"], gpu["memory_limits"]) == (2 * GiB + 4 * GiB, 12 * GiB)
+    assert (gpu["memory_used"], gpu["nvml_memory_used"]) == (150 * MiB, GiB)
+    assert gpu["waiting"] == [{"slice": "bob", "user": "bob", "server": "", "kernel_id": "k2",
+                               "pid": 77, "bytes": 3 * GiB, "since_unix": 900.0}]
+    assert gpu["room_wait_bytes"] == 3 * GiB
+    samples = {f.name: [s.value for s in f.samples]
+               for f in metrics._families(lending_document())}
+    assert samples["hami_hub_gpu_memory_guarantee_bytes"] == [6 * GiB]
+    assert samples["hami_hub_gpu_room_waiting_processes"] == [1]
+    assert samples["hami_hub_gpu_room_waiting_bytes"] == [3 * GiB]
+
+
+def test_the_hub_view_shows_guarantees_parked_kernels_and_waiters():
+    import time
+
+    from hami_jupyter.admin.hub_view import HubView
+
+    document = lending_document({"node": "n1", "memory_oversubscription": 4.0})
+    view = HubView(FakeClient(document), document)
+    text = view.nodes.value
+    assert "caps 12.0 GiB (up to 64.0 GiB, 4 x the GPU, at a start), guaranteed 6.0 GiB, " \
+           "1.0 GiB on the GPU (NVML)" in text
+    clock = time.strftime("%H:%M", time.localtime(900.0))
+    assert "Waiting for room on this GPU: bob (" in text
+    assert f"waiting for 3.0 GiB of GPU room since {clock}" in text
+    assert "8.0 GiB <span style='color: var(--jp-ui-font-color2, #757575)'>(2.0 GiB guaranteed)" \
+           in text
+    assert "parked to make room for another user&#x27;s work" in text
+
+    form = view.slice_forms[("n1", "alice")]
+    assert form.guarantee.value == "default"  # the default entry: none of its own sent
+    form.device.value = GPU
+    assert (form.memory.value, form.guarantee.value) == ("8g", "2g")
+    form.guarantee.value = "3g"
+    assert form.apply() is not None
+    assert view.client.acts[-1] == {"action": "resize", "node": "n1", "slice": "alice",
+                                    "device": GPU, "overcommit": False, "guarantee": "3g"}
+    assert view.slice_forms[("n1", "bob")].guarantee.value == "default"
+
+
+def test_the_service_applies_a_guarantee_to_a_slice_of_its_node(tmp_path):
+    from hami_jupyter import audit
+    from hami_jupyter.slice.create import create_limits_file, create_slice
+    from hami_jupyter.slice.file import read_snapshot
+    from hami_jupyter.slice.limits import Limits
+
+    path = tmp_path / "alice.slice"
+    create_slice(path, "alice", Limits(8 * GiB))
+    create_limits_file(path, Limits(8 * GiB))
+    real = {**status("alice", [kernel("k1", "alice", 10)], limit=8 * GiB), "path": str(path)}
+    d = doc.build([doc.Reading(doc.ServerRef("alice", "", "/user/alice/"),
+                               answer("n1", [real], {"k1": "alice"}))], 0.0)
+    answer_ = run(fake_service(tmp_path, document=d), action="resize", node="n1", slice="alice",
+                  guarantee="2g")
+    assert answer_["ok"] and "(2.0 GiB guaranteed)" in answer_["message"]
+    assert read_snapshot(path).fallback_limit.memory_guarantee == 2 * GiB
+    [record] = audit.read_records(tmp_path / "audit.log")
+    assert record["who"] == "ada (JupyterHub)" and record["new"]["memory_guarantee"] == 2 * GiB
+
+
+def test_registering_the_service_tells_it_the_policys_oversubscription():
+    for settings, expected in (({"memory_oversubscription": 4.0}, "4.0"),
+                               ({"sizes": {"s": {"memory": "8g", "guarantee": "2g"}}}, "1.0"),
+                               ({}, None)):
+        c = Config()
+        c.SlicePolicy.sizes = settings.pop("sizes", {"s": {"memory": "8g"}})
+        for k, v in settings.items():
+            setattr(c.SlicePolicy, k, v)
+        command = register_hub_service(c, SlicePolicy(config=c))["command"]
+        given = [a.split("=", 1)[1] for a in command
+                 if a.startswith("--HamiHubService.memory_oversubscription=")]
+        assert given == ([expected] if expected else [])
