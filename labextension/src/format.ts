@@ -12,6 +12,7 @@ import {
   IParkFields,
   IParkResult,
   IResumeResult,
+  IRoomWait,
   ISliceKernel,
   IThresholds,
   Level,
@@ -505,18 +506,48 @@ export function statusGuardClass(status: IKernelSliceStatus | null): string | nu
 }
 
 /**
+ * `"guaranteed 2.0 GiB of the 8.0 GiB cap"` for a GPU whose guarantee is below
+ * its cap (`"guaranteed 4.0 GiB, no cap"` without a cap), the words of `%hami
+ * status`; `null` where the guarantee is the cap (none set, as without
+ * oversubscription) or the server sends none (older servers).
+ */
+export function guaranteeText(gpu: IGpuStatus): string | null {
+  const guarantee = gpu.memory_guarantee;
+  if (typeof guarantee !== 'number' || !Number.isFinite(guarantee)) {
+    return null;
+  }
+  const limit = count(gpu.memory_limit);
+  if (count(guarantee) === limit) {
+    return null;
+  }
+  if (limit === 0) {
+    return `guaranteed ${formatBytes(guarantee)}, no cap`;
+  }
+  return `guaranteed ${formatBytes(guarantee)} of the ${formatBytes(limit)} cap`;
+}
+
+/** What lies between a guarantee and its cap, for a tooltip. */
+export const LENT_TEXT =
+  'Above the guarantee, memory is lent: while the GPU is short, idle kernels of this slice may ' +
+  'be parked to make room for others (never a running cell).';
+
+/**
  * One line per GPU: `"GPU 0: 1.2 / 4.0 GiB · SM 23 % / 25 %"`; with memory of
  * parked kernels held in host memory
  * `"GPU 0: 1.2 / 4.0 GiB · SM 23 % / 25 % · 8.0 GiB parked"`; where the
  * guard's figure differs from the reported one (realText)
- * `"GPU 0: 1.2 / 4.0 GiB · real 1.4 GiB (guard) · SM 23 % / 25 %"`.
+ * `"GPU 0: 1.2 / 4.0 GiB · real 1.4 GiB (guard) · SM 23 % / 25 %"`; where the
+ * guarantee is below the cap (guaranteeText)
+ * `"GPU 0: 1.2 / 8.0 GiB · guaranteed 2.0 GiB of the 8.0 GiB cap · SM 23 %"`.
  */
 export function gpuText(gpu: IGpuStatus): string {
   const parked = count(gpu.memory_parked);
   const real = realText(gpu);
+  const guaranteed = guaranteeText(gpu);
   return (
     `GPU ${gpu.index}: ${formatMemory(count(gpu.memory_used), count(gpu.memory_limit))}` +
     (real !== null ? ` · ${real}` : '') +
+    (guaranteed !== null ? ` · ${guaranteed}` : '') +
     ` · ${formatSM(count(gpu.sm_util), count(gpu.sm_share))}` +
     (parked > 0 ? ` · ${formatBytes(parked)} parked` : '')
   );
@@ -540,7 +571,7 @@ export function tooltipText(status: IKernelSliceStatus | null): string {
     lines.push(...guardOverLines(status));
     if (status.kernel) {
       const park = parkInfo(status.kernel);
-      const own = parkTooltipText(park);
+      const own = parkTooltipText(park, parkReasonText(status.kernel));
       lines.push(
         own ??
           `This kernel: ${formatBytes(count(status.kernel.memory_used))}` +
@@ -548,6 +579,10 @@ export function tooltipText(status: IKernelSliceStatus | null): string {
       );
       if (park.wait !== null && (park.state === 'parked' || park.state === 'resuming')) {
         lines.push(`The resume waits for ${park.wait}`);
+      }
+      const room = roomWaitText(status.kernel.room_wait);
+      if (room !== null) {
+        lines.push(`This kernel is ${room}`);
       }
     }
   }
@@ -594,6 +629,44 @@ export function parkInfo(fields: IParkFields | null | undefined): IParkInfo {
     parked: count(fields?.memory_parked),
     wait: typeof wait === 'string' && wait.trim() !== '' ? wait.trim() : null
   };
+}
+
+/**
+ * Why a parked kernel was parked, in words (PARK_REASON_WORDS): `"to make room
+ * for another user's work"`; `null` while it is not parked, and for a reason
+ * the server does not send or this extension does not know.
+ */
+export function parkReasonText(fields: IParkFields | null | undefined): string | null {
+  const reason = fields?.park_reason;
+  if (parkInfo(fields).state !== 'parked' || typeof reason !== 'string') {
+    return null;
+  }
+  return Object.prototype.hasOwnProperty.call(PARK_REASON_WORDS, reason) ? PARK_REASON_WORDS[reason] : null;
+}
+
+/**
+ * Why a kernel was parked, by the reason the server sends (`park_reason`), in
+ * the words of `%hami status`.
+ */
+export const PARK_REASON_WORDS: Readonly<Record<string, string>> = Object.freeze({
+  idle: 'while idle',
+  asked: 'on request',
+  room: "to make room for another user's work",
+  guard: 'by the guard (over the cap outside the library)'
+});
+
+/**
+ * `"waiting for 8.0 GiB of GPU room since 14:02"` for a wait for room on a
+ * full GPU (the memory broker makes it by parking idle kernels); `null`
+ * without one (or from an older server).
+ */
+export function roomWaitText(wait: IRoomWait | null | undefined): string | null {
+  if (wait === null || typeof wait !== 'object') {
+    return null;
+  }
+  const since = wait.since_unix;
+  const when = typeof since === 'number' && Number.isFinite(since) && since > 0 ? ` since ${clockText(since)}` : '';
+  return `waiting for ${formatBytes(count(wait.bytes))} of GPU room${when}`;
 }
 
 export const PARKING_TEXT = 'vGPU parking…';
@@ -645,11 +718,14 @@ export function statusParkClass(status: IKernelSliceStatus | null): string | nul
 }
 
 /** The tooltip's line for this kernel while it is not running; `null` while it runs. */
-function parkTooltipText(park: IParkInfo): string | null {
+function parkTooltipText(park: IParkInfo, why: string | null = null): string | null {
   const bytes = formatBytes(park.parked);
   switch (park.state) {
     case 'parked':
-      return `This kernel: parked, ${bytes} in host memory; it comes back before the next cell`;
+      return (
+        `This kernel: parked${why !== null ? ` ${why}` : ''}, ${bytes} in host memory; ` +
+        'it comes back before the next cell'
+      );
     case 'parking':
       return `This kernel: parking, ${bytes} in host memory so far`;
     case 'resuming':
@@ -661,7 +737,9 @@ function parkTooltipText(park: IParkInfo): string | null {
 
 /**
  * The park line of a kernel's row in the panel; `null` while it runs:
- * `"parked: 8.0 GiB in host memory"`, with what a resume waits for
+ * `"parked: 8.0 GiB in host memory"`, with why when the server says
+ * `"parked to make room for another user's work: 8.0 GiB in host memory"`,
+ * with what a resume waits for
  * `"parked: 8.0 GiB in host memory · resume waits for free memory on the GPU"`;
  * `"resuming: 8.0 GiB in host memory"` (and what it waits for);
  * `"parking: 3.0 GiB in host memory so far"`, or `"parking…"` before any.
@@ -670,9 +748,10 @@ export function kernelParkText(kernel: IParkFields | null | undefined): string |
   const park = parkInfo(kernel);
   const bytes = formatBytes(park.parked);
   const wait = park.wait !== null ? ` · resume waits for ${park.wait}` : '';
+  const why = parkReasonText(kernel);
   switch (park.state) {
     case 'parked':
-      return `parked: ${bytes} in host memory${wait}`;
+      return `parked${why !== null ? ` ${why}` : ''}: ${bytes} in host memory${wait}`;
     case 'resuming':
       return `resuming: ${bytes} in host memory${wait}`;
     case 'parking':
@@ -680,6 +759,18 @@ export function kernelParkText(kernel: IParkFields | null | undefined): string |
     default:
       return null;
   }
+}
+
+/**
+ * The note under a kernel in the panel: its park line (kernelParkText) and its
+ * wait for GPU room (roomWaitText), joined by " · "; `null` when it has
+ * neither (running, not waiting).
+ */
+export function kernelNoteText(kernel: IParkFields | null | undefined): string | null {
+  const parts = [kernelParkText(kernel), roomWaitText(kernel?.room_wait)].filter(
+    (t): t is string => t !== null
+  );
+  return parts.length > 0 ? parts.join(' · ') : null;
 }
 
 export type ParkAction = 'park' | 'resume';

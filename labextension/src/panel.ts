@@ -2,6 +2,9 @@
  * The right-side panel: the current kernel's slice, its GPUs, and every kernel
  * in it with its GPU memory and SM use, biggest first, and where a kernel's
  * memory is parked in host memory, how much and what its resume waits for.
+ * A kernel's note says why it was parked ("parked to make room for another
+ * user's work") and what it waits for ("waiting for 8.0 GiB of GPU room since
+ * 14:02"); a GPU's line, its guarantee where that is below the cap.
  * Kernels of this server get buttons to park or resume them (whichever
  * applies) and to interrupt, restart or shut them down. Each GPU and each
  * kernel has two small live charts of the last minutes (the setting
@@ -50,8 +53,10 @@ import {
   gpuText,
   guardOverLines,
   guardParkedLines,
+  guaranteeText,
   heldLines,
-  kernelParkText,
+  kernelNoteText,
+  LENT_TEXT,
   LEVEL_CLASSES,
   levelClass,
   memoryFraction,
@@ -362,7 +367,8 @@ export class SlicePanel extends Widget {
       parts.item.classList.add(levelClass(gpuLevel(gpu, model.thresholds)));
       parts.item.classList.toggle(GUARD_OVER_CLASS, gpuGuardOver(gpu));
       parts.text.textContent = gpuText(gpu);
-      parts.text.title = gpu.uuid ? `${gpuText(gpu)}\n${gpu.uuid}` : gpuText(gpu);
+      const lent = guaranteeText(gpu) !== null ? `\n${LENT_TEXT}` : '';
+      parts.text.title = (gpu.uuid ? `${gpuText(gpu)}\n${gpu.uuid}` : gpuText(gpu)) + lent;
       parts.charts.update(model.history.gpu(key), time);
       if (this._gpus.children[position] !== parts.item) {
         this._gpus.insertBefore(parts.item, this._gpus.children[position] ?? null);
@@ -458,7 +464,7 @@ export class SlicePanel extends Widget {
     parts.meta.title = parts.meta.textContent;
 
     const state = parkInfo(kernel).state;
-    const parkText = kernelParkText(kernel);
+    const parkText = kernelNoteText(kernel);
     parts.row.dataset.parkState = state;
     parts.row.classList.toggle('hami-kernel-parked', state !== 'running');
     parts.park.textContent = parkText ?? '';

@@ -32,6 +32,28 @@ export interface IParkFields {
    * "free memory on the GPU"; null or missing: nothing.
    */
   park_wait?: string | null;
+  /**
+   * Why the kernel was parked: `idle` (the server's idle policy), `asked`
+   * (a user or an administrator), `room` (the memory broker, to make room
+   * for another user's work), `guard` (over the cap outside the library);
+   * null or missing while not parked, or unknown.
+   */
+  park_reason?: string | null;
+  /**
+   * A wait for room on a full GPU (the memory broker makes it by parking idle
+   * kernels): the oldest of the kernel's processes'; null or missing: none.
+   */
+  room_wait?: IRoomWait | null;
+}
+
+/** A process's wait for GPU room (its slot's room_wait fields). */
+export interface IRoomWait {
+  /** The GPU it waits on. */
+  uuid?: string | null;
+  /** The bytes it asked for. */
+  bytes?: number;
+  /** When the wait began (Unix seconds). */
+  since_unix?: number;
 }
 
 /**
@@ -95,6 +117,13 @@ export interface IGpuStatus extends IGuardGpuFields {
   memory_peak?: number;
   /** Bytes; 0: no cap on this GPU. */
   memory_limit: number;
+  /**
+   * Bytes the slice keeps on this GPU whatever others need: its guarantee,
+   * the cap where none is set. Above it, up to the cap, memory is lent (the
+   * memory broker may take it back by parking idle kernels). Missing (older
+   * servers): the cap.
+   */
+  memory_guarantee?: number;
   memory_level?: Level;
   sm_count?: number;
   /** Percent; 0: no SM limit. */
@@ -152,6 +181,8 @@ export interface IKernelSliceStatus {
   memory_limit?: number;
   /** The index of the GPU `memory_used` and `memory_limit` are of; null before any GPU. */
   memory_gpu?: number | null;
+  /** That GPU's guarantee in bytes (the cap where none is set); missing: the cap. */
+  memory_guarantee?: number;
   /**
    * The server's level of the whole slice, measured with warning_fraction and
    * critical_fraction: used only where there is no cap to measure here.

@@ -21,8 +21,10 @@ import {
   guardOverText,
   guardParkedLines,
   guardParkedText,
+  guaranteeText,
   heldLines,
   heldText,
+  kernelNoteText,
   kernelParkText,
   levelClass,
   memoryFraction,
@@ -34,6 +36,7 @@ import {
   parkAction,
   parkErrorText,
   parkInfo,
+  parkReasonText,
   parkResultText,
   parkStatusText,
   parseKernelStatus,
@@ -43,6 +46,7 @@ import {
   RESUMING_CLASS,
   RESUMING_TEXT,
   resumeResultText,
+  roomWaitText,
   shortId,
   sliceLevel,
   sliceText,
@@ -855,5 +859,77 @@ describe('what the guard parked and a lowered cap (issue 27)', () => {
     expect(clockText(1_000_000)).toMatch(/^\d\d:\d\d$/);
     expect(heldLines(slice({ gpus: [gpu()] }))).toEqual([]);
     expect(heldText(gpu({ over_cap_since: null }))).toBeNull();
+  });
+});
+
+/* Guarantees, park reasons and waits for room (issue 28). */
+
+describe('a guarantee below the cap', () => {
+  it('is said in the words of %hami status, only where it differs from the cap', () => {
+    const lent = gpu({ memory_used: GIB, memory_limit: 8 * GIB, memory_guarantee: 2 * GIB });
+    expect(guaranteeText(lent)).toBe('guaranteed 2.0 GiB of the 8.0 GiB cap');
+    expect(guaranteeText(gpu({ memory_limit: 0, memory_guarantee: 4 * GIB }))).toBe('guaranteed 4.0 GiB, no cap');
+    expect(guaranteeText(gpu({ memory_limit: 8 * GIB, memory_guarantee: 8 * GIB }))).toBeNull();
+    expect(guaranteeText(gpu({ memory_limit: 8 * GIB }))).toBeNull(); // an older server
+  });
+
+  it('shows on the GPU line and in the tooltip', () => {
+    const lent = gpu({ memory_used: GIB, memory_limit: 8 * GIB, memory_guarantee: 2 * GIB, sm_util: 3 });
+    expect(gpuText(lent)).toBe('GPU 0: 1.0 / 8.0 GiB · guaranteed 2.0 GiB of the 8.0 GiB cap · SM 3 %');
+    expect(tooltipText(inSlice({ gpus: [lent] })).split('\n')[1]).toBe(gpuText(lent));
+    expect(gpuText(gpu({ memory_used: GIB, memory_limit: 8 * GIB, memory_guarantee: 8 * GIB }))).toBe(
+      'GPU 0: 1.0 / 8.0 GiB · SM 0 %'
+    );
+  });
+
+  it('survives reading the server answer', () => {
+    const json = { ...inSlice(), gpus: [{ ...gpu({ memory_limit: 8 * GIB }), memory_guarantee: 2 * GIB }] };
+    const status = parseKernelStatus(JSON.parse(JSON.stringify(json)));
+    expect(guaranteeText(status!.gpus![0])).toBe('guaranteed 2.0 GiB of the 8.0 GiB cap');
+  });
+});
+
+describe('why a kernel was parked, and a wait for GPU room', () => {
+  const parked = (fields: Record<string, unknown> = {}): ISliceKernel =>
+    ({ ...kernel('k', 0), park_state: 'parked', memory_parked: 8 * GIB, ...fields }) as ISliceKernel;
+  const since = new Date(2026, 10, 26, 14, 2, 30).getTime() / 1000;
+
+  it("says a kernel was parked to make room for another user's work", () => {
+    expect(parkReasonText(parked({ park_reason: 'room' }))).toBe("to make room for another user's work");
+    expect(kernelParkText(parked({ park_reason: 'room' }))).toBe(
+      "parked to make room for another user's work: 8.0 GiB in host memory"
+    );
+    expect(kernelParkText(parked({ park_reason: 'idle' }))).toBe('parked while idle: 8.0 GiB in host memory');
+    expect(kernelParkText(parked({ park_reason: 'asked' }))).toBe('parked on request: 8.0 GiB in host memory');
+    // Unknown, missing, or not parked (any more): no reason is made up.
+    expect(kernelParkText(parked({ park_reason: 'toString' }))).toBe('parked: 8.0 GiB in host memory');
+    expect(parkReasonText(parked({ park_reason: null }))).toBeNull();
+    expect(parkReasonText(parked({ park_state: 'resuming', park_reason: 'room' }))).toBeNull();
+  });
+
+  it("tells the kernel's own user in the tooltip", () => {
+    const status = withPark({ park_state: 'parked', memory_parked: 8 * GIB, memory_used: 0, park_reason: 'room' });
+    expect(tooltipText(status).split('\n')[2]).toBe(
+      "This kernel: parked to make room for another user's work, 8.0 GiB in host memory; it comes back " +
+        'before the next cell'
+    );
+  });
+
+  it('says how much room a waiting process asked for, since when', () => {
+    const wait = { uuid: 'GPU-0', bytes: 8 * GIB, since_unix: since };
+    expect(roomWaitText(wait)).toBe('waiting for 8.0 GiB of GPU room since 14:02');
+    expect(roomWaitText({ bytes: 512 * MIB })).toBe('waiting for 512 MiB of GPU room');
+    expect(roomWaitText(null)).toBeNull();
+    expect(roomWaitText(undefined)).toBeNull();
+    const waiting = { ...kernel('k', GIB), room_wait: wait };
+    expect(kernelNoteText(waiting)).toBe('waiting for 8.0 GiB of GPU room since 14:02');
+    expect(kernelNoteText(parked({ park_reason: 'room', room_wait: wait }))).toBe(
+      "parked to make room for another user's work: 8.0 GiB in host memory · waiting for 8.0 GiB of GPU " +
+        'room since 14:02'
+    );
+    expect(kernelNoteText(kernel('k', GIB))).toBeNull();
+    expect(tooltipText(withPark({ room_wait: wait })).split('\n')[3]).toBe(
+      'This kernel is waiting for 8.0 GiB of GPU room since 14:02'
+    );
   });
 });
