@@ -63,6 +63,12 @@ c.SlicePolicy.offer = {"research": ["small", "large"]}
 # c.SlicePolicy.group_source = "unix"
 # Members of this Unix group may resize slices live (AdminPanel, hami-jupyter slice set).
 c.SlicePolicy.admin_group = "hami-admin"
+# Oversubscription: a size may keep less than its cap for sure, e.g.
+# "shared": {"memory": "16g", "guarantee": "4g"} (4 GiB kept, the 12 GiB above
+# lent: the memory broker parks idle kernels to take them back). The hub then
+# admits a start only if the GPUs have room: guarantees within each GPU, caps
+# within memory_oversubscription times it (docs/jupyterhub.md).
+# c.SlicePolicy.memory_oversubscription = 4.0
 
 # No GPU (trying the set-up out): the simulated GPU, one state for all users;
 # see docs/single-host.md, "Running without a GPU" for the state file's mode.
