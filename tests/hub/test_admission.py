@@ -163,6 +163,18 @@ def test_without_nvml_the_gpus_the_slice_files_record_count(tmp_path):
                                          "the guarantees there would come to 32.0 GiB")
 
 
+def test_a_size_picked_for_the_next_start_is_the_one_admitted(tmp_path):
+    from hami_jupyter.hub import next_sizes
+
+    picks = tmp_path / "next.json"
+    p = policy(tmp_path, memory_oversubscription=4.0, next_sizes_file=str(picks))
+    start(p, "ann", "big")
+    start(p, "ben", running={"ann"})  # his own size, "shared": 2 GiB kept
+    next_sizes.pick(picks, "ben", "big", by="ada")  # an administrator's pick for his next start
+    with pytest.raises(AdmissionError, match="cannot guarantee slice 'ben' 12.0 GiB"):
+        start(p, "ben", running={"ann", "ben"})
+
+
 def test_the_hub_writes_the_guarantee_and_the_gpus_a_size_may_use(tmp_path):
     from hami_jupyter.admin import marks
 

@@ -17,7 +17,7 @@ CONTEXT = 64 * MiB  # the simulated GPU's context
 USER = "alice"
 
 SUMMARY_KEYS = {"kernel_id", "in_slice", "slice", "path", "memory_used", "memory_limit",
-                "memory_gpu", "memory_level", "sm_share", "sm_util", "kernel", "gpus", "kernels",
+                "memory_gpu", "memory_guarantee", "memory_level", "sm_share", "sm_util", "kernel", "gpus", "kernels",
                 "warning_fraction", "critical_fraction", "memory_real", "guard_state", "guard"}
 NO_GUARD = {"running": False, "action": None, "written_unix": None, "error": None, "elsewhere": [], "parked": []}
 
@@ -56,8 +56,8 @@ def check_against_file(body):
     # The top-level memory is the fullest GPU's: the highest used / cap of them all.
     fullest = max(status["gpus"], key=lambda g: g["memory_used"] / g["memory_limit"])
     assert body["memory_gpu"] == fullest["index"]
-    assert (body["memory_used"], body["memory_limit"]) == \
-        (fullest["memory_used"], fullest["memory_limit"])
+    assert (body["memory_used"], body["memory_limit"], body["memory_guarantee"]) == \
+        (fullest["memory_used"], fullest["memory_limit"], fullest["memory_guarantee"])
     mine = next(k for k in status["kernels"] if k["kernel_id"] == body["kernel_id"])
     assert without_heartbeat(body["kernel"]) == without_heartbeat(
         {k: mine[k] for k in ("memory_used", "sm_util", "processes", "memory_parked", "park_state",
@@ -76,6 +76,7 @@ async def test_kernel_usage_follows_the_slice_file(start_kernel, get_json, slice
     assert (body["memory_used"], body["memory_limit"], body["memory_level"]) == \
         (0, slice_env.memory_limit, "ok")
     assert body["memory_gpu"] is None
+    assert body["memory_guarantee"] == slice_env.memory_limit  # none set: the cap
     assert (body["sm_share"], body["sm_util"], body["gpus"]) == (slice_env.sm_share, 0, [])
     assert body["kernel"] == {"memory_used": 0, "sm_util": 0, "processes": [], "memory_parked": 0,
                               "park_state": "running", "park_wait": None,
