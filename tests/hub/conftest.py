@@ -12,6 +12,9 @@
   then the hub, then anything of this hub still alive (found by a tag in
   every process's environment), each step bounded; a process that outlived
   the hub fails the test.
+* ``admitting_hub`` (one per module): the same, with admission on
+  (``memory_oversubscription``) and a size ``whole`` (16 GiB, the simulated
+  GPU's all) offered too; its hub reads no NVML.
 
 Without JupyterHub and Jupyter Server installed the test is skipped, unless
 ``HAMI_REQUIRE_HUB_E2E`` is set (dev/test.sh sets it): then it fails, so CI
@@ -335,10 +338,9 @@ class Hub:
         return end_tagged(TAG_ENV, self.tag, grace=5)
 
 
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
+def _running(hub_class, tmp_path_factory):
     _require_jupyterhub()
-    h = Hub(tmp_path_factory.mktemp("hub"))
+    h = hub_class(tmp_path_factory.mktemp("hub"))
     try:
         h.start()
         yield h
@@ -347,3 +349,29 @@ def hub(tmp_path_factory):
     if left:
         pytest.fail("processes of the hub outlived it and were killed: "
                     + "; ".join(f"{pid}: {cmd}" for pid, cmd in left), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    yield from _running(Hub, tmp_path_factory)
+
+
+class AdmittingHub(Hub):
+    """The hub above with a size no one fits beside, and admission on (issue
+    28, item 4). Its process reads no NVML (as a hub on a host without a
+    driver): the GPU is the one the slice files record, the simulated 16 GiB
+    one, whatever GPU the machine running the tests has."""
+
+    policy_lines = """\
+        import hami_jupyter.gpus
+        hami_jupyter.gpus.read_gpus = lambda: ([], "NVML is off in this test's hub")
+        c.SlicePolicy.sizes = {**c.SlicePolicy.sizes, "whole": {"memory": "16g"}}
+        c.SlicePolicy.offer = {"*": ["small", "large", "whole"]}
+        c.SlicePolicy.memory_oversubscription = 4.0
+        """
+
+
+@pytest.fixture(scope="module")
+def admitting_hub(tmp_path_factory):
+    """``hub`` with admission on: ``whole`` (16 GiB, kept whole) offered too."""
+    yield from _running(AdmittingHub, tmp_path_factory)

@@ -17,8 +17,6 @@ import asyncio
 import pytest
 from traitlets.config import Config
 
-from conftest import Hub as HubProcess
-from conftest import _require_jupyterhub
 from hami_jupyter.hub import SlicePolicy
 from hami_jupyter.slice.file import read_snapshot
 
@@ -145,41 +143,14 @@ def test_hub_group_names_reads_the_hub_database(tmp_path):
     assert hub_group_names(object()) is None
 
 
-class AdmittingHub(HubProcess):
-    """The conftest's hub, with a size no one else fits beside and admission on
-    (issue 28, item 4). The hub process reads no NVML (as a hub on a host
-    without a driver): the GPU is the one the slice files record, the
-    simulated 16 GiB one, whatever GPU the machine running the tests has."""
-
-    policy_lines = """\
-        import hami_jupyter.gpus
-        hami_jupyter.gpus.read_gpus = lambda: ([], "NVML is off in this test's hub")
-        c.SlicePolicy.sizes = {**c.SlicePolicy.sizes, "whole": {"memory": "16g"}}
-        c.SlicePolicy.offer = {"*": ["small", "large", "whole"]}
-        c.SlicePolicy.memory_oversubscription = 4.0
-        """
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    _require_jupyterhub()
-    h = AdmittingHub(tmp_path_factory.mktemp("hub"))
-    try:
-        h.start()
-        yield h
-    finally:
-        left = h.stop()
-    if left:
-        pytest.fail("processes of the hub outlived it and were killed: "
-                    + "; ".join(f"{pid}: {cmd}" for pid, cmd in left), pytrace=False)
-
-
 GPU_CELL = "from hami_jupyter import driver_memory as d\nd.init()\nprint(d.mem_get_info()[1])\n"
 
 
 @pytest.mark.slow
-def test_a_real_hub_forgets_a_refused_size(hub):
-    # The `hub` fixture (conftest.py): "small" is the default, "large" offered.
+def test_a_real_hub_forgets_a_refused_size(admitting_hub):
+    # The `hub` fixture (conftest.py), admission on: "small" is the default,
+    # "large" and "whole" offered.
+    hub = admitting_hub
     status, reply = hub.spawn("yuki", {"slice_size": "huge"}, expect=(400,))
     assert "no slice size named 'huge'" in str(reply)
     assert hub.wait_spawn("yuki") is None
