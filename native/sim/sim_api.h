@@ -101,6 +101,9 @@ int hamiSimDriverInternal(int device, unsigned long long bytes);
 /* GRAPHICS nonzero: NVML lists this process among the graphics processes
  * (nvmlDeviceGetGraphicsRunningProcesses*) instead of the compute ones. */
 int hamiSimGraphicsProcess(int graphics);
+/* *COUNT: the events this process holds (created, not destroyed, their
+ * context alive). */
+int hamiSimEvents(unsigned long long *count);
 
 /* ---- NVML ----------------------------------------------------------------- */
 

@@ -98,7 +98,22 @@
  *                               CUDA device DEV become SIZE (0 gives them back)
  *   graphics [0|1]              hamiSimGraphicsProcess: NVML lists this process as a graphics
  *                               process (1, the default) or a compute one (0)
+ *   events                      hamiSimEvents: how many events this process holds
  *   event NS                    timing events around one kernel: query, synchronize, elapsed time
+ *   stream [NAME [nonblocking]] cuStreamCreate (flags 0, or CU_STREAM_NON_BLOCKING) in the current
+ *                               context; `free NAME` destroys it. Where a command takes a STREAM,
+ *                               "null" is the legacy default stream
+ *   launchon STREAM NS [COUNT]  COUNT busy kernels on STREAM (cuLaunchKernel)
+ *   streamsync STREAM | streamquery STREAM
+ *                               cuStreamSynchronize / cuStreamQuery
+ *   waitvalue STREAM MEM VALUE [geq|eq|and|nor]
+ *                               cuStreamWaitValue32_v2 on the first 32-bit word of device memory
+ *                               MEM (default eq): STREAM's later work waits until it holds
+ *   writevalue STREAM MEM VALUE cuStreamWriteValue32_v2 of that word
+ *   alternate CTX_A CTX_B NS COUNT
+ *                               COUNT busy kernels, each in the other of two contexts made by
+ *                               ctxcreate (cuCtxSetCurrent before each; the busy kernel loaded
+ *                               once in each); CTX_B stays current
  *   burn launch|launchex|coop|graph NS SECONDS [SYNC_EVERY [HOST_NS]]
  *                               launch NS kernels for SECONDS of wall time (graph: a graph of 8),
  *                               cuCtxSynchronize every SYNC_EVERY launches (default 64, 0 never)
@@ -262,6 +277,9 @@ typedef CUresult (*fn_graph_mem_attr)(CUdevice, int, void *); /* cuDevice{Get,Se
 typedef CUresult (*fn_graph_mem_trim)(CUdevice);
 typedef int (*fn_sim_internal)(int, unsigned long long); /* the simulated GPU's knobs */
 typedef int (*fn_sim_graphics)(int);
+typedef int (*fn_sim_events)(unsigned long long *);
+typedef CUresult (*fn_stream)(CUstream); /* destroy, synchronize, query */
+typedef CUresult (*fn_stream_value)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 typedef CUresult (*fn_cuvid_caps)(CUVIDDECODECAPS *);
 typedef CUresult (*fn_cuvid_create)(CUvideodecoder *, CUVIDDECODECREATEINFO *);
@@ -583,6 +601,11 @@ enum fn_id {
 	F_GRAPH_MEM_GET_ATTR,
 	F_GRAPH_MEM_SET_ATTR,
 	F_GRAPH_MEM_TRIM,
+	F_STREAM_DESTROY,
+	F_STREAM_SYNCHRONIZE,
+	F_STREAM_QUERY,
+	F_STREAM_WAIT_VALUE,
+	F_STREAM_WRITE_VALUE,
 	F_COUNT
 };
 
@@ -662,6 +685,12 @@ static const struct fn_entry fn_table[F_COUNT] = {
 	[F_GRAPH_MEM_GET_ATTR] = {"cuDeviceGetGraphMemAttribute", "cuDeviceGetGraphMemAttribute"},
 	[F_GRAPH_MEM_SET_ATTR] = {"cuDeviceSetGraphMemAttribute", "cuDeviceSetGraphMemAttribute"},
 	[F_GRAPH_MEM_TRIM] = {"cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim"},
+	[F_STREAM_DESTROY] = {"cuStreamDestroy_v2", "cuStreamDestroy"},
+	[F_STREAM_SYNCHRONIZE] = {"cuStreamSynchronize", "cuStreamSynchronize"},
+	[F_STREAM_QUERY] = {"cuStreamQuery", "cuStreamQuery"},
+	/* The _v2 forms (CUDA 11.7); cuGetProcAddress gives them from 11070. */
+	[F_STREAM_WAIT_VALUE] = {"cuStreamWaitValue32_v2", "cuStreamWaitValue32"},
+	[F_STREAM_WRITE_VALUE] = {"cuStreamWriteValue32_v2", "cuStreamWriteValue32"},
 };
 
 static void *fn_cache[F_COUNT];
@@ -838,10 +867,12 @@ enum obj_kind {
 	K_POOL,     /* cuMemPoolDestroy */
 	K_CTX,      /* cuCtxDestroy_v2 */
 	K_DECODER,  /* cuvidDestroyDecoder */
-	K_PARSER    /* cuvidDestroyVideoParser */
+	K_PARSER,   /* cuvidDestroyVideoParser */
+	K_STREAM    /* cuStreamDestroy_v2 */
 };
 
-static const char *kind_name[] = {"mem", "async", "array", "mipmap", "handle", "pool", "ctx", "decoder", "parser"};
+static const char *kind_name[] = {"mem", "async", "array", "mipmap", "handle", "pool", "ctx", "decoder", "parser",
+				  "stream"};
 
 #define NAME_LEN 64
 
@@ -910,7 +941,8 @@ static const char *const command_words[] = {
 	"graphlaunch", "event", "burn", "threads", "cuvidcaps", "decoder", "undecoder", "decode", "mapframe",
 	"unmapframe", "mapframe32", "unmapframe32", "reconfigure", "decodestatus", "parser", "unparser",
 	"ctxlock", "cuviddlsym", "write", "check", "ckpt", "freeasync", "capturemode", "ungraph", "graphupload",
-	"graphmem", "graphmemreset", "graphtrim", "nvmlgraphics", "internal", "graphics", "worker", "endworker", NULL};
+	"graphmem", "graphmemreset", "graphtrim", "nvmlgraphics", "internal", "graphics", "worker", "endworker",
+	"stream", "launchon", "streamsync", "streamquery", "waitvalue", "writevalue", "alternate", "events", NULL};
 
 static bool is_command_word(const char *w)
 {
@@ -1565,6 +1597,7 @@ static CUresult destroy_obj(struct result *r, struct obj *o)
 	case K_HANDLE: id = F_MEM_RELEASE; break;
 	case K_POOL: id = F_POOL_DESTROY; break;
 	case K_CTX: id = F_CTX_DESTROY; break;
+	case K_STREAM: id = F_STREAM_DESTROY; break;
 	default: return CUDA_ERROR_INVALID_VALUE;
 	}
 	f = resolve(id);
@@ -1583,6 +1616,7 @@ static CUresult destroy_obj(struct result *r, struct obj *o)
 	case K_HANDLE: rc = ((fn_mem_release)f)(o->handle); break;
 	case K_POOL: rc = ((fn_pool_destroy)f)((CUmemoryPool)o->h); break;
 	case K_CTX: rc = ((fn_ctx_destroy)f)((CUcontext)o->h); break;
+	case K_STREAM: rc = ((fn_stream)f)((CUstream)o->h); break;
 	default: rc = CUDA_ERROR_INVALID_VALUE; break;
 	}
 	if (rc == 0)
@@ -1664,14 +1698,15 @@ static int cmd_freeraw(struct stream *s, struct result *r)
 	return 0;
 }
 
-/* Free every memory object, newest first; pools, contexts, decoders and parsers stay. */
+/* Free every memory object, newest first; pools, contexts, streams, decoders and parsers stay. */
 static int cmd_freeall(struct stream *s, struct result *r)
 {
 	unsigned long long freed = 0, failed = 0, bytes = 0;
 	size_t i = nobjs;
 	while (i-- > 0) {
 		struct obj *o = &objs[i];
-		if (o->kind == K_POOL || o->kind == K_CTX || o->kind == K_DECODER || o->kind == K_PARSER)
+		if (o->kind == K_POOL || o->kind == K_CTX || o->kind == K_DECODER || o->kind == K_PARSER ||
+		    o->kind == K_STREAM)
 			continue;
 		unsigned long long size = o->size;
 		CUresult rc = destroy_obj(r, o);
@@ -2493,6 +2528,210 @@ static int cmd_coop(struct stream *s, struct result *r)
 	return launch_common(s, r, L_COOP, F_LAUNCH_COOPERATIVE);
 }
 
+/* ---- named streams and stream memory operations ------------------------------ */
+
+/* stream [NAME [nonblocking]]: a stream of the current context. */
+static int cmd_stream(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	if (new_name(s, r, name, "s") < 0)
+		return -1;
+	unsigned int flags = CU_STREAM_DEFAULT;
+	const char *f = opt_arg(s);
+	if (f && strcmp(f, "nonblocking") != 0) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad flag \"%s\" (nonblocking)", f);
+		return -1;
+	}
+	if (f)
+		flags = CU_STREAM_NON_BLOCKING;
+	NEED(create, fn_stream_create, F_STREAM_CREATE);
+	CUstream st = NULL;
+	res_u64(r, "flags", flags);
+	if ((r->rc = create(&st, flags)) != 0)
+		return 0;
+	struct obj *o = store(r, name, K_STREAM);
+	if (o)
+		o->h = st;
+	res_hex(r, "stream", st);
+	return 0;
+}
+
+/* STREAM: a name from `stream`, or "null" (the legacy default stream). */
+static int stream_arg(struct result *r, const char *name, CUstream *st)
+{
+	res_str(r, "stream", name);
+	if (strcmp(name, "null") == 0) {
+		*st = NULL;
+		return 0;
+	}
+	struct obj *o = obj_find(name);
+	if (!o || o->kind != K_STREAM) {
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no stream named \"%s\"", name);
+		return -1;
+	}
+	*st = (CUstream)o->h;
+	return 0;
+}
+
+static int cmd_launchon(struct stream *s, struct result *r)
+{
+	ARG(name, "STREAM");
+	U64_ARG(ns, "NS");
+	unsigned long long count, ok = 0, failed = 0;
+	CUstream st;
+	if (stream_arg(r, name, &st) < 0 || opt_count(s, r, &count) < 0)
+		return -1;
+	res_u64(r, "ns", ns);
+	NEED(fn, void *, F_LAUNCH_KERNEL);
+	if ((r->rc = busy_load(r, false)) != 0)
+		return 0;
+	for (unsigned long long i = 0; i < count; i++) {
+		CUresult rc = launch_busy(L_KERNEL, fn, &ns, st);
+		if (rc) {
+			failed++;
+			r->rc = rc;
+		} else {
+			ok++;
+		}
+	}
+	forget_busy(r->rc);
+	res_u64(r, "count", ok);
+	res_u64(r, "failed", failed);
+	return 0;
+}
+
+static int stream_call(struct stream *s, struct result *r, enum fn_id id)
+{
+	ARG(name, "STREAM");
+	CUstream st;
+	if (stream_arg(r, name, &st) < 0)
+		return -1;
+	NEED(f, fn_stream, id);
+	uint64_t t0 = now_ns();
+	r->rc = f(st);
+	res_u64(r, "wait_ns", now_ns() - t0);
+	return 0;
+}
+
+static int cmd_streamsync(struct stream *s, struct result *r)
+{
+	return stream_call(s, r, F_STREAM_SYNCHRONIZE);
+}
+
+static int cmd_streamquery(struct stream *s, struct result *r)
+{
+	return stream_call(s, r, F_STREAM_QUERY);
+}
+
+/* STREAM MEM VALUE: the stream, the address of MEM's first 32-bit word, the value. */
+static int value_args(struct stream *s, struct result *r, CUstream *st, CUdeviceptr *addr, cuuint32_t *value)
+{
+	ARG(name, "STREAM");
+	ARG(mem, "MEM");
+	U64_ARG(v, "VALUE");
+	if (stream_arg(r, name, st) < 0)
+		return -1;
+	struct obj *o = obj_find(mem);
+	if (!o || (o->kind != K_MEM && o->kind != K_ASYNC) || o->size < sizeof(cuuint32_t)) {
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no device memory of 4 bytes or more named \"%s\"", mem);
+		return -1;
+	}
+	if (v > 0xffffffffull) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad VALUE (0 to 0xffffffff): %llu", v);
+		return -1;
+	}
+	res_str(r, "mem", mem);
+	res_u64(r, "value", v);
+	*addr = o->ptr;
+	*value = (cuuint32_t)v;
+	return 0;
+}
+
+static int cmd_waitvalue(struct stream *s, struct result *r)
+{
+	static const char *const conds[] = {"geq", "eq", "and", "nor"};
+	CUstream st;
+	CUdeviceptr addr;
+	cuuint32_t value;
+	if (value_args(s, r, &st, &addr, &value) < 0)
+		return -1;
+	const char *c = opt_arg(s);
+	unsigned int flags = CU_STREAM_WAIT_VALUE_EQ;
+	if (c) {
+		unsigned int i = 0;
+		while (i < 4 && strcmp(conds[i], c) != 0)
+			i++;
+		if (i == 4) {
+			usage_error(r->op, "CUDRIVE_USAGE", "bad condition \"%s\" (geq, eq, and, nor)", c);
+			return -1;
+		}
+		flags = i;
+	}
+	res_str(r, "condition", conds[flags]);
+	NEED(f, fn_stream_value, F_STREAM_WAIT_VALUE);
+	r->rc = f(st, addr, value, flags);
+	return 0;
+}
+
+static int cmd_writevalue(struct stream *s, struct result *r)
+{
+	CUstream st;
+	CUdeviceptr addr;
+	cuuint32_t value;
+	if (value_args(s, r, &st, &addr, &value) < 0)
+		return -1;
+	NEED(f, fn_stream_value, F_STREAM_WRITE_VALUE);
+	r->rc = f(st, addr, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+	return 0;
+}
+
+/* ---- alternating contexts ------------------------------------------------------ */
+
+/* alternate CTX_A CTX_B NS COUNT: the way a program that works on two GPUs
+ * (or two contexts) from one thread goes back and forth between them. */
+static int cmd_alternate(struct stream *s, struct result *r)
+{
+	ARG(name_a, "CTX_A");
+	ARG(name_b, "CTX_B");
+	U64_ARG(ns, "NS");
+	U64_ARG(count, "COUNT");
+	const char *names[2] = {name_a, name_b};
+	CUcontext ctx[2];
+	for (int i = 0; i < 2; i++) {
+		struct obj *o = obj_find(names[i]);
+		if (!o || o->kind != K_CTX) {
+			usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no context named \"%s\"", names[i]);
+			return -1;
+		}
+		ctx[i] = (CUcontext)o->h;
+	}
+	NEED(set, fn_ctx_set, F_CTX_SET_CURRENT);
+	NEED(load, fn_module_load, F_MODULE_LOAD_DATA);
+	NEED(getfn, fn_module_function, F_MODULE_GET_FUNCTION);
+	NEED(unload, fn_module_unload, F_MODULE_UNLOAD);
+	NEED(launch, fn_launch, F_LAUNCH_KERNEL);
+	CUmodule mod[2] = {NULL, NULL};
+	CUfunction fn[2] = {NULL, NULL};
+	res_u64(r, "ns", ns);
+	for (int i = 0; i < 2 && r->rc == 0; i++) {
+		if ((r->rc = set(ctx[i])) == 0 && (r->rc = load(&mod[i], busy_ptx)) == 0 &&
+		    (r->rc = getfn(&fn[i], mod[i], "hami_sim_busy")) != 0)
+			res_str(r, "detail", "cuModuleGetFunction failed");
+	}
+	unsigned long long launches = 0;
+	for (unsigned long long i = 0; i < count && r->rc == 0; i++) {
+		void *params[1] = {&ns};
+		int k = (int)(i % 2);
+		if ((r->rc = set(ctx[k])) == 0 && (r->rc = launch(fn[k], 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL)) == 0)
+			launches++;
+	}
+	for (int i = 0; i < 2; i++)
+		if (mod[i] && set(ctx[i]) == 0)
+			unload(mod[i]);
+	res_u64(r, "launches", launches);
+	return 0;
+}
+
 static bool capturing_stream(CUstream *s)
 {
 	if (!cap.capturing)
@@ -3175,6 +3414,16 @@ static int cmd_graphics(struct stream *s, struct result *r)
 	fn_sim_graphics f = (fn_sim_graphics)sim_knob(r, "hamiSimGraphicsProcess");
 	if (f)
 		r->rc = f((int)on);
+	return 0;
+}
+
+/* events: hamiSimEvents, the events this process holds. */
+static int cmd_events(struct stream *s, struct result *r)
+{
+	unsigned long long n = 0;
+	fn_sim_events f = (fn_sim_events)sim_knob(r, "hamiSimEvents");
+	if (f && (r->rc = f(&n)) == 0)
+		res_u64(r, "events", n);
 	return 0;
 }
 
@@ -4446,6 +4695,14 @@ static const struct {
 	{"graphics", cmd_graphics},
 	{"worker", cmd_worker},
 	{"endworker", cmd_endworker},
+	{"stream", cmd_stream},
+	{"launchon", cmd_launchon},
+	{"streamsync", cmd_streamsync},
+	{"streamquery", cmd_streamquery},
+	{"waitvalue", cmd_waitvalue},
+	{"writevalue", cmd_writevalue},
+	{"alternate", cmd_alternate},
+	{"events", cmd_events},
 };
 
 static void run_stream(struct stream *s)

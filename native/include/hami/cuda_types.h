@@ -16,6 +16,7 @@ typedef int CUresult;
 typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef unsigned long long cuuint64_t;
+typedef unsigned int cuuint32_t;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUstream_st *CUstream;
@@ -38,6 +39,7 @@ enum {
 	CUDA_ERROR_NO_DEVICE = 100,
 	CUDA_ERROR_INVALID_DEVICE = 101,
 	CUDA_ERROR_INVALID_CONTEXT = 201,
+	CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
 	CUDA_ERROR_INVALID_IMAGE = 200,
 	CUDA_ERROR_OPERATING_SYSTEM = 304,
 	CUDA_ERROR_INVALID_HANDLE = 400,
@@ -148,6 +150,24 @@ enum {
 	CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
 	CU_STREAM_CAPTURE_MODE_RELAXED = 2
 };
+
+/* Stream memory operations (cuStreamWaitValue32 / cuStreamWriteValue32, and
+ * their _v2 forms since CUDA 11.7): a stream waits until a 32-bit word in
+ * device memory meets a condition, or writes one when it gets there. */
+typedef enum {
+	CU_STREAM_WAIT_VALUE_GEQ = 0x0, /* (int32_t)(*addr - value) >= 0 */
+	CU_STREAM_WAIT_VALUE_EQ = 0x1,
+	CU_STREAM_WAIT_VALUE_AND = 0x2, /* (*addr & value) != 0 */
+	CU_STREAM_WAIT_VALUE_NOR = 0x3, /* ~(*addr | value) != 0 */
+	CU_STREAM_WAIT_VALUE_FLUSH = 1 << 30
+} CUstreamWaitValue_flags;
+
+typedef enum {
+	CU_STREAM_WRITE_VALUE_DEFAULT = 0x0,
+	CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER = 0x1
+} CUstreamWriteValue_flags;
+
+enum { CU_STREAM_DEFAULT = 0x0, CU_STREAM_NON_BLOCKING = 0x1 };
 
 /* cuDeviceGetGraphMemAttribute / cuDeviceSetGraphMemAttribute (CUDA 11.4):
  * the device's graph memory pool, values cuuint64_t. */
