@@ -6,8 +6,9 @@
  * first f of each (its "open window"; every process computes it from the same
  * CLOCK_MONOTONIC, shifted by a per-slice phase so that slices do not all
  * open together). While a share binds, each launching thread keeps at most
- * two launches queued beyond the one running (events), so a closing window
- * stops the slice's work within a kernel or two instead of a deep queue.
+ * two launches queued beyond the one running in each context (events), so a
+ * closing window stops the slice's work within a kernel or two instead of a
+ * deep queue.
  *
  * f starts at the share and is corrected every 200 ms from what the GPU
  * really did: NVML's per-process utilization (exclusive GPU time, whatever
@@ -33,6 +34,7 @@
 #define MIN_PPM 10000u       /* 1 %: a window never closes for good */
 #define GAIN_PPM_PER_PCT 4000 /* K = 0.4 */
 #define MAX_AHEAD 2
+#define QUEUE_CONTEXTS 8     /* contexts a thread keeps a launch queue in at once */
 #define ELASTIC_HEADROOM 2   /* percent left to others when taking idle time */
 #define ELASTIC_CONTENDED 10 /* idle below this while others run: they want their time */
 #define ELASTIC_BACKOFF 10   /* how fast a contended elastic slice steps back to its share */
@@ -43,6 +45,7 @@
 #define BUSY_RECENT_US 1000000ull /* a slice process busy within this counts as busy */
 
 typedef CUresult (*ctx_current_fn)(CUcontext *);
+typedef CUresult (*ctx_id_fn)(CUcontext, unsigned long long *);
 typedef CUresult (*event_create_fn)(CUevent *, unsigned int);
 typedef CUresult (*event_record_fn)(CUevent, CUstream);
 typedef CUresult (*event_fn)(CUevent);
@@ -53,18 +56,29 @@ typedef nvmlReturn_t (*dev_util_fn)(nvmlDevice_t, nvmlUtilization_t *);
 int hami_sm_watch;             /* a share may apply in this process */
 static uint64_t launches;      /* throttled launches, for the PID-namespace fallback */
 
-/* The launching thread's queue bound: events after its last launches. */
-struct queue_bound {
+/*
+ * A launching thread's queue in one context: events recorded after its last
+ * launches (events belong to a context). A thread keeps one per context it
+ * launches in, so that going back and forth between GPUs neither loses the
+ * bound nor makes new events at each switch.
+ */
+struct queue {
 	CUcontext ctx;
+	unsigned long long ctx_id; /* cuCtxGetId: a new context at a dead one's address is another */
 	CUevent ev[MAX_AHEAD + 1];
 	int head, count;
-	int gating; /* the launch under way is throttled: record after it */
-	int per_thread;
-	CUstream stream;
+	uint64_t used_ns;   /* the last launch here: the least recently used queue makes room */
 	uint64_t done_ns;   /* when the last awaited launch finished; 0: the queue ran dry since */
 	uint64_t kernel_ns; /* how long one launch keeps the GPU, from back-to-back completions */
 };
-static __thread struct queue_bound queue;
+static __thread struct queue queues[QUEUE_CONTEXTS];
+
+/* The launch under way, when it is throttled: record after it. */
+static __thread struct {
+	struct queue *q; /* NULL: nothing to record */
+	int per_thread;
+	CUstream stream;
+} gating;
 
 /* ---- the gate, in the launch path ------------------------------------------ */
 
@@ -108,57 +122,106 @@ static void sleep_ns(uint64_t ns)
 /* Keep at most MAX_AHEAD of this thread's launches queued on the GPU. While
  * it waits with a full queue, the GPU runs our launches back to back: the
  * time between two completions is how long one of them takes. */
-static void bound_queue(void)
+static void bound_queue(struct queue *q)
 {
 	event_fn query = HAMI_REAL(event_fn, "cuEventQuery");
 	event_fn wait = HAMI_REAL(event_fn, "cuEventSynchronize");
-	while (queue.count > 0 && query && wait) {
-		CUevent e = queue.ev[queue.head];
+	while (q->count > 0 && query && wait) {
+		CUevent e = q->ev[q->head];
 		if (query(e) == CUDA_ERROR_NOT_READY) {
-			if (queue.count < MAX_AHEAD)
+			if (q->count < MAX_AHEAD)
 				return;
 			wait(e);
 			uint64_t now = hami_monotonic_ns();
-			if (queue.done_ns)
-				queue.kernel_ns = queue.kernel_ns ? (3 * queue.kernel_ns + now - queue.done_ns) / 4
-								  : now - queue.done_ns;
-			queue.done_ns = now;
-		} else if (queue.count == 1) {
-			queue.done_ns = 0; /* ran dry: the next gap is ours, not the GPU's */
+			if (q->done_ns)
+				q->kernel_ns = q->kernel_ns ? (3 * q->kernel_ns + now - q->done_ns) / 4 : now - q->done_ns;
+			q->done_ns = now;
+		} else if (q->count == 1) {
+			q->done_ns = 0; /* ran dry: the next gap is ours, not the GPU's */
 		}
-		queue.head = (queue.head + 1) % (MAX_AHEAD + 1);
-		queue.count--;
+		q->head = (q->head + 1) % (MAX_AHEAD + 1);
+		q->count--;
 	}
 }
 
-/* Events belong to a context: start over when the thread changed context. */
-static int queue_ready(void)
+/* Wait until every launch of this thread queued in Q has finished. */
+static void drain_queue(struct queue *q)
+{
+	event_fn wait = HAMI_REAL(event_fn, "cuEventSynchronize");
+	while (q->count > 0 && wait) {
+		wait(q->ev[q->head]);
+		q->head = (q->head + 1) % (MAX_AHEAD + 1);
+		q->count--;
+	}
+	q->done_ns = 0;
+}
+
+/* cuCtxGetId (CUDA 12.0), looked up once: older drivers have none. */
+static ctx_id_fn ctx_id_lookup(void)
+{
+	static ctx_id_fn fn;
+	static int looked;
+	if (!__atomic_load_n(&looked, __ATOMIC_ACQUIRE)) {
+		__atomic_store_n(&fn, HAMI_REAL(ctx_id_fn, "cuCtxGetId"), __ATOMIC_RELAXED);
+		__atomic_store_n(&looked, 1, __ATOMIC_RELEASE);
+	}
+	return __atomic_load_n(&fn, __ATOMIC_RELAXED);
+}
+
+/*
+ * Q makes room for another context. Its events are destroyed only when its
+ * context is known to be the same live one (cuCtxGetId gives the same id): a
+ * destroyed context took its events with it, and a handle of a dead context
+ * is not passed to the driver. Without cuCtxGetId they are left.
+ */
+static void retire_queue(struct queue *q, ctx_id_fn get_id)
+{
+	event_fn destroy = HAMI_REAL(event_fn, "cuEventDestroy_v2");
+	unsigned long long id = 0;
+	if (q->ctx && get_id && destroy && get_id(q->ctx, &id) == CUDA_SUCCESS && id == q->ctx_id)
+		for (int i = 0; i <= MAX_AHEAD; i++)
+			destroy(q->ev[i]);
+	memset(q, 0, sizeof(*q));
+}
+
+/* The calling thread's queue in the current context, made at its first
+ * launch there (three events); NULL when there is none to be had. */
+static struct queue *queue_ready(void)
 {
 	ctx_current_fn current = HAMI_REAL(ctx_current_fn, "cuCtxGetCurrent");
 	event_create_fn create = HAMI_REAL(event_create_fn, "cuEventCreate");
+	event_fn destroy = HAMI_REAL(event_fn, "cuEventDestroy_v2");
+	ctx_id_fn get_id = ctx_id_lookup();
 	CUcontext ctx = NULL;
-	if (!current || !create || current(&ctx) != CUDA_SUCCESS || !ctx)
-		return 0;
-	if (ctx == queue.ctx)
-		return 1;
-	memset(&queue, 0, sizeof(queue));
-	for (int i = 0; i <= MAX_AHEAD; i++)
-		if (create(&queue.ev[i], 2 /* CU_EVENT_DISABLE_TIMING */) != CUDA_SUCCESS)
-			return 0;
-	queue.ctx = ctx;
-	return 1;
-}
-
-/* Wait until every launch of this thread queued on the GPU has finished. */
-static void drain_queue(void)
-{
-	event_fn wait = HAMI_REAL(event_fn, "cuEventSynchronize");
-	while (queue.count > 0 && wait) {
-		wait(queue.ev[queue.head]);
-		queue.head = (queue.head + 1) % (MAX_AHEAD + 1);
-		queue.count--;
+	unsigned long long id = 0;
+	if (!current || !create || !destroy || current(&ctx) != CUDA_SUCCESS || !ctx)
+		return NULL;
+	int known = get_id && get_id(NULL, &id) == CUDA_SUCCESS;
+	struct queue *q = NULL, *oldest = &queues[0];
+	for (int i = 0; i < QUEUE_CONTEXTS && !q; i++) {
+		if (queues[i].ctx == ctx)
+			q = &queues[i];
+		else if (queues[i].used_ns < oldest->used_ns)
+			oldest = &queues[i];
 	}
-	queue.done_ns = 0;
+	if (q && known && q->ctx_id != id)
+		memset(q, 0, sizeof(*q)); /* that context is gone, and its events with it */
+	else if (!q)
+		retire_queue(q = oldest, get_id);
+	if (!q->ctx) {
+		for (int i = 0; i <= MAX_AHEAD; i++) {
+			if (create(&q->ev[i], 2 /* CU_EVENT_DISABLE_TIMING */) != CUDA_SUCCESS) {
+				while (i-- > 0)
+					destroy(q->ev[i]);
+				memset(q, 0, sizeof(*q));
+				return NULL;
+			}
+		}
+		q->ctx = ctx;
+		q->ctx_id = known ? id : 0;
+	}
+	q->used_ns = hami_monotonic_ns();
+	return q;
 }
 
 /*
@@ -170,23 +233,23 @@ static void drain_queue(void)
  * With nothing of ours queued, a launch goes anywhere in the window, however
  * long it runs.
  */
-static int wait_for_window(int sdev, struct hami_slice_device *d, uint32_t ppm, int bounded)
+static int wait_for_window(int sdev, struct hami_slice_device *d, uint32_t ppm, struct queue *q)
 {
 	/* Where the GPU schedule put our window, after the other slices' windows. */
 	uint64_t start = PERIOD_NS / FULL_PPM * hami_schedule_offset_ppm(sdev);
-	int fit = bounded && queue.kernel_ns && hami_schedule_neighbours(sdev) > 0;
+	int fit = q && q->kernel_ns && hami_schedule_neighbours(sdev) > 0;
 	for (int rounds = 0;; rounds++) {
 		uint64_t phase = (hami_monotonic_ns() + PERIOD_NS - start) % PERIOD_NS;
 		uint64_t open = PERIOD_NS / FULL_PPM * ppm;
-		if (fit && queue.count > 0 && phase < open &&
-		    phase + (uint64_t)(queue.count + 1) * queue.kernel_ns > open) {
-			drain_queue();
+		if (fit && q->count > 0 && phase < open && phase + (uint64_t)(q->count + 1) * q->kernel_ns > open) {
+			drain_queue(q);
 			continue;
 		}
 		if (phase < open || rounds == 100)
 			return rounds > 0;
 		sleep_ns(PERIOD_NS - phase);
-		queue.done_ns = 0; /* the wait is not the GPU's time */
+		if (q)
+			q->done_ns = 0; /* the wait is not the GPU's time */
 		ppm = __atomic_load_n(&d->sm_open_ppm, __ATOMIC_ACQUIRE);
 		if (!ppm || ppm >= FULL_PPM)
 			return 1;
@@ -196,7 +259,7 @@ static int wait_for_window(int sdev, struct hami_slice_device *d, uint32_t ppm, 
 /* Before a launch on stream (per_thread: a _ptsz entry point). May block this thread. */
 void hami_sm_before_launch(CUstream stream, int per_thread)
 {
-	queue.gating = 0;
+	gating.q = NULL;
 	struct hami_slice_file *f = hami_slice();
 	int sdev = f ? launch_device() : -1;
 	struct hami_device_limit l;
@@ -207,14 +270,14 @@ void hami_sm_before_launch(CUstream stream, int per_thread)
 	uint32_t ppm = open_ppm(sdev, d, l.sm_share);
 	if (ppm >= FULL_PPM || hami_stream_capturing(stream, per_thread))
 		return; /* not binding, or not real work yet (graph capture) */
-	int bounded = queue_ready();
-	if (bounded)
-		bound_queue();
-	if (wait_for_window(sdev, d, ppm, bounded))
+	struct queue *q = queue_ready();
+	if (q)
+		bound_queue(q);
+	if (wait_for_window(sdev, d, ppm, q))
 		__atomic_add_fetch(&d->sm_waits, 1, __ATOMIC_RELAXED);
-	queue.gating = bounded;
-	queue.per_thread = per_thread;
-	queue.stream = stream;
+	gating.q = q;
+	gating.per_thread = per_thread;
+	gating.stream = stream;
 }
 
 /*
@@ -231,22 +294,23 @@ void hami_sm_gate_decode(void)
 		return;
 	struct hami_slice_device *d = &f->device[sdev];
 	uint32_t ppm = open_ppm(sdev, d, l.sm_share);
-	if (ppm < FULL_PPM && wait_for_window(sdev, d, ppm, 0))
+	if (ppm < FULL_PPM && wait_for_window(sdev, d, ppm, NULL))
 		__atomic_add_fetch(&d->sm_waits, 1, __ATOMIC_RELAXED);
 }
 
 void hami_sm_after_launch(CUresult rc)
 {
-	if (!queue.gating)
+	struct queue *q = gating.q;
+	if (!q)
 		return;
-	queue.gating = 0;
-	event_record_fn record = queue.per_thread ? HAMI_REAL(event_record_fn, "cuEventRecord_ptsz")
-						  : HAMI_REAL(event_record_fn, "cuEventRecord");
-	if (rc != CUDA_SUCCESS || !record || queue.count > MAX_AHEAD)
+	gating.q = NULL;
+	event_record_fn record = gating.per_thread ? HAMI_REAL(event_record_fn, "cuEventRecord_ptsz")
+						   : HAMI_REAL(event_record_fn, "cuEventRecord");
+	if (rc != CUDA_SUCCESS || !record || q->count > MAX_AHEAD)
 		return;
-	int slot = (queue.head + queue.count) % (MAX_AHEAD + 1);
-	if (record(queue.ev[slot], queue.stream) == CUDA_SUCCESS)
-		queue.count++;
+	int slot = (q->head + q->count) % (MAX_AHEAD + 1);
+	if (record(q->ev[slot], gating.stream) == CUDA_SUCCESS)
+		q->count++;
 }
 
 /* ---- the controller, in the housekeeping thread ----------------------------- */

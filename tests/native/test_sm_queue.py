@@ -1,15 +1,21 @@
-"""The simulated GPU's stream memory operations and its count of a process's events.
+"""The SM share's launch queues, and the simulated GPU features their tests use.
 
-Work queued on a stream after an unmet ``cuStreamWaitValue32`` does not
-start until a ``cuStreamWriteValue32`` (on any stream) meets it
-(native/sim/README.md, "Stream memory operations"), so that tests can run
-programs whose earlier work waits for later work; ``cudrive events`` counts
-the events a process holds, the witness for event leaks.
+While a share binds, each launching thread keeps at most two launches queued
+in each context, recorded by events (native/src/sm_share.c); ``cudrive
+events`` counts the events a process holds on the simulated GPU. The
+simulated GPU also models stream memory operations (native/sim/README.md,
+"Stream memory operations"): work queued on a stream after an unmet
+``cuStreamWaitValue32`` does not start until a ``cuStreamWriteValue32`` (on
+any stream) meets it.
 """
 
 KERNEL_NS = 1_000_000  # 1 ms kernels
 CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_NOT_SUPPORTED = 801
+
+
+def _sm_slice(make_slice, share, name="team"):
+    return make_slice(name=name, limit=None, overhead="0", CUDA_DEVICE_SM_LIMIT=share)
 
 
 def _flag_and_streams(p):
@@ -75,3 +81,61 @@ def test_sim_counts_the_events_a_process_holds(cudrive, gpu):
     assert p.ok("events")["events"] == 0
     p.ok(f"event {KERNEL_NS}")  # makes three events and destroys them
     assert p.ok("events")["events"] == 0
+
+
+# ---- the preload library: one launch queue per context ------------------------
+
+
+def test_switching_contexts_keeps_a_constant_number_of_events(cudrive, make_slice):
+    # One thread going back and forth between two contexts at a binding
+    # share. The library made three events at every switch and never
+    # destroyed the old ones: 3,000 events after 1,000 launches.
+    p = cudrive.start(_sm_slice(make_slice, 50).env)
+    p.ok("init")
+    p.ok("ctxcreate 0 one")
+    p.ok("ctxcreate 0 two")
+    launches = 1000
+    before = p.ok("events")["events"]
+    rec = p.ok(f"alternate one two 100000 {launches}", timeout=120)
+    assert rec["launches"] == launches, rec
+    held = p.ok("events")["events"] - before
+    # Three events per context (the launch queue of each), whatever the count.
+    assert 0 < held <= 2 * 3, f"{held} events held after {launches} launches alternating two contexts"
+    p.ok(f"alternate one two 100000 {launches}", timeout=120)
+    assert p.ok("events")["events"] - before == held
+
+
+def test_contexts_made_and_destroyed_in_turn_leave_only_the_live_ones_events(cudrive, make_slice):
+    # More contexts than a thread keeps launch queues for, each destroyed
+    # after use: its events go with it, and the live context's queue keeps
+    # its three however often the thread comes back to it.
+    p = cudrive.start(_sm_slice(make_slice, 50).env)
+    p.ok("init")
+    p.ok("ctxcreate 0 keep")
+    for i in range(12):
+        p.ok(f"ctxcreate 0 c{i}")
+        p.ok(f"alternate keep c{i} 100000 20")
+        p.ok(f"ctxdestroy c{i}")
+    held = p.ok("events")["events"]
+    assert 0 < held <= 3, f"{held} events held: more than the live context's launch queue"
+
+
+def test_a_primary_context_made_again_gets_a_launch_queue_of_live_events(cudrive, make_slice):
+    # Releasing a primary context (or resetting it) destroys its events, and
+    # the next retain hands out the same handle (driver 580 does the same,
+    # with a new cuCtxGetId). The library took the handle for the old context
+    # and went on with the dead events: on the simulated GPU every record
+    # failed and the thread's launches were never bounded again; on an H200
+    # (driver 580) a query of an event of a destroyed context crashed the
+    # process.
+    p = cudrive.start(_sm_slice(make_slice, 50).env)
+    p.ok("init")
+    p.ok("ctx 0")
+    p.ok(f"burn launch {KERNEL_NS} 0.3", timeout=30)
+    assert p.ok("events")["events"] == 3
+    p.ok("ctxrelease 0")
+    assert p.ok("events")["events"] == 0
+    p.ok("ctx 0")
+    p.ok("module")  # cudrive's busy kernel went with the context
+    p.ok(f"burn launch {KERNEL_NS} 0.3", timeout=30)
+    assert p.ok("events")["events"] == 3, "no launch queue in the context made again"
