@@ -8,7 +8,7 @@
  * open together). While a share binds, each launching thread keeps at most
  * two launches queued beyond the one running in each context (events), so a
  * closing window stops the slice's work within a kernel or two instead of a
- * deep queue.
+ * deep queue. Those waits are bounded: see wait_limit_ns.
  *
  * f starts at the share and is corrected every 200 ms from what the GPU
  * really did: NVML's per-process utilization (exclusive GPU time, whatever
@@ -35,6 +35,10 @@
 #define GAIN_PPM_PER_PCT 4000 /* K = 0.4 */
 #define MAX_AHEAD 2
 #define QUEUE_CONTEXTS 8     /* contexts a thread keeps a launch queue in at once */
+#define WAIT_MIN_NS (4 * PERIOD_NS) /* the least a launch waits for the thread's oldest launch */
+#define WAIT_KERNEL_CAP_NS 10000000000ull /* 10 s: longer kernel estimates lengthen no wait */
+#define POLL_FIRST_NS 20000ull /* the first look again at a launch not finished */
+#define POLL_MAX_NS 1000000ull /* the longest pause between two looks */
 #define ELASTIC_HEADROOM 2   /* percent left to others when taking idle time */
 #define ELASTIC_CONTENDED 10 /* idle below this while others run: they want their time */
 #define ELASTIC_BACKOFF 10   /* how fast a contended elastic slice steps back to its share */
@@ -67,8 +71,10 @@ struct queue {
 	unsigned long long ctx_id; /* cuCtxGetId: a new context at a dead one's address is another */
 	CUevent ev[MAX_AHEAD + 1];
 	int head, count;
+	int stuck;          /* the oldest outlived its wait: launches go on without it */
 	uint64_t used_ns;   /* the last launch here: the least recently used queue makes room */
 	uint64_t done_ns;   /* when the last awaited launch finished; 0: the queue ran dry since */
+	int ended;          /* launches found finished since done_ns (they end back to back) */
 	uint64_t kernel_ns; /* how long one launch keeps the GPU, from back-to-back completions */
 };
 static __thread struct queue queues[QUEUE_CONTEXTS];
@@ -119,41 +125,132 @@ static void sleep_ns(uint64_t ns)
 	nanosleep(&ts, NULL);
 }
 
+/*
+ * How long a launch waits for the oldest launch of its queue. Never without
+ * bound: a legal program may queue work behind work that only a later call
+ * of this same thread releases (a kernel on stream A spinning on a flag that
+ * a later kernel on stream B sets, a cuStreamWaitValue32 on A that a later
+ * cuStreamWriteValue32 on B meets). Waiting only on the new launch's own
+ * stream would not help: the launches behind such a wait are on that stream.
+ * So the thread polls the oldest launch (cuEventQuery, see await_oldest) and
+ * lets the launch through when the limit passes. The limit is long enough
+ * for the queue ahead to run with the other slices' windows in between (four
+ * periods, plus twice the queue's kernels), so a program whose work does
+ * finish waits as before and the share holds.
+ */
+static uint64_t wait_limit_ns(const struct queue *q)
+{
+	uint64_t k = q->kernel_ns < WAIT_KERNEL_CAP_NS ? q->kernel_ns : WAIT_KERNEL_CAP_NS;
+	return WAIT_MIN_NS + 2ull * (MAX_AHEAD + 1) * k;
+}
+
+static uint64_t clamp_ns(uint64_t v, uint64_t lo, uint64_t hi)
+{
+	return v < lo ? lo : v > hi ? hi : v;
+}
+
+/*
+ * 1 when the oldest queued launch has finished, 0 when its wait ran out.
+ * Every look costs a wake-up, and on a busy host each wake-up may wait for
+ * a CPU while the GPU runs dry: so with a kernel time known the thread first
+ * sleeps until shortly before the oldest should end (the GPU runs the queue
+ * back to back from the last end it saw), then looks every eighth of a
+ * kernel; without one, it looks after pauses doubling from 20 us to 1 ms.
+ */
+static int await_oldest(const struct queue *q, event_fn query)
+{
+	CUevent e = q->ev[q->head];
+	uint64_t start = hami_monotonic_ns(), limit = wait_limit_ns(q), k = q->kernel_ns;
+	uint64_t pause = k ? clamp_ns(k / 8, POLL_FIRST_NS, POLL_MAX_NS) : POLL_FIRST_NS;
+	if (query(e) != CUDA_ERROR_NOT_READY)
+		return 1;
+	if (k && q->done_ns) {
+		uint64_t due = q->done_ns + (uint64_t)(q->ended + 1) * k - k / 8;
+		if (due > start)
+			sleep_ns(due - start < limit ? due - start : limit);
+	}
+	while (query(e) == CUDA_ERROR_NOT_READY) {
+		if (hami_monotonic_ns() - start >= limit)
+			return 0;
+		sleep_ns(pause);
+		if (!k)
+			pause = pause * 2 < POLL_MAX_NS ? pause * 2 : POLL_MAX_NS;
+	}
+	return 1;
+}
+
+/* The oldest launch was seen to end now. MEASURE: it was awaited with a
+ * full queue, so the time since the last end seen is the GPU's. */
+static void note_end(struct queue *q, int measure)
+{
+	uint64_t now = hami_monotonic_ns();
+	if (measure && q->done_ns)
+		q->kernel_ns = q->kernel_ns ? (3 * q->kernel_ns + now - q->done_ns) / 4 : now - q->done_ns;
+	q->done_ns = now;
+	q->ended = 0;
+}
+
+/* The queue ran dry, or the thread slept: the next gap is not the GPU's. */
+static void forget_end(struct queue *q)
+{
+	q->done_ns = 0;
+	q->ended = 0;
+}
+
+static void pop_oldest(struct queue *q)
+{
+	q->head = (q->head + 1) % (MAX_AHEAD + 1);
+	q->count--;
+	q->stuck = 0;
+}
+
+/* The oldest launch outlived its wait: until it finishes, launches go on
+ * (the newest event follows them) and its time is no kernel's. */
+static void mark_stuck(struct queue *q)
+{
+	q->stuck = 1;
+	forget_end(q);
+}
+
 /* Keep at most MAX_AHEAD of this thread's launches queued on the GPU. While
  * it waits with a full queue, the GPU runs our launches back to back: the
  * time between two completions is how long one of them takes. */
 static void bound_queue(struct queue *q)
 {
 	event_fn query = HAMI_REAL(event_fn, "cuEventQuery");
-	event_fn wait = HAMI_REAL(event_fn, "cuEventSynchronize");
-	while (q->count > 0 && query && wait) {
-		CUevent e = q->ev[q->head];
-		if (query(e) == CUDA_ERROR_NOT_READY) {
-			if (q->count < MAX_AHEAD)
+	while (q->count > 0 && query) {
+		if (query(q->ev[q->head]) == CUDA_ERROR_NOT_READY) {
+			if (q->count < MAX_AHEAD || q->stuck)
 				return;
-			wait(e);
-			uint64_t now = hami_monotonic_ns();
-			if (q->done_ns)
-				q->kernel_ns = q->kernel_ns ? (3 * q->kernel_ns + now - q->done_ns) / 4 : now - q->done_ns;
-			q->done_ns = now;
+			if (!await_oldest(q, query)) {
+				mark_stuck(q);
+				return;
+			}
+			note_end(q, 1);
 		} else if (q->count == 1) {
-			q->done_ns = 0; /* ran dry: the next gap is ours, not the GPU's */
+			forget_end(q); /* ran dry */
+		} else if (q->done_ns) {
+			q->ended++;
 		}
-		q->head = (q->head + 1) % (MAX_AHEAD + 1);
-		q->count--;
+		pop_oldest(q);
 	}
 }
 
-/* Wait until every launch of this thread queued in Q has finished. */
-static void drain_queue(struct queue *q)
+/* Wait until every launch of this thread queued in Q has finished: 1, or 0
+ * when one outlived its wait (see wait_limit_ns). */
+static int drain_queue(struct queue *q)
 {
-	event_fn wait = HAMI_REAL(event_fn, "cuEventSynchronize");
-	while (q->count > 0 && wait) {
-		wait(q->ev[q->head]);
-		q->head = (q->head + 1) % (MAX_AHEAD + 1);
-		q->count--;
+	event_fn query = HAMI_REAL(event_fn, "cuEventQuery");
+	while (q->count > 0 && query) {
+		if (q->stuck ? query(q->ev[q->head]) == CUDA_ERROR_NOT_READY : !await_oldest(q, query)) {
+			mark_stuck(q);
+			return 0;
+		}
+		note_end(q, 0);
+		pop_oldest(q);
 	}
-	q->done_ns = 0;
+	forget_end(q);
+	return 1;
 }
 
 /* cuCtxGetId (CUDA 12.0), looked up once: older drivers have none. */
@@ -242,14 +339,15 @@ static int wait_for_window(int sdev, struct hami_slice_device *d, uint32_t ppm, 
 		uint64_t phase = (hami_monotonic_ns() + PERIOD_NS - start) % PERIOD_NS;
 		uint64_t open = PERIOD_NS / FULL_PPM * ppm;
 		if (fit && q->count > 0 && phase < open && phase + (uint64_t)(q->count + 1) * q->kernel_ns > open) {
-			drain_queue(q);
+			if (!drain_queue(q))
+				fit = 0; /* stuck: this launch goes in the window as it is */
 			continue;
 		}
 		if (phase < open || rounds == 100)
 			return rounds > 0;
 		sleep_ns(PERIOD_NS - phase);
 		if (q)
-			q->done_ns = 0; /* the wait is not the GPU's time */
+			forget_end(q); /* the wait is not the GPU's time */
 		ppm = __atomic_load_n(&d->sm_open_ppm, __ATOMIC_ACQUIRE);
 		if (!ppm || ppm >= FULL_PPM)
 			return 1;
@@ -306,8 +404,14 @@ void hami_sm_after_launch(CUresult rc)
 	gating.q = NULL;
 	event_record_fn record = gating.per_thread ? HAMI_REAL(event_record_fn, "cuEventRecord_ptsz")
 						   : HAMI_REAL(event_record_fn, "cuEventRecord");
-	if (rc != CUDA_SUCCESS || !record || q->count > MAX_AHEAD)
+	if (rc != CUDA_SUCCESS || !record)
 		return;
+	if (q->count > MAX_AHEAD) {
+		/* Full behind a stuck launch: the newest event moves to this one, so
+		 * that once the stuck one is done the thread waits for all it let by. */
+		record(q->ev[(q->head + q->count - 1) % (MAX_AHEAD + 1)], gating.stream);
+		return;
+	}
 	int slot = (q->head + q->count) % (MAX_AHEAD + 1);
 	if (record(q->ev[slot], gating.stream) == CUDA_SUCCESS)
 		q->count++;

@@ -1,15 +1,19 @@
-"""The SM share's launch queues, and the simulated GPU features their tests use.
+"""The SM share's launch queue: its waits never hang a legal program, and it
+keeps a bounded number of events however often a thread changes context.
 
 While a share binds, each launching thread keeps at most two launches queued
-in each context, recorded by events (native/src/sm_share.c); ``cudrive
-events`` counts the events a process holds on the simulated GPU. The
-simulated GPU also models stream memory operations (native/sim/README.md,
+per context, recorded by events (native/src/sm_share.c). These tests run
+programs that a bound with no end would hang, and count the events a process
+holds on the simulated GPU (``cudrive events``).
+
+The simulated GPU models stream memory operations (native/sim/README.md,
 "Stream memory operations"): work queued on a stream after an unmet
 ``cuStreamWaitValue32`` does not start until a ``cuStreamWriteValue32`` (on
 any stream) meets it.
 """
 
 KERNEL_NS = 1_000_000  # 1 ms kernels
+HANG_TIMEOUT = 20      # s: a launch the library blocks for good fails the test here
 CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_NOT_SUPPORTED = 801
 
@@ -139,3 +143,46 @@ def test_a_primary_context_made_again_gets_a_launch_queue_of_live_events(cudrive
     p.ok("module")  # cudrive's busy kernel went with the context
     p.ok(f"burn launch {KERNEL_NS} 0.3", timeout=30)
     assert p.ok("events")["events"] == 3, "no launch queue in the context made again"
+
+
+# ---- the preload library: no wait without end ---------------------------------
+
+
+def _bound(cudrive, env):
+    """A process whose share binds: it has just burnt its share, so its launches are held."""
+    p = cudrive.start(env)
+    p.ok("init")
+    p.ok("ctx 0")
+    _flag_and_streams(p)
+    p.ok(f"burn launch {KERNEL_NS} 1", timeout=30)
+    return p
+
+
+def test_launches_queued_behind_a_wait_that_a_later_write_meets_do_not_hang(cudrive, make_slice):
+    # A legal program: stream a waits for a flag, more kernels queue on a
+    # behind the wait, then stream b writes the flag. Each launch returns at
+    # once on a real GPU. The library kept waiting (cuEventSynchronize) for
+    # the oldest of this thread's queued launches once two were queued, and
+    # that launch waits for the write this thread never got to issue.
+    p = _bound(cudrive, _sm_slice(make_slice, 25).env)
+    p.ok("waitvalue a flag 1")
+    rec = p.ok(f"launchon a {KERNEL_NS} 6", timeout=HANG_TIMEOUT)
+    assert rec["count"] == 6, rec
+    p.ok("writevalue b flag 1")
+    p.ok("streamsync a", timeout=HANG_TIMEOUT)
+    # Once the held launches have run, the thread launches as before.
+    rec = p.ok(f"burn launch {KERNEL_NS} 1", timeout=30)
+    assert rec["launches"] > 0, rec
+
+
+def test_a_stuck_launch_on_another_stream_does_not_hold_the_thread(cudrive, make_slice):
+    # Stream a's queued kernels wait for a flag; this thread's launches on
+    # stream b (behind nothing) go on and finish while a is still held.
+    p = _bound(cudrive, _sm_slice(make_slice, 25).env)
+    p.ok("waitvalue a flag 1")
+    p.ok(f"launchon a {KERNEL_NS} 2")
+    p.ok(f"launchon b {KERNEL_NS} 4", timeout=HANG_TIMEOUT)
+    p.ok("streamsync b", timeout=HANG_TIMEOUT)
+    assert p.cmd("streamquery a")["rc"] == CUDA_ERROR_NOT_READY
+    p.ok("writevalue b flag 1")
+    p.ok("sync", timeout=HANG_TIMEOUT)
