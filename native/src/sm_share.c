@@ -24,6 +24,7 @@
 #define _GNU_SOURCE
 #include <string.h>
 #include <time.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include "hami.h"
@@ -73,8 +74,10 @@ struct queue {
 	int head, count;
 	int stuck;          /* the oldest outlived its wait: launches go on without it */
 	uint64_t used_ns;   /* the last launch here: the least recently used queue makes room */
-	uint64_t done_ns;   /* when the last awaited launch finished; 0: the queue ran dry since */
-	int ended;          /* launches found finished since done_ns (they end back to back) */
+	uint64_t done_ns;   /* when the last awaited launch was seen to end; 0: the queue ran dry since */
+	uint64_t end_ns;    /* when it ended, as far as the thread can tell (see await_oldest) */
+	int ended;          /* launches found finished since (they end back to back) */
+	uint64_t lone_ns;   /* when the queue's only launch was made (it found the queue empty) */
 	uint64_t kernel_ns; /* how long one launch keeps the GPU, from back-to-back completions */
 };
 static __thread struct queue queues[QUEUE_CONTEXTS];
@@ -151,42 +154,70 @@ static uint64_t clamp_ns(uint64_t v, uint64_t lo, uint64_t hi)
 
 /*
  * 1 when the oldest queued launch has finished, 0 when its wait ran out.
- * Every look costs a wake-up, and on a busy host each wake-up may wait for
- * a CPU while the GPU runs dry: so with a kernel time known the thread first
- * sleeps until shortly before the oldest should end (the GPU runs the queue
- * back to back from the last end it saw), then looks every eighth of a
- * kernel; without one, it looks after pauses doubling from 20 us to 1 ms.
+ * A full queue runs back to back, so with a kernel time known the oldest
+ * should end a kernel after the last end: the thread sleeps until just
+ * before, then looks again and again, yielding the CPU, until half a kernel
+ * past that time, then every eighth of a kernel (each pause is time the GPU
+ * may idle where the thread drains its queue before a window closes; a
+ * blocking wait woke at the end). Without a kernel time it looks after
+ * pauses doubling from 20 us to 1 ms. *END: when it ended as far as the
+ * thread can tell: the last look that saw it run, or if the first look
+ * found it ended, the time it woke for; never a late look, which would make
+ * every later sleep end later.
  */
-static int await_oldest(const struct queue *q, event_fn query)
+static int await_oldest(const struct queue *q, event_fn query, uint64_t *end)
 {
 	CUevent e = q->ev[q->head];
 	uint64_t start = hami_monotonic_ns(), limit = wait_limit_ns(q), k = q->kernel_ns;
 	uint64_t pause = k ? clamp_ns(k / 8, POLL_FIRST_NS, POLL_MAX_NS) : POLL_FIRST_NS;
+	uint64_t due = k && q->end_ns ? q->end_ns + (uint64_t)(q->ended + 1) * k : 0;
+	uint64_t wake = due ? due - k / 16 : start, spin_until = due ? due + k / 2 : 0, looked = start;
+	*end = start;
 	if (query(e) != CUDA_ERROR_NOT_READY)
 		return 1;
-	if (k && q->done_ns) {
-		uint64_t due = q->done_ns + (uint64_t)(q->ended + 1) * k - k / 8;
-		if (due > start)
-			sleep_ns(due - start < limit ? due - start : limit);
-	}
-	while (query(e) == CUDA_ERROR_NOT_READY) {
-		if (hami_monotonic_ns() - start >= limit)
+	if (wake > start)
+		sleep_ns(wake - start < limit ? wake - start : limit);
+	for (int looks = 0;; looks++) {
+		uint64_t now = hami_monotonic_ns();
+		if (query(e) != CUDA_ERROR_NOT_READY) {
+			*end = looks || !due ? looked : wake < now ? wake : now;
+			return 1;
+		}
+		looked = now;
+		if (now - start >= limit)
 			return 0;
-		sleep_ns(pause);
+		if (now < spin_until)
+			sched_yield();
+		else
+			sleep_ns(pause);
 		if (!k)
 			pause = pause * 2 < POLL_MAX_NS ? pause * 2 : POLL_MAX_NS;
 	}
-	return 1;
 }
 
-/* The oldest launch was seen to end now. MEASURE: it was awaited with a
- * full queue, so the time since the last end seen is the GPU's. */
-static void note_end(struct queue *q, int measure)
+/* One more measure of a launch's time. Longer ones count less: a launch that
+ * waited behind other work (another slice's window) would otherwise make the
+ * kernel time too long to be corrected (a queue thought too slow is drained
+ * before every launch, and never fills up again to measure). */
+static void note_kernel(struct queue *q, uint64_t ns)
+{
+	uint64_t k = q->kernel_ns;
+	q->kernel_ns = !k ? ns : ns < k ? (k + ns) / 2 : (7 * k + ns) / 8;
+}
+
+/* The oldest launch was seen to end now, having ended at END. MEASURE: it
+ * was awaited with a full queue, so the time since the last end seen is
+ * the GPU's. */
+static void note_end(struct queue *q, int measure, uint64_t end)
 {
 	uint64_t now = hami_monotonic_ns();
 	if (measure && q->done_ns)
-		q->kernel_ns = q->kernel_ns ? (3 * q->kernel_ns + now - q->done_ns) / 4 : now - q->done_ns;
+		note_kernel(q, now - q->done_ns);
+	else if (q->lone_ns && q->count == 1 && end > q->lone_ns)
+		note_kernel(q, end - q->lone_ns); /* the only launch, made on an empty queue */
+	q->lone_ns = 0;
 	q->done_ns = now;
+	q->end_ns = end;
 	q->ended = 0;
 }
 
@@ -194,6 +225,7 @@ static void note_end(struct queue *q, int measure)
 static void forget_end(struct queue *q)
 {
 	q->done_ns = 0;
+	q->end_ns = 0;
 	q->ended = 0;
 }
 
@@ -220,16 +252,17 @@ static void bound_queue(struct queue *q)
 	event_fn query = HAMI_REAL(event_fn, "cuEventQuery");
 	while (q->count > 0 && query) {
 		if (query(q->ev[q->head]) == CUDA_ERROR_NOT_READY) {
+			uint64_t end;
 			if (q->count < MAX_AHEAD || q->stuck)
 				return;
-			if (!await_oldest(q, query)) {
+			if (!await_oldest(q, query, &end)) {
 				mark_stuck(q);
 				return;
 			}
-			note_end(q, 1);
+			note_end(q, 1, end);
 		} else if (q->count == 1) {
 			forget_end(q); /* ran dry */
-		} else if (q->done_ns) {
+		} else if (q->end_ns) {
 			q->ended++;
 		}
 		pop_oldest(q);
@@ -242,11 +275,12 @@ static int drain_queue(struct queue *q)
 {
 	event_fn query = HAMI_REAL(event_fn, "cuEventQuery");
 	while (q->count > 0 && query) {
-		if (q->stuck ? query(q->ev[q->head]) == CUDA_ERROR_NOT_READY : !await_oldest(q, query)) {
+		uint64_t end = hami_monotonic_ns();
+		if (q->stuck ? query(q->ev[q->head]) == CUDA_ERROR_NOT_READY : !await_oldest(q, query, &end)) {
 			mark_stuck(q);
 			return 0;
 		}
-		note_end(q, 0);
+		note_end(q, 0, end);
 		pop_oldest(q);
 	}
 	forget_end(q);
@@ -414,7 +448,7 @@ void hami_sm_after_launch(CUresult rc)
 	}
 	int slot = (q->head + q->count) % (MAX_AHEAD + 1);
 	if (record(q->ev[slot], gating.stream) == CUDA_SUCCESS)
-		q->count++;
+		q->lone_ns = q->count++ ? 0 : hami_monotonic_ns();
 }
 
 /* ---- the controller, in the housekeeping thread ----------------------------- */
