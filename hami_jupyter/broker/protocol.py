@@ -30,8 +30,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-SOCKET_NAME = "broker.sock"
-SOCKET_VARIABLE = "HAMI_BROKER_SOCKET"
+from ..slice.broker_report import SOCKET_NAME, SOCKET_VARIABLE
+
 MAX_LINE = 256  # a request is ~80 bytes; more is not a request
 MAX_BYTES = 1 << 50  # 1 PiB: no GPU has more; a larger figure is garbage, not a need
 

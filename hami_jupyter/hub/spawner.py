@@ -12,11 +12,14 @@ hami-jupyter's off the default ``python3`` kernelspec started without the
 preload library. So the server's own environment carries the library
 (``LD_PRELOAD``, appended to any value already there) and the slice
 (``HAMI_SLICE``, ``HAMI_HUB_SLICE``): every process the server starts, a
-kernel of any kernelspec or a terminal's, inherits them. And the server is
-started with the extension enabled on its command line
-(:data:`EXTENSION_ARG`), which outranks every config file, so that every
-kernelspec goes through ``hami-provisioner`` and the REST API, metrics and
-parking are there.
+kernel of any kernelspec or a terminal's, inherits them; so does the
+memory broker's socket in the hub's slice root (``HAMI_BROKER_SOCKET``,
+unless the spawner's environment names one: the library's default is the
+default root's, and kernels of a hub with a root of its own would ask no
+broker). And the server is started with the extension enabled on its
+command line (:data:`EXTENSION_ARG`), which outranks every config file, so
+that every kernelspec goes through ``hami-provisioner`` and the REST API,
+metrics and parking are there.
 
 Before the slice is made, the hook admits the start (:mod:`.admission`, when
 the policy uses guarantees or ``memory_oversubscription``): a start the GPUs
@@ -30,9 +33,11 @@ start gets the user's own size instead of the same 400 again.
 """
 
 import html
+import os
 
 from .. import native
 from ..provisioning.hub_slice import VARIABLE as HUB_SLICE_VARIABLE
+from ..slice.broker_report import SOCKET_NAME, SOCKET_VARIABLE
 from ..slice.paths import user_slice_name
 from . import admission
 from .sizes import PolicyError
@@ -114,6 +119,9 @@ def pre_spawn_hook(policy):
         env.update({"HAMI_SLICE": str(path), "HAMI_SLICE_ROOT": policy.slice_root})
         env[HUB_SLICE_VARIABLE] = str(path)  # every kernel runs in it (provisioning.hub_slice)
         env["LD_PRELOAD"] = _with_library(spawner.environment)
+        broker_socket = _broker_socket(policy, spawner)
+        if broker_socket:
+            env[SOCKET_VARIABLE] = broker_socket
         spawner.environment.update(env)
         for figure in LIMIT_FIGURES:
             spawner.environment.pop(figure, None)
@@ -123,6 +131,27 @@ def pre_spawn_hook(policy):
                          size.describe(), size.name)
 
     return hook
+
+
+# A Unix socket's path holds 107 bytes; the library refuses a longer setting
+# (and disables CUDA), and no broker could listen there anyway.
+MAX_SOCKET_PATH = 107
+
+
+def _broker_socket(policy, spawner):
+    """Where the server's kernels ask the memory broker for room: the spawner's
+    own setting, else ``<slice root>/broker.sock``, where ``hami-jupyter broker
+    --root`` listens (docs/broker.md); None (the library's default) when that
+    path is too long for a socket."""
+    if spawner.environment.get(SOCKET_VARIABLE):
+        return None  # the administrator's, kept as it is
+    path = os.path.join(policy.slice_root, SOCKET_NAME)
+    if len(path.encode()) > MAX_SOCKET_PATH:
+        spawner.log.warning("hami-jupyter: the memory broker's socket %s is longer than a Unix socket "
+                            "path may be: %s is not set, kernels ask at the library's default", path,
+                            SOCKET_VARIABLE)
+        return None
+    return path
 
 
 def _with_library(environment):

@@ -39,6 +39,11 @@ from . import node_report
 from .paths import default_root
 
 FILE_NAME = "broker.json"
+# Where the broker listens, beside its report: <root>/broker.sock, unless this
+# variable names another socket (the broker's --socket, the library's setting;
+# the hub passes it to the servers of a slice root of its own).
+SOCKET_NAME = "broker.sock"
+SOCKET_VARIABLE = "HAMI_BROKER_SOCKET"
 VERSION = 1
 WRITE_INTERVAL_S = 1.0
 STALE_AFTER_S = 5.0  # not rewritten for this long: the broker is not running, or stuck

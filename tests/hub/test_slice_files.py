@@ -183,3 +183,37 @@ def test_pre_spawn_hook_sets_the_servers_environment(world):
     assert spawner.args == ["--HamiParking.enabled=True", EXTENSION_ARG]
     # No Unix user of that name: the server runs as the hub's user, who owns the usage file.
     assert mode_owner(env["HAMI_SLICE"])[1] == os.getuid()
+
+
+def test_the_servers_kernels_ask_the_broker_of_the_hubs_slice_root(world):
+    """A hub whose slice root is not the default one: its kernels must ask
+    the broker that runs on that root (``hami-jupyter broker --root``), not
+    the library's default socket, where none listens (issue 28)."""
+    from traitlets.config import Config
+
+    from hami_jupyter.hub import SlicePolicy
+
+    def started(root, environment=None):
+        c = Config()
+        c.SlicePolicy.sizes = {"shared": {"memory": "8g", "guarantee": "2g"}}
+        c.SlicePolicy.default = "shared"
+        c.SlicePolicy.slice_root = str(root)
+        warned = []
+        spawner = SimpleNamespace(user=SimpleNamespace(name="no-such-unix-user", groups=[]),
+                                  user_options={}, environment=dict(environment or {}), args=[],
+                                  log=SimpleNamespace(info=lambda *a: None,
+                                                      warning=lambda *a: warned.append(a[0] % a[1:])))
+        pre_spawn_hook(SlicePolicy(config=c))(spawner)
+        return spawner.environment, warned
+
+    env, warned = started(world.root)
+    assert env["HAMI_BROKER_SOCKET"] == str(world.root / "broker.sock") and not warned
+    # An administrator's own socket is kept.
+    env, _ = started(world.root, {"HAMI_BROKER_SOCKET": "/srv/broker/room.sock"})
+    assert env["HAMI_BROKER_SOCKET"] == "/srv/broker/room.sock"
+    # A root too deep for a socket's path: the library's default, and a warning
+    # (a setting the library refuses would disable CUDA in every kernel).
+    deep = world.base / ("d" * 100)
+    env, warned = started(deep)
+    assert "HAMI_BROKER_SOCKET" not in env and env["HAMI_SLICE"].startswith(str(deep))
+    assert len(warned) == 1 and "longer than a Unix socket path may be" in warned[0], warned
