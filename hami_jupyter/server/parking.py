@@ -31,6 +31,7 @@ from ..provisioning.provisioner import HamiProvisioner
 from ..slice import parking
 from ..slice.file import SliceFileError, read_snapshot
 from ..slice.size import format_size, parse_size
+from ..slice.status import PARK_REASON_WORDS, PARK_REASONS
 
 RUN_CODE = ("execute_request", "comm_msg", "comm_open")
 
@@ -106,6 +107,19 @@ class ParkingManager:
             return parking.park_state(read_snapshot(path), kernel_id)
         except (OSError, SliceFileError):
             return None
+
+    def reason(self, kernel_id):
+        """Why the kernel is parked, in its user's words ("to make room for another
+        user's work"), or None when no process of it says (hami_slot.park_reason)."""
+        path = self.slice_of(kernel_id)
+        if path is None:
+            return None
+        try:
+            slots = parking.kernel_slots(read_snapshot(path), kernel_id)
+        except (OSError, SliceFileError):
+            return None
+        named = [PARK_REASONS.get(s.park_reason) for s in slots if s.park_reason]
+        return PARK_REASON_WORDS.get(named[0]) if named else None
 
     # ---- parking --------------------------------------------------------------
 
@@ -280,11 +294,13 @@ class ParkingConnectionMixin:
 
     async def _resume_then_send(self, header):
         started = time.monotonic()
+        # Read before the resume clears it: the user learns why her kernel was
+        # parked (idle, on request, for another user's work, by the guard).
+        parked = " ".join(filter(None, ("was parked in host memory", self.parking.reason(self.kernel_id))))
 
         def waiting(why):
             self._write("stream", {"name": "stdout", "text": (
-                f"hami: this kernel's GPU memory was parked in host memory while it was idle; "
-                f"bringing it back waits for {why}\n")}, header)
+                f"hami: this kernel's GPU memory {parked}; bringing it back waits for {why}\n")}, header)
 
         try:
             bytes_, _ = await self.parking.resume(self.kernel_id, on_wait=waiting)

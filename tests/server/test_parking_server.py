@@ -151,7 +151,9 @@ async def test_no_room_fails_the_cell_and_the_kernel_stays_parked(
     assert result.status == "error" and result.error["ename"] == "GPUMemoryParked"
     assert "room under the slice's memory cap" in result.error["evalue"]
     assert "stays parked in host memory, nothing is lost" in result.error["evalue"]
-    assert "waits for room under the slice's memory cap" in result.stdout  # said while waiting
+    # Said while waiting, with why it was parked (a REST call: on request).
+    assert ("hami: this kernel's GPU memory was parked in host memory on request; bringing it back "
+            "waits for room under the slice's memory cap") in result.stdout, result.stdout
     path = slice_of(jp_serverapp, a.id)
     assert kernel_state(path, a.id) == [HAMI_PARK_PARKED]
     assert not any(s.park_wanted for s in kernel_slots(read_snapshot(path), a.id))
