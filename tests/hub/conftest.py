@@ -13,8 +13,9 @@
   every process's environment), each step bounded; a process that outlived
   the hub fails the test.
 * ``admitting_hub`` (one per module): the same, with admission on
-  (``memory_oversubscription``) and a size ``whole`` (16 GiB, the simulated
-  GPU's all) offered too; its hub reads no NVML.
+  (``memory_oversubscription``) and the sizes ``whole`` (16 GiB, the
+  simulated GPU's all) and ``shared`` (8 GiB, 2 GiB guaranteed) offered too;
+  its hub reads no NVML; its servers' kernels wait up to 30 s for GPU room.
 
 Without JupyterHub and Jupyter Server installed the test is skipped, unless
 ``HAMI_REQUIRE_HUB_E2E`` is set (dev/test.sh sets it): then it fails, so CI
@@ -104,10 +105,13 @@ class Hub:
 
     # ---- start -------------------------------------------------------------
 
+    def sim_env(self, base):
+        """*base* and the simulated GPU of this hub's servers: one of 16 GiB, contexts of 64 MiB."""
+        return native.sim_env(self.tmp / "sim-state", base=base, HAMI_SIM_DEVICES="1",
+                              HAMI_SIM_MEMORY="16g", HAMI_SIM_CONTEXT_BYTES="64m")
+
     def write_config(self, chp):
-        sim = native.sim_env(self.tmp / "sim-state", base={},
-                             HAMI_SIM_DEVICES="1", HAMI_SIM_MEMORY="16g",
-                             HAMI_SIM_CONTEXT_BYTES="64m")
+        sim = self.sim_env({})
         environment = {
             **sim,
             TAG_ENV: self.tag,
@@ -358,20 +362,25 @@ def hub(tmp_path_factory):
 
 class AdmittingHub(Hub):
     """The hub above with a size no one fits beside, and admission on (issue
-    28, item 4). Its process reads no NVML (as a hub on a host without a
-    driver): the GPU is the one the slice files record, the simulated 16 GiB
-    one, whatever GPU the machine running the tests has."""
+    28, item 4), and an oversubscribed size, ``shared`` (8 GiB caps, 2 GiB
+    guaranteed), whose kernels wait up to 30 s for GPU room (issue 28, items
+    1-3). Its process reads no NVML (as a hub on a host without a driver):
+    the GPU is the one the slice files record, the simulated 16 GiB one,
+    whatever GPU the machine running the tests has."""
 
     policy_lines = """\
         import hami_jupyter.gpus
         hami_jupyter.gpus.read_gpus = lambda: ([], "NVML is off in this test's hub")
-        c.SlicePolicy.sizes = {**c.SlicePolicy.sizes, "whole": {"memory": "16g"}}
-        c.SlicePolicy.offer = {"*": ["small", "large", "whole"]}
+        c.SlicePolicy.sizes = {**c.SlicePolicy.sizes, "whole": {"memory": "16g"},
+                               "shared": {"memory": "8g", "guarantee": "2g"}}
+        c.SlicePolicy.offer = {"*": ["small", "large", "whole", "shared"]}
         c.SlicePolicy.memory_oversubscription = 4.0
+        c.Spawner.environment["HAMI_ROOM_WAIT"] = "30"
         """
 
 
 @pytest.fixture(scope="module")
 def admitting_hub(tmp_path_factory):
-    """``hub`` with admission on: ``whole`` (16 GiB, kept whole) offered too."""
+    """``hub`` with admission on: ``whole`` (16 GiB, kept whole) and
+    ``shared`` (8 GiB, 2 GiB guaranteed) offered too."""
     yield from _running(AdmittingHub, tmp_path_factory)

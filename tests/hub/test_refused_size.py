@@ -10,9 +10,19 @@ The unit tests run JupyterHub's own objects (an in-memory hub database, a
 ``jupyterhub.user.User`` and the spawner it makes, configured by
 ``SlicePolicy.configure_spawner``) through the steps of ``User.spawn`` that
 handle user options; the end-to-end test asks a real JupyterHub.
+
+That hub (the conftest's ``admitting_hub``) is also the oversubscribed hub
+of issue 28: its admission by guarantees is checked beside the refused
+size, and its "shared" size (8 GiB caps, 2 GiB guaranteed) is where three
+users lend one 16 GiB GPU to each other through the memory broker (the last
+test; one hub start serves both).
 """
 
 import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 from traitlets.config import Config
@@ -171,3 +181,185 @@ def test_a_real_hub_forgets_a_refused_size(admitting_hub):
            "of its 16.0 GiB (guarantees: yuki 1.0 GiB, zed 16.0 GiB)" in str(reply), reply
     assert hub.wait_spawn("zed") is None
     assert not (hub.slice_root / "zed.slice").exists()
+
+
+# ---- issue 28: three users lend one GPU through the memory broker -------------------
+#
+# ada, ben and cleo start with the "shared" size: 8 GiB caps (24 GiB in all) on
+# the one 16 GiB simulated GPU, 2 GiB of each guaranteed; the hub admits them
+# (memory_oversubscription). A memory broker runs as root on the hub's slice
+# root, parking kernels idle for 2 s. ada and ben each hold 6 GiB with known
+# bytes; cleo's cell then takes all her cap leaves beside her context, which
+# the GPU has no room for.
+
+BROKER_MIN_IDLE_S = 2
+ROOM_CELL_TIMEOUT = 60  # a cell that waits for room: well above the 2 s idle rule, below HAMI_ROOM_WAIT's 30 s
+CONTEXT = 64 << 20  # HAMI_SIM_CONTEXT_BYTES of the hub's simulated GPU
+
+HOLD = (
+    "import hashlib, os\n"
+    "from hami_jupyter import driver_memory as d\n"
+    "d.init()\n"
+    "held = d.DeviceBuffer(6 << 30)\n"
+    "data = os.urandom(4 << 20)\n"
+    "held.write(data)\n"
+    "print(hashlib.sha256(data).hexdigest())\n"
+)
+CHECK = "print(hashlib.sha256(held.read(len(data))).hexdigest())\n"
+WHOLE_CAP = (
+    "from hami_jupyter import driver_memory as d\n"
+    "d.init()\n"
+    f"big = d.DeviceBuffer((8 << 30) - {CONTEXT})\n"
+    "print(big.nbytes)\n"
+)
+OVER_CAP = (
+    "try:\n"
+    "    d.DeviceBuffer(1 << 20)\n"
+    "except d.CudaError as e:\n"
+    "    print(e.name)\n"
+)
+WAITING = "now (cuMemAlloc): waiting up to 30 s while the memory broker parks idle kernels of this GPU"
+
+
+class RootBroker:
+    """``hami-jupyter broker`` as root on the hub's slice root, on its simulated GPU."""
+
+    def __init__(self, hub, log_path):
+        self.root, self.log_path = hub.slice_root, log_path
+        env = hub.sim_env({"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "hami_jupyter", "broker", "--root", str(self.root),
+                                      "--min-idle-seconds", str(BROKER_MIN_IDLE_S)],
+                                     env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def log(self):
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def wait_started(self, timeout=30):
+        from hami_jupyter.slice.broker_report import read_report
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the broker exited:\n{self.log()}"
+            try:
+                report = read_report(self.root)
+            except Exception:  # not written yet, or being replaced
+                report = None
+            if report and report.get("broker_pid") == self.proc.pid and report.get("running"):
+                return
+            time.sleep(0.1)
+        pytest.fail(f"the broker did not start within {timeout} s:\n{self.log()}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+def _hami_lines(result):
+    return [line for line in result.stderr.splitlines() if line.startswith("hami:")]
+
+
+def _told(result):
+    """What a cell showed, short enough for a failure message."""
+    error = f"{result.error.get('ename')}: {result.error.get('evalue')}" if result.error else None
+    return f"error {error}; stdout {result.stdout!r}; stderr {result.stderr!r}"
+
+
+def _kernel_body(hub, user, kernel_id):
+    status, body = hub.request("GET", f"{hub.url}/user/{user}/hami/v1/kernels/{kernel_id}")
+    assert status == 200 and isinstance(body, dict), f"{user}'s hami/v1 kernel answer: {status} {body!r:.500}"
+    return body["kernel"]
+
+
+@pytest.mark.slow
+def test_three_users_lend_one_gpu_through_the_memory_broker(admitting_hub, tmp_path):
+    from hami_jupyter import audit
+
+    hub = admitting_hub
+
+    users = ("ada", "ben", "cleo")
+    for user in users:
+        hub.spawn(user, {"slice_size": "shared"})
+    for user in users:
+        hub.wait_ready(user)
+    root = hub.slice_root
+    for user in users:
+        limit = read_snapshot(root / f"{user}.slice").fallback_limit
+        assert (limit.memory_limit, limit.memory_guarantee) == (8 * GiB, 2 * GiB), limit
+    broker = RootBroker(hub, tmp_path / "broker.log")
+    try:
+        broker.wait_started()
+        kernels = {user: hub.start_kernel(user) for user in users}
+
+        # ada's kernel, then ben's, hold 6 GiB each, with bytes to find again: the GPU is full.
+        digests, within = {}, []  # within: every cell of a user within her cap
+        for user in ("ada", "ben"):
+            held = hub.execute(user, kernels[user], HOLD)
+            assert held.error is None and not _hami_lines(held), f"{user}: {_told(held)}"
+            digests[user] = held.stdout.strip()
+            within.append(held)
+
+        # cleo's cell, within her cap, waits while the broker parks the idlest kernel: ada's.
+        whole = hub.execute("cleo", kernels["cleo"], WHOLE_CAP, timeout=ROOM_CELL_TIMEOUT)
+        within.append(whole)
+        assert whole.error is None, f"cleo's cell within her cap failed: {_told(whole)}\n{broker.log()}"
+        assert whole.stdout.split() == [str(8 * GiB - CONTEXT)], _told(whole)
+        said = _hami_lines(whole)  # what her notebook says: what it waits for, once
+        assert len(said) == 1 and f"GPU 0 has no room for 7.9 GiB {WAITING}" in said[0], said
+        ada = _kernel_body(hub, "ada", kernels["ada"])
+        assert (ada["park_state"], ada["park_reason"]) == ("parked", "room"), ada
+        assert _kernel_body(hub, "ben", kernels["ben"])["park_state"] == "running"  # no more than needed
+
+        # ada reads why in %hami status, from another notebook of hers (a cell of
+        # the parked kernel itself brings it back first).
+        status = hub.execute("ada", hub.start_kernel("ada"), "%hami status")
+        assert status.error is None and not _hami_lines(status), _told(status)
+        assert "parked to make room for another user's work" in "\n".join(status.text()), status.text()
+
+        # Over her cap, cleo gets the library's ordinary refusal at once: no wait, no broker asked.
+        asked = len(audit.read_records(audit.default_path(root)))
+        over = hub.execute("cleo", kernels["cleo"], OVER_CAP)
+        assert over.stdout.split() == ["CUDA_ERROR_OUT_OF_MEMORY"], _told(over)
+        [refusal] = _hami_lines(over)
+        assert "out of memory: cuMemAlloc of 1.0 MiB refused; 8.0 GiB of the slice's 8.0 GiB limit" in refusal
+        assert len(audit.read_records(audit.default_path(root))) == asked
+
+        # ada's next cell brings her kernel back: it says why it was parked, waits
+        # for room in turn (ben's kernel, now the idlest, is parked for it), and
+        # finds her bytes intact.
+        back = hub.execute("ada", kernels["ada"], CHECK, timeout=ROOM_CELL_TIMEOUT)
+        within.append(back)
+        assert back.error is None, f"{_told(back)}\n{broker.log()}"
+        note, restored, digest = back.stdout.splitlines()
+        assert note == ("hami: this kernel's GPU memory was parked in host memory to make room for another "
+                        "user's work; bringing it back waits for free memory on the GPU"), back.stdout
+        assert restored.startswith("hami: GPU memory restored: 6.1 GiB in "), back.stdout
+        assert digest == digests["ada"], "ada's bytes changed while her kernel was parked"
+        ada = _kernel_body(hub, "ada", kernels["ada"])
+        ben = _kernel_body(hub, "ben", kernels["ben"])
+        assert ada["park_state"] == "running" and (ben["park_state"], ben["park_reason"]) == ("parked", "room")
+        assert _kernel_body(hub, "cleo", kernels["cleo"])["park_state"] == "running"
+
+        # The broker's decisions are in the administrators' audit log, its chain intact.
+        records = audit.read_records(audit.default_path(root))
+        parks = [(r["kernel"], r["requester"]["kernel"]) for r in records if r["action"] == "broker-park"]
+        assert parks == [(kernels["ada"], kernels["cleo"]), (kernels["ben"], kernels["ada"])], parks
+        served = [r["requester"]["kernel"] for r in records if r["action"] == "broker-served"]
+        assert served == [kernels["cleo"], kernels["ada"]], served
+        verify = subprocess.run([sys.executable, "-m", "hami_jupyter", "audit", "verify", "--root", str(root)],
+                                capture_output=True, text=True, timeout=60)
+        assert verify.returncode == 0 and ": intact (" in verify.stdout, verify.stdout + verify.stderr
+
+        # No user within her cap ever saw an out-of-memory error.
+        for result in within:
+            assert result.error is None and "out of memory" not in result.stderr, _told(result)
+            assert "OUT_OF_MEMORY" not in result.stdout, _told(result)
+    finally:
+        broker.stop()
