@@ -4,12 +4,16 @@ A cudrive process of carol's slice asks for 6 GiB, within her 8 GiB limit,
 while alice's idle kernel fills the GPU: the driver says out of memory, the
 library keeps the reservation and asks the broker (native/src/room.c), the
 broker parks alice's kernel, and the driver call, tried again, succeeds. The
-program sees one successful allocation.
+program sees one successful allocation. A broker that takes the request
+and never answers (stopped) holds it no longer than HAMI_ROOM_WAIT.
 """
 
+import os
+import signal
 import time
 
 from broker_helpers import GiB, MiB, age, audit_of, parked, slot
+from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, wait_for
 
 from hami_jupyter import audit
 from hami_jupyter.slice.layout import HAMI_PARK_REASON_ROOM
@@ -70,4 +74,41 @@ def test_a_parked_kernels_resume_waits_for_room_the_same_way(slices, holder, cud
     parks = audit_of(root, "broker-park")
     assert [(r["kernel"], r["requester"]["kernel"]) for r in parks] == [("k-alice", "k-carol"),
                                                                          ("k-bob", "k-alice")]
+    assert audit.verify(audit.default_path(root)) == ([], [])
+
+
+def test_a_stopped_broker_never_holds_an_allocation_past_its_wait(slices, holder, cudrive, start_broker,
+                                                                  socket_path, gpu, root):
+    """A broker stopped (SIGSTOP, a hung host, a debugger): its socket still
+    takes connections, nobody answers. The allocation waits its HAMI_ROOM_WAIT
+    and fails as without a broker, saying the broker never answered; the
+    reservation goes back. Once the broker runs again, the request it finds
+    is from a process that went away: nothing is parked for it."""
+    slices.make("carol", "8g", "1g")
+    slices.make("alice", "12g", "1g")
+    idle = holder(slices.env("alice", kernel="k-alice"), "10g", age_s=HOUR)
+    broker = start_broker()
+    worker = cudrive.start(slices.env("carol", kernel="k-carol", HAMI_BROKER_SOCKET=socket_path,
+                                      HAMI_ROOM_WAIT=2))
+    worker.ok("init")
+    worker.ok("ctx 0")
+    os.kill(broker.pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        answer = worker.cmd("alloc 6g", timeout=30)  # a hang would end here, the test failed
+        waited = time.monotonic() - began
+        assert answer["rc"] == CUDA_ERROR_OUT_OF_MEMORY, answer
+        assert waited >= 2.0, waited  # it did wait for the broker, its whole bound
+        start, end = [line for line in worker.stderr().splitlines() if line.startswith("hami:")]
+        assert "no room for 6.0 GiB now" in start and "waiting up to 2 s" in start, start
+        assert "the memory broker took the request but never answered; out of memory" in end, end
+        mine = slot(slices.path("carol"), worker.pid)
+        assert mine.room_wait_since_unix_ns == 0 and mine.memory_used[0] == 64 * MiB  # its context alone
+        worker.ok("alloc 1g")  # what fits goes on as before
+    finally:
+        os.kill(broker.pid, signal.SIGCONT)
+    wait_for(lambda: audit_of(root, "broker-dropped"), 30, what="the request of the process that gave up dropped")
+    [dropped] = audit_of(root, "broker-dropped")
+    assert dropped["requester"]["pid"] == worker.pid and dropped["parked"] == []
+    assert not parked(idle.slice, idle.pid) and not audit_of(root, "broker-park", "broker-served")
     assert audit.verify(audit.default_path(root)) == ([], [])
