@@ -40,6 +40,8 @@ class RoutingError(RuntimeError):
 class HubSliceProvisionerFactory(KernelProvisionerFactory):
     """jupyter_client's factory, with ``hami-provisioner`` for every kernelspec."""
 
+    routes_every_kernel = True  # what the provisioner asks (it must not import this module)
+
     @default("default_provisioner_name")
     def _default_provisioner_name_default(self):
         return PROVISIONER
@@ -122,23 +124,16 @@ def route_every_kernel(parent=None):
     except RoutingError:
         stop_routing()  # a factory that half works would break even the kernelspec list
         raise
-    from .provisioner import HamiProvisioner
-
-    HamiProvisioner.hub_routing = True
     return factory
 
 
 def routing_in_force():
     """Whether :func:`route_every_kernel` is in force in this process (the
-    provisioner reads the same fact from its own class, set below: it must not
-    import this module, which imports it)."""
+    provisioner asks the factory in use the same, by its routes_every_kernel)."""
     return isinstance(KernelProvisionerFactory._instance, HubSliceProvisionerFactory)
 
 
 def stop_routing():
     """Undo :func:`route_every_kernel` (jupyter_client's own factory comes back)."""
-    from .provisioner import HamiProvisioner
-
-    HamiProvisioner.hub_routing = False
     if isinstance(KernelProvisionerFactory._instance, HubSliceProvisionerFactory):
         HubSliceProvisionerFactory.clear_instance()  # its own class's and jupyter_client's

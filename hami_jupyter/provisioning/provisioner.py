@@ -50,7 +50,7 @@ import os
 import re
 from pathlib import Path
 
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning import KernelProvisionerFactory, LocalProvisioner
 from traitlets import Int, Unicode, Union
 
 from .. import native
@@ -75,14 +75,20 @@ class SliceSetupError(RuntimeError):
     """The kernel cannot start in its slice; the message says why and what to fix."""
 
 
+def _routing_in_force():
+    """Whether this server sends every kernel through hami-provisioner: the
+    provisioner factory in use says so (factory.HubSliceProvisionerFactory,
+    made by factory.route_every_kernel once it proved the rule). Asked of
+    jupyter_client's factory, not the factory module, which imports this one."""
+    if not KernelProvisionerFactory.initialized():
+        return False
+    return getattr(KernelProvisionerFactory.instance(), "routes_every_kernel", False)
+
+
 class HamiProvisioner(LocalProvisioner):
     """Launch local kernels with the vGPU preload library, inside a slice."""
 
     _exited_unasked = False  # the process exited without a shutdown asked (see cleanup)
-    # Every kernel of this server goes through this provisioner (set by
-    # factory.route_every_kernel once it proved it; a hub's server without it
-    # starts no kernel: see pre_launch)
-    hub_routing = False
 
     memory_limit = Union(
         [Unicode(), Int()], default_value=None, allow_none=True, config=True,
@@ -375,7 +381,7 @@ class HamiProvisioner(LocalProvisioner):
                 hub = hub_slice.hub_slice(os.environ) or hub_slice.hub_slice(server_env)
             except hub_slice.HubSliceError as e:
                 raise SliceSetupError(f"hami-jupyter: the kernel was not started: {e}") from None
-            if hub is not None and _in_jupyter_server(self.parent) and not self.hub_routing:
+            if hub is not None and _in_jupyter_server(self.parent) and not _routing_in_force():
                 raise SliceSetupError(
                     f"hami-jupyter: the kernel was not started: JupyterHub gave this server the "
                     f"slice {hub}, but hami-jupyter's server extension is not in force in it "

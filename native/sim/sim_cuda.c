@@ -2881,26 +2881,9 @@ out:
 }
 
 /* The first exports (CUDA 8.0) and the _v2 ones (11.7) take the same
- * arguments; the sim makes no difference between them. */
+ * arguments, with or without the per-thread default stream; the sim makes no
+ * difference between them: one function each, under every name. */
 CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
-{
-	GATE();
-	return wait_value(stream, addr, value, flags);
-}
-
-CUresult cuStreamWaitValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
-{
-	GATE();
-	return wait_value(stream, addr, value, flags);
-}
-
-CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
-{
-	GATE();
-	return wait_value(stream, addr, value, flags);
-}
-
-CUresult cuStreamWaitValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
 {
 	GATE();
 	return wait_value(stream, addr, value, flags);
@@ -2912,23 +2895,13 @@ CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t valu
 	return write_value(stream, addr, value, flags);
 }
 
-CUresult cuStreamWriteValue32_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
-{
-	GATE();
-	return write_value(stream, addr, value, flags);
-}
-
-CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
-{
-	GATE();
-	return write_value(stream, addr, value, flags);
-}
-
-CUresult cuStreamWriteValue32_v2_ptsz(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
-{
-	GATE();
-	return write_value(stream, addr, value, flags);
-}
+#define SAME_AS(name) __attribute__((alias(#name)))
+CUresult cuStreamWaitValue32_ptsz(CUstream, CUdeviceptr, cuuint32_t, unsigned int) SAME_AS(cuStreamWaitValue32);
+CUresult cuStreamWaitValue32_v2(CUstream, CUdeviceptr, cuuint32_t, unsigned int) SAME_AS(cuStreamWaitValue32);
+CUresult cuStreamWaitValue32_v2_ptsz(CUstream, CUdeviceptr, cuuint32_t, unsigned int) SAME_AS(cuStreamWaitValue32);
+CUresult cuStreamWriteValue32_ptsz(CUstream, CUdeviceptr, cuuint32_t, unsigned int) SAME_AS(cuStreamWriteValue32);
+CUresult cuStreamWriteValue32_v2(CUstream, CUdeviceptr, cuuint32_t, unsigned int) SAME_AS(cuStreamWriteValue32);
+CUresult cuStreamWriteValue32_v2_ptsz(CUstream, CUdeviceptr, cuuint32_t, unsigned int) SAME_AS(cuStreamWriteValue32);
 
 /* ---- events ------------------------------------------------------------- */
 

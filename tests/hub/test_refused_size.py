@@ -296,7 +296,12 @@ def test_three_users_lend_one_gpu_through_the_memory_broker(admitting_hub, tmp_p
     broker = RootBroker(hub, tmp_path / "broker.log")
     try:
         broker.wait_started()
-        kernels = {user: hub.start_kernel(user) for user in users}
+        # One at a time, each answering before the next starts: three servers
+        # picking kernel ports at the same instant can pick the same one.
+        kernels = {}
+        for user in users:
+            kernels[user] = hub.start_kernel(user)
+            assert hub.execute(user, kernels[user], "1").error is None
 
         # ada's kernel, then ben's, hold 6 GiB each, with bytes to find again: the GPU is full.
         digests, within = {}, []  # within: every cell of a user within her cap
