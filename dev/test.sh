@@ -10,7 +10,8 @@
 #   - for a full run, the JupyterLab extension's TypeScript unit tests (jest),
 #   - pytest -ra over tests/ (arguments are passed on to pytest; tests/adversarial,
 #     the attack suite, is part of it), then, for a full run, tests/native and
-#     tests/adversarial again against the ASan+UBSan build and the TSan build.
+#     tests/adversarial again against the ASan+UBSan build and the TSan build
+#     (less the SM share's timing tests, which only the release build measures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source dev/setup.sh test
@@ -60,7 +61,11 @@ run_pytest "$@"
 # The C code again, under AddressSanitizer and UndefinedBehaviorSanitizer, then
 # under ThreadSanitizer (every data race in the library fails the test that met it;
 # tests/adversarial brings the threads racing into every hook and the kill storm).
+# What an SM share comes to in GPU time is measured by the release pass above:
+# under a sanitizer every launch costs many times more, so those timing tests
+# would measure the sanitizer (share_accuracy); the launch paths still run
+# under it in the other SM-share tests.
 if [ "$#" -eq 0 ]; then
-    HAMI_TEST_BUILD=asan run_pytest tests/native tests/adversarial
-    HAMI_TEST_BUILD=tsan run_pytest tests/native tests/adversarial
+    HAMI_TEST_BUILD=asan run_pytest -m "not share_accuracy" tests/native tests/adversarial
+    HAMI_TEST_BUILD=tsan run_pytest -m "not share_accuracy" tests/native tests/adversarial
 fi

@@ -221,6 +221,7 @@ def _burn_together(procs, seconds):
     return shares
 
 
+@pytest.mark.share_accuracy
 def test_one_slice_holds_a_different_sm_share_on_each_gpu(cudrive, make_slice, gpu):
     """One hard slice, SM share 30 % on GPU 0 and 70 % on GPU 1, one process
     burning on each GPU at the same time: each gets its own GPU's share."""
@@ -235,6 +236,7 @@ def test_one_slice_holds_a_different_sm_share_on_each_gpu(cudrive, make_slice, g
     assert slice_device(snap, gpu.uuid(1)).limit.sm_share == 70
 
 
+@pytest.mark.share_accuracy
 def test_reordered_sm_shares_land_on_the_right_physical_gpu(cudrive, make_slice, gpu):
     """CUDA_VISIBLE_DEVICES=1,0 with _0 = 30 % and _1 = 70 %: the process's
     device 0 is physical GPU 1, which the sim sees 30 % busy while the same
@@ -257,6 +259,7 @@ def test_reordered_sm_shares_land_on_the_right_physical_gpu(cudrive, make_slice,
     assert (slice_device(snap, u1).limit.sm_share, slice_device(snap, u0).limit.sm_share) == (30, 70)
 
 
+@pytest.mark.share_accuracy
 def test_live_sm_change_on_one_gpu_leaves_the_other(cudrive, make_slice, gpu):
     """`slice set --device <uuid of GPU 1> --sm 20` while both GPUs burn at
     50 %: GPU 1 follows, GPU 0 keeps its 50 %."""

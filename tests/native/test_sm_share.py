@@ -43,6 +43,7 @@ def test_no_share_runs_free(cudrive, make_slice):
     assert _burn(_burner(cudrive, s.env), 2) > 0.95
 
 
+@pytest.mark.share_accuracy
 @pytest.mark.parametrize("share", [25, 50, 75])
 def test_one_process_gets_its_share(cudrive, make_slice, share):
     s = _sm_slice(make_slice, "team", share)
@@ -52,6 +53,7 @@ def test_one_process_gets_its_share(cudrive, make_slice, share):
     assert abs(got - share / 100) <= TOLERANCE, got
 
 
+@pytest.mark.share_accuracy
 @pytest.mark.parametrize("share", [25, 50, 75])
 def test_four_processes_share_one_budget(cudrive, make_slice, share):
     s = _sm_slice(make_slice, "team", share)
@@ -72,11 +74,13 @@ def _two_slices(cudrive, make_slice, a, b, mode, settle=1):
         return list(pool.map(lambda p: _burn(p, 4), (pa, pb)))
 
 
+@pytest.mark.share_accuracy
 def test_hard_slices_each_get_their_share(cudrive, make_slice):
     got_a, got_b = _two_slices(cudrive, make_slice, 30, 70, "hard")
     assert abs(got_a - 0.30) <= TOLERANCE and abs(got_b - 0.70) <= TOLERANCE, (got_a, got_b)
 
 
+@pytest.mark.share_accuracy
 def test_elastic_slice_takes_idle_time_hard_does_not(cudrive, make_slice):
     elastic = _burner(cudrive, _sm_slice(make_slice, "e", 30, "elastic").env)
     _burn(elastic, 2)
@@ -87,6 +91,7 @@ def test_elastic_slice_takes_idle_time_hard_does_not(cudrive, make_slice):
     assert abs(_burn(hard, 3) - 0.30) <= TOLERANCE
 
 
+@pytest.mark.share_accuracy
 def test_share_changes_live_up_and_down(cudrive, make_slice, gpu):
     from hami_jupyter.slice.change import set_sm_share
 
@@ -105,6 +110,7 @@ def test_share_changes_live_up_and_down(cudrive, make_slice, gpu):
     assert _burn(p, 2) > 0.95
 
 
+@pytest.mark.share_accuracy
 def test_share_set_on_a_slice_that_had_none(cudrive, make_slice, gpu):
     from hami_jupyter.slice.change import set_sm_share
 
@@ -211,6 +217,7 @@ def test_slices_take_turns_on_the_gpu_schedule(cudrive, make_slice, gpu):
     assert not [e for e in _schedule_entries(schedule) if e[3]], "entries still held after the slices died"
 
 
+@pytest.mark.share_accuracy
 def test_elastic_slices_under_contention_get_at_least_their_share(cudrive, make_slice):
     # Elastic slices first grow into the idle time, then hand it back: give
     # them 3 s to meet before measuring.
@@ -218,6 +225,7 @@ def test_elastic_slices_under_contention_get_at_least_their_share(cudrive, make_
     assert got_a >= 0.30 - TOLERANCE and got_b >= 0.70 - TOLERANCE, (got_a, got_b)
 
 
+@pytest.mark.share_accuracy
 def test_a_slice_whose_kernels_outlast_its_window_still_gets_its_share(cudrive, make_slice):
     # Beside another slice, a launch that would run past the window's close
     # first waits for the thread's queued work; with nothing queued it goes
@@ -244,6 +252,7 @@ def _open_window(slice_path):
     return HamiSliceDevice.from_buffer_copy(raw).sm_open_ppm / 1e6
 
 
+@pytest.mark.share_accuracy
 def test_an_elastic_window_is_given_back_when_nvml_shows_one_process(cudrive, make_slice):
     # An H100 (driver 580) with two busy slices reported one process only,
     # with the whole device's figure. The slice it showed had grown its
@@ -272,6 +281,7 @@ def test_an_elastic_window_is_given_back_when_nvml_shows_one_process(cudrive, ma
 PACED_NS, PACED_HOST_NS = 200_000, 250_000
 
 
+@pytest.mark.share_accuracy
 @pytest.mark.parametrize("share_of", ["work", "time"])
 def test_a_launch_paced_slice_is_held_to_its_share_of_the_gpus_time(cudrive, make_slice, share_of):
     # The feedback counts what the GPU was busy with the slice's kernels, so
