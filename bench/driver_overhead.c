@@ -4,10 +4,12 @@
  * the CUDA runtime does). Run it once without and once with LD_PRELOAD; the
  * difference is what the preload library adds. bench/run_overhead.sh does both.
  *
- *   driver_overhead [iterations]
+ *   driver_overhead [iterations [alloc_free_pairs]]
  * prints one JSON line: launch_ns (cuLaunchKernel of an empty kernel, CPU time
  * per call, stream synchronised every 1000 launches), alloc_free_ns
  * (cuMemAlloc_v2 + cuMemFree_v2 of 1 MiB), meminfo_ns (cuMemGetInfo_v2).
+ * alloc_free_pairs defaults to iterations / 20 (at least 1000); a caller that
+ * wants only the launch figure passes a small count so a run ends sooner.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -90,6 +92,8 @@ int main(int argc, char **argv)
 		sync();
 	}
 	long pairs = n / 20 > 1000 ? n / 20 : 1000;
+	if (argc > 2)
+		pairs = atol(argv[2]) > 0 ? atol(argv[2]) : 1;
 	CUdeviceptr p;
 	for (int i = 0; i < 100; i++) {
 		CHECK(alloc(&p, 1 << 20));

@@ -8,18 +8,53 @@ makes first):
 
 It builds native/build/libvgpu.so (make -s -C native all) and
 bench/driver_overhead.c, then runs the scenarios below one after the other,
-each as bench/sm_worker.py subprocesses (PyTorch) in their own temporary slice
-files. Baselines run without LD_PRELOAD; throttled workers run with
-LD_PRELOAD=native/build/libvgpu.so, HAMI_SLICE, CUDA_DEVICE_SM_LIMIT and
-HAMI_SM_MODE. A fraction is units_per_s(throttled) / units_per_s(baseline of
-the same workload, measured earlier in the same run). 1-s figures slide a 1-s
-window over the workers' 0.1-s windows (step 0.1 s) and give the lowest and
-highest fraction.
+each as worker subprocesses (bench/sm_worker.py, PyTorch; bench/sm_worker_jax.py
+for the jax workload) in their own temporary slice files. Baselines run
+without LD_PRELOAD; throttled workers run with LD_PRELOAD=native/build/libvgpu.so,
+HAMI_SLICE, CUDA_DEVICE_SM_LIMIT and HAMI_SM_MODE. A fraction is
+units_per_s(throttled) / units_per_s(baseline of the same workload, measured
+just before in the same run). 1-s figures slide a 1-s window over the
+workers' 0.1-s windows (step 0.1 s) and give the lowest and highest fraction.
+
+Fitted and held out (issue 29). The share's work model was fitted and tuned
+on four workloads: matmul, copy, small, graph (FITTED). Every other workload
+is held out: it checks whether the model holds on work it was not fitted on
+(constant data, fp32, fp8, a conv net, attention, JAX). Every row says which.
+Each workload gets a baseline and then, right after it (so that baseline and
+rows see the same host and GPU temperature), rows at 25 / 50 / 75 % hard in
+a lone slice: compute- and memory-bound ones are judged at the share +-3
+points; short-kernel ones (small, graph) at min(1, s/u) of their own
+baseline +-5, u being the share of time the GPU was busy (NVML) during that
+baseline: a share caps a slice's busy time, so a loop busy only u of the
+time alone is not slowed by s >= u and gets s/u of its pace below that.
+The contention rows (quad, pairs hard and elastic, live change), the launch
+overhead and the drift row follow.
+
+Telemetry. While every scenario runs, a thread polls NVML on the benchmark's
+GPU every 100 ms (bench/sm_telemetry.py: SM and memory clock, power and its
+enforced limit, clock event reasons, utilization, temperature); the JSON
+keeps each scenario's series and each row a summary over the measured part,
+printed beside the row. Without pynvml the rows still run, and the
+short-kernel rows say that u is unknown and are not judged.
+
+Launch overhead. Rounds of driver_overhead.c (no preload / preload / preload
+with a limit of 90 that does not bind) are added until the 95 % bootstrap
+interval of each paired median difference is narrower than 20 ns, or
+--overhead-cap seconds (bench/sm_overhead.py).
+
+Time. Measured parts are 6 s (--quick 4; the live change 12 / 6 s), chosen
+so that each of the two groups below fits one 10-minute device call; the
+whole plan does not (--dry-run prints the estimates). The groups:
+--only fitted (the four fitted workloads, contention rows, drift) and
+--only held_out (the held-out workloads and the launch overhead, whose
+empty-kernel loop is no part of the model's fit).
 
 Each scenario's result is printed as soon as it is done, a failing scenario
-is reported and skipped, the JSON (--out) is rewritten after every scenario,
-and a markdown table closes the run. Exit status: 0 when every scenario ran
-(whatever the targets say), 1 when one failed to run, 2 when the build failed.
+is reported and skipped, a workload that cannot run here (fp8 below compute
+capability 8.9, no jax) gives "not run" rows, the JSON (--out) is rewritten
+after every scenario, and a markdown table closes the run. Exit status: 0
+when every scenario ran or was not run for a stated reason (whatever the
+targets say), 1 when one failed to run, 2 when the build failed.
 """
 import argparse
 import json
@@ -37,11 +72,18 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+import sm_overhead  # noqa: E402 (stdlib only)
+import sm_telemetry  # noqa: E402 (stdlib only; pynvml is loaded when sampling starts)
+
+REPO = BENCH.parent
 LIB = REPO / "native" / "build" / "libvgpu.so"
 LIB_IN_USE = [LIB]  # --lib: another build of the library for the throttled workers
-WORKER = REPO / "bench" / "sm_worker.py"
-OVERHEAD_SRC = REPO / "bench" / "driver_overhead.c"
+WORKER = BENCH / "sm_worker.py"
+WORKER_JAX = BENCH / "sm_worker_jax.py"
+OVERHEAD_SRC = BENCH / "driver_overhead.c"
 OVERHEAD_BIN = REPO / "native" / "build" / "bench" / "driver_overhead"
 DEFAULT_OUT = REPO / "native" / "build" / "bench" / "sm_share.json"
 
@@ -57,11 +99,60 @@ LIMIT_VARS = {"LD_PRELOAD", "HAMI_SLICE", "HAMI_SLICE_NAME", "HAMI_SM_MODE", "HA
               "CUDA_DEVICE_MEMORY_SHARED_CACHE"}
 LIMIT_PREFIXES = ("CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT")
 
-STARTUP_EST_S = 7.0  # python + torch import + CUDA context + workload setup, per worker
+# workload: (fit, kind). kind "compute" / "memory": judged at the share;
+# "short": launch-paced, judged at min(1, s/u) of its own pace.
+WORKLOADS = {
+    "matmul": ("fitted", "compute"),
+    "copy": ("fitted", "memory"),
+    "small": ("fitted", "short"),
+    "graph": ("fitted", "short"),
+    "matmul_const": ("held out", "compute"),
+    "matmul_fp32": ("held out", "compute"),
+    "matmul_fp8": ("held out", "compute"),
+    "conv": ("held out", "compute"),
+    "attention": ("held out", "compute"),
+    "jax": ("held out", "compute"),
+}
+FITTED = tuple(w for w, (fit, _k) in WORKLOADS.items() if fit == "fitted")
+HELD_OUT = tuple(w for w, (fit, _k) in WORKLOADS.items() if fit != "fitted")
+LAUNCH = "launch"  # the overhead scenario's empty kernel (driver_overhead.c): no part of the fit
+SHARES = (25, 50, 75)
+TOL = 0.03  # compute- and memory-bound rows: the share +-3 points
+TOL_SHORT = 0.05  # short-kernel rows: min(1, s/u) +-5 points
+GROUPS = {"fitted": "fitted", "held_out": "held out", "held-out": "held out"}
+
+# worker flag <- orchestrator argument, per workload
+SIZE_FLAGS = {
+    "matmul": (("--matmul-size", "matmul_size"),),
+    "matmul_const": (("--matmul-size", "matmul_size"),),
+    "matmul_fp32": (("--fp32-size", "fp32_size"),),
+    "matmul_fp8": (("--fp8-size", "fp8_size"),),
+    "copy": (("--copy-mib", "copy_mib"),),
+    "small": (("--small-rows", "small_rows"), ("--small-width", "small_width"), ("--small-layers", "small_layers")),
+    "graph": (("--small-rows", "small_rows"), ("--small-width", "small_width"), ("--small-layers", "small_layers")),
+    "conv": (("--conv-batch", "conv_batch"), ("--conv-channels", "conv_channels"), ("--conv-size", "conv_size"),
+             ("--conv-blocks", "conv_blocks")),
+    "attention": (("--attn-batch", "attn_batch"), ("--attn-heads", "attn_heads"), ("--attn-seq", "attn_seq"),
+                  ("--attn-dim", "attn_dim")),
+    "jax": (("--matmul-size", "jax_size"),),
+}
+
+# Time estimate, calibrated on the one full run on record: the 18-scenario
+# plan of before issue 29 (10-s parts, --warmup 2) took 6 minutes on an
+# H100, which these figures give (6.1 min).
+STARTUP_EST_S = 4.5  # python + torch import + CUDA context + workload setup, per worker
+TEARDOWN_EST_S = 0.5
+SETUP_EXTRA_S = {"conv": 2.0, "attention": 0.5, "jax": 4.0}  # cudnn benchmark; jax import + compile (guesses)
+BUILD_EST_S = 15.0
+OVERHEAD_ROUND_EST_S = 3.0  # one round of three driver_overhead runs
 
 
 class ScenarioError(Exception):
     pass
+
+
+class WorkloadSkipped(Exception):
+    """A worker said it cannot run this workload here ({"skipped": why})."""
 
 
 def say(*parts):
@@ -77,29 +168,52 @@ def worker(name, workload, share=None, mode="hard", change=None, slice_name=None
             "slice": slice_name or name}
 
 
+def fit_of(workload):
+    return WORKLOADS[workload][0] if workload in WORKLOADS else "held out"
+
+
+def describe(wl, a):
+    return {
+        "matmul": f"bf16 matmul {a.matmul_size}^3 loop, random data",
+        "copy": f"memory-bound copy by a kernel ({a.copy_mib} MiB, bf16 dst = src * 1)",
+        "small": f"short kernels, eager ({a.small_layers} x [{a.small_rows}x{a.small_width}] "
+                 f"@ [{a.small_width}x{a.small_width}] + relu + bias)",
+        "graph": "short kernels, the same step as one CUDA graph replay",
+        "matmul_const": f"bf16 matmul {a.matmul_size}^3 loop on torch.ones (constant data)",
+        "matmul_fp32": f"fp32 matmul {a.fp32_size}^3 loop, TF32 off",
+        "matmul_fp8": f"fp8 (e4m3) torch._scaled_mm {a.fp8_size}^3 loop, bf16 out",
+        "conv": f"conv net training step ({a.conv_blocks} x Conv2d+BatchNorm+ReLU, {a.conv_channels} ch, "
+                f"batch {a.conv_batch} x {a.conv_size}^2, bf16, channels_last, SGD)",
+        "attention": f"scaled_dot_product_attention fwd+bwd (batch {a.attn_batch}, {a.attn_heads} heads, "
+                     f"seq {a.attn_seq}, dim {a.attn_dim}, bf16)",
+        "jax": f"JAX bf16 jnp matmul {a.jax_size}^3 loop on jnp.ones",
+    }[wl]
+
+
 def build_plan(a):
+    """Every scenario, in order; --only then keeps some (select())."""
     S = a.seconds
     plan = []
 
     def add(name, title, check, workers=None, seconds=S, kind="workers", **extra):
+        fit = fit_of(extra.get("workload"))
         plan.append(dict(name=name, title=title, check=check, kind=kind, seconds=seconds,
-                         workers=workers or [], **extra))
+                         workers=workers or [], fit=fit, **extra))
 
-    for wl, what in (("matmul", f"bf16 matmul {a.matmul_size}^3 loop"),
-                     ("copy", "device-to-device copy by a kernel (1 GiB, bf16 dst = src * 1)"),
-                     ("small", f"short kernels, eager ({a.small_layers} x [{a.small_rows}x{a.small_width}] "
-                               f"@ [{a.small_width}x{a.small_width}] + relu + bias)"),
-                     ("graph", "short kernels, the same step as one CUDA graph replay")):
+    def workload_rows(wl):
+        what = describe(wl, a)
         add(f"baseline_{wl}", f"{what}, no preload", "baseline", [worker("A", wl)], workload=wl)
-    for p in (25, 50, 75):
-        add(f"matmul_{p}", f"matmul at {p} % (hard)", "single", [worker("A", "matmul", p)],
-            workload="matmul", share=p, tol=0.03, tol_1s=0.05)
-    for p in (25, 50, 75):
-        add(f"copy_{p}", f"memory-bound copy kernel at {p} % (hard)", "single", [worker("A", "copy", p)],
-            workload="copy", share=p, tol=0.05, tol_1s=None)
-    for wl in ("small", "graph"):
-        add(f"{wl}_50", f"{wl} at 50 % (hard)", "single", [worker("A", wl, 50)],
-            workload=wl, share=50, tol=0.05, tol_1s=None)
+        kind = WORKLOADS[wl][1]
+        for p in SHARES:
+            if kind == "short":
+                add(f"{wl}_{p}", f"{wl} at {p} % (hard), alone", "short", [worker("A", wl, p)],
+                    workload=wl, share=p, tol=TOL_SHORT)
+            else:
+                add(f"{wl}_{p}", f"{wl} at {p} % (hard), alone", "single", [worker("A", wl, p)],
+                    workload=wl, share=p, tol=TOL, tol_1s=0.05 if wl == "matmul" else None)
+
+    for wl in FITTED:
+        workload_rows(wl)
     add("quad_50", "four processes in one slice at 50 % (hard), matmul each, measured together",
         "quad", [worker(n, "matmul", 50, slice_name="S") for n in "ABCD"], workload="matmul",
         share=50, tol=0.03)
@@ -113,33 +227,98 @@ def build_plan(a):
     add("live_25_75", f"matmul at 25 % (hard), set_sm_share(..., 75) at t = {a.change_at:g} s",
         "live", [worker("A", "matmul", 25, "hard", change=(a.change_at, 75))],
         seconds=a.live_seconds, workload="matmul", new_share=75, band=0.05)
+    for wl in HELD_OUT:
+        workload_rows(wl)
     add("overhead", "cuLaunchKernel CPU time (bench/driver_overhead.c), alternating rounds", "overhead",
-        kind="overhead")
+        kind="overhead", workload=LAUNCH)
     add("baseline_matmul_end", "matmul baseline again, for the drift over the run", "drift",
         [worker("A", "matmul")], workload="matmul")
+    return select(plan, a.only)
 
-    if a.only:
-        wanted = [s.strip() for s in a.only.split(",") if s.strip()]
-        keep = {s["name"] for s in plan if any(s["name"] == w or s["name"].startswith(w) for w in wanted)}
-        unknown = [w for w in wanted if not any(n == w or n.startswith(w) for n in (s["name"] for s in plan))]
-        if unknown:
-            raise SystemExit(f"--only: no scenario named {', '.join(unknown)}; "
-                             f"have {', '.join(s['name'] for s in plan)}")
-        for s in plan:  # a fraction needs the baseline of its workload
-            if s["name"] in keep and s["check"] not in ("baseline", "overhead"):
-                keep.add(f"baseline_{s['workload']}")
-        plan = [s for s in plan if s["name"] in keep]
-    return plan
+
+def select(plan, only):
+    """The scenarios --only names: exact names, name prefixes, or the groups
+    'fitted' / 'held_out'; each kept row brings its workload's baseline."""
+    if not only:
+        return plan
+    wanted = [s.strip() for s in only.split(",") if s.strip()]
+    names = [s["name"] for s in plan]
+    unknown = [w for w in wanted if w not in GROUPS and not any(n == w or n.startswith(w) for n in names)]
+    if unknown:
+        raise SystemExit(f"--only: no scenario named {', '.join(unknown)}; have the groups "
+                         f"{', '.join(sorted(set(GROUPS) - {'held-out'}))} and {', '.join(names)}")
+    keep = set()
+    for s in plan:
+        for w in wanted:
+            if (w in GROUPS and s["fit"] == GROUPS[w]) or s["name"] == w or s["name"].startswith(w):
+                keep.add(s["name"])
+    for s in plan:  # a fraction needs the baseline of its workload
+        if s["name"] in keep and s["check"] not in ("baseline", "overhead"):
+            keep.add(f"baseline_{s['workload']}")
+    return [s for s in plan if s["name"] in keep]
+
+
+def scenario_estimate_s(s, a):
+    if s["kind"] == "overhead":
+        return a.overhead_cap + OVERHEAD_ROUND_EST_S
+    start = STARTUP_EST_S + SETUP_EXTRA_S.get(s["workload"], 0.0)
+    delay = a.pair_delay if len(s["workers"]) > 1 else 0.3
+    return start + a.warmup + delay + s["seconds"] + TEARDOWN_EST_S
 
 
 def estimate_s(plan, a):
-    total = 15.0  # build
-    for s in plan:
-        if s["kind"] == "overhead":
-            total += (a.rounds + 1) * 3 * 1.5
-        else:
-            total += STARTUP_EST_S + a.warmup + (a.pair_delay if len(s["workers"]) > 1 else 0.3) + s["seconds"] + 1
-    return total
+    """Seconds for *plan*: an upper bound where the launch rounds run to their
+    cap and every workload runs (a skipped one takes only its start-up)."""
+    return BUILD_EST_S + sum(scenario_estimate_s(s, a) for s in plan)
+
+
+def short_target(share, u):
+    """Fraction of its own unthrottled pace a launch-paced loop keeps at a
+    *share* (percent) of GPU time when alone it kept the GPU busy *u*
+    (0..1) of the time; None when u is unknown."""
+    if u is None or u <= 0:
+        return None
+    return min(1.0, share / 100.0 / u)
+
+
+def short_target_text(share, u, tol):
+    if short_target(share, u) is None:
+        return f"min(1, {share}/u) of alone: unknown u (no NVML utilization in its baseline), not judged"
+    return (f"min(1, {share}/u) = {100 * short_target(share, u):.0f} % of alone "
+            f"(u = {100 * u:.0f} % busy alone) +-{round(tol * 100)}")
+
+
+def single_target_text(scn):
+    text = f"{scn['share']} % +-{round(scn['tol'] * 100)}"
+    if scn.get("tol_1s") is not None:
+        text += f", every 1 s +-{round(scn['tol_1s'] * 100)}"
+    return text
+
+
+def planned_target(s):
+    """The target as the plan states it before anything ran."""
+    c = s["check"]
+    if c == "baseline":
+        return "reference (short kernels: also u, its NVML busy share)" if WORKLOADS[s["workload"]][1] == "short" \
+            else "reference"
+    if c == "single":
+        return single_target_text(s)
+    if c == "short":
+        return f"min(1, {s['share']}/u) of alone, u from its baseline, +-{round(s['tol'] * 100)}"
+    if c == "quad":
+        return f"{s['share']} % +-{round(s['tol'] * 100)} (slice total)"
+    if c == "pair":
+        return " / ".join(f"{w['share']} %" for w in s["workers"]) + f" +-{round(s['tol'] * 100)} each"
+    if c == "elastic_alone":
+        return f">= {round(s['floor'] * 100)} % of baseline"
+    if c == "pair_elastic":
+        return " / ".join(f">= {w['share']} %" for w in s["workers"]) + f" (-{round(s['tol'] * 100)})"
+    if c == "live":
+        return f"time until every later 1 s is {s['new_share']} % +-{round(s['band'] * 100)}"
+    if c == "overhead":
+        return " / ".join(t for _m, t, _l in OVERHEAD_TARGETS) + \
+            f"; each 95 % CI < {sm_overhead.CI_WIDTH_NS:g} ns wide"
+    return "drift (info)"
 
 
 # ---- environment and commands ------------------------------------------------------
@@ -165,15 +344,13 @@ def limit_env(slice_path, share=None, mode=None):
 def worker_command(scn, w, sdir, a):
     """(argv, environment additions) of one worker of a scenario."""
     slice_path = f"{sdir}/{w['slice']}.slice"
-    cmd = [a.python, str(WORKER), "--workload", w["workload"], "--seconds", f"{scn['seconds']:g}",
+    script = WORKER_JAX if w["workload"] == "jax" else WORKER
+    cmd = [a.python, str(script), "--workload", w["workload"], "--seconds", f"{scn['seconds']:g}",
            "--window", f"{a.window:g}", "--warmup", f"{a.warmup:g}",
            "--ready-file", f"{sdir}/{w['name']}.ready", "--start-file", f"{sdir}/start",
            "--label", f"{scn['name']}/{w['name']}"]
-    if w["workload"] == "matmul":
-        cmd += ["--matmul-size", str(a.matmul_size)]
-    else:
-        cmd += ["--small-rows", str(a.small_rows), "--small-width", str(a.small_width),
-                "--small-layers", str(a.small_layers)]
+    for flag, attr in SIZE_FLAGS[w["workload"]]:
+        cmd += [flag, str(getattr(a, attr))]
     env = {}
     if w["share"] is not None:
         env = limit_env(slice_path, w["share"], w["mode"])
@@ -194,6 +371,11 @@ def overhead_modes(odir, r):
         ("preload", limit_env(f"{odir}/preload-{r}.slice")),
         ("preload_sm90", limit_env(f"{odir}/sm90-{r}.slice", 90, "hard")),
     ]
+
+
+def overhead_command(a):
+    # Few alloc/free pairs: the launch figure is all the rows use, and shorter runs mean more rounds.
+    return [str(OVERHEAD_BIN), str(a.launches), "1000"]
 
 
 # ---- running ----------------------------------------------------------------------
@@ -307,7 +489,18 @@ class Tracer(threading.Thread):
         return out
 
 
+
+def skipped_reason(path):
+    """The reason in a worker's {"skipped": ...} line, or None."""
+    try:
+        doc = last_json(Path(path).read_text(errors="replace"))
+    except (OSError, ValueError):
+        return None
+    return doc.get("skipped") if isinstance(doc, dict) else None
+
+
 def run_workers(scn, tmp, a):
+    """Run a scenario's workers; returns ({worker name: its JSON}, T0)."""
     sdir = Path(tmp) / scn["name"]
     sdir.mkdir(parents=True)
     procs = []
@@ -324,6 +517,9 @@ def run_workers(scn, tmp, a):
         def check_alive():
             for w, p, _o, _e in procs:
                 if p.poll() is not None:
+                    why = skipped_reason(sdir / f"{w['name']}.out")
+                    if why:
+                        raise WorkloadSkipped(why)
                     raise ScenarioError(f"worker {w['name']} exited early (rc {p.returncode}): "
                                         f"{tail(sdir / (w['name'] + '.err'))}")
 
@@ -358,6 +554,8 @@ def run_workers(scn, tmp, a):
                 results[w["name"]] = last_json((sdir / f"{w['name']}.out").read_text())
             except ValueError as e:
                 raise ScenarioError(f"worker {w['name']}: {e}: {tail(sdir / (w['name'] + '.out'))}")
+            if results[w["name"]].get("skipped"):
+                raise WorkloadSkipped(results[w["name"]]["skipped"])
             results[w["name"]]["stderr_tail"] = tail(sdir / (w["name"] + ".err"), 600)
             if w["share"] is not None:
                 results[w["name"]]["slice_after"] = slice_snapshot(sdir / f"{w['name']}.slice")
@@ -366,7 +564,7 @@ def run_workers(scn, tmp, a):
             tracer.join(timeout=5)
             scn["trace"] = tracer.summary(t0, scn["seconds"])
             say(f"  trace: {json.dumps(scn['trace'])}")
-        return results
+        return results, t0
     finally:
         for _w, p, out, err in procs:
             if p.poll() is None:
@@ -377,19 +575,23 @@ def run_workers(scn, tmp, a):
 
 
 def run_overhead(a, tmp):
+    """Rounds of the three modes (order rotated each round; round -1 warms
+    caches up and is dropped) until bench/sm_overhead.py's rule stops them."""
     if not OVERHEAD_BIN.exists():
         raise ScenarioError(f"{OVERHEAD_BIN.relative_to(REPO)} was not built")
     odir = Path(tmp) / "overhead"
     odir.mkdir(parents=True)
     names = [m for m, _ in overhead_modes(odir, 0)]
     samples = {m: [] for m in names}
-    for r in range(-1, a.rounds):  # round -1 warms caches up and is dropped
+    t_start = time.monotonic()
+    r = -1
+    while True:
         modes = overhead_modes(odir, r)
         k = (r + 1) % len(modes)
         for mode, extra in modes[k:] + modes[:k]:  # rotate the order each round
             env = clean_env()
             env.update(extra)
-            p = subprocess.run([str(OVERHEAD_BIN), str(a.launches)], env=env, cwd=REPO,
+            p = subprocess.run(overhead_command(a), env=env, cwd=REPO,
                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
             if p.returncode != 0:
                 raise ScenarioError(f"driver_overhead ({mode}) failed (rc {p.returncode}): "
@@ -398,12 +600,25 @@ def run_overhead(a, tmp):
                 sample = last_json(p.stdout)
                 sample["stderr_tail"] = p.stderr[-300:]
                 samples[mode].append(sample)
-    med = {m: statistics.median(x["launch_ns"] for x in samples[m]) for m in names}
-    paired = {m: statistics.median(x["launch_ns"] - y["launch_ns"] for x, y in zip(samples[m], samples["none"]))
-              for m in ("preload", "preload_sm90")}
-    return {"rounds": a.rounds, "launches": a.launches, "median_launch_ns": med,
-            "added_ns": {m: med[m] - med["none"] for m in ("preload", "preload_sm90")},
-            "added_ns_paired_median": paired, "samples": samples}
+        r += 1
+        if r > 0:
+            stop, why = sm_overhead.stop_rule(samples, a.rounds, time.monotonic() - t_start, a.overhead_cap)
+            if stop:
+                break
+    return overhead_result(samples, why, a, time.monotonic() - t_start)
+
+
+def overhead_result(samples, stopped, a, elapsed_s):
+    """What the rows and the JSON need from the rounds' samples."""
+    med = {m: statistics.median(x["launch_ns"] for x in samples[m]) for m in samples}
+    cis = sm_overhead.intervals(samples)
+    return {"rounds": len(samples["none"]), "min_rounds": a.rounds, "launches": a.launches,
+            "cap_s": a.overhead_cap, "elapsed_s": round(elapsed_s, 1), "stopped": stopped,
+            "median_launch_ns": med,
+            "added_ns": {m: statistics.median(sm_overhead.paired_diffs(samples, m)) for m in sm_overhead.COMPARED},
+            "ci_ns": {m: list(ci) if ci else None for m, ci in cis.items()},
+            "added_ns_of_medians": {m: med[m] - med["none"] for m in sm_overhead.COMPARED},
+            "samples": samples}
 
 
 # ---- figures ----------------------------------------------------------------------
@@ -439,6 +654,12 @@ def row(scenario, target, measured, one_s="", result=None, note="", **values):
             "result": result, "note": note, "values": values}
 
 
+def not_run_row(scn, why):
+    r = row(scn["name"], planned_target(scn), f"not run: {why}", "", None, "")
+    r["not_run"] = why
+    return r
+
+
 def need_baseline(scn, baselines):
     base = baselines.get(scn["workload"])
     if base is None:
@@ -456,10 +677,13 @@ def analyze(scn, data, baselines):
         if c == "baseline" and scn["workload"] != "matmul" and (res.get("sync_wait_frac") or 0) < 0.1:
             note += "; little sync wait: the GPU may be waiting on the CPU (launch-bound), so a share " \
                     "would not map to the same fraction of throughput"
+        if c == "baseline" and WORKLOADS[scn["workload"]][1] == "short":
+            u = res.get("util_alone")
+            note += f"; u = {pct(u)} busy alone (NVML)" if u is not None else "; u unknown (no NVML utilization)"
         measured = f"{res['units_per_s']:.1f} units/s, {res['tflops']:.0f} TFLOP/s"
         if c == "baseline":
             return [row(name, "reference", measured, "own mean: " + span(min(own, default=None), max(own, default=None)),
-                        None, note, units_per_s=res["units_per_s"])]
+                        None, note, units_per_s=res["units_per_s"], util_alone=res.get("util_alone"))]
         start = baselines.get("matmul")
         if start is None:
             return [row(name, "drift (info)", measured, "", None, "no first matmul baseline")]
@@ -473,13 +697,21 @@ def analyze(scn, data, baselines):
         st = fraction_stats(data["A"], base)
         share = scn["share"] / 100
         ok = abs(st["fraction"] - share) <= scn["tol"] + 1e-9
-        target = f"{scn['share']} % +-{round(scn['tol'] * 100)}"
-        if scn["tol_1s"] is not None:
-            target += f", every 1 s +-{round(scn['tol_1s'] * 100)}"
+        if scn.get("tol_1s") is not None:
             ok = ok and st["min_1s"] is not None and st["min_1s"] >= share - scn["tol_1s"] - 1e-9 \
                 and st["max_1s"] <= share + scn["tol_1s"] + 1e-9
         note = f"sync wait {data['A']['sync_wait_frac']:.2f}" if data["A"].get("sync_wait_frac") is not None else ""
-        return [row(name, target, pct(st["fraction"]), span(st["min_1s"], st["max_1s"]), ok, note, **st)]
+        return [row(name, single_target_text(scn), pct(st["fraction"]), span(st["min_1s"], st["max_1s"]), ok, note,
+                    **st)]
+
+    if c == "short":
+        st = fraction_stats(data["A"], base)
+        u = base.get("util_alone")
+        want = short_target(scn["share"], u)
+        ok = None if want is None else abs(st["fraction"] - want) <= scn["tol"] + 1e-9
+        note = "a share caps busy time: a loop busy u of the time alone keeps min(1, s/u) of its pace"
+        return [row(name, short_target_text(scn["share"], u, scn["tol"]), pct(st["fraction"]),
+                    span(st["min_1s"], st["max_1s"]), ok, note, target_fraction=want, util_alone=u, **st)]
 
     if c in ("pair", "pair_elastic", "elastic_alone"):
         out = []
@@ -558,16 +790,36 @@ def analyze_live(scn, res, base):
                 + " ".join(f"{100 * x:.0f}" for x in rate_100ms[:15]), **extra)]
 
 
+OVERHEAD_TARGETS = (("preload", "<= 50 ns added (no SM limit)", 50),
+                    ("preload_sm90", "<= 200 ns added (SM limit 90, not binding)", 200))
+
+
 def overhead_rows(o):
+    """One row per mode: the paired median, its interval and the rounds. Met
+    only when the interval is narrower than sm_overhead.CI_WIDTH_NS (after at
+    least the minimum rounds) and the figure is within the target."""
     med = o["median_launch_ns"]
+    width_rule = f"95 % CI < {sm_overhead.CI_WIDTH_NS:g} ns wide"
     out = []
-    for mode, target, limit in (("preload", "<= 50 ns added (no SM limit)", 50),
-                                ("preload_sm90", "<= 200 ns added (SM limit 90, not binding)", 200)):
+    for mode, target, limit in OVERHEAD_TARGETS:
         added = o["added_ns"][mode]
-        out.append(row(f"launch overhead, {mode}", target, f"{added:+.1f} ns",
-                       f"paired median {o['added_ns_paired_median'][mode]:+.1f} ns", added <= limit,
-                       f"medians over {o['rounds']} rounds: none {med['none']:.1f} ns, "
-                       f"{mode} {med[mode]:.1f} ns per launch", added_ns=added))
+        ci = o["ci_ns"].get(mode)
+        enough = o["rounds"] >= o["min_rounds"]
+        narrow = enough and sm_overhead.narrow(ci)
+        if ci is None:
+            detail = f"no interval ({o['rounds']} rounds)"
+        else:
+            detail = f"95 % CI {ci[0]:+.1f} .. {ci[1]:+.1f} ns (width {ci[1] - ci[0]:.1f}), {o['rounds']} rounds"
+        note = ""
+        if not narrow:
+            why = f"fewer than {o['min_rounds']} rounds" if not enough else \
+                f"interval stayed >= {sm_overhead.CI_WIDTH_NS:g} ns"
+            note = f"{why} ({o['stopped']}): too noisy to judge, not met; "
+        note += (f"medians over {o['rounds']} rounds: none {med['none']:.1f} ns, {mode} {med[mode]:.1f} ns "
+                 f"per launch (difference {o['added_ns_of_medians'][mode]:+.1f})")
+        out.append(row(f"launch overhead, {mode}", f"{target}; {width_rule}", f"{added:+.1f} ns", detail,
+                       narrow and added <= limit, note, added_ns=added, ci_ns=ci, rounds=o["rounds"],
+                       ci_width_ns=None if ci is None else ci[1] - ci[0]))
     return out
 
 
@@ -577,24 +829,37 @@ def overhead_rows(o):
 def verdict(r):
     if r.get("error"):
         return "ERROR"
+    if r.get("not_run"):
+        return "NOT RUN"
     return {True: "PASS", False: "FAIL", None: "-"}[r["result"]]
 
 
 def row_line(r):
-    s = f"   {r['scenario']}: {r['measured']}"
+    s = f"   {r['scenario']} [{r.get('fit', '?')}]: {r['measured']}"
     if r["one_s"]:
-        s += f" [1 s: {r['one_s']}]"
+        s += f" [1 s: {r['one_s']}]" if "sliding_1s" in r["values"] else f" [{r['one_s']}]"
     s += f"  target {r['target']}: {verdict(r)}"
     if r["note"]:
         s += f"  ({r['note']})"
     return s
 
 
+def gpu_cell(t):
+    if not t:
+        return ""
+    def f(v, unit):
+        return "?" if v is None else f"{v:.0f}{unit}"
+    return (f"{f(t['sm_mhz'], ' MHz')}, {f(t['power_w'], ' W')}, cap {f(t['sw_power_cap_pct'], ' %')}, "
+            f"slowdown {f(t['slowdown_pct'], ' %')}, util {f(t['util_gpu'], ' %')}")
+
+
 def markdown(rows):
-    lines = ["| scenario | target | measured | 1-s windows / detail | result | note |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| scenario | fit | target | measured | 1-s windows / detail | result "
+             "| GPU (mean SM clock, power, % samples SW power cap, % thermal/HW slowdown, util) | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        cells = [r["scenario"], r["target"], r["measured"], r["one_s"], verdict(r), r["note"]]
+        cells = [r["scenario"], r.get("fit", ""), r["target"], r["measured"], r["one_s"], verdict(r),
+                 gpu_cell(r.get("telemetry")), r["note"]]
         lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
     return "\n".join(lines)
 
@@ -611,10 +876,12 @@ def meta(a):
     m = {"started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "host": socket.gethostname(),
          "python": sys.version.split()[0], "argv": sys.argv, "quick": a.quick,
          "seconds": a.seconds, "live_seconds": a.live_seconds, "window": a.window, "warmup": a.warmup,
-         "library": str(LIB_IN_USE[0])}
+         "library": str(LIB_IN_USE[0]), "fitted": list(FITTED), "held_out": list(HELD_OUT),
+         "overhead": {"min_rounds": a.rounds, "cap_s": a.overhead_cap, "launches": a.launches,
+                      "ci_width_ns": sm_overhead.CI_WIDTH_NS}}
     for key, cmd in (("git", ["git", "rev-parse", "HEAD"]), ("git_dirty", ["git", "status", "--porcelain"]),
-                     ("gpu", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                              "--format=csv,noheader"])):
+                     ("gpu", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,"
+                              "power.limit", "--format=csv,noheader"])):
         try:
             p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=15)
             v = p.stdout.strip()
@@ -629,26 +896,42 @@ def meta(a):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="4-s measured parts, 3 overhead rounds")
+    p.add_argument("--quick", action="store_true", help="4-s measured parts, launch rounds capped at 60 s")
     p.add_argument("--out", default=str(DEFAULT_OUT), help=f"JSON results (default {DEFAULT_OUT.relative_to(REPO)})")
-    p.add_argument("--dry-run", action="store_true", help="print the plan and commands, start nothing")
-    p.add_argument("--only", help="comma-separated scenario names or prefixes (their baselines are added)")
-    p.add_argument("--seconds", type=float, help="measured part per scenario (default 10, quick 4)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, commands and time estimate, start nothing")
+    p.add_argument("--only", help="comma-separated scenario names or prefixes, or the groups 'fitted' and "
+                                  "'held_out' (each kept row brings its baseline)")
+    p.add_argument("--seconds", type=float, help="measured part per scenario (default 6, quick 4)")
     p.add_argument("--live-seconds", type=float, help="measured part of the live change (default 12, quick 6)")
     p.add_argument("--change-at", type=float, help="when the live change is made (default 4, quick 2)")
     p.add_argument("--window", type=float, default=0.1, help="report window of the workers, s")
     p.add_argument("--warmup", type=float, default=1.0, help="worker warm-up before ready, s")
     p.add_argument("--pair-delay", type=float, default=1.0,
                    help="seconds between both workers being ready and the start of the measured part")
-    p.add_argument("--rounds", type=int, help="overhead rounds per mode (default 7, quick 3)")
-    p.add_argument("--launches", type=int, help="launches per driver_overhead run (default 200000, quick 100000)")
-    p.add_argument("--matmul-size", type=int, default=8192)
+    p.add_argument("--rounds", type=int, default=10,
+                   help="launch overhead: rounds before the interval rule may stop them (default 10)")
+    p.add_argument("--overhead-cap", type=float,
+                   help="launch overhead: seconds after which no round starts (default 120, quick 60)")
+    p.add_argument("--launches", type=int, default=100000, help="launches per driver_overhead run")
+    p.add_argument("--matmul-size", type=int, default=8192, help="n of the bf16 matmuls (matmul, matmul_const)")
+    p.add_argument("--fp32-size", type=int, default=4096, help="n of the fp32 matmul")
+    p.add_argument("--fp8-size", type=int, default=8192, help="n of the fp8 matmul")
+    p.add_argument("--jax-size", type=int, default=8192, help="n of the JAX matmul")
+    p.add_argument("--copy-mib", type=int, default=1024, help="MiB per copy")
     p.add_argument("--small-rows", type=int, default=8192)
     p.add_argument("--small-width", type=int, default=512)
     p.add_argument("--small-layers", type=int, default=8)
+    p.add_argument("--conv-batch", type=int, default=128)
+    p.add_argument("--conv-channels", type=int, default=128)
+    p.add_argument("--conv-size", type=int, default=56)
+    p.add_argument("--conv-blocks", type=int, default=4)
+    p.add_argument("--attn-batch", type=int, default=8)
+    p.add_argument("--attn-heads", type=int, default=16)
+    p.add_argument("--attn-seq", type=int, default=4096)
+    p.add_argument("--attn-dim", type=int, default=128)
     p.add_argument("--ready-timeout", type=float, default=150.0, help="s for workers to import torch and warm up")
     p.add_argument("--finish-timeout", type=float, default=30.0, help="s allowed past the measured part")
-    p.add_argument("--python", default=sys.executable, help="interpreter for the workers (needs torch)")
+    p.add_argument("--python", default=sys.executable, help="interpreter for the workers (needs torch; jax for jax)")
     p.add_argument("--keep-tmp", action="store_true", help="keep slice files and worker logs")
     p.add_argument("--lib", help="the preload library for throttled workers (default: this checkout's build), "
                                  "to compare two builds")
@@ -659,16 +942,21 @@ def parse_args(argv=None):
     if a.lib:
         LIB_IN_USE[0] = Path(a.lib).resolve()
     q = a.quick
-    a.seconds = a.seconds if a.seconds is not None else (4.0 if q else 10.0)
+    a.seconds = a.seconds if a.seconds is not None else (4.0 if q else 6.0)
     a.live_seconds = a.live_seconds if a.live_seconds is not None else (6.0 if q else 12.0)
     a.change_at = a.change_at if a.change_at is not None else (2.0 if q else 4.0)
-    a.rounds = a.rounds if a.rounds is not None else (3 if q else 7)
-    a.launches = a.launches if a.launches is not None else (100000 if q else 200000)
+    a.overhead_cap = a.overhead_cap if a.overhead_cap is not None else (60.0 if q else 120.0)
     if a.change_at + 1.5 > a.live_seconds:
         p.error("--change-at must leave at least 1.5 s of the live scenario after the change")
     if a.seconds < 1.0:
         p.error("--seconds must be at least 1 (1-s windows)")
+    if a.rounds < 2:
+        p.error("--rounds must be at least 2 (an interval needs two rounds)")
     return a
+
+
+def minutes(s):
+    return f"{s / 60:.1f} min"
 
 
 def dry_run(plan, a):
@@ -679,12 +967,19 @@ def dry_run(plan, a):
     dropped = ", ".join(sorted(LIMIT_VARS) + [p + "*" for p in LIMIT_PREFIXES])
     say(f"# every command runs in the repository root with the caller's environment minus {dropped};")
     say(f"# plus PYTHONPATH={REPO} PYTHONUNBUFFERED=1 and the variables shown")
+    say(f"# fitted workloads (the model was fitted or tuned on them): {', '.join(FITTED)}; "
+        f"held out: {', '.join(HELD_OUT)}, and the launch loop of the overhead rows")
     for s in plan:
-        say(f"\n[{s['name']}] {s['title']}")
+        say(f"\n[{s['name']}] ({s['fit']}) {s['title']}")
+        say(f"  target: {planned_target(s)}; about {scenario_estimate_s(s, a):.0f} s")
         if s["kind"] == "overhead":
-            say(f"  {a.rounds} rounds (+1 dropped warm-up round), order rotated each round, each:")
+            say(f"  rounds (+1 dropped warm-up round), order rotated each round, until both 95 % intervals "
+                f"of the paired median are < {sm_overhead.CI_WIDTH_NS:g} ns wide (at least {a.rounds} rounds) "
+                f"or {a.overhead_cap:g} s have passed; each round:")
             for mode, env in overhead_modes("$TMP/overhead", "R"):
-                say(f"    {mode}: " + show_cmd([str(OVERHEAD_BIN.relative_to(REPO)), str(a.launches)], env))
+                cmd = overhead_command(a)
+                cmd[0] = str(OVERHEAD_BIN.relative_to(REPO))
+                say(f"    {mode}: " + show_cmd(cmd, env))
             continue
         if len(s["workers"]) > 1:
             say(f"  {len(s['workers'])} workers started together; one measured part of {s['seconds']:g} s "
@@ -694,7 +989,78 @@ def dry_run(plan, a):
         for w in s["workers"]:
             cmd, env = worker_command(s, w, f"$TMP/{s['name']}", a)
             say(f"  {w['name']}: " + show_cmd(cmd, env))
-    say(f"\n# about {estimate_s(plan, a) / 60:.1f} min in all")
+    say("\n# plan")
+    say("| scenario | fit | target |")
+    say("| --- | --- | --- |")
+    for s in plan:
+        say(f"| {s['name']} | {s['fit']} | {planned_target(s)} |")
+    say(f"\n# about {minutes(estimate_s(plan, a))} in all ({len(plan)} scenarios; an upper bound where the "
+        f"launch rounds run to their {a.overhead_cap:g} s cap and every workload runs; a skipped one takes "
+        f"only its start-up)")
+    if not a.only:
+        full = build_plan(a)
+        for g in ("fitted", "held_out"):
+            part = select(full, g)
+            say(f"#   --only {g}: about {minutes(estimate_s(part, a))} ({len(part)} scenarios)")
+
+
+def run_scenario(s, a, tmp, state, telemetry):
+    """Run one scenario; returns (record for the JSON, rows, whether it failed
+    to run). *state* carries the baselines and the skipped workloads."""
+    t_start = time.monotonic()
+    measured = None
+    rec = {"name": s["name"], "title": s["title"], "check": s["check"], "fit": s["fit"],
+           "workload": s.get("workload")}
+    failed = False
+    wl = s.get("workload")
+    try:
+        if wl in state["skipped"]:
+            rows = [not_run_row(s, state["skipped"][wl])]
+            rec["not_run"] = state["skipped"][wl]
+        elif s["kind"] == "overhead":
+            rec["overhead"] = run_overhead(a, tmp)
+            measured = (t_start, time.monotonic())
+            rows = overhead_rows(rec["overhead"])
+        else:
+            if s["check"] not in ("baseline", "drift") and wl not in state["baselines"]:
+                raise ScenarioError(f"skipped: no {wl} baseline in this run")
+            data, t0 = run_workers(s, tmp, a)
+            measured = (t0, t0 + s["seconds"])
+            if s["check"] == "baseline":
+                summ = sm_telemetry.summary(telemetry.samples(*measured)) if telemetry else None
+                util = summ.get("util_gpu") if summ else None
+                data["A"]["util_alone"] = util / 100.0 if util is not None else None
+                state["baselines"][wl] = data["A"]
+            rec["workers"] = data
+            if "trace" in s:
+                rec["trace"] = s["trace"]
+            rows = analyze(s, data, state["baselines"])
+        rec["ok"] = True
+    except WorkloadSkipped as e:
+        state["skipped"][wl] = str(e)
+        rec["ok"] = True
+        rec["not_run"] = str(e)
+        rows = [not_run_row(s, str(e))]
+    except Exception as e:  # report and go on
+        failed = True
+        rec["ok"] = False
+        rec["error"] = f"{type(e).__name__}: {e}"
+        rows = [row(s["name"], "-", "did not run", "", None, rec["error"][:300])]
+        rows[0]["error"] = True
+    t_end = time.monotonic()
+    summ = None
+    if telemetry is not None:
+        rec["telemetry"] = {"series": sm_telemetry.series(telemetry.samples(t_start, t_end), t_start)}
+        if measured:
+            summ = sm_telemetry.summary(telemetry.samples(*measured))
+            rec["telemetry"].update(measured_from_s=round(measured[0] - t_start, 3),
+                                    measured_to_s=round(measured[1] - t_start, 3), summary=summ)
+    for r in rows:
+        r["fit"] = s["fit"]
+        r["telemetry"] = summ
+    rec["rows"] = rows
+    rec["wall_s"] = round(t_end - t_start, 2)
+    return rec, rows, failed
 
 
 def main():
@@ -708,7 +1074,7 @@ def main():
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_term)
-    say(f"sm_share: {len(plan)} scenarios, about {estimate_s(plan, a) / 60:.1f} min; JSON -> {a.out}")
+    say(f"sm_share: {len(plan)} scenarios, about {minutes(estimate_s(plan, a))}; JSON -> {a.out}")
     for c in BUILD_CMDS:
         p = subprocess.run(c, cwd=REPO, capture_output=True, text=True)
         if p.returncode != 0:
@@ -721,44 +1087,32 @@ def main():
         say(f"build failed: {LIB_IN_USE[0]} missing")
         return 2
 
-    doc = {"meta": meta(a), "scenarios": [], "rows": []}
+    doc = {"meta": meta(a), "plan": [{"scenario": s["name"], "fit": s["fit"], "target": planned_target(s)}
+                                     for s in plan], "scenarios": [], "rows": []}
     say(f"GPU: {doc['meta'].get('gpu')}  git {doc['meta'].get('git')}")
+    telemetry = sm_telemetry.Telemetry()
+    note = telemetry.open()
+    if note:
+        say(f"note: {note}; the rows still run, the short-kernel rows' u is unknown and they are not judged")
+        telemetry = None
+    else:
+        say(f"telemetry: every {telemetry.period:g} s from {telemetry.device}")
+    doc["meta"]["telemetry"] = note or telemetry.device
     tmp = tempfile.mkdtemp(prefix="hami-sm-bench-")
-    baselines = {}
+    state = {"baselines": {}, "skipped": {}}
     failed = 0
     t_all = time.monotonic()
     try:
         for s in plan:
-            say(f"\n== {s['name']}: {s['title']}")
-            t = time.monotonic()
-            rec = {"name": s["name"], "title": s["title"], "check": s["check"]}
-            try:
-                if s["kind"] == "overhead":
-                    rec["overhead"] = run_overhead(a, tmp)
-                    rows = overhead_rows(rec["overhead"])
-                else:
-                    if s["check"] not in ("baseline", "drift") and s["workload"] not in baselines:
-                        raise ScenarioError(f"skipped: no {s['workload']} baseline in this run")
-                    data = run_workers(s, tmp, a)
-                    rec["workers"] = data
-                    if "trace" in s:
-                        rec["trace"] = s["trace"]
-                    if s["check"] == "baseline":
-                        baselines[s["workload"]] = data["A"]
-                    rows = analyze(s, data, baselines)
-                rec["ok"] = True
-            except (ScenarioError, Exception) as e:  # report and go on
-                failed += 1
-                rec["ok"] = False
-                rec["error"] = f"{type(e).__name__}: {e}"
-                rows = [row(s["name"], "-", "did not run", "", None, rec["error"][:300])]
-                rows[0]["error"] = True
-            rec["rows"] = rows
-            rec["wall_s"] = round(time.monotonic() - t, 2)
+            say(f"\n== {s['name']} ({s['fit']}): {s['title']}")
+            rec, rows, bad = run_scenario(s, a, tmp, state, telemetry)
+            failed += bad
             doc["scenarios"].append(rec)
             doc["rows"].extend(rows)
             for r in rows:
                 say(row_line(r))
+            if rows and rows[0].get("telemetry"):
+                say(f"   GPU: {sm_telemetry.text(rows[0]['telemetry'])}")
             say(f"   ({rec['wall_s']:.1f} s; {time.monotonic() - t_all:.0f} s so far)")
             write_json(a.out, doc)
     except KeyboardInterrupt as e:
@@ -766,6 +1120,8 @@ def main():
         doc["interrupted"] = str(e)
         failed += 1
     finally:
+        if telemetry is not None:
+            telemetry.close()
         doc["wall_s"] = round(time.monotonic() - t_all, 1)
         write_json(a.out, doc)
         if a.keep_tmp:
@@ -775,11 +1131,16 @@ def main():
 
     passed = sum(1 for r in doc["rows"] if r["result"] is True)
     judged = sum(1 for r in doc["rows"] if r["result"] is not None)
+    held = [r for r in doc["rows"] if r.get("fit") == "held out" and r["result"] is not None]
     say("\n" + markdown(doc["rows"]))
-    gpus = sorted({w.get("device") for sc in doc["scenarios"] for w in (sc.get("workers") or {}).values()})
-    torch_v = sorted({w.get("torch") for sc in doc["scenarios"] for w in (sc.get("workers") or {}).values()})
-    say(f"\n{passed}/{judged} targets met; {failed} scenario(s) did not run; device {', '.join(map(str, gpus))}, "
-        f"torch {', '.join(map(str, torch_v))}; {doc['wall_s']:.0f} s; JSON: {a.out}")
+    workers = [w for sc in doc["scenarios"] for w in (sc.get("workers") or {}).values()]
+    gpus = sorted({str(w.get("device")) for w in workers})
+    torch_v = sorted({str(w.get("torch")) for w in workers if w.get("torch")})
+    say(f"\n{passed}/{judged} targets met ({sum(1 for r in held if r['result'])}/{len(held)} of the held-out rows); "
+        f"{failed} scenario(s) did not run; not run here: "
+        f"{'; '.join(f'{k} ({v})' for k, v in state['skipped'].items()) or 'none'}; "
+        f"device {', '.join(gpus) or 'none'}, torch {', '.join(torch_v) or 'none'}; {doc['wall_s']:.0f} s; "
+        f"JSON: {a.out}")
     return 1 if failed else 0
 
 
