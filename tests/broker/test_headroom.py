@@ -98,15 +98,13 @@ def test_a_guaranteed_slice_and_an_active_kernel_are_not_parked(slices, holder, 
     guaranteed = holder(slices.env("bob", kernel="k-bob"), "4g", age_s=3 * HOUR)  # within its 6 GiB guarantee
     active = holder(slices.env("dave", kernel="k-dave"), "4g")  # a GPU call just now
     broker = start_broker("--headroom", "10g")  # 7.9 GiB free
+    started = time.time()
 
-    report = broker.wait_report(lambda r: (headroom_of(r, uuid) or {}).get("why", "").startswith("7.9 GiB free"),
-                                timeout=WAIT_S, what="the headroom that cannot be kept")
-    short = headroom_of(report, uuid)
-    assert short["kept"] is False
+    short = headroom_of(looks_after(broker, uuid, started), uuid)
+    assert running(guaranteed.slice, guaranteed.pid) and running(active.slice, active.pid)
+    assert short["kept"] is False and short["why"].startswith("7.9 GiB free, 2.1 GiB short; no kernel may be parked")
     assert "kernel k-bob of bob: slice bob holds 4.1 GiB, within its 6.0 GiB guarantee" in short["why"]
     assert "kernel k-dave of dave: active" in short["why"] and "(parked only after 60 s idle)" in short["why"]
-    looks_after(broker, uuid, short["checked_unix"])
-    assert running(guaranteed.slice, guaranteed.pid) and running(active.slice, active.pid)
     said = [line for line in broker.log().splitlines() if "headroom" in line]
     assert len(said) == 2 and "a headroom of 10.0 GiB kept free on each GPU" in said[0], said  # the start line
     assert f"GPU {uuid}: the 10.0 GiB headroom cannot be kept: 7.9 GiB free" in said[1]
