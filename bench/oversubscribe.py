@@ -20,15 +20,26 @@ guarantees do not), starts the node's memory broker on that root, then:
    slice); a parked session's next cell brings it back (its resume waits for
    room the same way).
 
-Reported: steps that failed (target 0); per cell the delay from its start to
-its first step's end beyond that session's usual step, and the p95 of those
-that met a resume or a park on the way (target: within 2x the resume time of
-that size, and at most 6 s at 8 GiB); bytes parked and resumed (the broker's
-and the processes' records); whether every loss equals the reference's bit
-for bit; the GPU's memory use over time (NVML, every 0.5 s; --csv writes it);
-how many such users static slicing would fit on this GPU; and what idle
-culling would have lost instead of parking (the steps done by every session
-at the moment it was parked). JSON with every figure goes to --out.
+The broker runs with ``--headroom HEADROOM``, by default one working set
+(GIB, 8 GiB): it then keeps that much free on the GPU by parking idle
+sessions before anyone asks, so that a cell that must resume, or that meets
+a full GPU, finds one working set of room at once instead of waiting for a
+park first (a park of 8 GiB took 4.7 s on an H100, a resume 2.3 s: a park
+and a resume in a row are past issue 28's 6 s target, a resume alone is
+within it). ``--headroom 0`` runs the broker without (it parks only when
+asked), for the figures to compare with. The report says which headroom ran.
+
+Reported: the headroom the broker ran with; steps that failed (target 0);
+per cell the delay from its start to its first step's end beyond that
+session's usual step, and the p95 of those that met a resume or a park on
+the way (target: within 2x the resume time of that size, and at most 6 s at
+8 GiB); the broker's parks (how many were for the headroom, how many failed)
+and the bytes parked (the broker's and the processes' records); whether
+every loss equals the reference's bit for bit; the GPU's memory use over
+time (NVML, every 0.5 s; --csv writes it); how many such users static
+slicing would fit on this GPU; and what idle culling would have lost instead
+of parking (the steps done by every session at the moment it was parked).
+JSON with every figure goes to --out.
 """
 
 import argparse
@@ -41,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,7 +132,8 @@ def parse_args():
     p.add_argument("--steps", type=int, default=20, help="training steps per cell")
     p.add_argument("--idle", default="15,45", help="idle seconds between cells: LOW,HIGH")
     p.add_argument("--min-idle", type=float, default=5.0, help="the broker's --min-idle-seconds")
-    p.add_argument("--headroom", default=None, help="the broker's --headroom, when it has one")
+    p.add_argument("--headroom", default=None, metavar="SIZE",
+                   help="the broker's --headroom (default: one working set, GIB; 0: none)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default=str(REPO / "native" / "build" / "bench" / "oversubscribe.json"))
     p.add_argument("--csv", default=None, help="the GPU's memory over time")
@@ -223,6 +236,13 @@ def main():
     if os.geteuid() != 0:
         raise SystemExit("run it as root: the broker parks other processes")
     lo, hi = (float(x) for x in args.idle.split(","))
+    from hami_jupyter.slice.size import format_size, parse_size
+
+    headroom = args.headroom if args.headroom is not None else f"{args.gib:g}g"
+    try:
+        headroom_bytes = parse_size(headroom)
+    except ValueError as e:
+        raise SystemExit(f"--headroom: {e}")
     subprocess.run(["make", "-C", str(REPO / "native"), "-j8", "all"], check=True, stdout=subprocess.DEVNULL)
     pynvml, gpu = nvml_gpu()
     total = pynvml.nvmlDeviceGetMemoryInfo(gpu).total
@@ -240,9 +260,9 @@ def main():
     paths = make_slices(root, args.sessions, int(per + 3 * GiB), 2 * GiB)
     sock = root / "broker.sock"
     broker_cmd = [sys.executable, "-m", "hami_jupyter", "broker", "--root", str(root), "--min-idle-seconds",
-                  str(args.min_idle)]
-    if args.headroom:
-        broker_cmd += ["--headroom", args.headroom]
+                  str(args.min_idle), "--headroom", headroom]
+    print(f"broker: headroom {format_size(headroom_bytes) if headroom_bytes else 'none (parks only when asked)'}",
+          flush=True)
     broker_log = open(root / "broker.log", "w")
     broker = subprocess.Popen(broker_cmd, env=plain_env(), stdout=broker_log, stderr=subprocess.STDOUT)
     deadline = time.time() + 60
@@ -325,30 +345,36 @@ def main():
                 audit.append(json.loads(line))
             except ValueError:
                 pass
-    parks = [r for r in audit if r.get("who") == "hami-jupyter broker" and "park" in str(r.get("action"))]
+    parks = [r for r in audit if r.get("who") == "hami-jupyter broker" and r.get("action") == "broker-park"]
+    for_headroom = [r for r in parks if (r.get("requester") or {}).get("for") == "headroom"]
+    park_failures = [r for r in audit if r.get("action") == "broker-park-failed"]
     parked_bytes = sum(int(r.get("bytes") or r.get("process_bytes") or 0) for r in parks)
     used = [u for _, u, _, _ in samples]
     # Idle culling instead of parking: every session parked would have lost its
     # training state, i.e. the steps it had done when it was parked.
     culled_steps = 0
     for r in parks:
-        pid = r.get("pid")
+        pids = set(r.get("pids") or [])  # the parked kernel's processes (a session is one)
+        try:
+            when = datetime.fromisoformat(str(r.get("when")).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
         for s in sessions:
-            if s.proc.pid == pid:
-                when = r.get("unix") or 0
+            if s.proc.pid in pids:
                 culled_steps += sum(len([e for e in c["ends"] if e < when]) for c in s.cells)
     result = {
         "gpu": pynvml.nvmlDeviceGetName(gpu) if not isinstance(pynvml.nvmlDeviceGetName(gpu), bytes)
         else pynvml.nvmlDeviceGetName(gpu).decode(),
         "gpu_bytes": total, "sessions": args.sessions, "gib": args.gib, "asked_gib": args.sessions * args.gib,
         "bursts": args.bursts, "steps": args.steps, "idle": [lo, hi], "min_idle": args.min_idle,
-        "headroom": args.headroom, "seed": args.seed,
+        "headroom": headroom, "headroom_bytes": headroom_bytes, "seed": args.seed,
         "setup_s": t_ready - t_start, "run_s": t_end - t_ready,
         "cells": sum(len(s.cells) for s in sessions), "failed_steps": failed,
         "delays_s": sorted(round(d, 3) for d in delays),
         "obstructed_cells": len(obstructed),
         "obstructed_p95_s": round(sorted(obstructed)[max(0, int(0.95 * len(obstructed)) - 1)], 3) if obstructed else None,
-        "broker_parks": len(parks), "broker_parked_bytes": parked_bytes,
+        "broker_parks": len(parks), "broker_parks_for_headroom": len(for_headroom),
+        "broker_park_failures": len(park_failures), "broker_parked_bytes": parked_bytes,
         "losses_equal_reference": losses_equal,
         "gpu_used_bytes": {"min": min(used), "median": statistics.median(used), "max": max(used)} if used else None,
         "static_slicing_fits": static_fit,

@@ -10,7 +10,9 @@ root beside the guard, for room. The broker parks idle kernels of any user
 on that GPU (the longest idle first; never one active in the last
 ``--min-idle-seconds``; never one whose slice holds no more than its
 guarantee; never more than the room asked), and answers; the allocation then
-goes through. docs/broker.md is the user's guide.
+goes through. With ``--headroom``, it also parks by the same rules before
+anyone asks, to keep that much free on each GPU. docs/broker.md is the
+user's guide.
 
 One module per job:
 
@@ -22,6 +24,7 @@ One module per job:
 - :mod:`.parker`: parking one kernel through ``hami-park``;
 - :mod:`.decisions`: the log line, the audit record and the report's entry of each decision;
 - :mod:`.server`: one connection from request to answer;
+- :mod:`.headroom`: ``--headroom``: room kept free on each GPU before anyone asks;
 - :mod:`.report`: ``broker.json`` (:mod:`hami_jupyter.slice.broker_report`);
 - :mod:`.service`: start-up, the socket, signals, the loop.
 

@@ -15,6 +15,11 @@ kernel reported its socket's peer) beside what was done:
 - ``broker-dropped``: the requester went away before it was served; nothing
   more is parked for it.
 
+A park for the headroom (``--headroom``, :mod:`.headroom`) is a
+``broker-park`` (or ``broker-park-failed``) like any other, but no user asked
+for it: its ``requester`` is ``{"for": "headroom", "headroom_bytes": ...,
+"free_bytes": ...}`` (slice, pid and user None), its ``uid`` the broker's own.
+
 A refusal repeated for the same wait (the library asks again until its
 deadline) is recorded once, and the next record of that wait says how many
 times it was asked; refusals of requests that are no requests (a process

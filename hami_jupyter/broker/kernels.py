@@ -161,16 +161,20 @@ def gather(slices, uuid, holders, placed, own_ns):
 
 @dataclass(frozen=True)
 class Requester:
-    """Whose request it is: its slice, kernel id ("" for none) and PID (its slot's)."""
+    """Whose request it is: its slice, kernel id ("" for none) and PID (its slot's).
+    :data:`NOBODY` (no slice) owns no kernel: the headroom's parks are for no one's."""
 
     slice: str
     kernel_id: str
     pid: int
 
     def owns(self, kernel):
-        if kernel.slice != self.slice:
+        if not self.slice or kernel.slice != self.slice:
             return False
         return kernel.kernel_id == self.kernel_id if self.kernel_id else self.pid in kernel.pids
+
+
+NOBODY = Requester("", "", 0)
 
 
 def why_not(kernel, requester, min_idle, now):

@@ -100,3 +100,9 @@ class Queues:
     def serving(self, request):
         with self._cond:
             return self._serving.get(request.uuid) is request
+
+    def busy(self, uuid):
+        """Whether a request waits for room on GPU *uuid*, or is being served
+        there (the headroom keeper, :mod:`.headroom`, then leaves that GPU alone)."""
+        with self._cond:
+            return uuid in self._serving or bool(self._waiting.get(uuid))

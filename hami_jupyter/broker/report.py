@@ -18,8 +18,11 @@ log = logging.getLogger("hami_jupyter.broker")
 def build(broker, *, socket_path, host_reserve, running=True, now=None):
     """The report dict of *broker* (a :class:`~.server.Broker`) now."""
     queues, latest = broker.queue_view(), broker.decisions.latest()
+    kept = broker.keeper.view() if broker.keeper is not None else {}
     gpus = {uuid: {"queue": queues.get(uuid, []), "decisions": latest.get(uuid, [])}
-            for uuid in sorted(set(queues) | set(latest))}
+            for uuid in sorted(set(queues) | set(latest) | set(kept))}
+    for uuid, entry in kept.items():
+        gpus[uuid]["headroom"] = entry
     return {
         "written_unix": time.time() if now is None else now,
         "running": running,
@@ -28,6 +31,7 @@ def build(broker, *, socket_path, host_reserve, running=True, now=None):
         "socket": str(socket_path),
         "min_idle_seconds": broker.min_idle,
         "host_memory_reserve": host_reserve,
+        "headroom": broker.keeper.headroom if broker.keeper is not None else 0,
         "cannot_park": broker.cannot_park,
         "errors": list(broker.errors) + list(broker.decisions.errors),
         "gpus": gpus,

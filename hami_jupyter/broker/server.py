@@ -18,7 +18,9 @@ Each connection is served by a thread of its own (:meth:`Broker.handle`):
    that may be parked cannot cover what is missing, nothing is parked: ``NO``
    with the reason. A park already under way on that GPU (the broker's before
    a restart, or a Jupyter server's) is room on its way: it is waited for
-   (at most :data:`SETTLE_S`) before more is parked;
+   (at most :data:`SETTLE_S`) before more is parked. A headroom park under
+   way on that GPU (:mod:`.headroom`) is waited for first, and its room
+   counts: one park at a time per GPU, so the two never pick the same kernel;
 5. answer ``OK <bytes made free>`` or ``NO <why>``, and close.
 
 Nothing is kept that a restart would lose: a requester whose connection
@@ -84,6 +86,10 @@ class Broker:
         self.decisions = Decisions(audit_path)
         self.stop = threading.Event()
         self.changed = threading.Event()  # a queue changed: the report is written sooner
+        self.served = threading.Event()  # a request was answered: the headroom is looked at sooner
+        self.keeper = None  # the headroom keeper (:mod:`.headroom`), when --headroom is set
+        self._gpu_locks = {}  # uuid -> held while parking on that GPU (a request's, or the headroom's)
+        self._gpu_locks_lock = threading.Lock()
         self.queues = Queues(self._expected)
         self.own_ns = pid_namespace("self", proc)
         self._look_lock = threading.Lock()
@@ -129,6 +135,11 @@ class Broker:
                         and s.room_wait_device == device.index and (name, s.pid) not in waiting):
                     return True
         return False
+
+    def gpu_lock(self, uuid):
+        """The lock held while kernels are chosen and parked on GPU *uuid*."""
+        with self._gpu_locks_lock:
+            return self._gpu_locks.setdefault(uuid, threading.Lock())
 
     # ---- one connection ------------------------------------------------------------
 
@@ -234,6 +245,7 @@ class Broker:
         finally:
             self.queues.done(request)
             self.changed.set()
+            self.served.set()
 
     # ---- making room ---------------------------------------------------------------------
 
@@ -258,7 +270,23 @@ class Broker:
 
     def make_room(self, request):
         """Park for *request* until its GPU has the room; the answer line, or None
-        when nothing is to be answered (the requester went away, the broker stops)."""
+        when nothing is to be answered (the requester went away, the broker stops).
+        A headroom park under way on the GPU finishes first (its room serves
+        this request too); the headroom keeper parks nothing more while a
+        request waits or is served (:meth:`~.queue.Queues.busy`)."""
+        lock = self.gpu_lock(request.uuid)
+        while not lock.acquire(timeout=0.1):
+            if self.stop.is_set():
+                return None
+            if not request.alive():
+                self.decisions.dropped(request, [])
+                return None
+        try:
+            return self._make_room(request)
+        finally:
+            lock.release()
+
+    def _make_room(self, request):
         requester = Requester(request.slice, request.kernel_id, request.slot_pid)
         wanted = self._wanted(request)
         parked, failed, made = [], set(), 0
@@ -285,7 +313,7 @@ class Broker:
                 return self._no(request, f"the broker cannot read the GPU's processes: {'; '.join(errors)}",
                                 "nvml")
             slices = self.look(errors)
-            kernels = gather(slices, request.uuid, holders, self._placed(holders, slices), self.own_ns)
+            kernels = gather(slices, request.uuid, holders, self.placed(holders, slices), self.own_ns)
             if any(k.state == "parking" for k in kernels) and time.monotonic() < settle_until:
                 time.sleep(0.1)  # room on its way: measured again when it is there
                 continue
@@ -309,9 +337,9 @@ class Broker:
             parked.append(kernel)
             made += result.bytes
             self.decisions.park(request, kernel, result, kernel.idle_s(now))
-            self._await_freed(request, free)
+            self.await_freed(request, free)
 
-    def _await_freed(self, request, before):
+    def await_freed(self, request, before):
         """After a park: until NVML shows the memory free (or :data:`FREED_WAIT_S`),
         so that a late figure does not make the broker park one kernel too many."""
         deadline = time.monotonic() + FREED_WAIT_S
@@ -321,7 +349,7 @@ class Broker:
                 return
             time.sleep(0.05)
 
-    def _placed(self, holders, slices):
+    def placed(self, holders, slices):
         """``{host pid: (slice, slot index, user)}`` of the GPU's processes that hold a slot."""
         out = {}
         for pid in holders:

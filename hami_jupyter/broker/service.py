@@ -29,6 +29,7 @@ from ..slice.paths import UntrustedPath, check_folder, root_problem
 from ..slice.size import format_size
 from .. import audit
 from . import protocol
+from .headroom import Keeper
 from .parker import Parker
 from .report import Reporter
 from .room import Room
@@ -72,8 +73,10 @@ def _check_socket(path):
     raise BrokerStartError(f"another broker answers at {path} already: one broker per node")
 
 
-def main(root, *, min_idle=DEFAULT_MIN_IDLE_S, host_reserve, audit_path=None, socket_path=None):
-    """``hami-jupyter broker``: returns the exit status, or raises BrokerStartError."""
+def main(root, *, min_idle=DEFAULT_MIN_IDLE_S, host_reserve, headroom=0, audit_path=None, socket_path=None):
+    """``hami-jupyter broker``: returns the exit status, or raises BrokerStartError.
+    *headroom*: bytes kept free on each GPU by parking idle kernels before
+    anyone asks (:mod:`.headroom`); 0: parks only for a request."""
     _check_root(root)
     socket_path = socket_path or protocol.socket_path(root)
     _check_socket(socket_path)
@@ -108,9 +111,16 @@ def main(root, *, min_idle=DEFAULT_MIN_IDLE_S, host_reserve, audit_path=None, so
     reporter = Reporter(broker, root, socket_path=socket_path, host_reserve=host_reserve)
     writer = threading.Thread(target=reporter.run, name="broker-report", daemon=True)
     writer.start()
+    if headroom:
+        # A park under way when the broker stops is hami-park's to finish, as a request's is.
+        broker.keeper = Keeper(broker, headroom)
+        threading.Thread(target=broker.keeper.run, name="broker-headroom", daemon=True).start()
     log.info("broker: making room at %s for the slices under %s: parks kernels idle for %g s, "
-             "keeps %s of host memory free, audit log %s", socket_path, root, min_idle,
-             format_size(host_reserve), broker.decisions.audit_path)
+             "keeps %s of host memory free, %s, audit log %s", socket_path, root, min_idle,
+             format_size(host_reserve),
+             f"a headroom of {format_size(headroom)} kept free on each GPU" if headroom
+             else "no headroom (parks only when asked)",
+             broker.decisions.audit_path)
     try:
         _accept(server, broker)
     finally:
@@ -119,6 +129,7 @@ def main(root, *, min_idle=DEFAULT_MIN_IDLE_S, host_reserve, audit_path=None, so
         _remove(socket_path, made)
         broker.queues.wake()
         broker.changed.set()
+        broker.served.set()  # the headroom keeper sees the stop now
         writer.join(2.0)
         reporter.write(running=False)
         for s, handler in previous.items():

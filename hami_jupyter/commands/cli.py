@@ -284,18 +284,22 @@ def _broker(args):
     problems = []
     if not 0 <= args.min_idle_seconds < 86400 * 365:
         problems.append(f"--min-idle-seconds {args.min_idle_seconds:g}: give a number of seconds, 0 or more")
-    reserve = None
+    reserve = headroom = None
     try:
         reserve = parse_size(args.host_memory_reserve)
     except ValueError as e:
         problems.append(f"--host-memory-reserve: {e}")
+    try:
+        headroom = parse_size(args.headroom)
+    except ValueError as e:
+        problems.append(f"--headroom: {e}")
     if problems:
         raise UsageError(*problems)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("hami_jupyter").setLevel(args.log_level.upper())
     root = Path(args.root) if args.root else default_root()
     try:
-        return service.main(root, min_idle=args.min_idle_seconds, host_reserve=reserve,
+        return service.main(root, min_idle=args.min_idle_seconds, host_reserve=reserve, headroom=headroom,
                             audit_path=args.audit_log, socket_path=Path(args.socket) if args.socket else None)
     except service.BrokerStartError as e:
         raise Failure(str(e)) from None
@@ -437,6 +441,10 @@ def build_parser(with_demo_options=False):
     p.add_argument("--host-memory-reserve", default="2g", metavar="SIZE",
                    help="host memory that must stay available after a park (default 2g): a kernel "
                         "whose GPU state does not fit beside it is not parked")
+    p.add_argument("--headroom", default="0", metavar="SIZE",
+                   help="keep this much free on each GPU by parking idle kernels (by the same rules) "
+                        "before anyone asks, so that a resume or an allocation finds the room at once; "
+                        "about one working set, e.g. 8g (default 0: park only when asked)")
     p.add_argument("--audit-log", metavar="FILE", help="audit log (default: <root>/audit.log)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                    help="what the log shows (default info)")

@@ -16,6 +16,7 @@ The report (``version`` 1)::
     {"version": 1, "written_unix": 1764060000.5, "running": true,
      "broker_pid": 4242, "host": "gpu-node-1", "socket": "/run/hami-jupyter/broker.sock",
      "min_idle_seconds": 60, "host_memory_reserve": 2147483648,
+     "headroom": 8589934592,                   # --headroom (0: off)
      "errors": [],
      "gpus": {"GPU-...": {
          "queue": [{"slice": "carol", "pid": 1234, "user": "carol", "kernel": "a1b2...",
@@ -24,12 +25,20 @@ The report (``version`` 1)::
          "decisions": [{"unix": 1764059991.2, "action": "park", "slice": "alice",
                         "kernel": "c3d4...", "user": "alice", "bytes": 8657043456,
                         "requester": {"slice": "carol", "pid": 1234, ...},
-                        "why": "..."}]}}}     # the latest, newest last
+                        "why": "..."}],       # the latest, newest last
+         "headroom": {"kept": false, "free_bytes": 2147483648,
+                      "why": "a request for room is served on this GPU first",
+                      "since_unix": 1764059991.0, "checked_unix": 1764060000.2}}}}
 
 ``action`` is one of ``park`` (a kernel parked to make room), ``park-failed``
 (a park that failed; the broker went on with the next), ``served`` (``OK``
 answered), ``refused`` (``NO`` answered, and why) and ``dropped`` (the
-requester went away before it was served: nothing more parked for it).
+requester went away before it was served: nothing more parked for it). A
+park for the headroom has ``"requester": {"for": "headroom", ...}`` (no user
+asked). Each GPU's ``headroom`` entry (only with a headroom set) says whether
+the GPU has it free (``kept``), its free bytes at the last look, why not
+when it is not, since when it is (or is not) kept, and when it was last
+looked at (about every second).
 """
 
 import time

@@ -25,7 +25,9 @@ def test_the_systemd_unit():
     service = unit["Service"]
     assert service["User"] == "root" and service["Restart"] == "always"
     args = parsed(shlex.split(service["ExecStart"]))
-    assert (args.root, args.min_idle_seconds, args.host_memory_reserve) == ("/run/hami-jupyter", 60, "2g")
+    assert (args.root, args.min_idle_seconds, args.host_memory_reserve, args.headroom) == (
+        "/run/hami-jupyter", 60, "2g", "0")
+    assert "--headroom" in service["ExecStart"]  # set where an administrator sees it, off as by default
     assert args.root in service["ReadWritePaths"].split()
 
 
@@ -36,7 +38,8 @@ def test_the_kubernetes_daemonset_shares_the_node_folder_with_the_guard():
     assert pod["hostPID"] is True and pod["runtimeClassName"]
     [container] = pod["containers"]
     args = parsed(container["command"])
-    assert args.root == "/run/hami-jupyter" and args.min_idle_seconds == 60
+    assert args.root == "/run/hami-jupyter" and args.min_idle_seconds == 60 and args.headroom == "0"
+    assert "--headroom=0" in container["command"]
     [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == args.root]
     [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     guard = list(yaml.safe_load_all((EXAMPLES / "k8s" / "hami-guard-daemonset.yaml").read_text()))

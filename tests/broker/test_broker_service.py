@@ -81,6 +81,7 @@ def test_sigint_stops_it_even_when_it_was_ignored_at_start(start_broker, socket_
 
 
 def test_usage_errors(capsys):
-    assert cli(["broker", "--host-memory-reserve", "lots", "--min-idle-seconds", "-1"]) == 2
+    assert cli(["broker", "--host-memory-reserve", "lots", "--min-idle-seconds", "-1", "--headroom", "half"]) == 2
     err = capsys.readouterr().err
     assert "--host-memory-reserve:" in err and "--min-idle-seconds -1" in err
+    assert "--headroom: invalid size 'half'" in err
