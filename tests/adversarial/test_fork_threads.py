@@ -33,6 +33,15 @@ def fork_threads(hami_build, tmp_path_factory):
 
 
 def test_a_child_forked_while_threads_are_inside_the_library_runs(fork_threads, make_slice, hami_build):
+    if hami_build.sanitizer == "asan":
+        # GCC 12's ASan runtime does not hold its allocator's locks across fork: a
+        # child forked while another thread is inside malloc waits for ever on
+        # ASan's own lock (gdb on such a child: SizeClassAllocator64::
+        # GetFromAllocator, under malloc, under dlopen of libnvidia-ml), about one
+        # run in three here. That measures the sanitizer, not the library: the
+        # release build (300 forks) and the TSan build (whose runtime does take
+        # its locks around fork) run this test.
+        pytest.skip("ASan's allocator is not fork-safe with threads in malloc; release and TSan run it")
     s = make_slice(limit="2g", overhead="64m")
     forks = 60 if hami_build.sanitizer else 300
     res = subprocess.run([str(fork_threads), "4", str(forks)], env=s.env, stdout=subprocess.PIPE,
