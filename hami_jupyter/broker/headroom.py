@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from ..slice.parking import ParkError
 from ..slice.size import format_size
-from .kernels import NOBODY, coverable, gather, judge, plan
+from .kernels import NOBODY, gather, judge, plan, why_none
 
 # A look costs one NVML free-memory read per GPU and one read of the slice
 # files (the guard reads them every 0.5 s); a second is short beside the park
@@ -237,14 +237,5 @@ class Keeper:
 
 def _why_short(need, free, eligible, skipped, failed):
     """Why the headroom cannot be kept now, in one line."""
-    text = f"{format_size(free)} free, {format_size(need)} short; "
-    if eligible:
-        text += (f"the {len(eligible)} kernel(s) that may be parked could free only "
-                 f"{format_size(coverable(eligible))}, so none was parked")
-    else:
-        text += "no kernel may be parked"
-    if failed:
-        text += f" ({len(failed)} whose park failed lately not tried again yet)"
-    if skipped:
-        text += ". Not parked: " + "; ".join(f"{k.label} of {k.slice}: {why}" for k, why in skipped)
-    return text
+    note = f" ({len(failed)} whose park failed lately not tried again yet)" if failed else ""
+    return f"{format_size(free)} free, {format_size(need)} short; " + why_none(eligible, skipped, note)

@@ -228,6 +228,21 @@ def coverable(eligible):
     return _take(eligible, float("inf"))[1]
 
 
+def why_none(eligible, skipped, failed_note=""):
+    """Why no kernel was parked, from what :func:`judge` found: how little the
+    kernels that may be parked could free (or that none may), *failed_note*,
+    then ``. Not parked: ...`` with each other kernel's reason. One line."""
+    if eligible:
+        text = (f"the {len(eligible)} kernel(s) that may be parked could free only "
+                f"{format_size(coverable(eligible))}, so none was parked")
+    else:
+        text = "no kernel may be parked"
+    text += failed_note
+    if skipped:
+        text += ". Not parked: " + "; ".join(f"{k.label} of {k.slice}: {why}" for k, why in skipped)
+    return text
+
+
 def _take(eligible, need):
     chosen, total, held = [], 0, {}
     for k in eligible:

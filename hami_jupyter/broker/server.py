@@ -43,7 +43,7 @@ from ..slice.parking import ParkError
 from ..slice.size import format_size
 from . import protocol
 from .decisions import Decisions
-from .kernels import Requester, coverable, gather, judge, plan
+from .kernels import Requester, coverable, gather, judge, plan, why_none
 from .queue import Queues
 from .request import Request
 
@@ -386,20 +386,11 @@ def _send(conn, line):
 
 def _nothing_to_park(need, free, wanted, uuid, eligible, skipped, failed, parked):
     """Why no more room can be made, in one line."""
-    text = (f"GPU {uuid} has {format_size(free)} free, {format_size(need)} short of the "
-            f"{format_size(wanted)} needed; ")
-    if eligible:
-        text += (f"the {len(eligible)} kernel(s) that may be parked could free only "
-                 f"{format_size(coverable(eligible))}, so none was parked")
-    else:
-        text += "no kernel may be parked"
-    if failed:
-        text += f" ({len(failed)} park(s) failed)"
+    note = f" ({len(failed)} park(s) failed)" if failed else ""
     if parked:
-        text += f"; {len(parked)} kernel(s) were parked for it already"
-    if skipped:
-        text += ". Not parked: " + "; ".join(f"{k.label} of {k.slice}: {why}" for k, why in skipped)
-    return text
+        note += f"; {len(parked)} kernel(s) were parked for it already"
+    return (f"GPU {uuid} has {format_size(free)} free, {format_size(need)} short of the "
+            f"{format_size(wanted)} needed; " + why_none(eligible, skipped, note))
 
 
 def listening_socket(path):

@@ -7,6 +7,8 @@
 * ``sim_live_used(status, index)``: what the simulated GPU says its live
   processes hold on one device (the ground truth of real usage).
 * ``run_fill(...)``: one cudrive run that fills the GPU, with a time limit.
+* ``build_program(...)``: one of the suite's C programs, built with the
+  library's sanitizer, so that races in the program's own threads show too.
 """
 
 import os
@@ -16,7 +18,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 
-from native_helpers import SANITIZER_MARKS
+from native_helpers import NATIVE, SANITIZER_MARKS
 
 # Outcome classes shared by the corrupted-file and environment tests.
 CAPPED = "capped"              # ran, and stopped at (or below) the cap
@@ -96,3 +98,20 @@ def run_fill(cudrive, env, timeout, fill="fill 64m"):
         out, err = proc.communicate()
         return None, out.decode(errors="replace"), err.decode(errors="replace")
     return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+# Compiler flags of the suite's C programs, per library build (hami_build.sanitizer).
+PROGRAM_FLAGS = {
+    "": ["-O2"],
+    "asan": ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"],
+    "tsan": ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=thread"],
+}
+
+
+def build_program(source, out, sanitizer):
+    """Build the threaded C program *source* into *out* with *sanitizer*'s flags."""
+    cmd = ["cc", "-std=gnu11", "-Wall", "-Wextra", *PROGRAM_FLAGS[sanitizer],
+           f"-I{NATIVE / 'include'}", "-pthread", "-o", str(out), str(source), "-ldl"]
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout}"
+    return out

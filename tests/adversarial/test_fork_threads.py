@@ -11,25 +11,15 @@ import subprocess
 
 import pytest
 
-from adversarial_helpers import sanitizer_report
-from native_helpers import DEFAULT_TIMEOUT, NATIVE
+from adversarial_helpers import build_program, sanitizer_report
+from native_helpers import DEFAULT_TIMEOUT
 
 SOURCE = __file__.rsplit("/", 1)[0] + "/fork_threads.c"
-FLAGS = {
-    "": ["-O2"],
-    "asan": ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"],
-    "tsan": ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=thread"],
-}
 
 
 @pytest.fixture(scope="session")
 def fork_threads(hami_build, tmp_path_factory):
-    out = tmp_path_factory.mktemp("fork-threads") / "fork_threads"
-    cmd = ["cc", "-std=gnu11", "-Wall", "-Wextra", *FLAGS[hami_build.sanitizer],
-           f"-I{NATIVE / 'include'}", "-pthread", "-o", str(out), SOURCE, "-ldl"]
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout}"
-    return out
+    return build_program(SOURCE, tmp_path_factory.mktemp("fork-threads") / "fork_threads", hami_build.sanitizer)
 
 
 def test_a_child_forked_while_threads_are_inside_the_library_runs(fork_threads, make_slice, hami_build):

@@ -12,27 +12,17 @@ import subprocess
 
 import pytest
 
-from adversarial_helpers import sanitizer_report
-from native_helpers import DEFAULT_TIMEOUT, NATIVE, GiB, MiB, wait_for
+from adversarial_helpers import build_program, sanitizer_report
+from native_helpers import DEFAULT_TIMEOUT, GiB, MiB, wait_for
 
 THREADS = 8
 ROUNDS = 40
 SOURCE = __file__.rsplit("/", 1)[0] + "/hook_threads.c"
-FLAGS = {
-    "": ["-O2"],
-    "asan": ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"],
-    "tsan": ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=thread"],
-}
 
 
 @pytest.fixture(scope="session")
 def hook_threads(hami_build, tmp_path_factory):
-    out = tmp_path_factory.mktemp("hook-threads") / "hook_threads"
-    cmd = ["cc", "-std=gnu11", "-Wall", "-Wextra", *FLAGS[hami_build.sanitizer],
-           f"-I{NATIVE / 'include'}", "-pthread", "-o", str(out), SOURCE, "-ldl"]
-    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout}"
-    return out
+    return build_program(SOURCE, tmp_path_factory.mktemp("hook-threads") / "hook_threads", hami_build.sanitizer)
 
 
 # A known context overhead, or none: then the first contexts are measured through NVML while
