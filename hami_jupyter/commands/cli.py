@@ -230,28 +230,44 @@ def _resume(args):
     return 0
 
 
+# ---- the node daemons' options (guard, broker) -----------------------------------
+
+
+def _size_option(flag, value, problems):
+    """*value* of option *flag* as bytes; None, with the reason added to
+    *problems*, when it is no size."""
+    from ..slice.size import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        problems.append(f"{flag}: {e}")
+        return None
+
+
+def _daemon_logging(level):
+    """Log lines with their time, at *level*, for the node daemons (guard, broker)."""
+    import logging
+
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("hami_jupyter").setLevel(level.upper())
+
+
 # ---- guard --------------------------------------------------------------------
 
 
 def _guard(args):
-    import logging
-
     from ..guard import service
-    from ..slice.size import parse_size
 
     problems = []
     if not 0 < args.interval < 86400:
         problems.append(f"--interval {args.interval:g}: give a number of seconds above 0 (and below a day)")
     tolerance = service.DEFAULT_TOLERANCE
     if args.tolerance is not None:
-        try:
-            tolerance = parse_size(args.tolerance)
-        except ValueError as e:
-            problems.append(f"--tolerance: {e}")
+        tolerance = _size_option("--tolerance", args.tolerance, problems)
     if problems:
         raise UsageError(*problems)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("hami_jupyter").setLevel(args.log_level.upper())
+    _daemon_logging(args.log_level)
     root = Path(args.root) if args.root else default_root()
     if args.resume is not None or args.end is not None:
         from ..admin.actions import guard_act  # root here; an administrator through the admin service
@@ -276,27 +292,16 @@ def _guard(args):
 
 
 def _broker(args):
-    import logging
-
     from ..broker import service
-    from ..slice.size import parse_size
 
     problems = []
     if not 0 <= args.min_idle_seconds < 86400 * 365:
         problems.append(f"--min-idle-seconds {args.min_idle_seconds:g}: give a number of seconds, 0 or more")
-    reserve = headroom = None
-    try:
-        reserve = parse_size(args.host_memory_reserve)
-    except ValueError as e:
-        problems.append(f"--host-memory-reserve: {e}")
-    try:
-        headroom = parse_size(args.headroom)
-    except ValueError as e:
-        problems.append(f"--headroom: {e}")
+    reserve = _size_option("--host-memory-reserve", args.host_memory_reserve, problems)
+    headroom = _size_option("--headroom", args.headroom, problems)
     if problems:
         raise UsageError(*problems)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("hami_jupyter").setLevel(args.log_level.upper())
+    _daemon_logging(args.log_level)
     root = Path(args.root) if args.root else default_root()
     try:
         return service.main(root, min_idle=args.min_idle_seconds, host_reserve=reserve, headroom=headroom,
