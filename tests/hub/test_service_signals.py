@@ -40,16 +40,28 @@ def _wait_until(ready, proc, what):
         time.sleep(0.05)
 
 
-def _stops(proc, signum):
-    """Send *signum*; ``(exit status or None, output)`` within STOP_WITHIN_S."""
+def _stops_cleanly(proc, signum):
+    """Send *signum*; the service must exit 0 within STOP_WITHIN_S, with no
+    traceback. Returns its output."""
     proc.send_signal(signum)
     try:
         out, _ = proc.communicate(timeout=STOP_WITHIN_S)
+        status = proc.returncode
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
-        return None, out
-    return proc.returncode, out
+        status = None
+    assert status == 0, f"{signum.name}: exit status {status} (None: still running after " \
+                        f"{STOP_WITHIN_S} s)\n{out}"
+    assert "Traceback" not in out, out
+    return out
+
+
+def _ended(proc):
+    """Whatever happened, the service is not left running."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture
@@ -79,14 +91,9 @@ def test_the_hub_view_ends_at_once_with_sigint_ignored_by_its_parent(tmp_path, s
 
         _wait_until(serving, proc, "hami-jupyter hub-service")
         time.sleep(0.3)  # its first refresh now waits on the silent hub
-        status, out = _stops(proc, signum)
+        _stops_cleanly(proc, signum)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert status == 0, f"{signum.name}: exit status {status} (None: still running after " \
-                        f"{STOP_WITHIN_S} s)\n{out}"
-    assert "Traceback" not in out, out
+        _ended(proc)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -101,12 +108,7 @@ def test_the_admin_service_ends_at_once_with_sigint_ignored_by_its_parent(tmp_pa
                             preexec_fn=_ignore_sigint)
     try:
         _wait_until(sock.exists, proc, "hami-jupyter admin-service")
-        status, out = _stops(proc, signum)
+        _stops_cleanly(proc, signum)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert status == 0, f"{signum.name}: exit status {status} (None: still running after " \
-                        f"{STOP_WITHIN_S} s)\n{out}"
-    assert "Traceback" not in out, out
+        _ended(proc)
     assert not sock.exists(), "the service left its socket behind"
