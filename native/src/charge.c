@@ -19,11 +19,7 @@ static uint64_t last_oom_report;
 /* Whether an out-of-memory line may be logged now: once a second at most. */
 static int oom_report_due(void)
 {
-	uint64_t now = hami_monotonic_ns();
-	uint64_t last = __atomic_load_n(&last_oom_report, __ATOMIC_RELAXED);
-	if (last && now - last < OOM_REPORT_INTERVAL_NS)
-		return 0;
-	return __atomic_compare_exchange_n(&last_oom_report, &last, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+	return hami_report_due(&last_oom_report, OOM_REPORT_INTERVAL_NS);
 }
 
 /* what NULL: a quiet charge (a resume that waits for room is no error). */

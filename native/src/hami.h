@@ -26,6 +26,9 @@ int hami_log_enabled(int level);
 const char *hami_human(uint64_t bytes, char buf[32]);
 uint64_t hami_now_ns(void);      /* CLOCK_REALTIME, for times shown to people */
 uint64_t hami_monotonic_ns(void);
+/* Whether a line rate-limited through *last may be said now: at most one per
+ * interval_ns, whichever thread asks (set when it says yes). */
+int hami_report_due(uint64_t *last, uint64_t interval_ns);
 
 #include "size.h"
 

@@ -87,3 +87,12 @@ uint64_t hami_monotonic_ns(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+int hami_report_due(uint64_t *last, uint64_t interval_ns)
+{
+	uint64_t now = hami_monotonic_ns();
+	uint64_t seen = __atomic_load_n(last, __ATOMIC_RELAXED);
+	if (seen && now - seen < interval_ns)
+		return 0;
+	return __atomic_compare_exchange_n(last, &seen, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}

@@ -117,12 +117,7 @@ static uint64_t last_no_broker_report;
  * out-of-memory line. */
 static int no_broker_report_due(void)
 {
-	uint64_t now = hami_monotonic_ns();
-	uint64_t last = __atomic_load_n(&last_no_broker_report, __ATOMIC_RELAXED);
-	if (last && now - last < NO_BROKER_REPORT_NS)
-		return 0;
-	return __atomic_compare_exchange_n(&last_no_broker_report, &last, now, 0, __ATOMIC_RELAXED,
-					   __ATOMIC_RELAXED);
+	return hami_report_due(&last_no_broker_report, NO_BROKER_REPORT_NS);
 }
 
 /* The wait ends without room: one line saying why (once per wait). */
