@@ -108,6 +108,8 @@ struct obj {
 	unsigned live;   /* exec: its allocations still live after a run (not freed in the graph) */
 	uint64_t live_bytes;
 	int primary, active; /* ctx */
+	uint64_t local;      /* ctx: local memory its launches made the driver keep */
+	int code_loaded;     /* module: its code is on the device (bytes) */
 	uint64_t ctx_id;     /* ctx: cuCtxGetId's answer, new at each activation */
 	unsigned held_streams; /* ctx: its streams that hold work back */
 	uint64_t seq;        /* event: its records so far */
@@ -169,6 +171,8 @@ static struct {
 	uint64_t cur_pool[SIM_MAX_DEVICES];
 	struct gpool gp[SIM_MAX_DEVICES];
 	uint64_t internal[SIM_MAX_DEVICES]; /* hamiSimDriverInternal's bytes */
+	uint64_t own[SIM_MAX_DEVICES];      /* modules' code and contexts' local memory */
+	int eager;                          /* CUDA_MODULE_LOADING=EAGER: code loads with its module */
 	unsigned ncaptures;                 /* streams capturing (active or invalidated) */
 	uint64_t capture_ids;
 	uint64_t ctx_ids;
@@ -247,6 +251,14 @@ static CUresult charge(int dev, uint64_t bytes)
 {
 	int r = sim_charge((unsigned)dev, bytes);
 	return r == SIM_OK ? CUDA_SUCCESS : r == SIM_ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_OPERATING_SYSTEM;
+}
+
+/* What the driver holds by itself on DEV changed by DELTA bytes (already
+ * charged or uncharged): the process entry shows it as driver-internal. C.mu held. */
+static void own_add(int dev, int64_t delta)
+{
+	C.own[dev] += (uint64_t)delta;
+	sim_note_internal((unsigned)dev, C.internal[dev] + C.own[dev]);
 }
 
 /* ---- objects ------------------------------------------------------------ */
@@ -829,11 +841,18 @@ static void ctx_teardown(uint64_t h, struct obj *c)
 			capture_drop(o);
 		if (o->bytes)
 			sim_uncharge((unsigned)o->dev, o->bytes);
+		if (o->kind == K_MODULE && o->bytes)
+			own_add(o->dev, -(int64_t)o->bytes);
 		obj_free(slot_handle(i));
 	}
 	pools_settle(c->dev);
 	gpool_trim(c->dev);
 	sim_uncharge((unsigned)c->dev, c->bytes);
+	if (c->local) {
+		sim_uncharge((unsigned)c->dev, c->local);
+		own_add(c->dev, -(int64_t)c->local);
+		c->local = 0;
+	}
 	sim_ctx_count((unsigned)c->dev, -1);
 	c->bytes = 0;
 	c->active = 0;
@@ -956,6 +975,7 @@ static void cu_child(void)
 	memset(C.cur_pool, 0, sizeof(C.cur_pool));
 	memset(C.gp, 0, sizeof(C.gp));
 	memset(C.internal, 0, sizeof(C.internal));
+	memset(C.own, 0, sizeof(C.own));
 	C.ncaptures = 0;
 	t_depth = 0;
 	pthread_mutex_unlock(&C.mu);
@@ -980,6 +1000,8 @@ static void do_init(void)
 		C.init_rc = CUDA_ERROR_NO_DEVICE;
 		return;
 	}
+	const char *loading = getenv("CUDA_MODULE_LOADING");
+	C.eager = loading && strcasecmp(loading, "EAGER") == 0;
 	C.init_rc = CUDA_SUCCESS;
 	atomic_store(&C.inited, 1);
 }
@@ -2463,6 +2485,51 @@ CUresult cuStreamQuery_ptsz(CUstream hStream)
 
 /* ---- modules and launches ----------------------------------------------- */
 
+/*
+ * A module's code takes HAMI_SIM_MODULE_BYTES of device memory once it is
+ * loaded, as the real driver's does: lazily (CUDA_MODULE_LOADING=LAZY, the
+ * default since CUDA 12.2) at the first launch of one of its kernels, at
+ * cuModuleLoadData with CUDA_MODULE_LOADING=EAGER. On a full device that load
+ * fails with CUDA_ERROR_OUT_OF_MEMORY and nothing changes. C.mu held.
+ */
+static CUresult module_code(struct obj *mod)
+{
+	uint64_t bytes = S()->hdr.module_bytes;
+	if (mod->code_loaded)
+		return CUDA_SUCCESS;
+	CUresult r = bytes ? charge(mod->dev, bytes) : CUDA_SUCCESS;
+	if (r)
+		return r;
+	mod->bytes = bytes;
+	mod->code_loaded = 1;
+	own_add(mod->dev, (int64_t)bytes);
+	return CUDA_SUCCESS;
+}
+
+/*
+ * A kernel named "hami_sim_local_<size>" needs <size> of local memory (its
+ * threads' stacks and spills): the driver grows the context's local memory to
+ * the largest need met so far at the launch, and keeps it until the context
+ * ends. A launch it cannot grow for fails with CUDA_ERROR_OUT_OF_MEMORY and
+ * does not start. C.mu held.
+ */
+#define LOCAL_KERNEL "hami_sim_local_"
+
+static CUresult local_memory(struct obj *c, const char *name)
+{
+	uint64_t need;
+	size_t n = sizeof(LOCAL_KERNEL) - 1;
+	if (!name || strncmp(name, LOCAL_KERNEL, n) != 0 || sim_parse_size(name + n, &need) < 0 ||
+	    need <= c->local)
+		return CUDA_SUCCESS;
+	CUresult r = charge(c->dev, need - c->local);
+	if (r)
+		return r;
+	own_add(c->dev, (int64_t)(need - c->local));
+	c->local = need;
+	return CUDA_SUCCESS;
+}
+
 /* Any image is accepted: there is no code to run. */
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
@@ -2482,7 +2549,10 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image)
 	} else {
 		o->dev = c->dev;
 		o->ctx = ch;
-		*module = (CUmodule)(uintptr_t)h;
+		if (C.eager && (r = module_code(o)) != CUDA_SUCCESS)
+			obj_free(h);
+		else
+			*module = (CUmodule)(uintptr_t)h;
 	}
 	pthread_mutex_unlock(&C.mu);
 	return r;
@@ -2496,11 +2566,16 @@ CUresult cuModuleUnload(CUmodule hmod)
 		return r;
 	uint64_t h = H(hmod);
 	pthread_mutex_lock(&C.mu);
-	if (obj_get(h, K_MODULE)) {
+	struct obj *mod = obj_get(h, K_MODULE);
+	if (mod) {
 		for (uint32_t i = 0; i < C.nslots; i++) {
 			struct obj *o = C.slots[i].o;
 			if (o && o->kind == K_FUNC && o->parent == h)
 				obj_free(slot_handle(i));
+		}
+		if (mod->bytes) {
+			sim_uncharge((unsigned)mod->dev, mod->bytes);
+			own_add(mod->dev, -(int64_t)mod->bytes);
 		}
 		obj_free(h);
 	} else {
@@ -2710,13 +2785,15 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
 	if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&C.mu);
-	struct obj *fo = obj_get(H(f), K_FUNC), *c, *so;
+	struct obj *fo = obj_get(H(f), K_FUNC), *c, *so, *mod;
 	uint64_t ch, dur;
-	if (!fo || !obj_get(fo->parent, K_MODULE)) {
+	if (!fo || !(mod = obj_get(fo->parent, K_MODULE))) {
 		r = CUDA_ERROR_INVALID_HANDLE;
 		goto out;
 	}
 	if ((r = stream_ctx(s, &c, &ch, &so)) != CUDA_SUCCESS)
+		goto out;
+	if ((r = module_code(mod)) != CUDA_SUCCESS || (r = local_memory(c, fo->name)) != CUDA_SUCCESS)
 		goto out;
 	if (strncmp(fo->name, "hami_sim_busy", 13) == 0) {
 		if (!params || !params[0]) {
@@ -3862,7 +3939,7 @@ int hamiSimDriverInternal(int device, unsigned long long bytes)
 		sim_uncharge((unsigned)p, old - bytes);
 	if (r == CUDA_SUCCESS) {
 		C.internal[p] = bytes;
-		sim_note_internal((unsigned)p, bytes);
+		sim_note_internal((unsigned)p, bytes + C.own[p]);
 	}
 	pthread_mutex_unlock(&C.mu);
 	return r;

@@ -177,6 +177,7 @@ int sim_config_from_env(struct sim_config *cfg)
 	cfg->sm_count = SIM_DEFAULT_SM_COUNT;
 	cfg->context_bytes = SIM_DEFAULT_CONTEXT_BYTES;
 	cfg->ns_per_wave = SIM_DEFAULT_NS_PER_WAVE;
+	cfg->module_bytes = SIM_DEFAULT_MODULE_BYTES;
 	strcpy(cfg->name, SIM_DEFAULT_NAME);
 
 	if ((v = env("HAMI_SIM_DEVICES"))) {
@@ -211,6 +212,14 @@ int sim_config_from_env(struct sim_config *cfg)
 			cfg->context_bytes = 0;
 		else if (sim_parse_size(v, &cfg->context_bytes) < 0) {
 			bad("HAMI_SIM_CONTEXT_BYTES", v, "expected 0, bytes or a size like 64m");
+			return SIM_ECONFIG;
+		}
+	}
+	if ((v = env("HAMI_SIM_MODULE_BYTES"))) {
+		if (strcmp(v, "0") == 0)
+			cfg->module_bytes = 0;
+		else if (sim_parse_size(v, &cfg->module_bytes) < 0) {
+			bad("HAMI_SIM_MODULE_BYTES", v, "expected 0, bytes or a size like 2m");
 			return SIM_ECONFIG;
 		}
 	}
@@ -329,6 +338,7 @@ static int create_state(const char *path, const struct sim_config *cfg, struct s
 	h->max_procs = SIM_MAX_PROCS;
 	h->context_bytes = cfg->context_bytes;
 	h->ns_per_wave = cfg->ns_per_wave;
+	h->module_bytes = cfg->module_bytes;
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	h->created_unix_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;

@@ -57,6 +57,7 @@
 #define SIM_DEFAULT_SM_COUNT 132
 #define SIM_DEFAULT_CONTEXT_BYTES (64ull << 20)
 #define SIM_DEFAULT_NS_PER_WAVE 10000
+#define SIM_DEFAULT_MODULE_BYTES (2ull << 20)
 
 #define SIM_PROC_FREE 0u
 #define SIM_PROC_LIVE 1u
@@ -84,7 +85,8 @@ struct sim_header {
 	uint64_t context_bytes;
 	uint64_t ns_per_wave;
 	uint64_t created_unix_ns;
-	uint8_t reserved[64];
+	uint64_t module_bytes; /* device memory a module's code takes once loaded */
+	uint8_t reserved[56];
 };
 
 struct sim_device {
@@ -140,6 +142,7 @@ struct sim_config {
 	unsigned sm_count;
 	uint64_t context_bytes;
 	uint64_t ns_per_wave;
+	uint64_t module_bytes;
 	char name[SIM_NAME_LEN];
 	char uuid[SIM_MAX_DEVICES][SIM_UUID_LEN];
 };

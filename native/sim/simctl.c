@@ -73,8 +73,9 @@ static int status(void)
 	uint64_t end = sim_sample_end(sim_now_ns());
 	printf("{\"state\": ");
 	json_str(sim_path());
-	printf(", \"context_bytes\": %llu, \"ns_per_wave\": %llu,\n \"devices\": [",
-	       (unsigned long long)st->hdr.context_bytes, (unsigned long long)st->hdr.ns_per_wave);
+	printf(", \"context_bytes\": %llu, \"ns_per_wave\": %llu, \"module_bytes\": %llu,\n \"devices\": [",
+	       (unsigned long long)st->hdr.context_bytes, (unsigned long long)st->hdr.ns_per_wave,
+	       (unsigned long long)st->hdr.module_bytes);
 	for (unsigned i = 0; i < ndev; i++) {
 		struct sim_device *d = &st->dev[i];
 		printf("%s\n  {\"index\": %u, \"uuid\": ", i ? "," : "", i);

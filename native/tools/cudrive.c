@@ -63,7 +63,8 @@
  *   ckpt state PID              cuCheckpointProcessGetState: state (CUprocessState) and its name
  *
  * Kernels (NS: kernel duration in ns; COUNT defaults to 1):
- *   module                      (re)load the busy kernel "hami_sim_busy" in the current context
+ *   module [KERNEL]             (re)load the busy kernel "hami_sim_busy" in the current context
+ *                               (KERNEL: a kernel of that name instead, which launch & co. run)
  *   launch NS [COUNT] | launchex NS [COUNT] | coop NS [COUNT]
  *                               cuLaunchKernel / cuLaunchKernelEx / cuLaunchCooperativeKernel on
  *                               the NULL stream, or on the capture stream while capturing
@@ -2374,8 +2375,11 @@ static CUresult current_ctx(struct result *r, CUcontext *ctx)
 }
 
 /* Load the busy kernel unless it is loaded in the current context already
- * (FORCE: load it again anyway, dropping the old module of this context). */
-static CUresult busy_load(struct result *r, bool force)
+ * (FORCE: load it again anyway, dropping the old module of this context).
+ * NAME: the kernel `launch` and its kin run from then on (NULL: the busy
+ * kernel): the simulated GPU knows kernels by name (hami_sim_local_<size>
+ * needs that much local memory). */
+static CUresult busy_load_named(struct result *r, bool force, const char *name)
 {
 	CUcontext cur;
 	CUresult rc = current_ctx(r, &cur);
@@ -2399,7 +2403,7 @@ static CUresult busy_load(struct result *r, bool force)
 		res_str(r, "detail", "cuModuleLoadData failed");
 		return rc;
 	}
-	if ((rc = getfn(&fn, mod, "hami_sim_busy")) != 0) {
+	if ((rc = getfn(&fn, mod, name ? name : "hami_sim_busy")) != 0) {
 		res_str(r, "detail", "cuModuleGetFunction failed");
 		fn_module_unload unload = (fn_module_unload)resolve(F_MODULE_UNLOAD);
 		if (unload)
@@ -2469,9 +2473,14 @@ static int opt_count(struct stream *s, struct result *r, unsigned long long *cou
 	return 0;
 }
 
+static CUresult busy_load(struct result *r, bool force)
+{
+	return busy_load_named(r, force, NULL);
+}
+
 static int cmd_module(struct stream *s, struct result *r)
 {
-	r->rc = busy_load(r, true);
+	r->rc = busy_load_named(r, true, opt_arg(s));
 	if (r->rc == 0) {
 		res_hex(r, "module", busy.mod);
 		res_hex(r, "function", busy.fn);

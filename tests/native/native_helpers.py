@@ -177,9 +177,10 @@ def _make(args):
 class SimGpu:
     """One simulated GPU (state file) shared by every process a test starts."""
 
-    def __init__(self, build, state):
+    def __init__(self, build, state, **config):
         self.build = build
         self.state = state
+        self.config = config  # HAMI_SIM_* settings of this GPU beyond the defaults below
 
     def env(self, **extra):
         """Environment of a process that sees this simulated GPU (no preload)."""
@@ -195,6 +196,7 @@ class SimGpu:
             HAMI_SIM_MEMORY="16g",
             HAMI_SIM_CONTEXT_BYTES="64m",
         )
+        env.update({k: str(v) for k, v in self.config.items()})
         env.update(self.build.sanitizer_env())
         env.update({k: str(v) for k, v in extra.items()})
         return env

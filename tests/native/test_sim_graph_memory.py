@@ -23,6 +23,7 @@ from native_helpers import (
     MiB,
     SIM_CONTEXT,
     SIM_MEMORY,
+    SimGpu,
     check_sanitizers,
 )
 
@@ -36,6 +37,12 @@ WRONG_THREAD = 908  # CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
 NONE, ACTIVE, INVALID = 0, 1, 2  # CUstreamCaptureStatus
 
 ZERO_GRAPH_MEM = {"used": 0, "used_high": 0, "reserved": 0, "reserved_high": 0}
+
+
+@pytest.fixture
+def gpu(hami_build, tmp_path):
+    """Kernels' code takes no device memory here: these tests count graph memory to the byte."""
+    return SimGpu(hami_build, tmp_path / "sim-state", HAMI_SIM_MODULE_BYTES=0)
 
 
 def _target(cudrive, gpu, *lines, env=None):
