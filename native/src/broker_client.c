@@ -109,8 +109,8 @@ int hami_broker_request(int fd, const char *uuid, uint64_t bytes, uint64_t since
 		uint64_t left_ms = (deadline - now + 999999) / 1000000;
 		struct pollfd p = { .fd = fd, .events = POLLIN };
 		int r = poll(&p, 1, left_ms < POLL_SLICE_MS ? (int)left_ms : POLL_SLICE_MS);
-		if (r < 0 && errno != EINTR)
-			return HAMI_BROKER_LOST;
+		if (r < 0)
+			return errno == EINTR ? HAMI_BROKER_INTERRUPTED : HAMI_BROKER_LOST;
 		if (r <= 0)
 			continue;
 		ssize_t k = read(fd, buf + got, sizeof(buf) - 1 - got);

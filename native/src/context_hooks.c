@@ -4,8 +4,10 @@
  * primary context once per device per process, each created context on its
  * own. HAMI_CONTEXT_OVERHEAD sets the amount; otherwise the first context of
  * the process is measured through NVML and that figure is reused. A context
- * whose cost was reserved and that the driver refuses for memory waits for
- * the memory broker to make room (room.c), as an allocation does.
+ * that the driver refuses for memory waits for the memory broker to make room
+ * (room.c), as an allocation does: its cost reserved in the slice, or, for a
+ * first context whose cost nobody knows yet, CONTEXT_GUESS asked of the broker
+ * within what the slice's limit leaves (driver_room.c).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -22,6 +24,8 @@ typedef CUresult (*create3_fn)(CUcontext *, void *, int, unsigned int, CUdevice)
 typedef CUresult (*create4_fn)(CUcontext *, void *, unsigned int, CUdevice);
 typedef CUresult (*destroy_fn)(CUcontext);
 typedef nvmlReturn_t (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
+
+#define CONTEXT_GUESS (512ull << 20) /* PyTorch's context on an H100: about 500 MiB */
 
 pthread_mutex_t hami_context_lock = PTHREAD_MUTEX_INITIALIZER;
 #define lock hami_context_lock
@@ -149,20 +153,28 @@ static int ready_device(CUdevice dev, CUresult *err)
 /* Not a CUresult: the primary context was made by another thread while this one waited. */
 #define RETAINED_MEANWHILE ((CUresult)-1)
 
+/* The driver refused a context for memory: wait for room (its cost reserved,
+ * or a guess at it asked of the broker). 1: make it again. */
+static int context_room(struct hami_driver_room *d, const struct ctx_cost *cost)
+{
+	if (cost->reserved)
+		return hami_room_wait(&d->room, cost->sdev, cost->bytes, "a CUDA context", NULL);
+	return hami_driver_room_wait(d, cost->sdev, CONTEXT_GUESS, "a CUDA context");
+}
+
 /*
  * The driver refused the primary context for memory, its cost reserved: wait
  * for room with the lock dropped (called and returning with it held), then
  * retain again. RETAINED_MEANWHILE when another thread made the context while
  * this one waited: then this retain is counted and its reservation given back.
  */
-static CUresult retain_when_room(retain_fn fn, CUcontext *pctx, CUdevice dev, int sdev,
-				 const struct ctx_cost *cost)
+static CUresult retain_when_room(retain_fn fn, CUcontext *pctx, CUdevice dev, const struct ctx_cost *cost)
 {
-	struct hami_room room = HAMI_ROOM_INIT;
+	struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
 	CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
 	for (;;) {
 		pthread_mutex_unlock(&lock); /* never held while waiting */
-		int again = hami_room_wait(&room, sdev, cost->bytes, "a CUDA context", NULL);
+		int again = context_room(&room, cost);
 		pthread_mutex_lock(&lock);
 		if (!again)
 			break;
@@ -170,7 +182,8 @@ static CUresult retain_when_room(retain_fn fn, CUcontext *pctx, CUdevice dev, in
 			rc = fn(pctx, dev);
 			if (rc == CUDA_SUCCESS) {
 				primary_retains[dev]++;
-				hami_credit(sdev, cost->bytes);
+				if (cost->reserved)
+					hami_credit(cost->sdev, cost->bytes);
 				rc = RETAINED_MEANWHILE;
 			}
 			break;
@@ -178,7 +191,7 @@ static CUresult retain_when_room(retain_fn fn, CUcontext *pctx, CUdevice dev, in
 		if ((rc = fn(pctx, dev)) != CUDA_ERROR_OUT_OF_MEMORY)
 			break;
 	}
-	hami_room_end(&room);
+	hami_driver_room_end(&room);
 	return rc;
 }
 
@@ -211,8 +224,8 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	CUresult rc = fn(pctx, dev);
-	if (rc == CUDA_ERROR_OUT_OF_MEMORY && cost.reserved)
-		rc = retain_when_room(fn, pctx, dev, sdev, &cost);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+		rc = retain_when_room(fn, pctx, dev, &cost);
 	if (rc == RETAINED_MEANWHILE) {
 		pthread_mutex_unlock(&lock);
 		return CUDA_SUCCESS;
@@ -280,10 +293,10 @@ static CUresult begin_create(CUcontext *pctx, void *fn, CUdevice dev, struct ctx
 	return CUDA_SUCCESS;
 }
 
-/* Whether a context the driver refused waits for room: its cost was reserved. */
+/* Whether a context the driver refused waits for room: one in a slice. */
 static int waits_for_room(CUresult rc, const struct ctx_cost *c)
 {
-	return rc == CUDA_ERROR_OUT_OF_MEMORY && c->sdev >= 0 && c->reserved;
+	return rc == CUDA_ERROR_OUT_OF_MEMORY && c->sdev >= 0;
 }
 
 /* Charge a context created by cuCtxCreate*, or destroy it if the slice is full. */
@@ -318,10 +331,10 @@ HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevic
 		return rc;
 	rc = fn(pctx, flags, dev);
 	if (waits_for_room(rc, &c)) {
-		struct hami_room room = HAMI_ROOM_INIT;
-		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, c.sdev, c.bytes, "a CUDA context", NULL))
+		struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
+		while (rc == CUDA_ERROR_OUT_OF_MEMORY && context_room(&room, &c))
 			rc = fn(pctx, flags, dev);
-		hami_room_end(&room);
+		hami_driver_room_end(&room);
 	}
 	return finish_create(rc, pctx, &c);
 }
@@ -337,10 +350,10 @@ HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams
 		return rc;
 	rc = fn(pctx, params, numParams, flags, dev);
 	if (waits_for_room(rc, &c)) {
-		struct hami_room room = HAMI_ROOM_INIT;
-		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, c.sdev, c.bytes, "a CUDA context", NULL))
+		struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
+		while (rc == CUDA_ERROR_OUT_OF_MEMORY && context_room(&room, &c))
 			rc = fn(pctx, params, numParams, flags, dev);
-		hami_room_end(&room);
+		hami_driver_room_end(&room);
 	}
 	return finish_create(rc, pctx, &c);
 }
@@ -355,10 +368,10 @@ HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int 
 		return rc;
 	rc = fn(pctx, params, flags, dev);
 	if (waits_for_room(rc, &c)) {
-		struct hami_room room = HAMI_ROOM_INIT;
-		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, c.sdev, c.bytes, "a CUDA context", NULL))
+		struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
+		while (rc == CUDA_ERROR_OUT_OF_MEMORY && context_room(&room, &c))
 			rc = fn(pctx, params, flags, dev);
-		hami_room_end(&room);
+		hami_driver_room_end(&room);
 	}
 	return finish_create(rc, pctx, &c);
 }

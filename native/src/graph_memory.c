@@ -197,7 +197,12 @@ static CUresult upload(upload_fn fn, CUgraphExec exec, CUstream stream)
 		return CUDA_ERROR_NOT_FOUND;
 	if (hami_graph_hold(exec, &h) != CUDA_SUCCESS)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	/* A full GPU refuses the upload and maps nothing: wait for room, upload again. */
+	struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
 	CUresult rc = fn(exec, stream);
+	while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_driver_room_wait(&d, -1, 0, "a CUDA graph's upload"))
+		rc = fn(exec, stream);
+	hami_driver_room_end(&d);
 	hami_graph_release(&h, rc);
 	return rc;
 }

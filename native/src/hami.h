@@ -104,6 +104,8 @@ struct hami_hook {
 };
 extern const struct hami_hook hami_gate_hooks[]; /* park_gate_hooks.c: gate only, charge nothing */
 extern const size_t hami_gate_hook_count;
+extern const struct hami_hook hami_driver_memory_hooks[]; /* driver_memory_hooks.c: wait for room only */
+extern const size_t hami_driver_memory_hook_count;
 void *hami_gate_thunk(const char *name, void *real); /* park_gate_thunks.c */
 void *hami_hook_by_name(const char *name);
 void *hami_hook_for_real(void *real_fn);
@@ -178,6 +180,8 @@ struct hami_room {
 	int connected;      /* a broker took a connection during this wait */
 	int answered;       /* ... and answered a line */
 	int told_start, told_end;
+	int told_no;        /* "can make no room yet" was said */
+	int interrupted;    /* a signal the program handles ended it */
 	char why[160];      /* the broker's last NO */
 };
 #define HAMI_ROOM_INIT { .entry = -1 }
@@ -185,6 +189,21 @@ struct hami_room {
 int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *what, int (*go_on)(void));
 void hami_room_end(struct hami_room *w);
 void hami_room_after_fork(void);
+
+/* driver_room.c: a call refused for memory the driver takes by itself (module
+ * code, local memory, pools, a first context), which no hook reserved: ask the
+ * broker for room anyway, within what the slice's limit leaves, growing the ask
+ * each time the room made was not enough. 1: call the driver again; 0: pass
+ * the error on (said why). sdev -1: the current context's device; first_ask 0:
+ * the default guess. hami_driver_room_end() closes the wait either way. */
+struct hami_driver_room {
+	struct hami_room room;
+	int sdev;
+	uint64_t ask; /* the last ask; 0 before the first */
+};
+#define HAMI_DRIVER_ROOM_INIT { .room = HAMI_ROOM_INIT, .sdev = -1 }
+int hami_driver_room_wait(struct hami_driver_room *d, int sdev, uint64_t first_ask, const char *what);
+void hami_driver_room_end(struct hami_driver_room *d);
 extern pthread_mutex_t hami_room_lock;
 
 /* broker_client.c: one request to the broker (protocol in that file) */
@@ -193,7 +212,8 @@ enum hami_broker_answer {
 	HAMI_BROKER_NO,      /* nothing can be parked now: *why* says why */
 	HAMI_BROKER_LOST,    /* the connection closed before a final answer (a restart?) */
 	HAMI_BROKER_LATE,    /* the deadline came first */
-	HAMI_BROKER_STOPPED  /* go_on() said to stop */
+	HAMI_BROKER_STOPPED, /* go_on() said to stop */
+	HAMI_BROKER_INTERRUPTED /* a signal the program handles came while waiting (EINTR) */
 };
 int hami_broker_connect(const char *path, uint64_t timeout_ns); /* a socket, or -1: no broker there */
 int hami_broker_request(int fd, const char *uuid, uint64_t bytes, uint64_t since_ns, uint64_t deadline,

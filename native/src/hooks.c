@@ -93,9 +93,12 @@ static const struct hami_hook hooks[] = {
 #define HOOK_COUNT (sizeof(hooks) / sizeof(hooks[0]))
 
 static void *real_of[HOOK_COUNT];
-#define MAX_GATE_HOOKS 128 /* park_gate_hooks.c lists 55 */
-static void *gate_real_of[MAX_GATE_HOOKS];
-static size_t gate_count;
+/* Hooks that guard no limit: the parking gate's (park_gate_hooks.c) and the
+ * waits for the driver's own memory (driver_memory_hooks.c). */
+#define MAX_OTHER_HOOKS 128 /* 55 + 16 */
+static const struct hami_hook *other[MAX_OTHER_HOOKS];
+static void *other_real_of[MAX_OTHER_HOOKS];
+static size_t other_count;
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 
 static void *by_name(const struct hami_hook *table, size_t n, const char *name)
@@ -109,7 +112,9 @@ static void *by_name(const struct hami_hook *table, size_t n, const char *name)
 void *hami_hook_by_name(const char *name)
 {
 	void *hook = by_name(hooks, HOOK_COUNT, name);
-	return hook ? hook : by_name(hami_gate_hooks, hami_gate_hook_count, name);
+	if (!hook)
+		hook = by_name(hami_gate_hooks, hami_gate_hook_count, name);
+	return hook ? hook : by_name(hami_driver_memory_hooks, hami_driver_memory_hook_count, name);
 }
 
 static void *real_sym(const char *name)
@@ -121,9 +126,12 @@ static void resolve_reals(void)
 {
 	for (size_t i = 0; i < HOOK_COUNT; i++)
 		real_of[i] = real_sym(hooks[i].name);
-	gate_count = hami_gate_hook_count < MAX_GATE_HOOKS ? hami_gate_hook_count : MAX_GATE_HOOKS;
-	for (size_t i = 0; i < gate_count; i++)
-		gate_real_of[i] = real_sym(hami_gate_hooks[i].name);
+	for (size_t i = 0; i < hami_gate_hook_count && other_count < MAX_OTHER_HOOKS; i++)
+		other[other_count++] = &hami_gate_hooks[i];
+	for (size_t i = 0; i < hami_driver_memory_hook_count && other_count < MAX_OTHER_HOOKS; i++)
+		other[other_count++] = &hami_driver_memory_hooks[i];
+	for (size_t i = 0; i < other_count; i++)
+		other_real_of[i] = real_sym(other[i]->name);
 }
 
 void *hami_hook_for_real(void *real_fn)
@@ -134,9 +142,9 @@ void *hami_hook_for_real(void *real_fn)
 	for (size_t i = 0; i < HOOK_COUNT; i++)
 		if (real_of[i] == real_fn)
 			return hooks[i].hook;
-	for (size_t i = 0; i < gate_count; i++)
-		if (gate_real_of[i] == real_fn)
-			return hami_gate_hooks[i].hook;
+	for (size_t i = 0; i < other_count; i++)
+		if (other_real_of[i] == real_fn)
+			return other[i]->hook;
 	return real_fn;
 }
 

@@ -3,6 +3,11 @@
  * one, with extended attributes, cooperatively, and whole graphs, each also
  * in its per-thread-default-stream (_ptsz) form. With no share set anywhere
  * in this process the hook is one load of a process-local flag.
+ *
+ * A launch may need device memory the driver takes by itself: a kernel's
+ * code, loaded lazily at its first launch, or more local memory. On a full
+ * GPU the driver refuses it with CUDA_ERROR_OUT_OF_MEMORY and the kernel does
+ * not start, so the launch waits for room (driver_room.c) and is made again.
  */
 #include "hami.h"
 #include "hook_api.h"
@@ -23,6 +28,14 @@ struct launch_config_head {
 };
 
 
+#define LAUNCH_NEEDS "a kernel launch (its code, loaded at its first launch, or its local memory)"
+
+/* The launch was refused for memory: whether to make it again (room was made). */
+static int launch_again(CUresult rc, struct hami_driver_room *d)
+{
+	return rc == CUDA_ERROR_OUT_OF_MEMORY && hami_driver_room_wait(d, -1, 0, LAUNCH_NEEDS);
+}
+
 static inline int watching(void)
 {
 	return __atomic_load_n(&hami_sm_watch, __ATOMIC_RELAXED);
@@ -34,11 +47,18 @@ static CUresult launch(launch_fn fn, int per_thread, CUfunction f, unsigned int 
 {
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
-	if (!watching())
-		return fn(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);
-	hami_sm_before_launch(stream, per_thread);
+	int watch = watching();
+	if (watch)
+		hami_sm_before_launch(stream, per_thread);
 	CUresult rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);
-	hami_sm_after_launch(rc);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* did not start: made again once there is room */
+		struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
+		while (launch_again(rc, &d))
+			rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);
+		hami_driver_room_end(&d);
+	}
+	if (watch)
+		hami_sm_after_launch(rc);
 	return rc;
 }
 
@@ -65,11 +85,18 @@ static CUresult launch_ex(launch_ex_fn fn, int per_thread, const void *config, C
 {
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
-	if (!watching() || !config)
-		return fn(config, f, params, extra);
-	hami_sm_before_launch(((const struct launch_config_head *)config)->stream, per_thread);
+	int watch = watching() && config;
+	if (watch)
+		hami_sm_before_launch(((const struct launch_config_head *)config)->stream, per_thread);
 	CUresult rc = fn(config, f, params, extra);
-	hami_sm_after_launch(rc);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* did not start: made again once there is room */
+		struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
+		while (launch_again(rc, &d))
+			rc = fn(config, f, params, extra);
+		hami_driver_room_end(&d);
+	}
+	if (watch)
+		hami_sm_after_launch(rc);
 	return rc;
 }
 
@@ -91,11 +118,18 @@ static CUresult cooperative(cooperative_fn fn, int per_thread, CUfunction f, uns
 {
 	if (!fn)
 		return CUDA_ERROR_NOT_FOUND;
-	if (!watching())
-		return fn(f, gx, gy, gz, bx, by, bz, shm, stream, params);
-	hami_sm_before_launch(stream, per_thread);
+	int watch = watching();
+	if (watch)
+		hami_sm_before_launch(stream, per_thread);
 	CUresult rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params);
-	hami_sm_after_launch(rc);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* did not start: made again once there is room */
+		struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
+		while (launch_again(rc, &d))
+			rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params);
+		hami_driver_room_end(&d);
+	}
+	if (watch)
+		hami_sm_after_launch(rc);
 	return rc;
 }
 
@@ -127,14 +161,16 @@ static CUresult graph(graph_fn fn, int per_thread, CUgraphExec exec, CUstream st
 		return CUDA_ERROR_NOT_FOUND;
 	if (hami_graph_hold(exec, &h) != CUDA_SUCCESS)
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	if (!watching()) {
-		CUresult rc = fn(exec, stream);
-		hami_graph_release(&h, rc);
-		return rc;
-	}
-	hami_sm_before_launch(stream, per_thread);
+	int watch = watching();
+	if (watch)
+		hami_sm_before_launch(stream, per_thread);
+	struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
 	CUresult rc = fn(exec, stream);
-	hami_sm_after_launch(rc);
+	while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_driver_room_wait(&d, -1, 0, "a CUDA graph's launch"))
+		rc = fn(exec, stream);
+	hami_driver_room_end(&d);
+	if (watch)
+		hami_sm_after_launch(rc);
 	hami_graph_release(&h, rc);
 	return rc;
 }

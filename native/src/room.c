@@ -9,9 +9,16 @@
  *
  * While a thread waits, the process's slot says so (room_wait_*: the oldest
  * wait of the process), for the views and for a restarted broker's queue.
+ *
+ * A signal the program handles ends the wait (Jupyter's "Interrupt kernel" is
+ * SIGINT, which Python handles): the sleep or poll returns EINTR, the wait
+ * gives up with out of memory, and so does any wait the same process begins
+ * within INTERRUPT_HOLD_NS of it (a framework retries a refused allocation at
+ * once, after freeing its caches), so the cell ends and Python raises.
  * Nothing here calls CUDA or NVML, and no library mutex is held while waiting
  * (hami_room_lock only guards the table of waits, for microseconds).
  */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -24,6 +31,7 @@
 #define RECONNECT_NS 250000000ull        /* after a broker that answered before went away */
 #define MAX_WAITS 64                     /* threads waiting at once that the slot can show */
 #define NO_BROKER_REPORT_NS 1000000000ull /* "no memory broker answered": once a second at most */
+#define INTERRUPT_HOLD_NS 1000000000ull  /* after an interrupt, new waits give up at once this long */
 
 pthread_mutex_t hami_room_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -54,6 +62,19 @@ static void show_oldest(void)
 	__atomic_store_n(&s->room_wait_device, (uint32_t)waits[oldest].sdev, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->room_wait_bytes, waits[oldest].bytes, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->room_wait_since_unix_ns, waits[oldest].since_ns, __ATOMIC_RELEASE);
+}
+
+/* The wait's size changed (a wait for the driver's own memory asks more each time). */
+static void table_resize(int entry, uint64_t bytes)
+{
+	if (entry < 0 || entry >= MAX_WAITS)
+		return;
+	pthread_mutex_lock(&hami_room_lock);
+	if (waits[entry].used && waits[entry].bytes != bytes) {
+		waits[entry].bytes = bytes;
+		show_oldest();
+	}
+	pthread_mutex_unlock(&hami_room_lock);
 }
 
 static int table_add(int sdev, uint64_t bytes, uint64_t since_ns)
@@ -99,15 +120,31 @@ static void gpu_name(int sdev, const char *uuid, char *out, size_t cap)
 	snprintf(out, cap, "GPU %s", uuid);
 }
 
-static void pause_ns(uint64_t ns, uint64_t deadline)
+/* When the latest wait of this process was interrupted (monotonic ns; 0: never). */
+static uint64_t last_interrupt_ns;
+
+static void note_interrupt(void)
+{
+	__atomic_store_n(&last_interrupt_ns, hami_monotonic_ns(), __ATOMIC_RELAXED);
+}
+
+/* Whether a wait beginning now follows an interrupt closely enough to give up at once. */
+static int just_interrupted(void)
+{
+	uint64_t t = __atomic_load_n(&last_interrupt_ns, __ATOMIC_RELAXED);
+	return t && hami_monotonic_ns() - t < INTERRUPT_HOLD_NS;
+}
+
+/* Sleep ns, not past deadline. -1: a signal the program handles came (EINTR). */
+static int pause_ns(uint64_t ns, uint64_t deadline)
 {
 	uint64_t now = hami_monotonic_ns();
 	if (now >= deadline)
-		return;
+		return 0;
 	if (ns > deadline - now)
 		ns = deadline - now;
 	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull) };
-	nanosleep(&ts, NULL);
+	return nanosleep(&ts, NULL) < 0 && errno == EINTR ? -1 : 0;
 }
 
 static uint64_t last_no_broker_report;
@@ -128,7 +165,10 @@ static int give_up(struct hami_room *w, const char *gpu, uint64_t bytes, const c
 		const char *for_what = what ? what : "this process's parked memory";
 		hami_human(bytes, size);
 		w->told_end = 1;
-		if (!w->connected) {
+		if (w->interrupted) {
+			hami_log(HAMI_LOG_WARN, "the wait for room on %s for %s (%s) was interrupted: out of "
+				 "memory; nothing of it stays reserved", gpu, size, for_what);
+		} else if (!w->connected) {
 			if (no_broker_report_due())
 				hami_log(HAMI_LOG_ERROR, "%s has no room for %s (%s) and no memory broker answered "
 					 "(is hami-jupyter broker running?): out of memory", gpu, size, for_what);
@@ -147,6 +187,14 @@ static int give_up(struct hami_room *w, const char *gpu, uint64_t bytes, const c
 	}
 	w->deadline = 0;
 	return 0;
+}
+
+/* A signal ended the wait: out of memory, said once, and new waits give up for a moment. */
+static int interrupted(struct hami_room *w, const char *gpu, uint64_t bytes, const char *what)
+{
+	note_interrupt();
+	w->interrupted = 1;
+	return give_up(w, gpu, bytes, what);
 }
 
 /*
@@ -168,6 +216,13 @@ int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *wh
 	if (!w->since_ns) {
 		w->since_ns = hami_now_ns();
 		w->entry = table_add(sdev, bytes, w->since_ns);
+		if (just_interrupted()) { /* the same interrupt: out of memory at once, said already */
+			w->interrupted = 1;
+			w->told_end = 1;
+			return 0;
+		}
+	} else {
+		table_resize(w->entry, bytes);
 	}
 	if (!w->deadline)
 		w->deadline = hami_monotonic_ns() + (uint64_t)c->room_wait_s * 1000000000ull;
@@ -182,7 +237,8 @@ int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *wh
 		if (fd < 0) {
 			if (!w->connected)
 				return give_up(w, gpu, bytes, what); /* no broker: as without one */
-			pause_ns(RECONNECT_NS, w->deadline); /* it answered before: restarting? */
+			if (pause_ns(RECONNECT_NS, w->deadline) < 0) /* it answered before: restarting? */
+				return interrupted(w, gpu, bytes, what);
 			continue;
 		}
 		w->connected = 1;
@@ -202,11 +258,20 @@ int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *wh
 			return 1;
 		case HAMI_BROKER_NO:
 			memcpy(w->why, why, sizeof(w->why));
-			pause_ns(ASK_AGAIN_NS, w->deadline);
+			if (!w->told_no) {
+				w->told_no = 1;
+				hami_log(HAMI_LOG_WARN, "%s: the memory broker can make no room yet (%s); asking "
+					 "again every second", gpu, why);
+			}
+			if (pause_ns(ASK_AGAIN_NS, w->deadline) < 0)
+				return interrupted(w, gpu, bytes, what);
 			break;
 		case HAMI_BROKER_LOST:
-			pause_ns(RECONNECT_NS, w->deadline); /* asked again with the same since */
+			if (pause_ns(RECONNECT_NS, w->deadline) < 0) /* asked again with the same since */
+				return interrupted(w, gpu, bytes, what);
 			break;
+		case HAMI_BROKER_INTERRUPTED:
+			return interrupted(w, gpu, bytes, what);
 		case HAMI_BROKER_STOPPED:
 			return 0;
 		default: /* LATE: the loop's first check gives up */

@@ -325,8 +325,10 @@ def test_a_broker_that_finds_nothing_ends_the_wait_at_the_bound(cudrive, gpu, ro
     assert waited >= 2.0, waited  # it waited out its bound (the broker said no at once)
     assert len(b.requests) >= 2, b.requests  # and asked again meanwhile
     assert len({r.since for r in b.requests}) == 1  # always for the same wait
-    start, end = hami_lines(p)
+    start, again, end = hami_lines(p)  # the re-asks are said once
     assert "waiting up to 2 s" in start, start
+    assert ("can make no room yet (every kernel on GPU 0 ran in the last 60 s); asking again every second"
+            in again), again
     assert "found nothing to park: every kernel on GPU 0 ran in the last 60 s" in end, end
     assert slot(s, p.pid).room_wait_since_unix_ns == 0 and s.used(0) == SIM_CONTEXT
 

@@ -1,0 +1,76 @@
+/*
+ * Room for memory the driver takes by itself (docs/preload.md, "When the GPU
+ * is full"). Loading a module's code (lazily, at a kernel's first launch),
+ * growing a context's local memory for a launch, a new stream or event, a
+ * raised context limit, a graph upload, the process's first context: each
+ * takes device memory that no hook reserved in the slice (the true-up charges
+ * it afterwards). On a full GPU such a call fails with
+ * CUDA_ERROR_OUT_OF_MEMORY although the slice is within its limit.
+ *
+ * Every one of those calls is safe to make again after that refusal: the
+ * driver started nothing (a refused launch does not run, a refused load
+ * leaves no module). So the hook asks the memory broker for room, as a
+ * refused allocation does (room.c), and calls the driver again. How much the
+ * driver wanted is not known: the first ask is a guess, and each time the
+ * broker's room was not enough the ask doubles, never past what the slice's
+ * limit leaves. When the limit leaves nothing, or the broker made all of it
+ * free and the driver still refuses, the error goes to the program.
+ */
+#include "hami.h"
+
+#define FIRST_ASK (256ull << 20) /* the driver's own needs: code, local memory, pools */
+#define REPORT_INTERVAL_NS 1000000000ull
+
+static uint64_t last_report;
+
+static void report_no_room(int sdev, const char *what, uint64_t used, uint64_t limit)
+{
+	if (!hami_report_due(&last_report, REPORT_INTERVAL_NS))
+		return;
+	char a[32], b[32];
+	hami_log(HAMI_LOG_ERROR, "slice \"%s\": no room in the slice for what the driver needs for %s "
+		 "(%s of the %s cap in use): out of memory", hami_slice_name(), what, hami_human(used, a),
+		 hami_human(limit, b));
+}
+
+static void report_still_refused(const char *what, uint64_t made)
+{
+	if (!hami_report_due(&last_report, REPORT_INTERVAL_NS))
+		return;
+	char a[32];
+	hami_log(HAMI_LOG_ERROR, "the driver still refused %s after the memory broker made %s free "
+		 "on the GPU (all the slice's cap leaves): out of memory", what, hami_human(made, a));
+}
+
+int hami_driver_room_wait(struct hami_driver_room *d, int sdev, uint64_t first_ask, const char *what)
+{
+	if (!hami_slice())
+		return 0;
+	if (d->sdev < 0) {
+		d->sdev = sdev >= 0 ? sdev : hami_current_device(NULL);
+		if (d->sdev < 0)
+			return 0;
+	}
+	uint64_t limit = hami_device_limit_bytes(d->sdev);
+	uint64_t used = hami_device_used(d->sdev);
+	uint64_t left = limit > used ? limit - used : 0;
+	uint64_t ask = !d->ask ? (first_ask ? first_ask : FIRST_ASK) : d->ask > left / 2 ? left : d->ask * 2;
+	if (ask > left)
+		ask = left;
+	if (!ask || ask <= d->ask) {
+		if (!d->ask)
+			report_no_room(d->sdev, what, used, limit);
+		else
+			report_still_refused(what, d->ask);
+		return 0;
+	}
+	d->ask = ask;
+	return hami_room_wait(&d->room, d->sdev, ask, what, NULL);
+}
+
+void hami_driver_room_end(struct hami_driver_room *d)
+{
+	hami_room_end(&d->room);
+	d->sdev = -1;
+	d->ask = 0;
+}
