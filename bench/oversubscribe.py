@@ -2,7 +2,7 @@
 
     python3 bench/oversubscribe.py [--sessions 16] [--gib 8] [--bursts 4] [--steps 20]
                                    [--idle 15,45] [--min-idle 5] [--headroom SIZE] [--seed 1]
-                                   [--out FILE] [--csv FILE]
+                                   [--reference FILE] [--logs DIR] [--out FILE] [--csv FILE]
 
 One GPU (cuda:0), PyTorch, run as root from the repository root. It builds
 native/, makes one slice per session under a temporary slice root (limit
@@ -40,6 +40,14 @@ time (NVML, every 0.5 s; --csv writes it); how many such users static
 slicing would fit on this GPU; and what idle culling would have lost instead
 of parking (the steps done by every session at the moment it was parked).
 JSON with every figure goes to --out.
+
+--reference FILE keeps the reference losses: read from FILE when it holds
+every session's (a run of fewer sessions, or the same, reuses a larger run's
+reference), else computed and written there. A session that fails, in set-up
+or in a cell, is reported with what its stderr says: the preload library's
+lines ("hami: ...") and the end of its traceback, the CUDA call that failed
+among them (PyTorch's C++ frames are on: TORCH_SHOW_CPP_STACKTRACES=1).
+Each session's whole stderr is kept under --logs.
 """
 
 import argparse
@@ -135,6 +143,9 @@ def parse_args():
     p.add_argument("--headroom", default=None, metavar="SIZE",
                    help="the broker's --headroom (default: one working set, GIB; 0: none)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--reference", default=None, metavar="FILE",
+                   help="reference losses: read when FILE holds every session's, else computed and written")
+    p.add_argument("--logs", default=None, metavar="DIR", help="each session's stderr (default: the slice root)")
     p.add_argument("--out", default=str(REPO / "native" / "build" / "bench" / "oversubscribe.json"))
     p.add_argument("--csv", default=None, help="the GPU's memory over time")
     return p.parse_args()
@@ -170,25 +181,58 @@ def plain_env():
 
 
 def reference_losses(args, steps):
-    """Each session's losses, trained alone without the library, one after another."""
+    """Each session's losses, trained alone without the library, one after another
+    (or read from --reference when it holds them for these seeds, size and steps)."""
     seeds = [args.seed * 1000 + i for i in range(args.sessions)]
+    kept = {}
+    if args.reference and Path(args.reference).exists():
+        saved = json.loads(Path(args.reference).read_text())
+        if saved.get("gib") == args.gib and saved.get("steps", 0) >= steps:
+            kept = {int(k): v[:steps] for k, v in saved["losses"].items()}
+    if all(seed in kept for seed in seeds):
+        print(f"reference: read from {args.reference}", flush=True)
+        return {i: kept[seed] for i, seed in enumerate(seeds)}
     done = subprocess.run([sys.executable, "-c", WORKER, ",".join(map(str, seeds)), str(args.gib), "reference",
                            str(steps)], env=plain_env(), capture_output=True, text=True, timeout=1200)
     if done.returncode:
         raise SystemExit(f"the reference run failed:\n{done.stderr[-2000:]}")
     by_seed = {r["seed"]: r["losses"] for r in map(json.loads, done.stdout.strip().splitlines())}
+    if args.reference:
+        Path(args.reference).write_text(json.dumps({"gib": args.gib, "steps": steps, "losses": by_seed}))
     return {i: by_seed[seed] for i, seed in enumerate(seeds)}
 
 
+def waits_by_call(sessions):
+    """How many waits for room the sessions' library lines began, by the call that waited."""
+    counts = {}
+    for s in sessions:
+        for line in s.stderr().splitlines():
+            if line.startswith("hami:") and "now (" in line and "waiting up to" in line:
+                call = line.split("now (", 1)[1].split("): waiting", 1)[0]
+                counts[call] = counts.get(call, 0) + 1
+    return counts
+
+
+def what_failed(stderr_text, tail_lines=12):
+    """What a failed session's stderr says: the library's lines and the end of its traceback."""
+    lines = stderr_text.splitlines()
+    library = [line for line in lines if line.startswith("hami:")]
+    tail = [line for line in lines if not line.startswith("hami:")][-tail_lines:]
+    return {"library_lines": library[-20:], "traceback_tail": tail}
+
+
 class Session:
-    def __init__(self, i, args, path, sock):
+    def __init__(self, i, args, path, sock, logs):
         env = plain_env()
         env.update(LD_PRELOAD=str(REPO / "native" / "build" / "libvgpu.so"), HAMI_SLICE=str(path),
-                   HAMI_ROOM_WAIT="300", HAMI_BROKER_SOCKET=str(sock))
+                   HAMI_ROOM_WAIT="300", HAMI_BROKER_SOCKET=str(sock), TORCH_SHOW_CPP_STACKTRACES="1")
         self.i = i
+        # A file, not a pipe: a session that says much must never block on a full pipe.
+        self.stderr_path = Path(logs) / f"session-{i:02d}.stderr"
+        self._stderr = open(self.stderr_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-c", WORKER, str(args.seed * 1000 + i), str(args.gib),
                                       "run"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+                                     stderr=self._stderr, text=True, bufsize=1)
         self.cells = []
         self.ready = None
         self.lock = threading.Lock()
@@ -208,6 +252,10 @@ class Session:
                 elif rec.get("cell"):
                     self.cells.append(rec)
                     self.busy = False
+
+    def stderr(self):
+        self._stderr.flush()
+        return self.stderr_path.read_text(errors="replace")
 
     def send(self, steps):
         with self.lock:
@@ -282,17 +330,27 @@ def main():
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     t_start = time.time()
+    logs = Path(args.logs) if args.logs else root
+    logs.mkdir(parents=True, exist_ok=True)
     sessions = []
     for i, path in enumerate(paths):
-        sessions.append(Session(i, args, path, sock))
+        sessions.append(Session(i, args, path, sock, logs))
         time.sleep(0.5)
     deadline = time.time() + 900
     while not all(s.ready for s in sessions):
         if time.time() > deadline or any(s.proc.poll() is not None for s in sessions):
             stop.set()
             bad = [s.i for s in sessions if s.proc.poll() is not None]
-            raise SystemExit(f"sessions {bad} ended during set-up: "
-                             + "; ".join(sessions[b].proc.stderr.read()[-800:] for b in bad[:2]))
+            report = {f"session {b}": what_failed(sessions[b].stderr()) for b in bad}
+            if not bad:
+                report = {"not ready": [s.i for s in sessions if not s.ready]}
+            print(json.dumps(report, indent=1))
+            print((root / "broker.log").read_text()[-3000:])
+            for s in sessions:
+                s.proc.kill()
+            broker.terminate()
+            raise SystemExit(f"sessions {bad} ended during set-up (or set-up took over 900 s); each one's "
+                             f"stderr is in {logs}")
         time.sleep(0.2)
     t_ready = time.time()
     print(f"{args.sessions} sessions of {args.gib:g} GiB ready in {t_ready - t_start:.0f} s", flush=True)
@@ -380,6 +438,9 @@ def main():
         "static_slicing_fits": static_fit,
         "idle_culling_would_have_lost_steps": culled_steps,
         "errors": [c.get("error") for s in sessions for c in s.cells if c.get("error")][:5],
+        "failed_sessions": {s.i: what_failed(s.stderr()) for s in sessions
+                            if any(c.get("failed") for c in s.cells)},
+        "library_waits": waits_by_call(sessions),
     }
     for s in sessions:
         try:

@@ -140,3 +140,76 @@ def test_an_allocation_waits_while_the_broker_parks_an_idle_kernel(preload_lib, 
             p.wait(30)
         log.close()
         print((tmp_path / "broker.log").read_text()[-4000:])
+
+
+FILLER = """
+import sys, torch
+held = []
+for step in (1 << 30, 64 << 20, 2 << 20):
+    while True:
+        try:
+            held.append(torch.empty(step, dtype=torch.uint8, device="cuda"))
+        except torch.OutOfMemoryError:
+            break
+print("full", flush=True)
+sys.stdin.read()
+"""
+
+STARTER = """
+import time, torch
+began = time.monotonic()
+x = torch.randn(1024, 1024, device="cuda")
+y = torch.nn.functional.gelu(x @ x).softmax(dim=1).sum().item()
+print(f"ran in {time.monotonic() - began:.2f} s", flush=True)
+"""
+
+
+def test_a_session_starting_on_a_full_gpu_waits_in_set_up_and_runs(preload_lib, tmp_path):
+    """The failure of issue 32 on its own: a new PyTorch process on a GPU
+    another tenant (no library) and alice's idle kernel fill. Its first
+    context, its kernels' code and PyTorch's workspaces all meet a full GPU;
+    each waits while the broker parks alice's kernel, and the process runs."""
+    from hami_jupyter.slice.create import create_slice
+    from hami_jupyter.slice.limits import Limits
+
+    root = tmp_path / "slices"
+    root.mkdir(mode=0o700)
+    total = gpu_total()
+    for name in ("alice", "carol"):
+        create_slice(root / f"{name}.slice", name, Limits(memory_limit=8 * GiB, memory_guarantee=GiB))
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "LIBCUDA_", "PYTORCH_CUDA_ALLOC"))}
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH")) if p)
+
+    def env(name):
+        return dict(base, LD_PRELOAD=str(preload_lib), HAMI_SLICE=str(root / f"{name}.slice"),
+                    HAMI_KERNEL_ID=f"k-{name}", HAMI_BROKER_SOCKET=str(root / "broker.sock"), HAMI_ROOM_WAIT="120",
+                    PYTHONUNBUFFERED="1")
+
+    alice = python(HOLDER.format(gib=4), env("alice"))
+    filler = python(FILLER, base)
+    log = open(tmp_path / "broker.log", "w")
+    broker = carol = None
+    try:
+        assert alice.stdout.readline().strip() == "held"
+        assert filler.stdout.readline().strip() == "full"
+        _, free = nvml_bytes(alice.pid)
+        print(f"the GPU ({total / GiB:.1f} GiB) has {free / 2**20:.0f} MiB free")
+        broker = subprocess.Popen([sys.executable, "-c", BROKER, str(root)], env=base, stdout=log, stderr=log)
+        time.sleep(3)  # alice idle for longer than --min-idle-seconds 2; the broker up
+        carol = python(STARTER, env("carol"), stderr=subprocess.PIPE)
+        said, stderr = carol.communicate(timeout=180)
+        print("carol:", said.strip())
+        waits = [line for line in stderr.splitlines() if line.startswith("hami:")]
+        print("carol's library lines:", *waits, sep="\n  ")
+        assert said.startswith("ran in"), stderr[-3000:]
+        assert any("waiting up to 120 s" in line for line in waits)  # it met the full GPU and waited
+        after, _ = nvml_bytes(alice.pid)
+        assert after == 0  # alice was parked for her
+    finally:
+        for p in (alice, filler, carol, broker):
+            if p is not None:
+                p.kill()
+                p.wait(30)
+        log.close()
+        print((tmp_path / "broker.log").read_text()[-3000:])
