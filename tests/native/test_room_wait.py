@@ -9,11 +9,14 @@ victim with hami-park or by telling a cudrive hog to free. The simulated GPU
 has 4 GiB, so a hog fills it with a few allocations.
 """
 
+import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -409,3 +412,79 @@ def test_a_parked_process_whose_resume_finds_no_room_asks_the_broker(cudrive, gp
     me = slot(s, p.pid)
     assert me.park_state == HAMI_PARK_RUNNING and me.room_wait_since_unix_ns == 0
     assert s.used(0) == parked and gpu.process_used(p.pid, 0) == parked
+
+
+# ---- the driver's own memory and the interrupt -------------------------------------------
+
+
+def test_a_launch_the_driver_refused_for_its_own_memory_waits_and_runs(cudrive, gpu, room_env, brokers):
+    """A kernel's first launch needs its code on the device (lazy loading) and,
+    here, 256 MiB of local memory: on a full GPU the driver refuses it and it
+    does not start. It waits for the broker, which makes room, and runs."""
+    h = hog(cudrive, gpu, "3g")
+
+    def serve(req, conn):
+        h.ok("free big")
+        yield "OK 3221225472"
+
+    s = room_env()
+    p = waiter(cudrive, s)
+    p.ok("module hami_sim_local_256m")
+    p.cmd("fill 64m")  # the rest of the GPU (no broker yet: refused at once)
+    b = brokers(serve)
+    rec = p.cmd("launch 1000", timeout=WAIT_S)
+    assert rec["rc"] == CUDA_SUCCESS, f"{rec}\n{p.stderr()[-2000:]}"
+    [req] = b.requests
+    assert req.bytes == 256 * MiB and req.pid == p.pid  # the library's first ask for the driver's own needs
+    assert slot(s, p.pid).room_wait_since_unix_ns == 0
+    _, start = [line for line in hami_lines(p) if "broker" in line]  # the fill's, then the launch's
+    assert "(a kernel launch" in start and "waiting up to" in start, start
+
+
+INTERRUPTED = """
+import ctypes, json, signal, sys, time
+signals = []
+signal.signal(signal.SIGINT, lambda *a: signals.append(1))  # handled, as IPython's kernel does
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, ptr = ctypes.c_void_p(), ctypes.c_uint64()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+print("ready", flush=True)
+for attempt in range(2):  # the second: a framework's retry right after the refusal
+    rc = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(1 << 30))
+    print(json.dumps({"rc": rc, "at": time.monotonic(), "signals": len(signals)}), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_handled_signal_ends_the_wait_at_once_and_leaves_nothing_behind(cudrive, gpu, room_env, brokers,
+                                                                           tmp_path):
+    """Jupyter's "Interrupt kernel" is SIGINT, which Python handles: a cell
+    waiting for room ends within a second with out of memory, its framework's
+    retry too, and the wait leaves nothing reserved and nothing in the slot."""
+    b = brokers(lambda req, conn: iter(["NO every kernel on GPU 0 ran in the last 60 s"]))
+    s = room_env(HAMI_ROOM_WAIT="120")
+    hog(cudrive, gpu, "3g")
+    err = open(tmp_path / "interrupted.stderr", "w+")
+    p = None
+    try:
+        p = subprocess.Popen([sys.executable, "-c", INTERRUPTED], env=s.env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=err, text=True)
+        assert p.stdout.readline().strip() == "ready"
+        wait_for(lambda: len(b.requests) >= 2, WAIT_S, what="a NO, and the question asked again")
+        sent = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        first, retry = json.loads(p.stdout.readline()), json.loads(p.stdout.readline())
+        assert first["rc"] == CUDA_ERROR_OUT_OF_MEMORY and first["signals"] == 1
+        assert first["at"] - sent < 1.0 and retry["rc"] == CUDA_ERROR_OUT_OF_MEMORY and retry["at"] - sent < 1.0
+        assert s.used(0) == SIM_CONTEXT  # no reservation left
+        assert slot(s, p.pid).room_wait_since_unix_ns == 0  # no wait in the slot
+        err.seek(0)
+        said = [line for line in err.read().splitlines() if line.startswith("hami:")]
+        assert sum("asking again every second" in line for line in said) == 1, said
+        assert sum("was interrupted: out of memory" in line for line in said) == 1, said
+    finally:
+        if p is not None:
+            p.kill()
+            p.wait(10)
+        err.close()
