@@ -74,6 +74,21 @@ def nvml_bytes(pid):
         pynvml.nvmlShutdown()
 
 
+def environments(preload_lib, root):
+    """The environment of a process outside any slice (the broker's), and
+    ``env(name)``: that of a kernel of slice *name* under *root*."""
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "LIBCUDA_", "PYTORCH_CUDA_ALLOC"))}
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH")) if p)
+
+    def env(name):
+        return dict(base, LD_PRELOAD=str(preload_lib), HAMI_SLICE=str(root / f"{name}.slice"),
+                    HAMI_KERNEL_ID=f"k-{name}", HAMI_BROKER_SOCKET=str(root / "broker.sock"), HAMI_ROOM_WAIT="120",
+                    PYTHONUNBUFFERED="1")
+
+    return base, env
+
+
 def python(code, env, **kw):
     return subprocess.Popen([sys.executable, "-c", code, *kw.pop("args", [])], env=env, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, **kw)
@@ -92,14 +107,7 @@ def test_an_allocation_waits_while_the_broker_parks_an_idle_kernel(preload_lib, 
     root.mkdir(mode=0o700)
     for name, limit in (("alice", holds + 4), ("carol", asks + 4)):
         create_slice(root / f"{name}.slice", name, Limits(memory_limit=limit * GiB, memory_guarantee=GiB))
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "LIBCUDA_", "PYTORCH_CUDA_ALLOC"))}
-    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH")) if p)
-
-    def env(name):
-        return dict(base, LD_PRELOAD=str(preload_lib), HAMI_SLICE=str(root / f"{name}.slice"),
-                    HAMI_KERNEL_ID=f"k-{name}", HAMI_BROKER_SOCKET=str(root / "broker.sock"), HAMI_ROOM_WAIT="120",
-                    PYTHONUNBUFFERED="1")
+    base, env = environments(preload_lib, root)
 
     log = open(tmp_path / "broker.log", "w")
     broker = subprocess.Popen([sys.executable, "-c", BROKER, str(root)], env=base, stdout=log, stderr=log)
@@ -177,14 +185,7 @@ def test_a_session_starting_on_a_full_gpu_waits_in_set_up_and_runs(preload_lib, 
     total = gpu_total()
     for name in ("alice", "carol"):
         create_slice(root / f"{name}.slice", name, Limits(memory_limit=8 * GiB, memory_guarantee=GiB))
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "LIBCUDA_", "PYTORCH_CUDA_ALLOC"))}
-    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), base.get("PYTHONPATH")) if p)
-
-    def env(name):
-        return dict(base, LD_PRELOAD=str(preload_lib), HAMI_SLICE=str(root / f"{name}.slice"),
-                    HAMI_KERNEL_ID=f"k-{name}", HAMI_BROKER_SOCKET=str(root / "broker.sock"), HAMI_ROOM_WAIT="120",
-                    PYTHONUNBUFFERED="1")
+    base, env = environments(preload_lib, root)
 
     alice = python(HOLDER.format(gib=4), env("alice"))
     filler = python(FILLER, base)
