@@ -333,7 +333,7 @@ def test_three_users_lend_one_gpu_through_the_memory_broker(admitting_hub, tmp_p
         over = hub.execute("cleo", kernels["cleo"], OVER_CAP)
         assert over.stdout.split() == ["CUDA_ERROR_OUT_OF_MEMORY"], _told(over)
         [refusal] = _hami_lines(over)
-        assert "out of memory: cuMemAlloc of 1.0 MiB refused; 8.0 GiB of the slice's 8.0 GiB limit" in refusal
+        assert "out of memory on GPU 0: cuMemAlloc asked for 1.0 MiB; slice \"cleo\" has 8.0 GiB of its 8.0 GiB cap" in refusal
         assert len(audit.read_records(audit.default_path(root))) == asked
 
         # ada's next cell brings her kernel back: it says why it was parked, waits
