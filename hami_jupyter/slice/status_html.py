@@ -62,11 +62,12 @@ def short_uuid(uuid):
     shown = uuid if len(uuid) <= head + ID_CHARS + 1 else uuid[:head + ID_CHARS] + "\u2026"
     return f'<span title="{escape(uuid)}" style="{NOWRAP}">{escape(shown)}</span>'
 
-def _level_words(level, status):
+def _level_words(level, status, gpu):
+    words = _figures(level_words(level, status, gpu))
     if level == "warning":
-        return f"Warning: {level_words(level, status)}."
-    return (f"Critical: {level_words(level, status)} (<code>%hami release</code> returns "
-            "framework caches).")
+        return f"Warning: {words}."
+    return (f"Critical: {words} (free tensors you no longer need; <code>%hami release</code> "
+            "returns framework caches).")
 
 
 def _td(content, style=""):
@@ -134,7 +135,7 @@ def _gpu_table(gpu, status):
     if level != "ok":
         rows.append(
             f'<tr><td colspan="2" class="hami-{level}" style="{_CELL}; font-weight: 600; '
-            f'color: {LEVEL_COLOUR[level]}">{_level_words(level, status)}</td></tr>'
+            f'color: {LEVEL_COLOUR[level]}">{_level_words(level, status, gpu)}</td></tr>'
         )
     held = over_cap_text(gpu)
     if held:
