@@ -55,12 +55,28 @@ def short_id(kernel_id):
             f"{escape(kernel_id[:ID_CHARS])}</code>")
 
 
-def short_uuid(uuid):
-    """A GPU UUID shortened like a kernel id ("GPU-" and 8 characters, then an
-    ellipsis), the whole UUID as the tooltip."""
+def uuid_text(uuid, among=()):
+    """A GPU UUID shortened like a kernel id: "GPU-" and 8 characters, then an
+    ellipsis; where that would not tell it from another UUID of *among* (two
+    simulated GPUs, "GPU-5a1f0000-...-000000000000" and "...-000000000001"), its
+    last characters too, as few as tell them apart (at least 4):
+    "GPU-5a1f0000\u20260001"."""
     head = 4 if uuid[:4] in ("GPU-", "MIG-") else 0
-    shown = uuid if len(uuid) <= head + ID_CHARS + 1 else uuid[:head + ID_CHARS] + "\u2026"
-    return f'<span title="{escape(uuid)}" style="{NOWRAP}">{escape(shown)}</span>'
+    if len(uuid) <= head + ID_CHARS + 1:
+        return uuid
+    start = uuid[:head + ID_CHARS]
+    twins = {u for u in among if u != uuid and u[:head + ID_CHARS] == start}
+    if not twins:
+        return start + "\u2026"
+    for tail in range(4, len(uuid) - head - ID_CHARS):
+        if all(u[-tail:] != uuid[-tail:] for u in twins):
+            return f"{start}\u2026{uuid[-tail:]}"
+    return uuid
+
+
+def short_uuid(uuid, among=()):
+    """:func:`uuid_text` in a span that never breaks, the whole UUID as the tooltip."""
+    return f'<span title="{escape(uuid)}" style="{NOWRAP}">{escape(uuid_text(uuid, among))}</span>'
 
 def _level_words(level, status, gpu):
     words = _figures(level_words(level, status, gpu))
@@ -117,7 +133,8 @@ def _sm_cell(gpu):
 
 def _gpu_table(gpu, status):
     sms = ", " + nowrap(f"{gpu['sm_count']} SMs") if gpu["sm_count"] else ""
-    title = nowrap(f"GPU {gpu['index']}") + " " + _muted(short_uuid(gpu["uuid"]) + sms)
+    among = [g["uuid"] for g in status["gpus"]]
+    title = nowrap(f"GPU {gpu['index']}") + " " + _muted(short_uuid(gpu["uuid"], among) + sms)
     rows = [
         f'<tr><th colspan="2" style="{_CELL}">{title}</th></tr>',
         f"<tr>{_td('memory')}{_td(_memory_cell(gpu))}</tr>",

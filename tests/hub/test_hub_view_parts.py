@@ -364,8 +364,8 @@ def test_the_hub_views_slice_form_is_the_local_panels_form():
     assert isinstance(form, HubSliceForm) and isinstance(form, slice_form.LimitsForm)
     assert issubclass(panel.SliceForm, slice_form.LimitsForm)
     assert form.device.value == slice_form.DEFAULT and form.device_ref() is None
-    assert [label for label, _ in form.device.options] == ["default", "GPU 0 (as default)"]
-    assert (form.memory.value, form.sm.value, form.mode.value) == ("1g", "25", "hard")
+    assert [label for label, _ in form.device.options] == ["all GPUs", "GPU 0 (as all GPUs)"]
+    assert (form.memory.value, form.sm.value, form.mode.value) == ("1.0 GiB", "25", "hard")
 
     form.memory.value = "4x"
     assert "cannot apply" in form.message.value and "is not a size" in form.message.value
@@ -473,7 +473,7 @@ def test_the_hub_view_shows_guarantees_parked_kernels_and_waiters():
     form = view.slice_forms[("n1", "alice")]
     assert form.guarantee.value == "default"  # the default entry: none of its own sent
     form.device.value = GPU
-    assert (form.memory.value, form.guarantee.value) == ("8g", "2g")
+    assert (form.memory.value, form.guarantee.value) == ("8.0 GiB", "2.0 GiB")
     form.guarantee.value = "3g"
     assert form.apply() is not None
     assert view.client.acts[-1] == {"action": "resize", "node": "n1", "slice": "alice",
