@@ -718,6 +718,24 @@ def test_cli_reset_and_audit_verify_say_where_they_looked(hami_env, capsys, no_n
                    "or --root and HAMI_SLICE_ROOT for the folder\n")
 
 
+def test_on_a_single_machine_set_and_reset_say_the_same(hami_env, capsys, no_nvml):
+    """Issue 35, item 8: a slice no hub runs. `slice set` applied, then `slice
+    reset` failed "no limits set by an administrator". Now both say what they do
+    there: set holds while the kernels run, reset has no policy to go back to."""
+    path = make_slice(hami_env.root, "root", memory_limit="2g")
+    code, out, err = run(capsys, "set", "root", "--memory", "3g")
+    assert code == 0 and out.startswith("applied: slice 'root'"), out + err
+    assert "note: slice 'root' is not a hub's, so `slice reset` has no policy to go back to. " \
+           "Its limits are what `slice set` last applied while its kernels run; when none runs, " \
+           "the next kernel start gives it the limits its kernels are configured with" in out, out
+    code, out, err = run(capsys, "reset", "root")
+    assert code == 1 and out == "", out
+    assert "slice 'root' is not a hub's (no limits file beside it): there is no policy to go back " \
+           "to. Its limits are what `slice set` last applied" in err, err
+    assert "nothing to reset" not in err and "administrator" not in err, err
+    assert read_snapshot(path).fallback_limit.memory_limit == 3 * GiB  # reset changed nothing
+
+
 def test_cli_list_without_slices(hami_env, capsys, no_nvml):
     code, out, _ = run(capsys, "list")
     assert code == 0 and f"no slices under {hami_env.root}" in out
