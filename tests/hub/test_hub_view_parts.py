@@ -276,6 +276,39 @@ def test_registering_the_service_grants_what_it_needs_and_no_more():
         ("http://127.0.0.1:8123", ["gpu-admins"], False, ["small"])
 
 
+def test_what_registering_adds_outlives_a_later_plain_assignment(tmp_path):
+    """Issue 35, item 14: a jupyterhub_config.py that sets its own roles, services,
+    server scopes or server environment below register_hub_service (a plain
+    assignment, as an administrator adding a Prometheus role writes it) keeps the
+    service's role, entry, scope and URL; the administrator's own entries stay
+    and come first. Loaded the way JupyterHub loads its config file."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text(
+        "from hami_jupyter.hub import SlicePolicy, register_hub_service\n"
+        "c = get_config()  # noqa: F821\n"
+        "c.SlicePolicy.sizes = {'small': {'memory': '1g'}}\n"
+        "register_hub_service(c, SlicePolicy(config=c), admin_groups=['gpu-admins'])\n"
+        "c.JupyterHub.load_roles = [{'name': 'prometheus', 'scopes': ['read:metrics'],\n"
+        "                            'services': ['prometheus']}]\n"
+        "c.JupyterHub.services = [{'name': 'prometheus', 'api_token': 'x'}]\n"
+        "c.Spawner.server_token_scopes = ['access:servers!server']\n"
+        "c.Spawner.environment = {'PATH': '/usr/bin'}\n")
+    c = PyFileConfigLoader(str(config)).load_config()
+    roles = [r["name"] for r in c.JupyterHub.load_roles]
+    assert roles == ["prometheus", "hami-hub", "hami-hub-admins"], roles
+    assert [s["name"] for s in c.JupyterHub.services] == ["prometheus", "hami-hub"]
+    assert c.Spawner.server_token_scopes == ["access:servers!server",
+                                             "access:services!service=hami-hub"]
+    assert c.Spawner.environment == {"PATH": "/usr/bin",
+                                     "HAMI_HUB_SERVICE_URL": "http://127.0.0.1:8000/services/hami-hub/"}
+    # An administrator's role of the same name is theirs: not doubled, not replaced.
+    c.JupyterHub.load_roles = [{"name": "hami-hub", "scopes": ["list:users"], "services": ["hami-hub"]}]
+    assert [(r["name"], r["scopes"]) for r in c.JupyterHub.load_roles][0] == ("hami-hub", ["list:users"])
+    assert [r["name"] for r in c.JupyterHub.load_roles] == ["hami-hub", "hami-hub-admins"]
+
+
 def test_the_service_admits_hub_admins_and_the_admin_groups():
     app = HamiHubService()
     app.initialize(["--HamiHubService.admin_groups=gpu-admins"])
