@@ -93,6 +93,12 @@ GPU_HEADS = (("GPU", ""), ("name", ""), ("memory used", ""), ("utilization", "")
                                  "the GPU holds needs overcommit"))
 
 
+def _scrolls(table):
+    """*table* in a box that scrolls sideways where a narrow notebook (300 px,
+    beside the file browser and the slice panel) cannot hold it: never cut."""
+    return f'<div class="hami-scroll" style="overflow-x: auto; max-width: 100%">{table}</div>'
+
+
 def _heads(heads):
     return "".join(f'<th style="{_CELL}"' + (f' title="{escape(tip)}"' if tip else "")
                    + f">{h}</th>" for h, tip in heads)
@@ -128,7 +134,7 @@ def _memory_table(views, note):
                      used,
                      nowrap(format_size(g["memory_limit"])) if g["memory_limit"] else "none", real_cell]
             rows.append("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in cells) + "</tr>")
-    table = (f'<table class="hami-slice-memory">{"".join(rows)}</table>' if len(rows) > 1
+    table = (_scrolls(f'<table class="hami-slice-memory">{"".join(rows)}</table>') if len(rows) > 1
              else "")
     if note:
         table += (f'<div class="hami-guard-note" style="color: {LEVEL_COLOUR["warning"]}">'
@@ -168,18 +174,20 @@ def _gpu_table(gpus, message, promised):
         util = g.utilization if g else None
         over = p["memory_total"] and p["promised"] > p["memory_total"]
         style = f"; color: {LEVEL_COLOUR['critical']}" if over else ""
-        shares = " \u00b7 ".join(f"{name}: {format_size(b)}" for name, b in p["holders"].items())
-        promised_cell = f'<span style="{style}">{format_size(p["promised"])}</span>'
+        shares = " \u00b7 ".join(nowrap(f"{escape(name)}: {format_size(b)}")
+                                 for name, b in p["holders"].items())
+        promised_cell = f'<span style="{style}">{nowrap(format_size(p["promised"]))}</span>'
         if p.get("lent"):  # guarantees below caps: the promises are the guarantees
-            promised_cell += f" guaranteed, caps {format_size(p['capped'])}"
+            promised_cell += f" guaranteed, caps {nowrap(format_size(p['capped']))}"
         if shares:
-            promised_cell += f' <span style="{_MUTED}">({escape(shares)})</span>'
+            promised_cell += f' <span style="{_MUTED}">({shares})</span>'
         cells = [f'{g.index} <span style="{_MUTED}">{short_uuid(p["uuid"], uuids)}</span>'
                  if g else short_uuid(p["uuid"], uuids),
                  escape(p["name"] or "(from the slice files)"), nowrap(memory),
                  nowrap(f"{util} %" if util is not None else "?"), promised_cell]
         rows.append("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in cells) + "</tr>")
-    table = f'<table class="hami-gpus">{"".join(rows)}</table>' if promised else "<div>No GPU known.</div>"
+    table = (_scrolls(f'<table class="hami-gpus">{"".join(rows)}</table>') if promised
+             else "<div>No GPU known.</div>")
     note = (f'<div style="{_MUTED}">{escape(message)}; sizes come from the slice files</div>'
             if message else "")
     return table + note
@@ -321,7 +329,7 @@ class SliceForm(LimitsForm):
         rows = []
         for k in kernels:
             state = k.get("park_state", "running")
-            where = (f", {format_size(k.get('memory_parked', 0))} in host memory"
+            where = (f", {nowrap(format_size(k.get('memory_parked', 0)))} in host memory"
                      if state != "running" else "")
             label = widgets.HTML(f"{short_id(k['kernel_id'])} "
                                  f"<span style='{_MUTED}'>{escape(state)}{where}</span>")

@@ -125,11 +125,11 @@ class LimitsForm:
         self._entry_tooltips = {DEFAULT: DEFAULT_TOOLTIP}
         self.device = widgets.Dropdown(description="limits for", options=[(DEFAULT_LABEL, DEFAULT)],
                                        tooltip=DEFAULT_TOOLTIP, style=LABEL_STYLE,
-                                       layout=_input_layout("13em"))
+                                       layout=_input_layout("15em"))
         self.memory = widgets.Text(description="memory cap", placeholder="4 GiB or none",
                                    tooltip="memory cap per GPU: 4 GiB, 4g, 4096m, bytes, or none",
                                    continuous_update=False, style=LABEL_STYLE,
-                                   layout=_input_layout("11em"))
+                                   layout=_input_layout("13em"))
         self.guarantee = widgets.Text(
             description="guaranteed", placeholder="2 GiB or default",
             tooltip="memory the slice keeps whatever others need, at most the cap: 2 GiB, 2g, "
