@@ -15,12 +15,12 @@ guard's bytes; GPUs only), ``parked`` and ``state`` (a kernel's parking
 state; None for GPUs).
 """
 
-import asyncio
 import os
 import time
 from collections import deque
 
 from .kernel_slices import fullest_gpu, read_slice, server_slices
+from .periodic import Periodic
 
 MAX_MINUTES = 60  # the panel's longest history (labextension history.ts)
 
@@ -115,35 +115,18 @@ class SliceHistory:
                 for kind in ("gpus", "kernels")}
 
 
-class HistoryRecorder:
+class HistoryRecorder(Periodic):
     """Reads the slices of *serverapp*'s kernels every *interval* seconds into a
     :class:`SliceHistory`."""
 
-    def __init__(self, serverapp, fractions, interval=2.0, minutes=MAX_MINUTES):
-        self.serverapp, self.fractions, self.interval = serverapp, fractions, interval
-        self.history = SliceHistory(minutes)
-        self._task = None
+    what = "recording the slices' history"
 
-    def sample(self):
-        manager = self.serverapp.kernel_manager
-        by_kernel, paths = server_slices(manager)
+    def __init__(self, serverapp, fractions, interval=2.0, minutes=MAX_MINUTES):
+        super().__init__(serverapp)
+        self.fractions, self.interval = fractions, interval
+        self.history = SliceHistory(minutes)
+
+    def tick(self):
+        by_kernel, paths = server_slices(self.serverapp.kernel_manager)
         for path in paths:
             self.history.record(path, read_slice(path, set(by_kernel), self.fractions))
-
-    async def _run(self):
-        while True:
-            try:
-                self.sample()
-            except Exception as e:  # the server goes on whatever one look meets
-                self.serverapp.log.error("hami-jupyter: recording the slices' history failed: %r", e)
-            await asyncio.sleep(self.interval)
-
-    def start(self):
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-        return self
-
-    def stop(self):
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
