@@ -23,7 +23,7 @@ hub_deps_install() {
         fi
     fi
     if ! command -v npm >/dev/null 2>&1; then
-        echo "dev/hub-deps.sh: npm is missing; the JupyterHub test needs Node.js >= 20 and npm" \
+        echo "dev/hub-deps.sh: npm is missing; the JupyterHub test needs Node.js >= 22.12 and npm" \
              "to install configurable-http-proxy (docs/single-host.md, step 1, says how)" >&2
         return 1
     fi

@@ -96,3 +96,6 @@ c.JupyterHub.services = [{
 # slices of this host live, audit-logged like the admin service's changes.
 # Prometheus finds every server's /metrics at /services/hami-hub/api/targets.
 register_hub_service(c, policy, admin_groups=["hami-admin"])
+# Settings below may assign c.JupyterHub.load_roles or .services, or
+# c.Spawner.environment, plainly (a Prometheus role, say): what the call added
+# stays beside them (docs/hub-view.md).

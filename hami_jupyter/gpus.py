@@ -115,21 +115,42 @@ def under_preload():
         return False
 
 
+def _child(env, why):
+    """``(gpus, message, ran)`` read by ``python -m hami_jupyter.gpus`` in *env*
+    (never under the preload library); *why* names the reading in the message
+    when the child itself failed (*ran* False)."""
+    env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    try:
+        out = subprocess.run([sys.executable, "-m", "hami_jupyter.gpus"], env=env,
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        found, message = json.loads(out)
+        return [HostGpu(**g) for g in found], message, True
+    except (OSError, subprocess.SubprocessError, ValueError, TypeError) as e:
+        return [], f"GPU facts unavailable: reading them {why} failed: {e}", False
+
+
 def _read_in_child():
     global _child_cache
     stamp, cached = _child_cache
     if cached is not None and time.monotonic() - stamp < _CHILD_TTL_S:
         return cached
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    try:
-        out = subprocess.run([sys.executable, "-m", "hami_jupyter.gpus"], env=env,
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-        found, message = json.loads(out)
-        gpus = [HostGpu(**g) for g in found]
-    except (OSError, subprocess.SubprocessError, ValueError, TypeError) as e:
-        return [], f"GPU facts unavailable: reading them outside the slice failed: {e}"
-    _child_cache = (time.monotonic(), (gpus, message))
+    gpus, message, ran = _child(os.environ, "outside the slice")
+    if ran:
+        _child_cache = (time.monotonic(), (gpus, message))
     return gpus, message
+
+
+def read_gpus_as(environment):
+    """``(gpus, message)`` as a process with *environment* over this one's (a
+    single-user server's: the hub passes ``Spawner.environment``) sees them.
+
+    The hub's own process may have no NVML where its servers have one: a host
+    tried out on the simulated GPU, whose driver the servers find by
+    ``LD_LIBRARY_PATH`` and ``HAMI_SIM_STATE``. Admission and a size's
+    ``per_gpu`` limits then count the GPUs the servers will use. Read in a
+    child (about 0.2 s), only when the hub's own NVML knows no GPU."""
+    extra = {k: v for k, v in (environment or {}).items() if isinstance(k, str) and isinstance(v, str)}
+    return _child({**os.environ, **extra}, "with the servers' environment")[:2]
 
 
 def _read_here():

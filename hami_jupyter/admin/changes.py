@@ -79,6 +79,10 @@ from . import marks
 
 DEFAULT_ENTRY = "default (every GPU without limits of its own)"
 READ_ONLY = "read-only: you cannot change limits"
+# What set and reset mean for a slice no hub runs (a single machine): said by both.
+OWN_SLICE_LIMITS = ("Its limits are what `slice set` last applied while its kernels run; when "
+                    "none runs, the next kernel start gives it the limits its kernels are "
+                    "configured with (HAMI_MEMORY_LIMIT, the kernelspec)")
 
 
 class ChangeError(Exception):
@@ -533,6 +537,10 @@ def reset_here(path, *, audit_path=None, who=None, uid=None, via=None):
         raise ChangeError(_explain(path, FileNotFoundError(path)))
     if not slice_change.limits_writable(path):
         raise ReadOnlyError(f"{READ_ONLY} of slice {name!r} (its limits are not writable for you)")
+    if not marks.hub_managed(path):
+        raise ChangeError(f"slice {name!r} is not a hub's (no limits file beside it): there is no "
+                          f"policy to go back to. {OWN_SLICE_LIMITS}; change them now with "
+                          "`hami-jupyter slice set`")
     try:
         with audit.AuditLog(audit_path or audit.default_path(path.parent)) as log:
             mark = marks.admin_mark(path)

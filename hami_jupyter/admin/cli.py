@@ -25,7 +25,7 @@ from ..slice.paths import SliceNameError, default_root, not_yours, others_skippe
 from ..slice.limits import effective_guarantee
 from ..slice.size import format_size
 from ..slice.status import format_text
-from . import actions, changes
+from . import actions, changes, marks
 
 _ROOT_HELP = ("slice root (default: HAMI_SLICE_ROOT, /run/hami-jupyter, "
               "$XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>)")
@@ -153,6 +153,9 @@ def set_command(args):
     print(f"applied: {change.summary()}")
     for line in change.warnings:
         print(f"warning: {line}")
+    if not marks.hub_managed(path):  # what `slice reset` then says too
+        print(f"note: slice {change.slice!r} is not a hub's, so `slice reset` has no policy to "
+              f"go back to. {changes.OWN_SLICE_LIMITS}")
     return 0
 
 

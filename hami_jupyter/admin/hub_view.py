@@ -119,7 +119,7 @@ def gpu_html(node, gpu, history, oversubscription=None):
     name = escape(gpu.get("name") or "GPU")
     index = "" if gpu.get("index") is None else f"{gpu['index']} "
     head = (f'<div class="hami-hub-gpu"><b>{index}{name}</b> <span style="{_MUTED}">'
-            f"{short_uuid(gpu['uuid'])}</span> &nbsp; {format_size(gpu['memory_used'])} of "
+            f"{short_uuid(gpu['uuid'], [g['uuid'] for g in node.get('gpus', [])])}</span> &nbsp; {format_size(gpu['memory_used'])} of "
             f"{format_size(gpu['memory_total']) if gpu['memory_total'] else '?'} used by slices"
             f"{', ' + format_size(gpu['memory_parked']) + ' parked' if gpu['memory_parked'] else ''}"
             f", caps {format_size(gpu['memory_limits'])}"
@@ -127,7 +127,7 @@ def gpu_html(node, gpu, history, oversubscription=None):
             f"{_bound(gpu, oversubscription)}"
             f", guaranteed {format_size(gpu.get('memory_guarantees', gpu['memory_limits']))}"
             f"{_on_gpu(gpu)}"
-            f", real (guard) {_real(gpu['memory_real'], None)}, SM {gpu['sm_util']} % &nbsp; "
+            f", the guard sees {_real(gpu['memory_real'], None)}, SM {gpu['sm_util']} % &nbsp; "
             f"{chart}</div>") + _waiting_html(gpu)
     rows = []
     for s in gpu["slices"]:
@@ -143,7 +143,7 @@ def gpu_html(node, gpu, history, oversubscription=None):
             "<br>".join(_kernel_label(k) for k in s["kernels"]) or f"<span style='{_MUTED}'>-</span>",
         ]))
     table = _table("hami-hub-slices",
-                   ["slice", "users", "used / cap (guarantee)", "parked", "real (guard)", "SM share",
+                   ["slice", "users", "in use / cap (guarantee)", "parked", "the guard sees", "SM share",
                     "SM use",
                     "kernels (memory on this GPU, state, idle)"], rows) if rows else ""
     return head + table

@@ -7,9 +7,10 @@ instead, every node, GPU, user and kernel, with the same controls
 host, with a one-line note why. Everything below is that host view.
 
 ``AdminPanel()`` in a notebook shows the host's GPUs (NVML: name, memory,
-utilization, and how much memory hard slices are promised on each), a table
-of each slice's memory per GPU, what the slice counts beside what the guard
-reads from NVML ("real (guard)"; "-" without a guard, and a note that says
+utilization, and how much memory slices are sure to keep on each: "kept for
+slices"), a table of each slice's memory per GPU, what the slice counts ("in
+use", with its parked memory beside it) beside what the guard reads from NVML
+("the guard sees"; "-" without a guard, and a note that says
 so), then one section per slice, headed by a notice while the guard sees the
 slice over its cap: its usage, kernels and their users (the same view as
 ``%hami status``), and a form. The form edits one *entry* of the slice's
@@ -45,6 +46,7 @@ name) with their input widgets, :attr:`SliceForm.errors`,
 change; the banner names them, and they are never read).
 """
 
+import re
 import threading
 import time
 from html import escape
@@ -71,16 +73,50 @@ _MUTED = f"color: {_MUTED_COLOUR}"
 _CELL = "padding: 1px 12px 1px 0; text-align: left"
 
 
+def _muted(text):
+    return f'<span style="{_MUTED}">{text}</span>'
+
+
 def _lines(items, colour):
     return "".join(f'<div style="color: {colour}">{escape(t)}</div>' for t in items)
 
 
+# Column headings in plain words, the precise meaning as their tooltips.
+MEMORY_HEADS = (("slice", ""), ("GPU", ""),
+                ("in use", "what the slice's processes hold on the GPU, as the slice counts it"),
+                ("cap", "the most the slice may hold on this GPU"),
+                ("the guard sees", "what NVML shows the slice's processes holding, as the guard "
+                                   "reads it every half second; - while no guard runs"))
+GPU_HEADS = (("GPU", ""), ("name", ""), ("memory used", ""), ("utilization", ""),
+             ("kept for slices", "memory the slices are sure to keep on this GPU: their "
+                                 "guarantees, a hard slice's cap where it has none; more than "
+                                 "the GPU holds needs overcommit"))
+
+
+def _scrolls(table):
+    """*table* in a box that scrolls sideways where a narrow notebook (300 px,
+    beside the file browser and the slice panel) cannot hold it: never cut."""
+    return f'<div class="hami-scroll" style="overflow-x: auto; max-width: 100%">{table}</div>'
+
+
+def _heads(heads):
+    return "".join(f'<th style="{_CELL}"' + (f' title="{escape(tip)}"' if tip else "")
+                   + f">{h}</th>" for h, tip in heads)
+
+
+def _note_html(note):
+    """A note whose command names read as code (no literal backticks)."""
+    text = escape(note[0].upper() + note[1:])
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
+
+
 def _memory_table(views, note):
-    """Each readable slice's memory per GPU: used (what it counts), cap, and the
-    guard's real figure ("-" unknown); *note* (:func:`.actions.guard_note`) under it."""
-    head = "".join(f'<th style="{_CELL}">{h}</th>' for h in
-                   ("slice", "GPU", "used (reported)", "cap", "real (guard)"))
+    """Each readable slice's memory per GPU: in use (what it counts; parked
+    memory beside it), cap, and what the guard sees ("-" unknown); *note*
+    (:func:`.actions.guard_note`) under it."""
+    head = _heads(MEMORY_HEADS)
     rows = [f"<tr>{head}</tr>"]
+    uuids = [g["uuid"] for v in views if v.status for g in v.status["gpus"]]
     for v in views:
         if v.status is None:
             continue
@@ -91,15 +127,18 @@ def _memory_table(views, note):
             if over:
                 real_cell = (f'<span class="hami-guard-over" style="font-weight: 600; color: '
                              f'{LEVEL_COLOUR["critical"]}">{real_cell} over the cap</span>')
-            cells = [escape(v.name), f'{g["index"]} <span style="{_MUTED}">{short_uuid(g["uuid"])}</span>',
-                     nowrap(format_size(g["memory_used"])),
+            used = nowrap(format_size(g["memory_used"]))
+            if g.get("memory_parked"):  # a parked kernel's bytes are in host memory, not 0 B
+                used += " " + _muted(nowrap(f"+ {format_size(g['memory_parked'])} parked"))
+            cells = [escape(v.name), f'{g["index"]} <span style="{_MUTED}">{short_uuid(g["uuid"], uuids)}</span>',
+                     used,
                      nowrap(format_size(g["memory_limit"])) if g["memory_limit"] else "none", real_cell]
             rows.append("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in cells) + "</tr>")
-    table = (f'<table class="hami-slice-memory">{"".join(rows)}</table>' if len(rows) > 1
+    table = (_scrolls(f'<table class="hami-slice-memory">{"".join(rows)}</table>') if len(rows) > 1
              else "")
     if note:
         table += (f'<div class="hami-guard-note" style="color: {LEVEL_COLOUR["warning"]}">'
-                  f"{escape(note[0].upper() + note[1:])}</div>")
+                  f"{_note_html(note)}</div>")
     return table
 
 
@@ -124,8 +163,8 @@ def _guard_notice(status):
 def _gpu_table(gpus, message, promised):
     """The host's GPUs; *promised* is :func:`.actions.commitments`."""
     by_uuid = {g.uuid: g for g in gpus}
-    head = "".join(f'<th style="{_CELL}">{h}</th>' for h in
-                   ("GPU", "name", "memory used", "utilization", "promised to hard slices"))
+    head = _heads(GPU_HEADS)
+    uuids = [p["uuid"] for p in promised]
     rows = [f"<tr>{head}</tr>"]
     for p in promised:
         g = by_uuid.get(p["uuid"])
@@ -135,18 +174,20 @@ def _gpu_table(gpus, message, promised):
         util = g.utilization if g else None
         over = p["memory_total"] and p["promised"] > p["memory_total"]
         style = f"; color: {LEVEL_COLOUR['critical']}" if over else ""
-        shares = " \u00b7 ".join(f"{name}: {format_size(b)}" for name, b in p["holders"].items())
-        promised_cell = f'<span style="{style}">{format_size(p["promised"])}</span>'
+        shares = " \u00b7 ".join(nowrap(f"{escape(name)}: {format_size(b)}")
+                                 for name, b in p["holders"].items())
+        promised_cell = f'<span style="{style}">{nowrap(format_size(p["promised"]))}</span>'
         if p.get("lent"):  # guarantees below caps: the promises are the guarantees
-            promised_cell += f" guaranteed, caps {format_size(p['capped'])}"
+            promised_cell += f" guaranteed, caps {nowrap(format_size(p['capped']))}"
         if shares:
-            promised_cell += f' <span style="{_MUTED}">({escape(shares)})</span>'
-        cells = [f'{g.index} <span style="{_MUTED}">{short_uuid(p["uuid"])}</span>'
-                 if g else short_uuid(p["uuid"]),
+            promised_cell += f' <span style="{_MUTED}">({shares})</span>'
+        cells = [f'{g.index} <span style="{_MUTED}">{short_uuid(p["uuid"], uuids)}</span>'
+                 if g else short_uuid(p["uuid"], uuids),
                  escape(p["name"] or "(from the slice files)"), nowrap(memory),
                  nowrap(f"{util} %" if util is not None else "?"), promised_cell]
         rows.append("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in cells) + "</tr>")
-    table = f'<table class="hami-gpus">{"".join(rows)}</table>' if promised else "<div>No GPU known.</div>"
+    table = (_scrolls(f'<table class="hami-gpus">{"".join(rows)}</table>') if promised
+             else "<div>No GPU known.</div>")
     note = (f'<div style="{_MUTED}">{escape(message)}; sizes come from the slice files</div>'
             if message else "")
     return table + note
@@ -288,7 +329,7 @@ class SliceForm(LimitsForm):
         rows = []
         for k in kernels:
             state = k.get("park_state", "running")
-            where = (f", {format_size(k.get('memory_parked', 0))} in host memory"
+            where = (f", {nowrap(format_size(k.get('memory_parked', 0)))} in host memory"
                      if state != "running" else "")
             label = widgets.HTML(f"{short_id(k['kernel_id'])} "
                                  f"<span style='{_MUTED}'>{escape(state)}{where}</span>")
@@ -365,7 +406,7 @@ class AdminPanel:
         self.banner = widgets.HTML()
         self.overcommit = overcommit_box(overcommit)
         self.gpu_table = widgets.HTML()
-        self.memory_table = widgets.HTML()  # each slice per GPU: used, cap, real (guard)
+        self.memory_table = widgets.HTML()  # each slice per GPU: in use, cap, what the guard sees
         self.slices = widgets.VBox()
         # Processes the guard parked under this root: Resume / End (docs/guard.md).
         self.parked_rows = {}

@@ -2,11 +2,13 @@
 (:class:`.panel.SliceForm`) and the hub view's (:class:`.hub_view.HubSliceForm`)
 are this one form, so both behave alike.
 
-The form edits one *entry* of a slice's limits, picked in its first
-selector: the default entry (:data:`DEFAULT`: every GPU without limits of its
-own) or one GPU. Its inputs are the memory cap, the guarantee (``default``:
-none, the cap is the guarantee), the SM share and the mode, then Apply. The
-rules both views keep:
+The form edits the limits of all GPUs or of one GPU, picked in its first
+selector ("limits for"): "all GPUs" (:data:`DEFAULT`, the slice's default
+entry: every GPU without limits of its own) or "GPU 0". Its inputs are the
+memory cap, the guarantee (``default``: none, the cap is the guarantee), the
+SM share and the mode, then Apply. Sizes show as everything else shows them
+("4.0 GiB"); an admin may type them so or as ``4g``. The rules both views
+keep:
 
 * A refresh reloads the inputs only while they show what was loaded
   (:meth:`LimitsForm.pending` is empty), so it never overwrites what an
@@ -27,17 +29,19 @@ labels with the whole text as a tooltip. Should the notebook be narrower
 still, the row wraps rather than push Apply past the edge.
 """
 
+import re
 from html import escape
 
 import ipywidgets as widgets
 
 from ..slice.limits import LimitError, parse_mode
+from ..slice.size import format_size, parse_size
 from ..slice.status_html import LEVEL_COLOUR
 from .changes import DEFAULT_GUARANTEE, parse_guarantee, parse_memory, parse_sm
 
 DEFAULT = "default"  # the entry selector's value for the slice's default entry
-DEFAULT_LABEL = "default"
-DEFAULT_TOOLTIP = "default: the limits of every GPU without limits of its own"
+DEFAULT_LABEL = "all GPUs"
+DEFAULT_TOOLTIP = "all GPUs: the limits of every GPU without limits of its own"
 FIELDS = ("memory", "guarantee", "sm", "mode")
 MODES = ("hard", "elastic")
 
@@ -52,13 +56,18 @@ def _input_layout(width):
 
 
 def memory_text(n):
-    """A cap as an admin would type it: ``4g``, ``1536m``, bytes, or ``none``."""
+    """A cap as every view shows it: ``4.0 GiB``, ``1.5 GiB``; bytes (``1234567 B``)
+    where those figures would round it; ``none`` without a cap."""
     if not n:
         return "none"
-    for shift, unit in ((30, "g"), (20, "m")):
-        if n % (1 << shift) == 0:
-            return f"{n >> shift}{unit}"
-    return str(n)
+    shown = format_size(n)
+    return shown if parse_size(typed(shown)) == n else f"{n} B"
+
+
+def typed(text):
+    """*text* as the size grammar reads it: "4.0 GiB" as "4.0GiB" (the grammar,
+    shared with the C library, has no spaces)."""
+    return re.sub(r"(?<=[0-9.]) (?=[A-Za-z])", "", text)
 
 
 def guarantee_text(memory_limit, guarantee):
@@ -100,7 +109,8 @@ def gpu_entry(index, uuid, follows_default=False):
     name = f"GPU {index}" if index is not None else f"GPU {uuid[:12]}\u2026"
     tooltip = f"GPU {index} ({uuid})" if index is not None else f"GPU {uuid}"
     if follows_default:
-        return f"{name} (as default)", f"{tooltip}: no limits of its own, it follows the default"
+        return (f"{name} (as all GPUs)",
+                f"{tooltip}: no limits of its own, it follows the limits for all GPUs")
     return name, tooltip
 
 
@@ -113,16 +123,16 @@ class LimitsForm:
         self._loaded = {}  # what load() put in the inputs: the "pristine" values
         self._loading = False
         self._entry_tooltips = {DEFAULT: DEFAULT_TOOLTIP}
-        self.device = widgets.Dropdown(description="entry", options=[(DEFAULT_LABEL, DEFAULT)],
+        self.device = widgets.Dropdown(description="limits for", options=[(DEFAULT_LABEL, DEFAULT)],
                                        tooltip=DEFAULT_TOOLTIP, style=LABEL_STYLE,
-                                       layout=_input_layout("13em"))
-        self.memory = widgets.Text(description="memory", placeholder="4g or none",
-                                   tooltip="memory cap per GPU: 4g, 4096m, bytes, or none",
+                                       layout=_input_layout("15em"))
+        self.memory = widgets.Text(description="memory cap", placeholder="4 GiB or none",
+                                   tooltip="memory cap per GPU: 4 GiB, 4g, 4096m, bytes, or none",
                                    continuous_update=False, style=LABEL_STYLE,
-                                   layout=_input_layout("11em"))
+                                   layout=_input_layout("13em"))
         self.guarantee = widgets.Text(
-            description="guaranteed", placeholder="2g or default",
-            tooltip="memory the slice keeps whatever others need, at most the cap: 2g, 2048m, "
+            description="guaranteed", placeholder="2 GiB or default",
+            tooltip="memory the slice keeps whatever others need, at most the cap: 2 GiB, 2g, "
                     "bytes, or default (the cap). Above it memory is lent: idle kernels may be "
                     "parked to make room for others",
             continuous_update=False, style=LABEL_STYLE, layout=_input_layout("12em"))
@@ -203,9 +213,10 @@ class LimitsForm:
         self._loaded = dict(texts)
 
     def pending(self):
-        """The edited fields, ``{"memory"|"guarantee"|"sm"|"mode": text}``: what Apply sends."""
+        """The edited fields, ``{"memory"|"guarantee"|"sm"|"mode": text}``: what Apply
+        sends, sizes as the grammar reads them (:func:`typed`)."""
         now = {f: w.value for f, w in zip(FIELDS, self._field_inputs())}
-        return {f: now[f] for f in FIELDS if self._loaded and now[f] != self._loaded[f]}
+        return {f: typed(now[f]) for f in FIELDS if self._loaded and now[f] != self._loaded[f]}
 
     def forget_loaded(self):
         """After an Apply: the inputs follow the slice again at the next load."""

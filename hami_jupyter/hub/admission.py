@@ -32,9 +32,11 @@ check runs in the hub's ``pre_spawn_hook``, one spawn at a time (JupyterHub
 runs them on one event loop, and the hook does not yield), so two starts
 never both take the last room.
 
-The GPUs and their memory: NVML's, else those the slice files record
-(:func:`hami_jupyter.admin.changes.host_gpus`). With no GPU known at all
-nothing can be checked: the start goes ahead, with a warning in the hub's log.
+The GPUs and their memory: NVML's (in the hub's process, else as a process
+with the servers' environment sees them: :meth:`.policy.SlicePolicy.host_gpus`),
+else those the slice files record (:func:`hami_jupyter.admin.changes.host_gpus`).
+With no GPU known at all nothing can be checked: the start goes ahead, with a
+warning in the hub's log.
 
 On Kubernetes none of this applies: pods land on nodes and GPUs that HAMi's
 scheduler picks, by the resources of their profile (see :mod:`.kubernetes`).
@@ -183,8 +185,9 @@ def check(user, size, root, oversubscription, running_users, gpus):
             pass
     known = host_gpus(snaps, gpus)
     if not known:
-        log.warning("hami-jupyter: admission: no GPU is known (NVML does not answer and no slice "
-                    "recorded one): %s's start is not checked", user)
+        log.warning("hami-jupyter: admission: no GPU is known (NVML answers neither the hub nor "
+                    "a process with the servers' environment, and no slice recorded one): %s's "
+                    "start is not checked", user)
         return
     others = [running_claims(p, known) for p in paths]
     new = starting_claims(name, own, size, known)

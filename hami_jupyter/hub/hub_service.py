@@ -32,6 +32,14 @@ It adds to the config what the service needs and nothing more:
 Single host: the hub (root) and the service run on the node that holds the
 limits files, so the service resizes slices there live, audit-logged. On
 Kubernetes (*kubernetes*), sizes change at the next server start.
+
+What it adds outlives a later plain assignment in the same file: an
+administrator's ``c.JupyterHub.load_roles = [...]`` (a Prometheus role, say)
+or ``c.Spawner.environment = {...}`` below the call once dropped the
+service's role, and the service got 403 from the hub every few seconds. The
+call makes the two config sections it writes :class:`KeepingSection`: an
+assignment there is merged with what the call added (the administrator's
+entries first, and theirs win on a name or key both hold).
 """
 
 import os
@@ -39,7 +47,52 @@ import shutil
 import sys
 from urllib.parse import urlparse
 
+from traitlets.config import Config
+
 SERVER_ROLE_SCOPES = ("users:activity!user", "access:servers!server")
+
+
+class KeepingSection(Config):
+    """A config section (``c.JupyterHub``, ``c.Spawner``) that keeps what
+    :func:`register_hub_service` added to some of its settings through any later
+    assignment of those settings (see the module docstring)."""
+
+    def keep(self, key, value):
+        """Keep *value* (a list or a dict) in the setting *key* from now on."""
+        self.__dict__.setdefault("_hami_kept", {})[key] = value
+        if key in self:
+            self[key] = self[key]  # merged now, through __setitem__
+
+    def __setitem__(self, key, value):
+        ours = self.__dict__.get("_hami_kept", {}).get(key)
+        if ours is not None:
+            value = _merged(value, ours)
+        super().__setitem__(key, value)
+
+
+def _name(item):
+    return item.get("name") if isinstance(item, dict) else item
+
+
+def _merged(value, ours):
+    """*value* with what of *ours* it lacks: a dict's keys, a list's entries by
+    name (roles, services) or by value (scopes); anything else as it is (a
+    callable ``server_token_scopes`` is the administrator's to extend)."""
+    if isinstance(value, dict) and isinstance(ours, dict):
+        return {**ours, **value}
+    if isinstance(value, (list, tuple)) and isinstance(ours, list):
+        names = {_name(item) for item in value}
+        return [*value, *(item for item in ours if _name(item) not in names)]
+    return value
+
+
+def _keeping(c, name):
+    """The config section *name* of *c*, made a :class:`KeepingSection`."""
+    section = c[name]
+    if not isinstance(section, KeepingSection):
+        section = KeepingSection(section)
+        c[name] = section
+    return section
 
 
 def service_scopes(allow_stop_server=True):
@@ -117,8 +170,10 @@ def register_hub_service(c, policy=None, *, name="hami-hub", port=10101, url=Non
     }
     if environment:
         entry["environment"] = dict(environment)
-    existing = c.JupyterHub.services if "services" in c.JupyterHub else []
-    c.JupyterHub.services = [s for s in existing if s.get("name") != name] + [entry]
+    hub = _keeping(c, "JupyterHub")
+    existing = hub.services if "services" in hub else []
+    hub.services = [s for s in existing if s.get("name") != name] + [entry]
+    hub.keep("services", [entry])
 
     roles = [{"name": name, "description": "hami-jupyter's hub view: reads every server's slices",
               "scopes": service_scopes(allow_stop_server), "services": [name]}]
@@ -127,11 +182,12 @@ def register_hub_service(c, policy=None, *, name="hami-hub", port=10101, url=Non
         roles.append({"name": f"{name}-admins",
                       "description": "may use hami-jupyter's hub view (with JupyterHub admins)",
                       "scopes": [access], "groups": list(admin_groups)})
-    loaded = c.JupyterHub.load_roles if "load_roles" in c.JupyterHub else []
+    loaded = hub.load_roles if "load_roles" in hub else []
     names = {r["name"] for r in roles}
-    c.JupyterHub.load_roles = [r for r in loaded if r.get("name") not in names] + roles
+    hub.load_roles = [r for r in loaded if r.get("name") not in names] + roles
+    hub.keep("load_roles", roles)
 
-    section = c[spawner]
+    section = _keeping(c, spawner)
     scopes = section.server_token_scopes if "server_token_scopes" in section else None
     if callable(scopes):
         raise ValueError(f"c.{spawner}.server_token_scopes is a callable: add {access!r} to "
@@ -141,5 +197,8 @@ def register_hub_service(c, policy=None, *, name="hami-hub", port=10101, url=Non
     if access not in scopes:
         scopes.append(access)
     section.server_token_scopes = scopes
-    section.environment.update({"HAMI_HUB_SERVICE_URL": service_url or f"{proxy_url}{prefix}"})
+    section.keep("server_token_scopes", [access])
+    where = {"HAMI_HUB_SERVICE_URL": service_url or f"{proxy_url}{prefix}"}
+    section.environment.update(where)
+    section.keep("environment", where)
     return entry

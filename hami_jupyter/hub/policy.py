@@ -265,16 +265,32 @@ class SlicePolicy(LoggingConfigurable):
         """The factor in force: ``memory_oversubscription``, else 1.0."""
         return 1.0 if self.memory_oversubscription is None else self.memory_oversubscription
 
+    def host_gpus(self, size, server_environment=None):
+        """The GPUs the hub counts at *size*'s start: NVML's in the hub's process;
+        where that knows none, those a server with *server_environment* (the
+        spawner's) will see (:func:`hami_jupyter.gpus.read_gpus_as`), read only
+        where they matter: admission, or a size with ``per_gpu`` limits. So a hub
+        tried out on the simulated GPU, which only its servers' environment
+        names, admits by that GPU from its first start."""
+        from ..gpus import read_gpus, read_gpus_as
+
+        gpus, _ = read_gpus()
+        if gpus or server_environment is None or size is None:
+            return gpus
+        if not (self.checks_admission or size.per_gpu):
+            return gpus
+        return read_gpus_as(server_environment)[0]
+
     def admit(self, user, size, running_users, gpus=None):
         """Refuse (:class:`.admission.AdmissionError`) *user*'s start with *size*
         when a GPU it may use has no room; nothing when admission is off.
         *running_users*: users with a server started or starting (None: every
-        slice under the root counts); *gpus*: the host's (default: NVML's)."""
+        slice under the root counts); *gpus*: the host's (default:
+        :meth:`host_gpus` without a server environment, NVML's)."""
         if not self.checks_admission or size is None:
             return
         if gpus is None:
-            from ..gpus import read_gpus
-            gpus = read_gpus()[0]
+            gpus = self.host_gpus(size)
         admission.check(user, size, self.slice_root, self.oversubscription, running_users, gpus)
 
     def configure_spawner(self, c):

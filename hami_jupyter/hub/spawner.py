@@ -103,8 +103,9 @@ def pre_spawn_hook(policy):
         if size is None:
             spawner.log.info("hami-jupyter: no slice size for %s: the server runs without limits", user)
             return
+        gpus = policy.host_gpus(size, spawner.environment)
         try:
-            policy.admit(user, size, admission.hub_running_users(spawner))
+            policy.admit(user, size, admission.hub_running_users(spawner), gpus)
         except admission.AdmissionError as e:
             # The size is the user's to have; only the GPUs are full now. The
             # pick is kept: a later start may find room.
@@ -114,7 +115,7 @@ def pre_spawn_hook(policy):
         name = user_slice_name({"JUPYTERHUB_USER": user})
         uid, gid = owner_of(user)
         path = prepare_user_slice(name, size, uid, gid, policy.slice_root, policy.admin_group,
-                                  log=spawner.log)
+                                  gpus=gpus, log=spawner.log)
         env = {k: v for k, v in size.environment().items() if k not in LIMIT_FIGURES}
         env.update({"HAMI_SLICE": str(path), "HAMI_SLICE_ROOT": policy.slice_root})
         env[HUB_SLICE_VARIABLE] = str(path)  # every kernel runs in it (provisioning.hub_slice)

@@ -123,8 +123,9 @@ class HamiMagics(Magics):
         %hami status [--json] [--slice NAME_OR_PATH]
             For each GPU the slice uses: memory used / cap with a bar, the SM
             share and the SM utilization right now; then the slice's kernels
-            and their processes with what each uses. Over 80 % of the memory
-            cap is a warning, over 95 % critical (allocations will fail soon).
+            and their processes with what each uses. From 80 % of the memory
+            cap a warning, from 95 % critical (what is left, and that a larger
+            allocation is refused; over the cap, that every new one is).
             Shown as a table in JupyterLab and as text in a terminal.
             --json displays the same data as JSON (application/json); its
             text/plain form is exactly ``json.dumps(status, indent=2)``, so

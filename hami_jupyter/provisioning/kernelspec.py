@@ -22,6 +22,8 @@ import json
 import logging
 import os
 import re
+import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -264,7 +266,23 @@ def write_kernelspec(dest_dir, name, display_name=None, memory=None, sm=None, mo
     spec = kernel_json(display_name or default_display_name(config), config)
     path = Path(dest_dir) / "kernel.json"
     path.write_text(json.dumps(spec, indent=2) + "\n")
+    for logo in shipped_logos():  # the launcher shows the chip, not a generic icon
+        shutil.copyfile(logo, Path(dest_dir) / logo.name)
     return path
+
+
+LOGOS = ("logo-svg.svg", "logo-32x32.png", "logo-64x64.png")
+
+
+def shipped_logos():
+    """The logos of the shipped ``hami-python3`` kernelspec: installed under this
+    environment's ``share/jupyter/kernels``, else in a checkout's ``share/``."""
+    for base in (Path(sys.prefix), Path(__file__).resolve().parents[2]):
+        folder = base / "share" / "jupyter" / "kernels" / "hami-python3"
+        found = [folder / name for name in LOGOS if (folder / name).is_file()]
+        if found:
+            return found
+    return []
 
 
 _OPTION = {"memory_limit": "--memory", "sm_share": "--sm", "mode": "--mode"}

@@ -5,7 +5,9 @@ Enabled by ``jupyter-config/jupyter_server_config.d/hami_jupyter.json``
 
 - ``{base_url}hami/v1/slices`` and ``{base_url}hami/v1/kernels/<kernel_id>``
   (:mod:`.handlers`), under the server's base URL so they work behind
-  JupyterHub (``/user/<name>/``);
+  JupyterHub (``/user/<name>/``), and ``.../kernels/<kernel_id>/history``: the
+  last minutes of the kernel's slice, which the server records
+  (:mod:`.history`) so that the panel's charts outlive a page load;
 - ``POST {base_url}hami/v1/kernels/<kernel_id>/park`` and ``.../resume``,
   and parking of idle kernels with its configuration ``c.HamiParking``
   (:mod:`.parking`): a parked kernel's next cell brings its GPU memory back;
@@ -34,7 +36,9 @@ from ..provisioning.hub_slice import HubSliceError, hub_slice
 from . import metrics
 from .activity import ActivityPublisher
 from .config import SliceDisplay
-from .handlers import KernelHandler, ParkHandler, ResumeHandler, SlicesHandler
+from .handlers import (KernelHandler, KernelHistoryHandler, ParkHandler, ResumeHandler,
+                       SlicesHandler)
+from .history import HistoryRecorder
 from .parking import HamiParking, ParkingManager, parking_connection_class
 
 # Any id reaches the handler, so an unknown one gets its JSON 404, not a page.
@@ -59,11 +63,14 @@ def _load_jupyter_server_extension(serverapp):
         serverapp.log.error("hami-jupyter: %s; the default thresholds apply", e)
         fractions = SliceDisplay().fractions
     web_app.settings["hami_fractions"] = fractions
+    web_app.settings["hami_history"] = HistoryRecorder(
+        serverapp, fractions, display.history_interval, display.history_minutes)
     _start_parking(serverapp)
     api = url_path_join(web_app.settings["base_url"], "hami", "v1")
     web_app.add_handlers(".*$", [
         (url_path_join(api, "slices"), SlicesHandler),
         (url_path_join(api, "kernels", _KERNEL_ID), KernelHandler),
+        (url_path_join(api, "kernels", _KERNEL_ID, "history"), KernelHistoryHandler),
         (url_path_join(api, "kernels", _KERNEL_ID, "park"), ParkHandler),
         (url_path_join(api, "kernels", _KERNEL_ID, "resume"), ResumeHandler),
     ])
@@ -89,6 +96,7 @@ async def _start_jupyter_server_extension(serverapp):
     if manager is not None:
         manager.start()
     serverapp.web_app.settings["hami_activity"] = ActivityPublisher(serverapp).start()
+    serverapp.web_app.settings["hami_history"].start()
 
 
 def _route_kernels_under_hub(serverapp):

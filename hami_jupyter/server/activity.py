@@ -13,23 +13,25 @@ replaced whole, atomically) when they changed: at most one write a second
 per kernel, none while nothing happens.
 """
 
-import asyncio
 from datetime import timezone
 
 from ..provisioning.provisioner import HamiProvisioner
 from ..slice import registry
+from .periodic import Periodic
 
 INTERVAL_S = 1.0
 
 
-class ActivityPublisher:
+class ActivityPublisher(Periodic):
     """Publishes the activity of *serverapp*'s kernels (see the module docstring)."""
 
+    interval = INTERVAL_S
+    what = "publishing kernel activity"
+
     def __init__(self, serverapp):
-        self.serverapp, self.log = serverapp, serverapp.log
+        super().__init__(serverapp)
         self._written = {}  # kernel id -> (last_activity_unix, busy) last written
         self._failed = set()  # kernels whose entry could not be written: said once
-        self._task = None
 
     def _activity(self, kernel):
         """``(last activity in Unix seconds, busy)`` of a kernel manager's kernel."""
@@ -70,20 +72,5 @@ class ActivityPublisher:
             del self._written[gone]
         self._failed &= ids
 
-    async def _run(self):
-        while True:
-            await asyncio.sleep(INTERVAL_S)
-            try:
-                self.publish()
-            except Exception as e:  # the server goes on whatever one look meets
-                self.log.error("hami-jupyter: publishing kernel activity failed: %r", e)
-
-    def start(self):
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._run())
-        return self
-
-    def stop(self):
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
+    def tick(self):
+        self.publish()

@@ -8,14 +8,15 @@ them and the fractions themselves, and the JupyterLab status bar and panel
 colour by those, so one setting holds for every view the server gives.
 """
 
-from traitlets import Float, TraitError, validate
+from traitlets import Float, Int, TraitError, validate
 from traitlets.config import Configurable
 
 from ..slice.status import CRITICAL_FRACTION, WARNING_FRACTION, check_fractions
 
 
 class SliceDisplay(Configurable):
-    """Thresholds of the memory levels in the server's REST answers."""
+    """Thresholds of the memory levels in the server's REST answers, and the
+    history of the slices the server keeps for the panel's charts."""
 
     warning_fraction = Float(
         WARNING_FRACTION, config=True,
@@ -26,6 +27,27 @@ class SliceDisplay(Configurable):
         help="""Fraction of a slice's memory cap (above 0, at most 1, not below
         warning_fraction) from which its level is "critical": the status bar
         turns red.""")
+
+    history_minutes = Int(
+        60, config=True,
+        help="""Minutes of each slice's history the server keeps for the JupyterLab
+        panel's charts (1 to 60; the panel shows the last historyMinutes of them), so
+        that a page opened later draws the minutes before it.""")
+    history_interval = Float(
+        2.0, config=True,
+        help="""Seconds between two readings of the server's slices for that history.""")
+
+    @validate("history_minutes")
+    def _valid_minutes(self, proposal):
+        if not 1 <= proposal["value"] <= 60:
+            raise TraitError(f"SliceDisplay.history_minutes must be 1 to 60, not {proposal['value']}")
+        return proposal["value"]
+
+    @validate("history_interval")
+    def _valid_interval(self, proposal):
+        if not proposal["value"] > 0:
+            raise TraitError("SliceDisplay.history_interval must be above 0")
+        return proposal["value"]
 
     @validate("warning_fraction", "critical_fraction")
     def _valid_fraction(self, proposal):

@@ -1,4 +1,5 @@
-"""REST handlers of ``{base_url}hami/v1/``: what the status bar polls, and parking.
+"""REST handlers of ``{base_url}hami/v1/``: what the status bar polls, the charts'
+history, and parking.
 
 They only turn :mod:`.kernel_slices` and :mod:`.parking` into HTTP. Every
 handler needs a logged-in user and the authorizer's permission on "kernels":
@@ -13,7 +14,7 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
 from ..slice.parking import ParkError, ResumeTimeout
-from .kernel_slices import UnknownKernel, kernel_body, slices_body
+from .kernel_slices import UnknownKernel, kernel_body, kernel_slice_path, slices_body
 
 AUTH_RESOURCE = "kernels"
 
@@ -46,6 +47,29 @@ class KernelHandler(_SliceAPIHandler):
             body = kernel_body(self.kernel_manager, kernel_id, self.fractions)
         except UnknownKernel:
             raise web.HTTPError(404, f"no kernel with id {kernel_id}") from None
+        self.finish(json.dumps(body))
+
+
+class KernelHistoryHandler(_SliceAPIHandler):
+    """``GET hami/v1/kernels/<kernel_id>/history?minutes=N``: the last minutes of
+    the kernel's slice, per GPU and per kernel (:mod:`.history`)."""
+
+    @web.authenticated
+    @authorized
+    def get(self, kernel_id):
+        try:
+            path = kernel_slice_path(self.kernel_manager, kernel_id)
+        except UnknownKernel:
+            raise web.HTTPError(404, f"no kernel with id {kernel_id}") from None
+        recorder = self.settings["hami_history"]
+        try:
+            minutes = int(self.get_argument("minutes", str(recorder.history.window_ms // 60_000)))
+        except ValueError:
+            raise web.HTTPError(400, "minutes must be a whole number") from None
+        body = {"kernel_id": kernel_id, "in_slice": path is not None,
+                "interval_s": recorder.interval, "gpus": {}, "kernels": {}}
+        if path is not None:
+            body.update(path=str(path), **recorder.history.samples(path, max(1, minutes)))
         self.finish(json.dumps(body))
 
 

@@ -8,15 +8,21 @@ always, or with ``when = "pressure"`` only while a GPU it uses has less than
 ``pressure_free_fraction`` of its memory free or some kernel's resume waits
 for room. The moves are :mod:`hami_jupyter.slice.parking`'s.
 
-A parked kernel comes back by itself before it runs code: the kernel
-websocket connection (:class:`ParkingConnectionMixin`, put in front of the
-server's own class) holds an ``execute_request`` or ``comm_msg`` for a kernel
-that is parked (or being parked) until its GPU state is back, writes one line
-into the cell ("GPU memory restored: 8.0 GiB in 2.4 s"; while it waits, what
-for), then sends it on in order. A resume that finds no room within
-``resume_timeout`` answers the cell with an error instead, and the kernel
-stays parked, nothing lost. A parked process that calls CUDA by itself (a
-thread, a timer) asks for its state back on its own, with or without a server.
+A parked kernel comes back when its work needs the GPU, never because a
+page was opened. Its next cell: the kernel websocket connection
+(:class:`ParkingConnectionMixin`, put in front of the server's own class)
+holds an ``execute_request`` for a kernel that is parked (or being parked)
+until its GPU state is back, writes one line into the cell ("GPU memory
+restored: 8.0 GiB in 2.4 s"; while it waits, what for), then sends it on in
+order. A resume that finds no room within ``resume_timeout`` answers the cell
+with an error instead, and the kernel stays parked, nothing lost. Anything
+else goes to the kernel as it is: a browser tab that opens the notebook sends
+``kernel_info_request`` and, with ipywidgets, a ``comm_open`` and
+``comm_msg`` of its widget manager (``jupyter.widget.control``), which once
+brought the kernel's GPU memory back 0.2 s after a page load; and a process
+of the kernel that calls CUDA (a widget's handler, a thread, a timer) asks
+for its state back on its own through the library's parking gate, with or
+without a server (issue 35, item 1).
 """
 
 import asyncio
@@ -33,7 +39,9 @@ from ..slice.file import SliceFileError, read_snapshot
 from ..slice.size import format_size, parse_size
 from ..slice.status import PARK_REASON_WORDS, PARK_REASONS
 
-RUN_CODE = ("execute_request", "comm_msg", "comm_open")
+# The messages a kernel is resumed for before it sees them: a cell. Comm traffic
+# is not (a page load sends some); its GPU work comes back through the gate.
+RUN_CODE = ("execute_request",)
 
 
 def _bytes(value, what):

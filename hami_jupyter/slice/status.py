@@ -358,6 +358,9 @@ def default_guarantee_text(status):
                           effective_guarantee(d["memory_limit"], d.get("memory_guarantee", 0)))
 
 
+# What a user can do at a full cap, after the level's line.
+RELEASE_WORDS = "free tensors you no longer need; `%hami release` returns framework caches"
+
 LENT_WORDS = ("the rest is lent: while the GPU is short, the memory broker may park this "
               "slice's idle kernels above the guarantee (never a running cell)")
 
@@ -401,13 +404,14 @@ def guard_over_text(gpu, status=None):
 
 def over_cap_text(gpu):
     """"over its new cap since 14:02, held before the change" for a GPU whose
-    slice holds more than a lowered cap, else None."""
+    slice holds more than a lowered cap, else None. What that means for new
+    allocations is the level's line (:func:`level_words`), said once."""
     since = gpu.get("over_cap_since")
     if since is None:
         return None
     return (f"over its new {format_size(gpu['memory_limit'])} cap since "
-            f"{time.strftime('%H:%M', time.localtime(since))}, held before the change: new allocations are "
-            "refused until its use falls below the cap; nothing it holds is taken")
+            f"{time.strftime('%H:%M', time.localtime(since))}, held before the change: nothing "
+            "it holds is taken")
 
 
 def guard_parked_text(record, now=None):
@@ -421,12 +425,28 @@ def guard_parked_text(record, now=None):
             "the cap) or ends it")
 
 
-def level_words(level, status):
-    """What a memory level means, with the thresholds *status* was read with."""
+def level_words(level, status, gpu=None):
+    """What a memory level means, true in each state, with the thresholds *status*
+    was read with; with *gpu* (a ``gpus`` entry) the figures of that GPU:
+
+    - warning: "84 % of the memory cap is in use (a warning from 80 %)";
+    - critical within the cap: "97 % of the memory cap is in use: 30.0 MiB left,
+      a larger allocation is refused";
+    - critical over the cap (a cap lowered below what the slice holds):
+      "117 % of the memory cap is in use: over the cap, so new allocations are
+      refused until use falls below it". Never "will fail soon" beside a
+      refusal that already happens (issue 35, item 4).
+    """
+    used, limit = (gpu or {}).get("memory_used"), (gpu or {}).get("memory_limit")
+    if not limit or used is None:
+        share = status["warning_fraction"] if level == "warning" else status["critical_fraction"]
+        return f"over {share * 100:.0f} % of the memory cap is in use"
+    share = f"{100 * used / limit:.0f} % of the memory cap is in use"
     if level == "warning":
-        return f"over {status['warning_fraction'] * 100:.0f} % of the memory cap is in use"
-    return (f"over {status['critical_fraction'] * 100:.0f} % of the memory cap is in use; "
-            "allocations will fail soon")
+        return f"{share} (a warning from {status['warning_fraction'] * 100:.0f} %)"
+    if used > limit:
+        return f"{share}: over the cap, so new allocations are refused until use falls below it"
+    return f"{share}: {format_size(limit - used)} left, a larger allocation is refused"
 
 
 def parking_text(kernel):
@@ -502,10 +522,10 @@ def format_text(status):
             cap = f" of {g['max_decoders']}" if g["max_decoders"] else ""
             lines.append(f"    NVDEC {g['decoders']}{cap} video decoder(s) in use")
         if g["memory_level"] == "warning":
-            lines.append(f"    WARNING: {level_words('warning', status)}")
+            lines.append(f"    WARNING: {level_words('warning', status, g)}")
         elif g["memory_level"] == "critical":
-            lines.append(f"    CRITICAL: {level_words('critical', status)} "
-                         "(`%hami release` returns framework caches)")
+            lines.append(f"    CRITICAL: {level_words('critical', status, g)} "
+                         f"({RELEASE_WORDS})")
         held = over_cap_text(g)
         if held:
             lines.append(f"    {held}")

@@ -4,16 +4,20 @@ The HTML travels in a notebook's outputs and is rendered by whatever opens it
 later (JupyterLab, nbviewer, a static HTML export), so it is self-contained:
 inline CSS only, no scripts, and every string that came from a file or a
 process (slice name, path, uuid, user, kernelspec, command name, kernel id)
-goes through :func:`html.escape`. Colours are JupyterLab's theme variables
-with light-theme fallbacks, so the view stays readable in a dark theme.
+goes through :func:`html.escape`. The levels' colours are the JupyterLab
+extension's (``--hami-warn-fg`` and the like, chosen per theme to read at
+4.5:1 or more in Light and Dark), with light-theme fallbacks elsewhere.
 
-A notebook beside JupyterLab's slice panel is narrow, and a table squeezed
-into it breaks lines wherever it may: a figure never parts from its unit
-("0 %", "3.5 GiB" lie in one ``white-space: nowrap`` span, :func:`nowrap`),
-names (users, kernelspecs, processes) stay whole, and ids are shortened the
-way the panel shortens them, 8 characters with the whole id as a tooltip
-(:func:`short_id`, :func:`short_uuid`). Only the prose of a notice wraps
-freely.
+A notebook beside JupyterLab's file browser and slice panel can be 300 px
+narrow, and a table squeezed into it breaks lines wherever it may: a figure
+never parts from its unit ("0 %", "3.5 GiB" lie in one ``white-space:
+nowrap`` span, :func:`nowrap`), names (users, kernelspecs, processes) stay
+whole, and ids are shortened the way the panel shortens them, 8 characters
+with the whole id as a tooltip (:func:`short_id`, :func:`short_uuid`). The
+heading "hami slice NAME" stays on one line and the path after it wraps
+anywhere rather than be cut; a usage bar lies above its figures and shrinks
+with the cell; the kernels' table has three columns (a kernel's user and
+kernelspec under its id). Only the prose of a notice wraps freely.
 """
 
 import re
@@ -24,9 +28,9 @@ from .status import (LENT_WORDS, default_guarantee_text, guarantee_text, guard_o
                      guard_parked_text, level_words, over_cap_text, parking_text, real_text)
 
 LEVEL_COLOUR = {
-    "ok": "var(--jp-success-color1, #388e3c)",
-    "warning": "var(--jp-warn-color1, #f57c00)",
-    "critical": "var(--jp-error-color1, #d32f2f)",
+    "ok": "var(--hami-ok-fg, #1b5e20)",
+    "warning": "var(--hami-warn-fg, #a84300)",
+    "critical": "var(--hami-error-fg, #c62828)",
 }
 _UNCAPPED_COLOUR = "var(--jp-brand-color1, #1976d2)"
 _MUTED = "color: var(--jp-ui-font-color2, #757575)"
@@ -35,6 +39,7 @@ _TABLE = "border-collapse: collapse; margin: 2px 0 8px 0"
 NOWRAP = "white-space: nowrap"
 # The space between a figure and its unit, in text this module writes.
 _FIGURE_UNIT = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB|PiB|%|SMs)(?!\w)")
+_DOT = " \u00b7 "
 ID_CHARS = 8  # as the JupyterLab panel shortens a kernel id (labextension format.ts, shortId)
 
 
@@ -55,18 +60,35 @@ def short_id(kernel_id):
             f"{escape(kernel_id[:ID_CHARS])}</code>")
 
 
-def short_uuid(uuid):
-    """A GPU UUID shortened like a kernel id ("GPU-" and 8 characters, then an
-    ellipsis), the whole UUID as the tooltip."""
+def uuid_text(uuid, among=()):
+    """A GPU UUID shortened like a kernel id: "GPU-" and 8 characters, then an
+    ellipsis; where that would not tell it from another UUID of *among* (two
+    simulated GPUs, "GPU-5a1f0000-...-000000000000" and "...-000000000001"), its
+    last characters too, as few as tell them apart (at least 4):
+    "GPU-5a1f0000\u20260001"."""
     head = 4 if uuid[:4] in ("GPU-", "MIG-") else 0
-    shown = uuid if len(uuid) <= head + ID_CHARS + 1 else uuid[:head + ID_CHARS] + "\u2026"
-    return f'<span title="{escape(uuid)}" style="{NOWRAP}">{escape(shown)}</span>'
+    if len(uuid) <= head + ID_CHARS + 1:
+        return uuid
+    start = uuid[:head + ID_CHARS]
+    twins = {u for u in among if u != uuid and u[:head + ID_CHARS] == start}
+    if not twins:
+        return start + "\u2026"
+    for tail in range(4, len(uuid) - head - ID_CHARS):
+        if all(u[-tail:] != uuid[-tail:] for u in twins):
+            return f"{start}\u2026{uuid[-tail:]}"
+    return uuid
 
-def _level_words(level, status):
+
+def short_uuid(uuid, among=()):
+    """:func:`uuid_text` in a span that never breaks, the whole UUID as the tooltip."""
+    return f'<span title="{escape(uuid)}" style="{NOWRAP}">{escape(uuid_text(uuid, among))}</span>'
+
+def _level_words(level, status, gpu):
+    words = _figures(level_words(level, status, gpu))
     if level == "warning":
-        return f"Warning: {level_words(level, status)}."
-    return (f"Critical: {level_words(level, status)} (<code>%hami release</code> returns "
-            "framework caches).")
+        return f"Warning: {words}."
+    return (f"Critical: {words} (free tensors you no longer need; <code>%hami release</code> "
+            "returns framework caches).")
 
 
 def _td(content, style=""):
@@ -78,10 +100,12 @@ def _muted(text):
 
 
 def _bar(fraction, colour):
+    """A usage bar on a line of its own above the figures: as wide as the cell
+    allows, 160 px at most, so a narrow notebook shrinks it instead of cutting it."""
     pct = min(max(fraction, 0.0), 1.0) * 100
     return (
-        '<span style="display: inline-block; vertical-align: middle; width: 160px; '
-        'height: 10px; margin-right: 8px; border-radius: 2px; overflow: hidden; '
+        '<span class="hami-bar" style="display: block; width: 100%; max-width: 160px; '
+        'height: 10px; margin: 3px 0 2px; border-radius: 2px; overflow: hidden; '
         'background: var(--jp-layout-color3, #e0e0e0)">'
         f'<span style="display: block; width: {pct:.1f}%; height: 100%; '
         f'background: {colour}"></span></span>'
@@ -116,7 +140,8 @@ def _sm_cell(gpu):
 
 def _gpu_table(gpu, status):
     sms = ", " + nowrap(f"{gpu['sm_count']} SMs") if gpu["sm_count"] else ""
-    title = nowrap(f"GPU {gpu['index']}") + " " + _muted(short_uuid(gpu["uuid"]) + sms)
+    among = [g["uuid"] for g in status["gpus"]]
+    title = nowrap(f"GPU {gpu['index']}") + " " + _muted(short_uuid(gpu["uuid"], among) + sms)
     rows = [
         f'<tr><th colspan="2" style="{_CELL}">{title}</th></tr>',
         f"<tr>{_td('memory')}{_td(_memory_cell(gpu))}</tr>",
@@ -134,7 +159,7 @@ def _gpu_table(gpu, status):
     if level != "ok":
         rows.append(
             f'<tr><td colspan="2" class="hami-{level}" style="{_CELL}; font-weight: 600; '
-            f'color: {LEVEL_COLOUR[level]}">{_level_words(level, status)}</td></tr>'
+            f'color: {LEVEL_COLOUR[level]}">{_level_words(level, status, gpu)}</td></tr>'
         )
     held = over_cap_text(gpu)
     if held:
@@ -164,30 +189,30 @@ def _process_row(p, gpu_index, indent):
     memory, memory_split = _usage(p["memory_used"], gpu_index)
     sm = sum(p["sm_util"].values())
     name = nowrap(f"pid {p['pid']} {escape(p['comm'])}")
-    return (f"<tr>{_td(name, f'; padding-left: {indent}em')}{_td('')}{_td('')}"
+    return (f"<tr>{_td(name, f'; padding-left: {indent}em')}"
             f"{_td(nowrap(format_size(memory)) + memory_split)}{_td(nowrap(f'{sm} %'))}</tr>")
 
 
 def _processes_table(status, current_kernel):
+    """Three columns, so a 300 px notebook holds them: a kernel's id with its
+    user and kernelspec on a line under it, then its memory and SM use."""
     gpu_index = {g["uuid"]: g["index"] for g in status["gpus"]}
-    head = "".join(f'<th style="{_CELL}">{h}</th>'
-                   for h in ("kernel / process", "user", "kernelspec", "memory", "SM"))
+    head = "".join(f'<th style="{_CELL}">{h}</th>' for h in ("kernel / process", "memory", "SM"))
     rows = [f"<tr>{head}</tr>"]
     for k in status["kernels"]:
         label = short_id(k["kernel_id"])
         if current_kernel and k["kernel_id"] == current_kernel:
             label += " " + _muted(nowrap("(this kernel)"))
+        who = [nowrap(escape(x)) for x in (k["user"], k["kernelspec"]) if x]
+        if who:
+            label += f'<div class="hami-kernel-who" style="{_MUTED}">{_DOT.join(who)}</div>'
         parked = parking_text(k)
         memory = (nowrap(format_size(k["memory_used"]))
                   + (" " + _muted(_figures(parked[2:])) if parked else ""))
-        rows.append(
-            f"<tr>{_td(label)}{_td(nowrap(escape(k['user'] or '')))}"
-            f"{_td(nowrap(escape(k['kernelspec'] or '')))}"
-            f"{_td(memory)}{_td(nowrap(str(k['sm_util']) + ' %'))}</tr>"
-        )
+        rows.append(f"<tr>{_td(label)}{_td(memory)}{_td(nowrap(str(k['sm_util']) + ' %'))}</tr>")
         rows.extend(_process_row(p, gpu_index, 1.5) for p in k["processes"])
     if status["other_processes"]:
-        rows.append(f'<tr><td colspan="5" style="{_CELL}">'
+        rows.append(f'<tr><td colspan="3" style="{_CELL}">'
                     + _muted("other processes (not started by a kernel)") + "</td></tr>")
         rows.extend(_process_row(p, gpu_index, 1.5) for p in status["other_processes"])
     return f'<table class="hami-processes" style="{_TABLE}">{"".join(rows)}</table>'
@@ -196,10 +221,10 @@ def _processes_table(status, current_kernel):
 def _no_gpu_line(status):
     d = status["default_limit"]
     cap = format_size(d["memory_limit"]) if d["memory_limit"] else "no memory cap"
-    sm = f"SM share {d['sm_share']} % ({escape(d['mode'])})" if d["sm_share"] else "no SM limit"
+    sm = f"SM share {d['sm_share']} % ({d['mode']})" if d["sm_share"] else "no SM limit"
     guaranteed = default_guarantee_text(status)
     cap += f" ({guaranteed})" if guaranteed else ""
-    return f"<div>No GPU used in this slice yet; each GPU gets: {cap}, {sm}.</div>"
+    return f"<div>No GPU used in this slice yet; each GPU gets: {_figures(cap)}, {_figures(sm)}.</div>"
 
 
 def format_html(status, current_kernel=None):
@@ -210,7 +235,9 @@ def format_html(status, current_kernel=None):
     parts = [
         '<div class="hami-status" style="font-size: var(--jp-content-font-size1, 13px); '
         'line-height: 1.4">',
-        f"<div><b>hami slice {escape(status['slice'])}</b> {_muted(escape(status['path']))}</div>",
+        f'<div><b style="{NOWRAP}">hami slice {escape(status["slice"])}</b> '
+        f'<span class="hami-path" style="{_MUTED}; overflow-wrap: anywhere">'
+        f'{escape(status["path"])}</span></div>',
     ]
     if not status["gpus"]:
         parts.append(_no_gpu_line(status))

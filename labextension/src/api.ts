@@ -8,6 +8,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { IKeptHistory } from './history';
 import { IParkResult, IResumeResult } from './types';
 
 /** The REST path of one kernel's slice, under the server's base URL. */
@@ -94,4 +95,38 @@ export async function resumeKernel(
   kernelId: string
 ): Promise<IResumeResult> {
   return (await post(settings, kernelId, 'resume')) as unknown as IResumeResult;
+}
+
+/** The server's history of a kernel's slice: `GET .../kernels/<id>/history`. */
+export interface IHistoryAnswer extends IKeptHistory {
+  kernel_id: string;
+  in_slice: boolean;
+  /** The slice file's path, as the status's `path`. */
+  path?: string;
+  /** Seconds between the server's samples. */
+  interval_s: number;
+}
+
+/**
+ * The last `minutes` the server kept of kernel `kernelId`'s slice (its charts'
+ * samples, history.ts). Rejects when the server has none to give (an older
+ * server answers 404) or answers something else.
+ */
+export async function fetchHistory(
+  settings: ServerConnection.ISettings,
+  kernelId: string,
+  minutes: number
+): Promise<IHistoryAnswer> {
+  const url =
+    URLExt.join(settings.baseUrl, KERNEL_API_PATH, encodeURIComponent(kernelId), 'history') +
+    URLExt.objectToQueryString({ minutes: String(Math.round(minutes)) });
+  const response = await ServerConnection.makeRequest(url, {}, settings);
+  if (!response.ok) {
+    throw new ServerConnection.ResponseError(response);
+  }
+  const json = (await response.json()) as IHistoryAnswer;
+  if (typeof json !== 'object' || json === null || typeof json.interval_s !== 'number') {
+    throw new Error('the server answered something that is not a slice history');
+  }
+  return json;
 }

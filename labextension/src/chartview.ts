@@ -11,8 +11,9 @@
  * `path.hami-chart-line` (used, or SM use), `path.hami-chart-limit` (the cap or
  * the share; `data-value`: the latest one), `path.hami-chart-parked`,
  * `path.hami-chart-real` (the guard's bytes) and the parked spans
- * `rect.hami-chart-span`; the caption `.hami-chart-caption`, a line above
- * the SVG (never over the cap line).
+ * `rect.hami-chart-span`; the caption `.hami-chart-caption`, on a line above
+ * the SVG (never over the cap line) with the scale `.hami-chart-scale` at its
+ * right: "0–1.1 GiB", the values at the bottom and the top of the chart.
  */
 
 import {
@@ -33,7 +34,7 @@ import {
   smValue,
   usedValue
 } from './chart';
-import { formatBytes, formatPercent } from './format';
+import { formatBytes, formatPercent, scaleText } from './format';
 import { ISample } from './history';
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
@@ -71,11 +72,16 @@ export class UsageChart {
     this.node.className = `hami-chart hami-chart-${kind}`;
     this.node.dataset.chart = key;
 
+    // The SVG's label says it in words: the caption and scale are for the eye only.
+    const head = document.createElement('div');
+    head.className = 'hami-chart-head';
+    head.setAttribute('aria-hidden', 'true');
     this._caption = document.createElement('span');
     this._caption.className = 'hami-chart-caption';
-    // The SVG's label says it in words: the caption is for the eye only.
-    this._caption.setAttribute('aria-hidden', 'true');
-    this.node.appendChild(this._caption);
+    this._scale = document.createElement('span');
+    this._scale.className = 'hami-chart-scale';
+    head.append(this._caption, this._scale);
+    this.node.appendChild(head);
 
     const svg = svgElement('svg', 'hami-chart-svg', this.node);
     svg.setAttribute('viewBox', `0 0 ${CHART_WIDTH} ${CHART_HEIGHT}`);
@@ -102,6 +108,9 @@ export class UsageChart {
     const limitOf = memory ? (s: ISample) => s.cap : (s: ISample) => s.share;
 
     this._svg.dataset.max = String(max);
+    const top = scaleText(max, this.kind);
+    this._scale.textContent = `0–${top}`;
+    this._scale.title = `The chart's scale: 0 at the bottom, ${top} at the top`;
     this._setPath(this._line, linePath(samples, memory ? usedValue : smValue, max, frame));
     this._setPath(this._limit, limitPath(samples, limitOf, max, frame));
     this._limit.dataset.value = String(latestLimit(samples, limitOf));
@@ -155,6 +164,7 @@ export class UsageChart {
   }
 
   private _caption: HTMLSpanElement;
+  private _scale: HTMLSpanElement;
   private _svg: SVGSVGElement;
   private _title: SVGTitleElement;
   private _spans: SVGGElement;

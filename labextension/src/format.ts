@@ -590,6 +590,88 @@ export function tooltipText(status: IKernelSliceStatus | null): string {
   return lines.join('\n');
 }
 
+/** A kernel's bytes per GPU UUID, summed over its processes (`processes[].memory_used`). */
+export function kernelGpuBytes(kernel: ISliceKernel): Map<string, number> {
+  const bytes = new Map<string, number>();
+  for (const process of kernel.processes ?? []) {
+    const used = (process as { memory_used?: unknown } | null)?.memory_used;
+    if (typeof used !== 'object' || used === null) {
+      continue;
+    }
+    for (const [uuid, n] of Object.entries(used as Record<string, unknown>)) {
+      bytes.set(uuid, (bytes.get(uuid) ?? 0) + count(n));
+    }
+  }
+  return bytes;
+}
+
+/**
+ * The GPU of the status where `kernel` holds the most memory (its processes'
+ * bytes by UUID); `null` while it holds none there (parked, not started on a
+ * GPU, or an older server without per-process figures).
+ */
+export function kernelGpu(kernel: ISliceKernel, status: IKernelSliceStatus | null): IGpuStatus | null {
+  let best: IGpuStatus | null = null;
+  let most = 0;
+  const bytes = kernelGpuBytes(kernel);
+  for (const gpu of status?.gpus ?? []) {
+    const held = gpu.uuid !== undefined ? (bytes.get(gpu.uuid) ?? 0) : 0;
+    if (held > most) {
+      best = gpu;
+      most = held;
+    }
+  }
+  return best;
+}
+
+/** What a kernel's memory cell of the panel shows beside its figure (kernelMemoryView). */
+export interface IKernelMemoryView {
+  /** Its level against the cap of its GPU, by the status's thresholds: a colour only from warning on. */
+  level: Level;
+  /** The tooltip: `"65 % of GPU 1's cap"`, `"65 % of the slice's cap"`; `""` without a cap. */
+  title: string;
+}
+
+/**
+ * A kernel's memory against the cap of the GPU it holds the most on
+ * (kernelGpu; else the slice's fullest GPU, memoryHeadline): its level by the
+ * status's thresholds (a kernel at 48 % is no warning, whatever its rank) and
+ * the tooltip naming that GPU where the slice has several.
+ */
+export function kernelMemoryView(kernel: ISliceKernel, status: IKernelSliceStatus | null): IKernelMemoryView {
+  const own = kernelGpu(kernel, status);
+  const headline = memoryHeadline(status);
+  const gpuCount = status?.gpus?.length ?? 0;
+  const used = own?.uuid !== undefined ? (kernelGpuBytes(kernel).get(own.uuid) ?? 0) : count(kernel.memory_used);
+  const limit = own !== null ? gpuCap(own) : (headline?.limit ?? 0);
+  const index = own !== null ? own.index : headline?.gpu ?? null;
+  const fraction = memoryFraction(used, limit);
+  if (fraction === null) {
+    return { level: 'ok', title: '' };
+  }
+  const capName = gpuCount > 1 && index !== null ? `GPU ${index}'s cap` : "the slice's cap";
+  return {
+    level: memoryLevel(used, limit, statusThresholds(status)),
+    title: `${formatPercent(fraction * 100)} of ${capName}`
+  };
+}
+
+/**
+ * The panel's headline, the status bar's words (statusText) so the two never
+ * disagree; while this notebook's kernel is parked or on its way, `slice` is
+ * the slice's own usage (sliceText) for a second line, else `null`.
+ */
+export function panelHeadline(status: IKernelSliceStatus | null): { text: string | null; slice: string | null } {
+  const text = statusText(status);
+  const slice = sliceText(status);
+  return { text, slice: text !== slice ? slice : null };
+}
+
+/** The top of a chart's scale in words: `"1.1 GiB"`, `"100 %"`. */
+export function scaleText(max: number, kind: 'memory' | 'sm'): string {
+  return kind === 'memory' ? formatBytes(max) : formatPercent(max);
+}
+
 /**
  * The slice's kernels for the panel, biggest memory user first (the one that
  * hogs the slice on top), then by SM use, then by id so the order is stable.

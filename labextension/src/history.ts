@@ -1,13 +1,15 @@
 /**
- * The last minutes of a slice, kept in the browser from the model's polls (no
- * state on the server): one ring buffer of samples per GPU of the slice and
- * one per kernel, what the panel's charts draw. A poll the server did not
- * answer is a gap sample in every series, so the charts break their lines
- * there instead of joining across it. No DOM and no JupyterLab here, so the
- * unit tests run in plain Node.
+ * The last minutes of a slice, what the panel's charts draw: one ring buffer of
+ * samples per GPU of the slice and one per kernel, filled from the model's
+ * polls, and seeded, when a page first shows the slice, with the minutes the
+ * server kept before it (`GET hami/v1/kernels/<id>/history`, samples of the
+ * same shape), so a page load does not start the charts over. A poll the
+ * server did not answer is a gap sample in every series, so the charts break
+ * their lines there instead of joining across it. No DOM and no JupyterLab
+ * here, so the unit tests run in plain Node.
  */
 
-import { memoryHeadline } from './format';
+import { kernelGpu, memoryHeadline } from './format';
 import { IGpuStatus, IKernelSliceStatus, ISliceKernel, ParkState } from './types';
 
 /**
@@ -198,16 +200,18 @@ export function gpuSample(gpu: IGpuStatus, t: number): ISample {
 
 /**
  * The sample of one kernel in an answer: its own bytes and SM use, against
- * the cap of the slice's fullest GPU (memoryHeadline) and the slice's share.
+ * the cap of the GPU it holds the most on (kernelGpu; else the slice's
+ * fullest GPU, memoryHeadline) and the slice's share.
  */
 export function kernelSample(kernel: ISliceKernel, status: IKernelSliceStatus, t: number): ISample {
   const state = kernel.park_state;
+  const own = kernelGpu(kernel, status);
   return {
     t,
     gap: false,
     used: count(kernel.memory_used),
     sm: count(kernel.sm_util),
-    cap: memoryHeadline(status)?.limit ?? 0,
+    cap: own !== null ? count(own.memory_limit) : (memoryHeadline(status)?.limit ?? 0),
     share: count(status.sm_share),
     real: null,
     parked: count(kernel.memory_parked),
@@ -295,6 +299,40 @@ export class SliceHistory {
     this._prune(t);
   }
 
+  /**
+   * The server's samples of slice `slice` (its file's path) from before this
+   * page's first poll: each series gets those older than its first sample of
+   * its own, in front of them. For another slice than the one recorded, or
+   * samples not shaped as ISample, nothing changes. Returns how many were added.
+   */
+  seed(slice: string, kept: IKeptHistory): number {
+    if (slice !== this._slice) {
+      return 0;
+    }
+    let added = 0;
+    for (const [map, series] of [
+      [this._gpus, kept.gpus],
+      [this._kernels, kept.kernels]
+    ] as const) {
+      for (const [key, samples] of Object.entries(series ?? {})) {
+        const earlier = (Array.isArray(samples) ? samples : []).filter(isSample);
+        const buffer = this._series(map, key);
+        const first = buffer.at(0)?.t ?? Infinity;
+        const before = earlier.filter(s => s.t < first);
+        if (before.length === 0) {
+          continue;
+        }
+        const own = buffer.toArray();
+        buffer.clear();
+        for (const sample of [...before, ...own]) {
+          buffer.push(sample);
+        }
+        added += before.length;
+      }
+    }
+    return added;
+  }
+
   /** A poll at time `t` that got no reading: a gap in every series. */
   recordGap(t: number): void {
     this._gapExcept(this._gpus, new Set(), t);
@@ -379,6 +417,21 @@ export class SliceHistory {
   private readonly _minIntervalMs: number;
   private _gpus = new Map<string, RingBuffer<ISample>>();
   private _kernels = new Map<string, RingBuffer<ISample>>();
+}
+
+/** The server's history of a slice (`GET hami/v1/kernels/<id>/history`), by GPU key and kernel id. */
+export interface IKeptHistory {
+  gpus?: Record<string, unknown>;
+  kernels?: Record<string, unknown>;
+}
+
+/** Whether `value` is a sample as the server keeps them (ISample's fields, `t` a number). */
+export function isSample(value: unknown): value is ISample {
+  if (typeof value !== 'object' || value === null) {
+    return false;
+  }
+  const s = value as Record<string, unknown>;
+  return typeof s.t === 'number' && Number.isFinite(s.t) && typeof s.gap === 'boolean';
 }
 
 export namespace SliceHistory {

@@ -2,8 +2,10 @@
  * What the status bar item and the slice panel show: the answer of
  * `GET {baseUrl}hami/v1/kernels/<id>` for the current notebook's kernel,
  * polled at the settings' refresh rate while the page is visible, and the
- * last minutes of those answers for the panel's charts (history.ts: kept
- * here in the browser, a gap where a poll got no answer).
+ * last minutes of those answers for the panel's charts (history.ts: a gap
+ * where a poll got no answer). When a slice first shows, the minutes the
+ * server kept of it before this page (`.../history`) go in front, so the
+ * charts do not start over at a page load.
  */
 
 import { URLExt } from '@jupyterlab/coreutils';
@@ -12,7 +14,7 @@ import { IDisposable } from '@lumino/disposable';
 import { IPoll, Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { KERNEL_API_PATH } from './api';
+import { fetchHistory, KERNEL_API_PATH } from './api';
 import {
   DEFAULT_REFRESH_RATE,
   MIN_REFRESH_RATE,
@@ -151,9 +153,12 @@ export class SliceModel implements IDisposable {
     this._changed.emit();
   }
 
-  /** Readings further apart than this (ms) are not joined in the charts: polls were missed. */
+  /**
+   * Readings further apart than this (ms) are not joined in the charts: polls
+   * were missed. The server's samples (seeded) are as far apart as its interval.
+   */
   get maxGapMs(): number {
-    return GAP_INTERVALS * this._refreshRate;
+    return GAP_INTERVALS * Math.max(this._refreshRate, this._serverIntervalMs);
   }
 
   /** The clock the history's samples are taken with (ms since the epoch); the charts end at it. */
@@ -226,7 +231,27 @@ export class SliceModel implements IDisposable {
     this._status = status;
     this._error = null;
     this._history.record(status, this._now());
+    const slice = this._history.slice;
+    if (slice !== null && slice !== this._seeded && status.error === undefined) {
+      this._seeded = slice;
+      void this._seed(id, slice);
+    }
     this._changed.emit();
+  }
+
+  /** The server's history of `slice` before this page, in front of the polls' (once per slice). */
+  private async _seed(kernelId: string, slice: string): Promise<void> {
+    try {
+      const kept = await fetchHistory(this._serverSettings, kernelId, this._historyMinutes);
+      if (kept.interval_s > 0) {
+        this._serverIntervalMs = kept.interval_s * 1000;
+      }
+      if (kept.path === slice && this._history.seed(slice, kept) > 0) {
+        this._changed.emit();
+      }
+    } catch {
+      // A server without the history (an older one): the charts start with this page.
+    }
   }
 
   private _serverSettings: ServerConnection.ISettings;
@@ -236,6 +261,10 @@ export class SliceModel implements IDisposable {
   private _refreshRate: number;
   private _historyMinutes: number;
   private _history: SliceHistory;
+  /** The slice whose server history was asked for already. */
+  private _seeded: string | null = null;
+  /** How far apart the server's own samples are (its history interval), ms. */
+  private _serverIntervalMs = 0;
   private _now: () => number;
   private _poll: Poll;
   private _changed = new Signal<this, void>(this);

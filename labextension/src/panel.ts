@@ -52,6 +52,7 @@ import {
   gpuLevel,
   gpuText,
   guardOverLines,
+  kernelMemoryView,
   guardParkedLines,
   guaranteeText,
   heldLines,
@@ -61,6 +62,8 @@ import {
   levelClass,
   memoryFraction,
   memoryHeadline,
+  panelHeadline,
+  PARK_CLASSES,
   ParkAction,
   parkAction,
   parkErrorText,
@@ -68,8 +71,8 @@ import {
   parkResultText,
   resumeResultText,
   shortId,
-  sliceText,
-  sortKernels
+  sortKernels,
+  statusParkClass
 } from './format';
 import { gpuKey } from './history';
 import { gpuIcon } from './icon';
@@ -151,6 +154,25 @@ function element<K extends keyof HTMLElementTagNameMap>(
   return node;
 }
 
+/**
+ * `text` in `node` as parts that never break inside: each part between " · "
+ * is a span of its own (`hami-part`, no wrap), the separators between them
+ * may break. In a narrow panel a row wraps between its figures, never inside
+ * one ("3.5 GiB" stays whole), and nothing is cut. The node's text is `text`.
+ */
+function setParts(node: HTMLElement, text: string): void {
+  if (node.textContent === text) {
+    return;
+  }
+  node.textContent = '';
+  text.split(' · ').forEach((part, i) => {
+    if (i > 0) {
+      node.append(' · ');
+    }
+    element('span', 'hami-part', node).textContent = part;
+  });
+}
+
 export class SlicePanel extends Widget {
   constructor(options: SlicePanel.IOptions) {
     super();
@@ -187,6 +209,10 @@ export class SlicePanel extends Widget {
 
     this._summary = element('div', 'hami-panel-summary', this.node);
     this._usage = element('div', 'hami-panel-usage', this._summary);
+    // While this notebook's kernel is parked the headline says so (as the status
+    // bar does) and this line, the slice's own usage.
+    this._sliceUsage = element('div', 'hami-panel-slice-usage', this._summary);
+    this._sliceUsage.hidden = true;
     const meter = element('div', 'hami-meter', this._summary);
     this._meterFill = element('div', 'hami-meter-fill', meter);
     this._legend = this._createLegend();
@@ -245,7 +271,7 @@ export class SlicePanel extends Widget {
   render(): void {
     const model = this._model;
     const status = model.status;
-    const text = sliceText(status);
+    const headlineText = panelHeadline(status);
 
     this._sliceName.textContent = status?.in_slice ? status.slice ?? '' : '';
     this._sliceName.title = status?.in_slice ? status.path ?? '' : '';
@@ -285,11 +311,15 @@ export class SlicePanel extends Widget {
     }
 
     const level = model.level ?? 'ok';
-    this._usage.textContent = text ?? '';
-    for (const node of [this._usage, this._meterFill]) {
-      node.classList.remove(...LEVEL_CLASSES);
-      node.classList.add(levelClass(level));
-    }
+    setParts(this._usage, headlineText.text ?? '');
+    this._sliceUsage.hidden = headlineText.slice === null;
+    setParts(this._sliceUsage, headlineText.slice !== null ? `The slice: ${headlineText.slice}` : '');
+    // Parked: the headline in the status bar's neutral look, the meter the slice's level.
+    const parkClass = statusParkClass(status);
+    this._usage.classList.remove(...LEVEL_CLASSES, ...PARK_CLASSES);
+    this._usage.classList.add(parkClass ?? levelClass(level));
+    this._meterFill.classList.remove(...LEVEL_CLASSES);
+    this._meterFill.classList.add(levelClass(level));
     // The meter is the fullest GPU's, as the text: never a sum of the GPUs' caps.
     const headline = memoryHeadline(status);
     const fraction = memoryFraction(headline?.used ?? 0, headline?.limit ?? 0);
@@ -366,7 +396,7 @@ export class SlicePanel extends Widget {
       parts.item.classList.remove(...LEVEL_CLASSES);
       parts.item.classList.add(levelClass(gpuLevel(gpu, model.thresholds)));
       parts.item.classList.toggle(GUARD_OVER_CLASS, gpuGuardOver(gpu));
-      parts.text.textContent = gpuText(gpu);
+      setParts(parts.text, gpuText(gpu));
       const lent = guaranteeText(gpu) !== null ? `\n${LENT_TEXT}` : '';
       parts.text.title = (gpu.uuid ? `${gpuText(gpu)}\n${gpu.uuid}` : gpuText(gpu)) + lent;
       parts.charts.update(model.history.gpu(key), time);
@@ -383,13 +413,6 @@ export class SlicePanel extends Widget {
   }
 
   private _renderKernels(kernels: ISliceKernel[]): void {
-    const headline = memoryHeadline(this._model.status);
-    const limit = headline?.limit ?? 0;
-    // A kernel's bytes against the cap of the slice's fullest GPU, named among several.
-    const capName =
-      headline !== null && headline.gpuCount > 1 && headline.gpu !== null
-        ? `GPU ${headline.gpu}'s cap`
-        : "the slice's cap";
     const time = this._chartTime();
     const seen = new Set<string>();
     this._kernels.clear();
@@ -401,7 +424,7 @@ export class SlicePanel extends Widget {
         parts = this._createRow(kernel.kernel_id);
         this._rows.set(kernel.kernel_id, parts);
       }
-      this._fillRow(parts, kernel, position === 0 && kernels.length > 1, limit, capName);
+      this._fillRow(parts, kernel);
       parts.charts.update(this._model.history.kernel(kernel.kernel_id), time);
       // Keep the DOM in the sorted order, moving only kernels out of place.
       const bodies = this._table.tBodies;
@@ -437,16 +460,9 @@ export class SlicePanel extends Widget {
     return { body, row, charts, name, meta, park, memory, sm, actions, buttons: new Map(), thisServer: null };
   }
 
-  private _fillRow(
-    parts: IRow,
-    kernel: ISliceKernel,
-    top: boolean,
-    sliceLimit: number,
-    capName: string
-  ): void {
+  private _fillRow(parts: IRow, kernel: ISliceKernel): void {
     const current = kernel.kernel_id === this._model.kernelId;
     parts.row.classList.toggle('hami-kernel-current', current);
-    parts.row.classList.toggle('hami-kernel-top', top && (kernel.memory_used ?? 0) > 0);
     parts.row.classList.toggle('hami-kernel-other-server', !kernel.this_server);
 
     parts.name.textContent = shortId(kernel.kernel_id);
@@ -460,8 +476,8 @@ export class SlicePanel extends Widget {
     if (!kernel.this_server) {
       meta.push('another server');
     }
-    parts.meta.textContent = meta.filter(Boolean).join(' · ');
-    parts.meta.title = parts.meta.textContent;
+    setParts(parts.meta, meta.filter(Boolean).join(' · '));
+    parts.meta.title = parts.meta.textContent ?? '';
 
     const state = parkInfo(kernel).state;
     const parkText = kernelNoteText(kernel);
@@ -471,8 +487,12 @@ export class SlicePanel extends Widget {
     parts.park.hidden = parkText === null;
 
     parts.memory.textContent = formatBytes(kernel.memory_used ?? 0);
-    const fraction = memoryFraction(kernel.memory_used ?? 0, sliceLimit);
-    parts.memory.title = fraction === null ? '' : `${formatPercent(fraction * 100)} of ${capName}`;
+    // Its own level against the cap of the GPU it uses (not its rank: the
+    // biggest kernel at 48 % is no warning), and that GPU named among several.
+    const view = kernelMemoryView(kernel, this._model.status);
+    parts.memory.classList.remove(...LEVEL_CLASSES);
+    parts.memory.classList.add(levelClass(view.level));
+    parts.memory.title = view.title;
     parts.sm.textContent = formatPercent(kernel.sm_util ?? 0);
 
     const thisServer = kernel.this_server === true;
@@ -563,6 +583,7 @@ export class SlicePanel extends Widget {
   private _held: HTMLElement;
   private _summary: HTMLElement;
   private _usage: HTMLElement;
+  private _sliceUsage: HTMLElement;
   private _meterFill: HTMLElement;
   private _legend: HTMLElement;
   private _legendWindow!: HTMLElement;

@@ -24,6 +24,8 @@ import {
   guaranteeText,
   heldLines,
   heldText,
+  kernelGpu,
+  kernelMemoryView,
   kernelNoteText,
   kernelParkText,
   levelClass,
@@ -31,6 +33,7 @@ import {
   memoryHeadline,
   memoryLevel,
   normalizeRefreshRate,
+  panelHeadline,
   PARKED_CLASS,
   PARKING_TEXT,
   parkAction,
@@ -47,6 +50,7 @@ import {
   RESUMING_TEXT,
   resumeResultText,
   roomWaitText,
+  scaleText,
   shortId,
   sliceLevel,
   sliceText,
@@ -931,5 +935,65 @@ describe('why a kernel was parked, and a wait for GPU room', () => {
     expect(tooltipText(withPark({ room_wait: wait })).split('\n')[3]).toBe(
       'This kernel is waiting for 8.0 GiB of GPU room since 14:02'
     );
+  });
+});
+
+describe('a kernel against the cap of its own GPU (issue 35, item 6)', () => {
+  const UUIDS = ['GPU-5a1f0000-0000-4000-8000-000000000000', 'GPU-5a1f0000-0000-4000-8000-000000000001'];
+  const gpu = (index: number, used: number): IGpuStatus => ({
+    index,
+    uuid: UUIDS[index],
+    memory_total: 16 * GIB,
+    memory_used: used,
+    memory_limit: 4 * GIB,
+    sm_share: 25,
+    sm_util: 0
+  });
+  const kernel = (id: string, onGpu: number, bytes: number): ISliceKernel => ({
+    kernel_id: id,
+    memory_used: bytes,
+    sm_util: 0,
+    this_server: true,
+    processes: [{ pid: 1, memory_used: { [UUIDS[onGpu]]: bytes } }]
+  });
+  const status = (
+    kernels: ISliceKernel[],
+    gpus: IGpuStatus[] = [gpu(0, 3.5 * GIB), gpu(1, 2.6 * GIB)]
+  ): IKernelSliceStatus => ({ kernel_id: 'a', in_slice: true, slice: 'alice', sm_share: 25, gpus, kernels });
+
+  it("names the GPU the kernel holds its memory on, not the slice's fullest", () => {
+    const onGpu1 = kernel('b', 1, 2.6 * GIB);
+    const s = status([kernel('a', 0, 3.5 * GIB), onGpu1]);
+    expect(kernelGpu(onGpu1, s)?.index).toBe(1);
+    expect(kernelMemoryView(onGpu1, s)).toEqual({ level: 'ok', title: "65 % of GPU 1's cap" });
+  });
+
+  it('colours by its own level, never by its rank', () => {
+    const s = status([kernel('a', 0, 1.92 * GIB)], [gpu(0, 1.92 * GIB)]);
+    // The biggest (and only) kernel at 48 %: no warning; one GPU: "the slice's cap".
+    expect(kernelMemoryView(kernel('a', 0, 1.92 * GIB), s)).toEqual({
+      level: 'ok',
+      title: "48 % of the slice's cap"
+    });
+    expect(kernelMemoryView(kernel('a', 0, 3.5 * GIB), s).level).toBe('warning');
+    expect(kernelMemoryView(kernel('a', 0, 3.9 * GIB), s).level).toBe('critical');
+  });
+
+  it("heads the panel with the status bar's words, the slice beneath while parked", () => {
+    const parked: IKernelSliceStatus = {
+      ...status([]),
+      kernel: { memory_used: 0, sm_util: 0, park_state: 'parked', memory_parked: 3.5 * GIB }
+    };
+    expect(panelHeadline(parked)).toEqual({
+      text: 'vGPU parked · 3.5 GiB in host memory',
+      slice: 'vGPU 3.5 / 4.0 GiB (GPU 0) · SM 0 % / 25 %'
+    });
+    const running: IKernelSliceStatus = { ...status([]), kernel: { memory_used: 0, sm_util: 0 } };
+    expect(panelHeadline(running)).toEqual({ text: 'vGPU 3.5 / 4.0 GiB (GPU 0) · SM 0 % / 25 %', slice: null });
+  });
+
+  it("says a chart's scale", () => {
+    expect(scaleText(1.1 * GIB, 'memory')).toBe('1.1 GiB');
+    expect(scaleText(100, 'sm')).toBe('100 %');
   });
 });

@@ -35,12 +35,26 @@ function answer(used: number, fractions: Record<string, unknown>): IKernelSliceS
 /** The models' clock (their history's time), ms since the epoch; the tests move it. */
 let clock = 1_700_000_000_000;
 
-/** A model whose requests go to `reply` (a JSON body, or an HTTP status to fail with). */
-function fakeServer(reply: () => unknown): { model: SliceModel; paths: string[] } {
+/**
+ * A model whose requests go to `reply` (a JSON body, or an HTTP status to fail
+ * with); those for a slice's history to `history` (404 by default: an older
+ * server), kept apart in `histories`.
+ */
+function fakeServer(
+  reply: () => unknown,
+  history: () => unknown = () => 404
+): { model: SliceModel; paths: string[]; histories: string[] } {
   const paths: string[] = [];
+  const histories: string[] = [];
   const fetch = async (request: Request): Promise<Response> => {
-    paths.push(new URL(request.url).pathname);
-    const body = reply();
+    const url = new URL(request.url);
+    const asksHistory = url.pathname.endsWith('/history');
+    if (asksHistory) {
+      histories.push(`${url.pathname}?minutes=${url.searchParams.get('minutes')}`);
+    } else {
+      paths.push(url.pathname);
+    }
+    const body = asksHistory ? history() : reply();
     if (typeof body === 'number') {
       return new Response('failed', { status: body });
     }
@@ -58,7 +72,7 @@ function fakeServer(reply: () => unknown): { model: SliceModel; paths: string[] 
   // The poll's timers are fake and never reach the interval: only the
   // refreshes of the tests ask the server.
   const model = new SliceModel({ serverSettings, refreshRate: 60_000, now: () => clock });
-  return { model, paths };
+  return { model, paths, histories };
 }
 
 /** Runs the poll's due timers and the requests they make until `done` holds. */
@@ -204,6 +218,52 @@ describe('the model', () => {
     expect(changes).toBe(1);
     model.historyMinutes = 0;
     expect(model.historyMinutes).toBe(1);
+  });
+
+  it('puts the minutes the server kept in front of its own, once per slice (issue 35, item 6)', async () => {
+    const start = clock;
+    const sample = (t: number, used: number) => ({
+      t,
+      gap: false,
+      used,
+      sm: 0,
+      cap: 10 * GIB,
+      share: 0,
+      real: null,
+      parked: 0,
+      state: null
+    });
+    const kept = {
+      kernel_id: 'k1',
+      in_slice: true,
+      path: '/run/hami/slices/alice.slice',
+      interval_s: 120,
+      gpus: { '0': [sample(start - 4000, GIB), sample(start - 2000, 1.5 * GIB), sample(start, 9 * GIB)] },
+      kernels: {}
+    };
+    const server = fakeServer(
+      () => answer(2 * GIB, {}),
+      () => kept
+    );
+    model = server.model;
+    let changes = 0;
+    model.changed.connect(() => changes++);
+    model.kernelId = 'k1';
+    await until(model, m => m.history.gpu('0').length === 3);
+    expect(server.histories).toEqual(['/hami/v1/kernels/k1/history?minutes=5']);
+    // The server's older samples, then the page's own first poll (the server's at its time is not taken).
+    expect(model.history.gpu('0').map(s => [s.t - start, s.used])).toEqual([
+      [-4000, GIB],
+      [-2000, 1.5 * GIB],
+      [0, 2 * GIB]
+    ]);
+    expect(changes).toBeGreaterThanOrEqual(2); // the charts redraw with them
+    // Its samples are two minutes apart: lines join across them.
+    expect(model.maxGapMs).toBe(3 * 120_000);
+
+    clock += 1000;
+    await refreshUntil(model, m => m.history.gpu('0').length === 4);
+    expect(server.histories).toHaveLength(1); // asked once for the slice
   });
 
   it('keeps the history of the slice across its kernels, and nothing of a kernel outside one', async () => {

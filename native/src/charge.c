@@ -9,6 +9,7 @@
  * the next sweep finds and removes (recount in slice.c).
  */
 #include <stdio.h>
+#include <time.h>
 
 #include "hami.h"
 
@@ -22,31 +23,68 @@ static int oom_report_due(void)
 	return hami_report_due(&last_oom_report, OOM_REPORT_INTERVAL_NS);
 }
 
+/* "GPU 0", by the index the program uses (hami_gpu_name). */
+static void gpu_of(int sdev, char *out, size_t cap)
+{
+	struct hami_slice_file *f = hami_slice();
+	char uuid[HAMI_SLICE_UUID_LEN] = "";
+	if (f && sdev >= 0)
+		snprintf(uuid, sizeof(uuid), "%.*s", HAMI_SLICE_UUID_LEN - 1, f->device[sdev].uuid);
+	hami_gpu_name(sdev, uuid, out, cap);
+}
+
+/* What a person can do about it, the same words in every out-of-memory line. */
+#define OOM_WHAT_TO_DO "To go on: free tensors you no longer need (del, then %%hami release in a notebook " \
+		       "gives the framework's cached memory back), or ask for a bigger size."
+
+/*
+ * Who set the cap, when that matters: a cap below what the slice holds was
+ * lowered while the memory was in use; an administrator's cap says so. Empty
+ * otherwise.
+ */
+static void cap_note(uint64_t used, uint64_t limit, char *out, size_t cap)
+{
+	struct hami_slice_file *f = hami_slice();
+	const char *by = hami_limits_set_by_admin() ? " by an administrator" : "";
+	char when[16] = "";
+	uint64_t ns = f ? __atomic_load_n(&hami_limits_block(f)->changed_unix_ns, __ATOMIC_ACQUIRE) : 0;
+	time_t t = (time_t)(ns / 1000000000ull);
+	struct tm tm;
+	if (ns && localtime_r(&t, &tm))
+		strftime(when, sizeof(when), " at %H:%M", &tm);
+	out[0] = 0;
+	if (used > limit)
+		snprintf(out, cap, " The cap was lowered%s%s, below what the slice already holds: new memory "
+			 "is refused until its use falls under the cap.", by, when);
+	else if (by[0])
+		snprintf(out, cap, " An administrator set this cap%s.", when);
+}
+
 /* what NULL: a quiet charge (a resume that waits for room is no error). */
 static void report_oom(int sdev, uint64_t want, uint64_t used, uint64_t limit, const char *what)
 {
 	if (!what || !oom_report_due())
 		return;
-	struct hami_slice_file *f = hami_slice();
-	char a[32], b[32], c[32];
+	char gpu[HAMI_SLICE_UUID_LEN + 8], a[32], b[32], c[32], note[192];
+	gpu_of(sdev, gpu, sizeof(gpu));
+	cap_note(used, limit, note, sizeof(note));
 	/* People read this: sizes in units only; the contexts' share explains why less
-	 * than the limit fits as data. */
+	 * than the cap fits as data. */
 	hami_log(HAMI_LOG_ERROR,
-		 "slice \"%s\" GPU %s: out of memory: %s of %s refused; %s of the slice's %s limit "
-		 "in use, CUDA contexts included",
-		 hami_slice_name(), f ? f->device[sdev].uuid : "?", what, hami_human(want, a),
-		 hami_human(used, b), hami_human(limit, c));
+		 "out of memory on %s: %s asked for %s; slice \"%s\" has %s of its %s cap in use "
+		 "(CUDA contexts included).%s " OOM_WHAT_TO_DO,
+		 gpu, what, hami_human(want, a), hami_slice_name(), hami_human(used, b), hami_human(limit, c), note);
 }
 
-/* A size that no counter holds: a garbage or wrapped request, refused whatever the limit. */
+/* A size that no counter holds: a garbage or wrapped request, refused whatever the cap. */
 static void report_overflow(int sdev, uint64_t want, const char *what)
 {
 	if (!what || !oom_report_due())
 		return;
-	struct hami_slice_file *f = hami_slice();
-	hami_log(HAMI_LOG_ERROR, "slice \"%s\" GPU %s: out of memory: %s of %llu bytes refused: "
-		 "more than any GPU holds", hami_slice_name(), f ? f->device[sdev].uuid : "?", what,
-		 (unsigned long long)want);
+	char gpu[HAMI_SLICE_UUID_LEN + 8];
+	gpu_of(sdev, gpu, sizeof(gpu));
+	hami_log(HAMI_LOG_ERROR, "out of memory on %s: %s asked for %llu bytes, more than any GPU holds "
+		 "(slice \"%s\")", gpu, what, (unsigned long long)want, hami_slice_name());
 }
 
 /* A refusal by the process's own cap, inside the slice's. */
@@ -54,13 +92,13 @@ static void report_process_oom(int sdev, uint64_t want, uint64_t held, const cha
 {
 	if (!what || !oom_report_due())
 		return;
-	struct hami_slice_file *f = hami_slice();
-	char a[32], b[32], c[32];
+	char gpu[HAMI_SLICE_UUID_LEN + 8], a[32], b[32], c[32];
+	gpu_of(sdev, gpu, sizeof(gpu));
 	hami_log(HAMI_LOG_ERROR,
-		 "slice \"%s\" GPU %s: out of memory: %s of %s refused, this process holds %s of its own "
-		 "%s cap (HAMI_PROCESS_MEMORY_LIMIT, inside the slice's)", hami_slice_name(),
-		 f ? f->device[sdev].uuid : "?", what, hami_human(want, a), hami_human(held, b),
-		 hami_human(hami_process_limit(), c));
+		 "out of memory on %s: %s asked for %s; this process has %s of its own %s cap in use "
+		 "(HAMI_PROCESS_MEMORY_LIMIT, from its kernelspec, inside slice \"%s\"'s cap). " OOM_WHAT_TO_DO,
+		 gpu, what, hami_human(want, a), hami_human(held, b), hami_human(hami_process_limit(), c),
+		 hami_slice_name());
 }
 
 uint64_t hami_device_limit_bytes(int sdev)

@@ -16,6 +16,8 @@
  * limit leaves. When the limit leaves nothing, or the broker made all of it
  * free and the driver still refuses, the error goes to the program.
  */
+#include <stdio.h>
+
 #include "hami.h"
 
 #define FIRST_ASK (256ull << 20) /* the driver's own needs: code, local memory, pools */
@@ -23,23 +25,36 @@
 
 static uint64_t last_report;
 
+/* "GPU 0", as the program numbers it. */
+static void gpu_of(int sdev, char *out, size_t cap)
+{
+	struct hami_slice_file *f = hami_slice();
+	char uuid[HAMI_SLICE_UUID_LEN] = "";
+	if (f)
+		snprintf(uuid, sizeof(uuid), "%.*s", HAMI_SLICE_UUID_LEN - 1, f->device[sdev].uuid);
+	hami_gpu_name(sdev, uuid, out, cap);
+}
+
 static void report_no_room(int sdev, const char *what, uint64_t used, uint64_t limit)
 {
 	if (!hami_report_due(&last_report, REPORT_INTERVAL_NS))
 		return;
-	char a[32], b[32];
-	hami_log(HAMI_LOG_ERROR, "slice \"%s\": no room in the slice for what the driver needs for %s "
-		 "(%s of the %s cap in use): out of memory", hami_slice_name(), what, hami_human(used, a),
-		 hami_human(limit, b));
+	char gpu[HAMI_SLICE_UUID_LEN + 8], a[32], b[32];
+	gpu_of(sdev, gpu, sizeof(gpu));
+	hami_log(HAMI_LOG_ERROR, "out of memory on %s: no room in the slice for what the driver needs for "
+		 "%s; slice \"%s\" has %s of its %s cap in use (CUDA contexts included). To go on: free "
+		 "tensors you no longer need (del, then %%hami release in a notebook), or ask for a bigger size.",
+		 gpu, what, hami_slice_name(), hami_human(used, a), hami_human(limit, b));
 }
 
-static void report_still_refused(const char *what, uint64_t made)
+static void report_still_refused(int sdev, const char *what, uint64_t made)
 {
 	if (!hami_report_due(&last_report, REPORT_INTERVAL_NS))
 		return;
-	char a[32];
-	hami_log(HAMI_LOG_ERROR, "the driver still refused %s after the memory broker made %s free "
-		 "on the GPU (all the slice's cap leaves): out of memory", what, hami_human(made, a));
+	char gpu[HAMI_SLICE_UUID_LEN + 8], a[32];
+	gpu_of(sdev, gpu, sizeof(gpu));
+	hami_log(HAMI_LOG_ERROR, "out of memory on %s: the driver still refused %s after the memory broker "
+		 "made %s free (all that the slice's cap leaves)", gpu, what, hami_human(made, a));
 }
 
 int hami_driver_room_wait(struct hami_driver_room *d, int sdev, uint64_t first_ask, const char *what)
@@ -61,7 +76,7 @@ int hami_driver_room_wait(struct hami_driver_room *d, int sdev, uint64_t first_a
 		if (!d->ask)
 			report_no_room(d->sdev, what, used, limit);
 		else
-			report_still_refused(what, d->ask);
+			report_still_refused(d->sdev, what, d->ask);
 		return 0;
 	}
 	d->ask = ask;

@@ -116,6 +116,7 @@ int hami_setup(void); /* CUDA_SUCCESS, an error to return, or -1: driver not ini
 int hami_ordinal_device(int ordinal);   /* slice device index, -1 if none */
 int hami_current_device(int *ordinal); /* slice device index of the current context, -1 if none */
 int hami_ordinal_count(void);
+void hami_gpu_name(int sdev, const char *uuid, char *out, size_t cap); /* "GPU 0" */
 
 /* slice.c: the mapped slice file */
 struct hami_device_info {
@@ -145,6 +146,7 @@ int hami_stat_missing(const char *path, const char *what); /* -1, reported: a da
 int hami_limits_file_map(const char *slice_path);
 const struct hami_slice_limits *hami_limits_block(const struct hami_slice_file *f);
 int hami_limits_file_in_force(void);
+int hami_limits_set_by_admin(void); /* 1: an administrator's limits are in force (hub) */
 
 /* charge.c: reserve-then-allocate against the slice */
 int hami_charge(int sdev, uint64_t bytes, const char *what);

@@ -117,6 +117,25 @@ int hami_limits_file_in_force(void)
 	return __atomic_load_n(&mapped, __ATOMIC_ACQUIRE) != NULL;
 }
 
+/*
+ * Whether an administrator's limits are in force: the hub keeps a marker
+ * "<name>.limits.admin" beside the limits file while they are (written by
+ * root, hami_jupyter/admin/marks.py), and believed only as root's regular
+ * file that nobody else may write. For the out-of-memory line only: it says
+ * who set the cap, nothing is enforced by it.
+ */
+int hami_limits_set_by_admin(void)
+{
+	char path[PATH_MAX];
+	const char *slice_path = hami_config()->slice_path;
+	struct stat st;
+	if (!hami_limits_file_in_force() || !slice_path || limits_path(slice_path, path, sizeof(path)) < 0 ||
+	    strlen(path) + sizeof(".admin") > sizeof(path))
+		return 0;
+	strcat(path, ".admin");
+	return stat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && !(st.st_mode & 022);
+}
+
 const struct hami_slice_limits *hami_limits_block(const struct hami_slice_file *f)
 {
 	const struct hami_limits_file *l = __atomic_load_n(&mapped, __ATOMIC_ACQUIRE);

@@ -109,17 +109,6 @@ void hami_room_after_fork(void)
 	memset(waits, 0, sizeof(waits));
 }
 
-/* "GPU 1" by the CUDA ordinal the program knows, else by UUID. */
-static void gpu_name(int sdev, const char *uuid, char *out, size_t cap)
-{
-	for (int o = 0; o < hami_ordinal_count(); o++)
-		if (hami_ordinal_device(o) == sdev) {
-			snprintf(out, cap, "GPU %d", o);
-			return;
-		}
-	snprintf(out, cap, "GPU %s", uuid);
-}
-
 /* When the latest wait of this process was interrupted (monotonic ns; 0: never). */
 static uint64_t last_interrupt_ns;
 
@@ -212,7 +201,7 @@ int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *wh
 		return 0;
 	char uuid[HAMI_SLICE_UUID_LEN], gpu[HAMI_SLICE_UUID_LEN + 8];
 	snprintf(uuid, sizeof(uuid), "%.*s", HAMI_SLICE_UUID_LEN - 1, f->device[sdev].uuid);
-	gpu_name(sdev, uuid, gpu, sizeof(gpu));
+	hami_gpu_name(sdev, uuid, gpu, sizeof(gpu));
 	if (!w->since_ns) {
 		w->since_ns = hami_now_ns();
 		w->entry = table_add(sdev, bytes, w->since_ns);

@@ -172,6 +172,18 @@ int hami_ordinal_device(int ordinal)
 	return ordinal_device[ordinal];
 }
 
+/* "GPU 1" by the CUDA ordinal the program knows (what torch.device("cuda:1")
+ * names), else by UUID: the index people read, after CUDA_VISIBLE_DEVICES. */
+void hami_gpu_name(int sdev, const char *uuid, char *out, size_t cap)
+{
+	for (int o = 0; o < ordinal_count; o++)
+		if (ordinal_device[o] == sdev) {
+			snprintf(out, cap, "GPU %d", o);
+			return;
+		}
+	snprintf(out, cap, "GPU %s", uuid && uuid[0] ? uuid : "?");
+}
+
 int hami_current_device(int *ordinal)
 {
 	cuCtxGetDevice_fn get_device = HAMI_REAL(cuCtxGetDevice_fn, "cuCtxGetDevice");

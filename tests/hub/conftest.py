@@ -365,8 +365,9 @@ class AdmittingHub(Hub):
     28, item 4), and an oversubscribed size, ``shared`` (8 GiB caps, 2 GiB
     guaranteed), whose kernels wait up to 30 s for GPU room (issue 28, items
     1-3). Its process reads no NVML (as a hub on a host without a driver):
-    the GPU is the one the slice files record, the simulated 16 GiB one,
-    whatever GPU the machine running the tests has."""
+    the GPU is the one its servers' environment shows (the simulated 16 GiB
+    one, whatever GPU the machine running the tests has), read by the hub in
+    a child process with that environment (issue 35, item 12)."""
 
     policy_lines = """\
         import hami_jupyter.gpus

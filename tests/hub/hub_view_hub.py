@@ -80,13 +80,6 @@ class HubViewHub(Hub):
             # The hub's own check of a dead server waits: the service must see it first.
             c.Spawner.poll_interval = 600
             c.Authenticator.admin_users = {{{ADMIN!r}}}
-            # The test's own service makes tokens and groups for the users.
-            c.JupyterHub.load_roles.append({{"name": "e2e-setup", "scopes": ["tokens", "admin:groups"],
-                                             "services": [{SERVICE!r}]}})
-            # Users who may reach the service without being its administrators.
-            c.JupyterHub.load_roles.append({{"name": "viewers",
-                                             "scopes": ["access:services!service={NAME}"],
-                                             "groups": ["viewers"]}})
 
             NODE_ENV = {node_env!r}
             PLACE = {PLACE!r}
@@ -112,6 +105,15 @@ class HubViewHub(Hub):
                 refresh={REFRESH}, admin_groups=["gpu-admins"],
                 extra_args=["--node=node-a", "--timeout={SERVER_TIMEOUT}"],
                 environment={{{TAG_ENV!r}: {self.tag!r}}})
+            # More roles, the way an administrator writes them: below the call, a
+            # plain assignment (issue 35, item 14). The service's role outlives it.
+            c.JupyterHub.load_roles = [
+                c.JupyterHub.load_roles[0],  # the test's own service (conftest.py's plumbing)
+                # The test's own service makes tokens and groups for the users.
+                {{"name": "e2e-setup", "scopes": ["tokens", "admin:groups"], "services": [{SERVICE!r}]}},
+                # Users who may reach the service without being its administrators.
+                {{"name": "viewers", "scopes": ["access:services!service={NAME}"], "groups": ["viewers"]}},
+            ]
             """)
         path = self.tmp / "jupyterhub_config.py"
         path.write_text(config)

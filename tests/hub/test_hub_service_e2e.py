@@ -224,7 +224,7 @@ def test_the_admin_panel_shows_the_hub_and_resizes_through_it(view_hub, monkeypa
         assert ("node-a", "alice") in view.slice_forms and ("node-b", "carol") in view.slice_forms
 
         form = view.slice_forms[("node-a", "alice")]
-        assert (form.memory.value, form.sm.value, form.mode.value) == ("1g", "25", "hard")
+        assert (form.memory.value, form.sm.value, form.mode.value) == ("1.0 GiB", "25", "hard")
         form.memory.value = "3g"
         answer = form.apply()
         assert answer is not None and answer["ok"], (view.message, view.errors)

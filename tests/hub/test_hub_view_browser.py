@@ -206,7 +206,7 @@ def test_an_admins_click_resizes_a_slice_and_the_running_kernel_follows(view_hub
         has=page.locator(".widget-html", has_text=re.compile(r"slice alice on node-a"))).last
     memory = form.locator(".widget-text", has=page.locator("label", has_text="memory")).locator(
         "input")
-    expect(memory).to_have_value("1g")
+    expect(memory).to_have_value("1.0 GiB")  # sizes as everything else shows them
     # Every input of the form and its Apply button lie within the notebook's output,
     # at JupyterLab's default layout: nothing to scroll sideways to.
     area = output.first.bounding_box()
@@ -230,7 +230,7 @@ def test_an_admins_click_resizes_a_slice_and_the_running_kernel_follows(view_hub
     assert (record["old"]["memory_limit"], record["new"]["memory_limit"]) == (GiB, 2 * GiB), record
     _, s = slice_on(hub.document(), "node-a", "alice")
     assert s["memory_limit"] == 2 * GiB, s
-    expect(memory).to_have_value("2g", timeout=TIMEOUT_MS)
+    expect(memory).to_have_value("2.0 GiB", timeout=TIMEOUT_MS)
     # carol's slice is node-b's: its form is there, and cannot be applied from this hub.
     carol_form = output.locator(".widget-vbox").filter(
         has=page.locator(".widget-html", has_text=re.compile(r"slice carol on node-b"))).last

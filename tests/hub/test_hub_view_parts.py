@@ -276,6 +276,39 @@ def test_registering_the_service_grants_what_it_needs_and_no_more():
         ("http://127.0.0.1:8123", ["gpu-admins"], False, ["small"])
 
 
+def test_what_registering_adds_outlives_a_later_plain_assignment(tmp_path):
+    """Issue 35, item 14: a jupyterhub_config.py that sets its own roles, services,
+    server scopes or server environment below register_hub_service (a plain
+    assignment, as an administrator adding a Prometheus role writes it) keeps the
+    service's role, entry, scope and URL; the administrator's own entries stay
+    and come first. Loaded the way JupyterHub loads its config file."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text(
+        "from hami_jupyter.hub import SlicePolicy, register_hub_service\n"
+        "c = get_config()  # noqa: F821\n"
+        "c.SlicePolicy.sizes = {'small': {'memory': '1g'}}\n"
+        "register_hub_service(c, SlicePolicy(config=c), admin_groups=['gpu-admins'])\n"
+        "c.JupyterHub.load_roles = [{'name': 'prometheus', 'scopes': ['read:metrics'],\n"
+        "                            'services': ['prometheus']}]\n"
+        "c.JupyterHub.services = [{'name': 'prometheus', 'api_token': 'x'}]\n"
+        "c.Spawner.server_token_scopes = ['access:servers!server']\n"
+        "c.Spawner.environment = {'PATH': '/usr/bin'}\n")
+    c = PyFileConfigLoader(str(config)).load_config()
+    roles = [r["name"] for r in c.JupyterHub.load_roles]
+    assert roles == ["prometheus", "hami-hub", "hami-hub-admins"], roles
+    assert [s["name"] for s in c.JupyterHub.services] == ["prometheus", "hami-hub"]
+    assert c.Spawner.server_token_scopes == ["access:servers!server",
+                                             "access:services!service=hami-hub"]
+    assert c.Spawner.environment == {"PATH": "/usr/bin",
+                                     "HAMI_HUB_SERVICE_URL": "http://127.0.0.1:8000/services/hami-hub/"}
+    # An administrator's role of the same name is theirs: not doubled, not replaced.
+    c.JupyterHub.load_roles = [{"name": "hami-hub", "scopes": ["list:users"], "services": ["hami-hub"]}]
+    assert [(r["name"], r["scopes"]) for r in c.JupyterHub.load_roles][0] == ("hami-hub", ["list:users"])
+    assert [r["name"] for r in c.JupyterHub.load_roles] == ["hami-hub", "hami-hub-admins"]
+
+
 def test_the_service_admits_hub_admins_and_the_admin_groups():
     app = HamiHubService()
     app.initialize(["--HamiHubService.admin_groups=gpu-admins"])
@@ -364,8 +397,8 @@ def test_the_hub_views_slice_form_is_the_local_panels_form():
     assert isinstance(form, HubSliceForm) and isinstance(form, slice_form.LimitsForm)
     assert issubclass(panel.SliceForm, slice_form.LimitsForm)
     assert form.device.value == slice_form.DEFAULT and form.device_ref() is None
-    assert [label for label, _ in form.device.options] == ["default", "GPU 0 (as default)"]
-    assert (form.memory.value, form.sm.value, form.mode.value) == ("1g", "25", "hard")
+    assert [label for label, _ in form.device.options] == ["all GPUs", "GPU 0 (as all GPUs)"]
+    assert (form.memory.value, form.sm.value, form.mode.value) == ("1.0 GiB", "25", "hard")
 
     form.memory.value = "4x"
     assert "cannot apply" in form.message.value and "is not a size" in form.message.value
@@ -473,7 +506,7 @@ def test_the_hub_view_shows_guarantees_parked_kernels_and_waiters():
     form = view.slice_forms[("n1", "alice")]
     assert form.guarantee.value == "default"  # the default entry: none of its own sent
     form.device.value = GPU
-    assert (form.memory.value, form.guarantee.value) == ("8g", "2g")
+    assert (form.memory.value, form.guarantee.value) == ("8.0 GiB", "2.0 GiB")
     form.guarantee.value = "3g"
     assert form.apply() is not None
     assert view.client.acts[-1] == {"action": "resize", "node": "n1", "slice": "alice",

@@ -156,6 +156,42 @@ def test_hub_group_names_reads_the_hub_database(tmp_path):
 GPU_CELL = "from hami_jupyter import driver_memory as d\nd.init()\nprint(d.mem_get_info()[1])\n"
 
 
+def _stop(hub, user, timeout=60):
+    """Stop *user*'s server and wait until the hub lists none."""
+    hub.api("DELETE", f"users/{user}/server", expect={202, 204})
+    deadline = time.monotonic() + timeout
+    while True:
+        model = hub.api("GET", f"users/{user}", expect={200})
+        if not (model.get("servers") or {}).get("") and not model.get("pending"):
+            return
+        assert time.monotonic() < deadline, f"{user}'s server did not stop: {model}\n{hub.log_tail()}"
+        time.sleep(0.25)
+
+
+@pytest.mark.slow
+def test_a_hub_without_nvml_admits_by_the_gpu_its_servers_see(admitting_hub):
+    """Issue 35, item 12: the hub's process has no NVML (conftest's AdmittingHub),
+    its servers have the simulated GPU through Spawner.environment, as
+    docs/single-host.md sets it up. Admission counts that GPU from the first
+    start, before any kernel has used it: a slice that keeps all 16 GiB leaves
+    no room for another's guarantee. (It logged "start is not checked" for
+    every user, and both started.)"""
+    hub = admitting_hub
+    hub.spawn("una", {"slice_size": "whole"})
+    hub.wait_ready("una")
+    try:
+        status, reply = hub.spawn("vic", {"slice_size": "small"}, expect=(201, 202, 400))
+        assert status == 400, f"vic's start was admitted beside una's 16 GiB: {status} {reply}\n" \
+                              f"{hub.log_tail()}"
+        assert "cannot guarantee slice 'vic' 1.0 GiB: the guarantees there would come to 17.0 GiB " \
+               "of its 16.0 GiB (guarantees: una 16.0 GiB, vic 1.0 GiB)" in str(reply), reply
+        assert "start is not checked" not in hub.log_tail(200_000)
+        # una's slice records the GPU her size may use, read the same way.
+        assert read_snapshot(hub.slice_root / "una.slice").fallback_limit.memory_limit == 16 * GiB
+    finally:
+        _stop(hub, "una")
+
+
 @pytest.mark.slow
 def test_a_real_hub_forgets_a_refused_size(admitting_hub):
     # The `hub` fixture (conftest.py), admission on: "small" is the default,
@@ -333,7 +369,7 @@ def test_three_users_lend_one_gpu_through_the_memory_broker(admitting_hub, tmp_p
         over = hub.execute("cleo", kernels["cleo"], OVER_CAP)
         assert over.stdout.split() == ["CUDA_ERROR_OUT_OF_MEMORY"], _told(over)
         [refusal] = _hami_lines(over)
-        assert "out of memory: cuMemAlloc of 1.0 MiB refused; 8.0 GiB of the slice's 8.0 GiB limit" in refusal
+        assert "out of memory on GPU 0: cuMemAlloc asked for 1.0 MiB; slice \"cleo\" has 8.0 GiB of its 8.0 GiB cap" in refusal
         assert len(audit.read_records(audit.default_path(root))) == asked
 
         # ada's next cell brings her kernel back: it says why it was parked, waits

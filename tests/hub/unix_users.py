@@ -128,10 +128,14 @@ def user_python(workdir):
                                capture_output=True, text=True, check=True).stdout.strip())
     (site / "hami-shared-site.pth").write_text(f"import site; site.addsitedir({str(here)!r})\n")
     python = str(venv / "bin" / "python")
-    script = venv / "bin" / "jupyterhub-singleuser"
-    script.write_text(f"#!{python}\nimport sys\nfrom jupyterhub.singleuser import main\n"
-                      "sys.exit(main())\n")
-    script.chmod(0o755)
+    # The commands pip would install: the servers', and hami-jupyter (the hub runs
+    # the example's services with it, the hub view's among them).
+    for name, module in (("jupyterhub-singleuser", "jupyterhub.singleuser"),
+                         ("hami-jupyter", "hami_jupyter.commands.cli")):
+        script = venv / "bin" / name
+        script.write_text(f"#!{python}\nimport sys\nfrom {module} import main\n"
+                          "sys.exit(main())\n")
+        script.chmod(0o755)
     for sub in ("share/jupyter", "etc/jupyter"):
         if (Path(sys.prefix) / sub).is_dir():
             (venv / sub).parent.mkdir(parents=True, exist_ok=True)

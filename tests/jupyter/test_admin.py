@@ -13,6 +13,7 @@ import html
 import json
 import os
 import pwd
+import re
 import selectors
 import shutil
 import subprocess
@@ -154,19 +155,21 @@ def test_panel_shows_gpus_slices_kernels_and_refreshes(hami_env, panels, charge)
     panel = panels(gpu_source=fake_gpus((uuid, "Fake H100", 16 * GiB)))
     table = panel.gpu_table.value
     assert "Fake H100" in table and uuid in table and "1.0 GiB / 16.0 GiB" in table and "7 %" in table
-    assert "(alice: 2.0 GiB)" in table and "bob" not in table  # elastic slices promise nothing
+    shown = re.sub(r"<[^>]+>", "", table)  # the text a reader sees
+    assert "(alice: 2.0 GiB)" in shown and "bob" not in table  # elastic slices promise nothing
     assert list(panel.forms) == ["alice", "bob"]
     a, b = panel.forms["alice"], panel.forms["bob"]
     assert "alice-user" in a.status.value and "k-alice" in a.status.value
     assert "364.0 MiB / 2.0 GiB" in a.status.value
     # Short entry labels (a select cuts long ones); the whole story is the tooltip.
-    assert [label for label, _ in a.device.options] == ["default", "GPU 0 (as default)"]
+    assert [label for label, _ in a.device.options] == ["all GPUs", "GPU 0 (as all GPUs)"]
     assert a.device.value == slice_form.DEFAULT and "every GPU without limits" in a.device.tooltip
     a.device.value = 0
-    assert uuid in a.device.tooltip and "follows the default" in a.device.tooltip
+    assert uuid in a.device.tooltip and "follows the limits for all GPUs" in a.device.tooltip
     a.device.value = slice_form.DEFAULT
-    assert (a.memory.value, a.sm.value, a.mode.value) == ("2g", "none", "hard")
-    assert (b.memory.value, b.sm.value, b.mode.value) == ("1g", "30", "elastic")
+    # Sizes as every other view shows them.
+    assert (a.memory.value, a.sm.value, a.mode.value) == ("2.0 GiB", "none", "hard")
+    assert (b.memory.value, b.sm.value, b.mode.value) == ("1.0 GiB", "30", "elastic")
     assert not panel.read_only and panel.banner.value == "" and not a.apply_button.disabled
 
     panel.interval = 0.05
@@ -207,7 +210,7 @@ def test_panel_shows_the_guards_real_memory_and_who_is_over(hami_env, panels, ch
     charge(alice, 100)
     charge(bob, 200)
     uuid = sim_uuid(alice)
-    head = ["slice", "GPU", "used (reported)", "cap", "real (guard)"]
+    head = ["slice", "GPU", "in use", "cap", "the guard sees"]
     gpu = f"0 {uuid[:12]}\u2026"  # the UUID shortened as the JupyterLab panel does; whole in a tooltip
 
     panel = panels(gpu_source=fake_gpus((uuid, "Fake H100", 16 * GiB)))  # no guard yet
@@ -235,6 +238,42 @@ def test_panel_shows_the_guards_real_memory_and_who_is_over(hami_env, panels, ch
     assert "real 1.5 GiB (guard)" in b.status.value and "(guard)" not in a.status.value
 
 
+def test_the_panel_speaks_plainly(hami_env, panels):
+    """Issue 35, item 7: no literal backticks, no jargon in the headings (the
+    precise meaning is their tooltip), a parked kernel's memory shown as parked
+    rather than as 0 B, sizes as everything else shows them and typed so too,
+    and two GPUs whose UUIDs begin alike told apart."""
+    from hami_jupyter.admin.panel import _gpu_table, _memory_table
+    from hami_jupyter.slice.status_html import uuid_text
+
+    make_slice(hami_env.root, "alice", memory_limit="2g")
+    panel = panels()
+    text = html.unescape(panel.memory_table.value + panel.gpu_table.value)
+    assert "`" not in text and "<code>hami-jupyter guard</code>" in panel.memory_table.value
+    for jargon in ("used (reported)", "real (guard)", "promised to hard slices", ">entry<"):
+        assert jargon not in text, jargon
+    form = panel.forms["alice"]
+    assert form.device.description == "limits for" and form.memory.value == "2.0 GiB"
+    form.memory.value = "3 GiB"  # typed as it is shown
+    assert form.pending() == {"memory": "3GiB"} and form.apply() is not None, form.errors
+    assert read_snapshot(form.path).fallback_limit.memory_limit == 3 * GiB
+    assert form.memory.value == "3.0 GiB"
+
+    # A slice whose kernel is parked: in use 0 B, and its parked bytes beside it.
+    twins = ("GPU-5a1f0000-0000-4000-8000-000000000000", "GPU-5a1f0000-0000-4000-8000-000000000001")
+    gpus = [{"index": i, "uuid": u, "memory_used": 0, "memory_parked": 3584 << 20,
+             "memory_limit": 4 * GiB, "memory_real": None, "guard_state": None}
+            for i, u in enumerate(twins)]
+    view = type("View", (), {"name": "bob", "status": {"gpus": gpus}})()
+    table = re.sub(r"<[^>]+>", "", html.unescape(_memory_table([view], None)))
+    assert "0 B + 3.5 GiB parked" in table, table
+    assert {uuid_text(u, twins) for u in twins} == {"GPU-5a1f0000\u20260000", "GPU-5a1f0000\u20260001"}
+    assert uuid_text(twins[0]) == uuid_text(twins[0], [twins[0], "GPU-77770000-1"]) == "GPU-5a1f0000\u2026"
+    promised = [{"uuid": u, "name": "sim", "memory_total": 16 * GiB, "promised": 0, "holders": {}}
+                for u in twins]
+    assert html.unescape(_gpu_table([], None, promised)).count("GPU-5a1f0000\u20260001") == 1
+
+
 def test_refresh_keeps_what_an_admin_is_typing(hami_env, panels):
     path = make_slice(hami_env.root, "alice", memory_limit="2g")
     panel = panels()
@@ -245,9 +284,9 @@ def test_refresh_keeps_what_an_admin_is_typing(hami_env, panels):
     assert form.memory.value == "3g" and form.sm.value == "none"
     assert form.pending() == {"memory": "3g"}
 
-    form.memory.value = "2g"  # back to what was loaded: nothing pending, so it follows the file
+    form.memory.value = "2.0 GiB"  # back to what was loaded: nothing pending, so it follows the file
     panel.refresh()
-    assert (form.memory.value, form.sm.value) == ("2g", "40")
+    assert (form.memory.value, form.sm.value) == ("2.0 GiB", "40")
 
 
 # ---- applying from the panel ----------------------------------------------------------
@@ -274,7 +313,7 @@ def test_panel_apply_writes_the_slice_and_the_audit_log(hami_env, panels, monkey
     assert record["old"] == {"memory_limit": 2 * GiB, "sm_share": 0, "mode": "hard", "max_decoders": 0, "memory_guarantee": 0}
     assert record["new"] == {"memory_limit": 4 * GiB, "sm_share": 25, "mode": "elastic", "max_decoders": 0, "memory_guarantee": 0}
     assert datetime.fromisoformat(record["when"].replace("Z", "+00:00")).utcoffset().total_seconds() == 0
-    assert form.pending() == {} and (form.memory.value, form.sm.value) == ("4g", "25")
+    assert form.pending() == {} and (form.memory.value, form.sm.value) == ("4.0 GiB", "25")
 
     form.apply_button.click()  # nothing edited since
     assert form.errors == ["nothing to change: edit the memory cap, the guarantee, the SM share "
@@ -288,7 +327,7 @@ def test_panel_changes_one_gpu_of_a_slice(hami_env, panels, charge):
     uuid = sim_uuid(path)
     form = panels().forms["alice"]
     form.device.value = 0
-    assert form.memory.value == "2g"  # the GPU follows the default so far
+    assert form.memory.value == "2.0 GiB"  # the GPU follows the default so far
     form.memory.value = "1g"
     assert form.apply() is not None
     assert any("GPU 0 gets limits of its own" in w for w in form.warnings)
@@ -465,7 +504,7 @@ def test_another_user_sees_read_only_and_cannot_write(hami_env):
         assert seen["overcommit_disabled"]
         for name in ("alice", "bob"):
             form = seen[name]
-            assert "2.0 GiB" in form["status"]  # it can see the slice
+            assert "2.0\u00a0GiB" in html.unescape(form["status"])  # it can see the slice
             assert changes.READ_ONLY in form["banner"] and all(form["disabled"])
             assert form["errors"] == [changes.READ_ONLY]
             assert form["raised"].startswith(f"read-only: you cannot change limits of slice '{name}'")
@@ -678,6 +717,24 @@ def test_cli_reset_and_audit_verify_say_where_they_looked(hami_env, capsys, no_n
     assert err == (f"hami-jupyter audit verify: error: no audit log at {hami_env.root / 'audit.log'}: "
                    "it is written at the first limit change (slice set or reset); check --log, "
                    "or --root and HAMI_SLICE_ROOT for the folder\n")
+
+
+def test_on_a_single_machine_set_and_reset_say_the_same(hami_env, capsys, no_nvml):
+    """Issue 35, item 8: a slice no hub runs. `slice set` applied, then `slice
+    reset` failed "no limits set by an administrator". Now both say what they do
+    there: set holds while the kernels run, reset has no policy to go back to."""
+    path = make_slice(hami_env.root, "root", memory_limit="2g")
+    code, out, err = run(capsys, "set", "root", "--memory", "3g")
+    assert code == 0 and out.startswith("applied: slice 'root'"), out + err
+    assert "note: slice 'root' is not a hub's, so `slice reset` has no policy to go back to. " \
+           "Its limits are what `slice set` last applied while its kernels run; when none runs, " \
+           "the next kernel start gives it the limits its kernels are configured with" in out, out
+    code, out, err = run(capsys, "reset", "root")
+    assert code == 1 and out == "", out
+    assert "slice 'root' is not a hub's (no limits file beside it): there is no policy to go back " \
+           "to. Its limits are what `slice set` last applied" in err, err
+    assert "nothing to reset" not in err and "administrator" not in err, err
+    assert read_snapshot(path).fallback_limit.memory_limit == 3 * GiB  # reset changed nothing
 
 
 def test_cli_list_without_slices(hami_env, capsys, no_nvml):

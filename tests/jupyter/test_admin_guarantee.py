@@ -141,9 +141,10 @@ def test_the_panel_form_shows_and_sets_the_guarantee(hami_env):
         form.guarantee.value = "2g"
         assert form.apply() is not None, form.errors
         assert fallback(path).memory_guarantee == 2 * GiB
-        assert form.guarantee.value == "2g" and form.memory.value == "8g"
-        assert "guaranteed 2.0&nbsp;GiB of the 8.0&nbsp;GiB cap" not in form.status.value  # no GPU yet
-        assert "(guaranteed 2.0 GiB of the 8.0 GiB cap)" in form.status.value
+        assert form.guarantee.value == "2.0 GiB" and form.memory.value == "8.0 GiB"
+        assert 'class="hami-guarantee"' not in form.status.value  # no GPU yet: no GPU's row
+        assert "each GPU gets: 8.0&nbsp;GiB (guaranteed 2.0&nbsp;GiB of the 8.0&nbsp;GiB cap)" \
+            in form.status.value
     finally:
         panel.stop()
 

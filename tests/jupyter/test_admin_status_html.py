@@ -110,3 +110,30 @@ def test_names_stay_whole_and_ids_are_shortened_with_the_whole_id_as_tooltip():
 def test_a_process_on_two_gpus_says_each_gpus_figure_apart():
     text = read(format_html(two_gpu_status())).visible()
     assert "(GPU 0: 3.5 GiB \u00b7 GPU 1: 0 B)" in text, text
+
+
+def test_over_a_lowered_cap_every_line_says_what_is_true():
+    """Issue 35, item 4: at 117 % of a cap lowered below use, nothing says
+    allocations "will fail soon" beside a refusal that already happens; at 96 %
+    the line says what is left and what a larger allocation meets."""
+    from hami_jupyter.slice.status import format_text
+
+    status = two_gpu_status()
+    for g in status["gpus"]:
+        g.update(decoders=0, max_decoders=0)
+    for k in status["kernels"]:
+        k.setdefault("processes", [])
+    status["kernels"][0]["processes"][0].update(decoders={}, frames_decoded=0)
+    g0 = status["gpus"][0]
+    g0.update(memory_limit=3 * GiB, memory_level="critical", over_cap_since=1_700_000_000.0)
+    text, html = format_text(status), format_html(status)
+    for shown in (text, html.replace("&nbsp;", " ")):
+        assert "will fail soon" not in shown, shown
+        assert "117 % of the memory cap is in use: over the cap, so new allocations are refused " \
+               "until use falls below it" in shown, shown
+        assert "held before the change: nothing it holds is taken" in shown, shown
+        assert shown.count("refused") == 1, shown  # said once, by the level's line
+    g0.update(memory_limit=4 * GiB, memory_used=int(3.84 * GiB), over_cap_since=None)
+    text = format_text(status)
+    assert "CRITICAL: 96 % of the memory cap is in use: 163.8 MiB left, a larger allocation " \
+           "is refused" in text, text

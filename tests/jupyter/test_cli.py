@@ -416,6 +416,33 @@ def test_kernelspec_install_writes_limits_and_starts_a_kernel_in_them(
     assert int(result.stdout) == GiB
 
 
+def test_hami_kernelspecs_carry_a_logo(hami_env, capsys):
+    """Issue 35, item 9: the launcher showed a generic icon for "Python 3 (HAMi
+    vGPU)". The shipped kernelspec and those `kernelspec install` writes carry
+    the chip as logo-svg and PNG logos, which Jupyter serves as the spec's resources."""
+    from types import SimpleNamespace
+
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_server.services.kernelspecs.handlers import kernelspec_model
+
+    shipped = Path(__file__).resolve().parents[2] / "share" / "jupyter" / "kernels"
+    found = KernelSpecManager(kernel_dirs=[str(shipped)]).get_all_specs()["hami-python3"]
+    # What the server's GET api/kernelspecs answers, whose logo the launcher shows.
+    model = kernelspec_model(SimpleNamespace(base_url="/"), "hami-python3", found["spec"],
+                             found["resource_dir"])
+    assert {"logo-svg", "logo-32x32", "logo-64x64"} <= set(model["resources"]), model
+    folder = Path(found["resource_dir"])
+    assert (folder / "logo-64x64.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (folder / "logo-svg.svg").read_text().startswith("<svg")
+
+    prefix = hami_env.tmp / "prefix"
+    code, _, err = run(capsys, "kernelspec", "install", "--name", "gpu-small", "--memory", "1g",
+                       "--prefix", str(prefix))
+    assert code == 0, err
+    spec_dir = prefix / "share" / "jupyter" / "kernels" / "gpu-small"
+    assert {p.name for p in spec_dir.iterdir()} >= {"kernel.json", "logo-svg.svg", "logo-64x64.png"}
+
+
 @pytest.mark.parametrize("args, message", [
     (["--memory", "4x"], "--memory: memory limit '4x' is not a size"),
     (["--memory", "0"], "--memory: a memory limit of 0 would refuse every allocation"),

@@ -35,8 +35,8 @@ def test_demo_runs_the_quickstart_in_a_slice_on_the_simulated_gpu(hami_env, tmp_
     assert ("in use: 1.75 GiB of data + 64 MiB for the kernel's CUDA context = 1.81 GiB of the "
             "2.00 GiB cap") in out
     [oom] = [line for line in out.splitlines() if "out of memory" in line]  # once, in its cell
-    assert "of the slice's 2.0 GiB limit in use, CUDA contexts included" in oom
-    assert "byte" not in oom.split("limit in use")[0], oom  # no raw byte counts
+    assert "of its 2.0 GiB cap in use (CUDA contexts included)" in oom
+    assert "byte" not in oom.split("cap in use")[0], oom  # no raw byte counts
     assert proc.stderr == "", proc.stderr  # the kernel's own stderr went to its log
     assert "freed the buffers (1.75 GiB): back in the slice at once" in out
     assert "hami release: nothing freed: no framework that caches GPU memory is imported" in out

@@ -111,14 +111,16 @@ def test_status_warns_at_80_and_95_percent(start_kernel, cell):
     _, kc = start_kernel(memory_limit="1g")
     ok(kc, cell, allocate(800))  # 864 MiB of 1 GiB: 84 %
     r = ok(kc, cell, "%hami status")
-    assert "WARNING: over 80 %" in only_output(r, "text/plain")
+    assert "WARNING: 84 % of the memory cap is in use (a warning from 80 %)" in \
+        only_output(r, "text/plain")
     html = only_output(r, "text/html")
-    assert 'class="hami-warning"' in html and "over 80 % of the memory cap" in html
+    assert 'class="hami-warning"' in html and "84&nbsp;% of the memory cap is in use" in html
 
     ok(kc, cell, allocate(120))  # 984 MiB: 96 %
     r = ok(kc, cell, "%hami status")
     text = only_output(r, "text/plain")
-    assert "CRITICAL: over 95 %" in text and "WARNING" not in text
+    assert "CRITICAL: 96 % of the memory cap is in use: 40.0 MiB left, a larger allocation is " \
+           "refused" in text and "WARNING" not in text
     html = only_output(r, "text/html")
     assert 'class="hami-critical"' in html and 'class="hami-warning"' not in html
 

@@ -1,5 +1,8 @@
 """The memory cap: exact, in every accepted form, per device, with a clear message."""
 
+import os
+import re
+
 import pytest
 
 from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, SIM_CONTEXT, SIM_MEMORY, mentions_size
@@ -106,6 +109,69 @@ def test_out_of_memory_message_names_slice_and_limit(cudrive, make_slice):
     line = lines[0]
     assert 'slice "alice"' in line, line
     assert mentions_size(line, GiB), f"the limit (1 GiB) is not in: {line}"
+
+
+def test_out_of_memory_message_says_which_gpu_how_much_and_what_to_do(cudrive, make_slice):
+    """Issue 35, item 5: the line a data scientist reads names the GPU by the index
+    her program uses, what was asked, how much of the cap is in use, and what to do;
+    "cap" is the word, as everywhere else, and no UUID."""
+    s = make_slice(name="alice", limit="1g", overhead="0")
+    res = cudrive.run("init ctx 0 alloc 768m alloc 512m", s.env)
+    assert res.rcs("alloc") == [0, CUDA_ERROR_OUT_OF_MEMORY], res.describe()
+    (line,) = _oom_lines(res.stderr)
+    assert line.startswith('hami: out of memory on GPU 0: cuMemAlloc asked for 512.0 MiB; '
+                           'slice "alice" has 768.0 MiB of its 1.0 GiB cap in use'), line
+    assert "free tensors you no longer need" in line and "%hami release" in line, line
+    assert "ask for a bigger size" in line, line
+    assert "limit" not in line and "GPU-" not in line, line
+    assert "administrator" not in line and "lowered" not in line, line  # nobody changed the cap
+
+
+def test_out_of_memory_message_names_the_gpu_as_the_program_numbers_it(cudrive, make_slice, gpu):
+    # CUDA_VISIBLE_DEVICES=1,0: the program's GPU 1 is the machine's GPU 0.
+    s = make_slice(name="alice", limit="1g", overhead="0", CUDA_VISIBLE_DEVICES="1,0")
+    res = cudrive.run("init ctx 1 alloc 2g", s.env)
+    assert res.rcs("alloc") == [CUDA_ERROR_OUT_OF_MEMORY], res.describe()
+    (line,) = _oom_lines(res.stderr)
+    assert "out of memory on GPU 1: cuMemAlloc asked for 2.0 GiB" in line, line
+
+
+def test_out_of_memory_after_the_cap_was_lowered_says_so(cudrive, make_slice, gpu):
+    from hami_jupyter.slice.change import set_memory_limit
+
+    s = make_slice(name="alice", limit="1g", overhead="0")
+    p = cudrive.start(s.env)
+    p.ok("init")
+    p.ok("ctx 0")
+    p.ok("alloc 768m")
+    set_memory_limit(s.path, gpu.uuid(0), 512 * MiB)
+    assert p.cmd("alloc 1m")["rc"] == CUDA_ERROR_OUT_OF_MEMORY
+    p.close()
+    (line,) = _oom_lines(p.stderr())
+    assert 'slice "alice" has 768.0 MiB of its 512.0 MiB cap in use' in line, line
+    assert re.search(r"The cap was lowered at \d\d:\d\d, below what the slice already holds: "
+                     r"new memory is refused until its use falls under the cap\.", line), line
+    assert "administrator" not in line, line  # no hub marker: the slice's own
+
+
+def test_out_of_memory_under_an_administrators_cap_says_who_set_it(cudrive, make_slice):
+    from hami_jupyter.admin.marks import admin_mark_path
+    from hami_jupyter.slice.create import create_limits_file, create_slice
+    from hami_jupyter.slice.limits import Limits
+
+    s = make_slice(name="team.slice", limit=None, overhead="0")
+    create_slice(s.path, "team", Limits())
+    create_limits_file(s.path, Limits(memory_limit=GiB))
+    # The hub's marker of an administrator's limits (root's, nobody else may write it).
+    admin_mark_path(s.path).write_text('{"who": "carol", "limits": {}}')
+    os.chmod(admin_mark_path(s.path), 0o644)
+    res = cudrive.run("init ctx 0 alloc 2g", s.env)
+    assert res.rcs("alloc") == [CUDA_ERROR_OUT_OF_MEMORY], res.describe()
+    (line,) = _oom_lines(res.stderr)
+    if os.geteuid() == 0:
+        assert re.search(r"An administrator set this cap at \d\d:\d\d\.", line), line
+    else:  # only root's marker is believed
+        assert "administrator" not in line, line
 
 
 def test_out_of_memory_message_uses_hami_slice_name(cudrive, make_slice):

@@ -235,7 +235,7 @@ def test_past_the_slices_own_limit_the_broker_is_never_asked(cudrive, gpu, room_
     assert p.cmd("alloc 3g x", timeout=WAIT_S)["rc"] == CUDA_ERROR_OUT_OF_MEMORY
     assert b.requests == []
     [line] = hami_lines(p)
-    assert "limit" in line and "broker" not in line, line
+    assert "cap in use" in line and "broker" not in line, line
 
 
 # ---- the broker makes room ------------------------------------------------------------------

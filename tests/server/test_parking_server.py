@@ -199,3 +199,45 @@ async def test_a_kernel_shut_down_while_parked_leaves_nothing(
     process = [p for p in status.get("processes", []) if p.get("pid") == slot.pid]
     assert not process or not process[0].get("checkpoint_host_bytes"), process
     assert all(g["memory_parked"] == 0 for g in slice_status(path)["gpus"])
+
+
+def _shell(msg_type, content):
+    """A shell message as a browser sends it over the kernel websocket."""
+    import uuid
+    from datetime import datetime, timezone
+
+    return json.dumps({
+        "channel": "shell",
+        "header": {"msg_id": uuid.uuid4().hex, "msg_type": msg_type, "username": "test",
+                   "session": uuid.uuid4().hex, "date": datetime.now(timezone.utc).isoformat(),
+                   "version": "5.3"},
+        "parent_header": {}, "metadata": {}, "content": content, "buffers": []})
+
+
+async def test_a_page_that_opens_the_notebook_leaves_the_kernel_parked(
+        start_kernel, jp_fetch, jp_ws_fetch, jp_serverapp):
+    """Issue 35, item 1: what a browser tab sends when it opens a notebook (its
+    kernel_info_request, and the widget manager's comm_open and comm_msg on
+    jupyter.widget.control) brought a parked kernel back 0.2 s later, with no
+    cell run. It stays parked; its next cell brings it back."""
+    k = await start_kernel()
+    await k.run(FILL.format(mib=256))
+    await post(jp_fetch, k.id, "park")
+    path = slice_of(jp_serverapp, k.id)
+    assert kernel_state(path, k.id) == [HAMI_PARK_PARKED]
+    conn = await jp_ws_fetch("api", "kernels", k.id, "channels")
+    try:
+        comm = "hami-test-comm"
+        for msg in (_shell("kernel_info_request", {}),
+                    _shell("comm_info_request", {"target_name": "jupyter.widget"}),
+                    _shell("comm_open", {"comm_id": comm, "target_name": "jupyter.widget.control",
+                                         "data": {}}),
+                    _shell("comm_msg", {"comm_id": comm, "data": {"method": "request_states"}})):
+            conn.write_message(msg)
+        await asyncio.sleep(3)  # it took 0.2 s
+        assert kernel_state(path, k.id) == [HAMI_PARK_PARKED]
+        result = await asyncio.wait_for(run_over_websocket(conn, CHECK), WAIT_S)
+    finally:
+        conn.close()
+    assert result.stdout.startswith("hami: GPU memory restored"), result.stdout
+    assert result.stdout.endswith("intact\n")

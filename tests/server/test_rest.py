@@ -241,3 +241,59 @@ async def test_damaged_slice_file_is_advice(start_kernel, get_json, jp_fetch, sl
     slices = await get_json("hami", "v1", "slices")
     assert slices["slices"] == [{"slice": USER, "path": str(path), "error": body["error"]}]
     assert slices["kernels"] == {k.id: USER}
+
+
+@pytest.fixture
+def fast_history(jp_server_config):
+    """The server reads its slices' history every 0.2 s."""
+    jp_server_config.SliceDisplay.history_interval = 0.2
+    return jp_server_config
+
+
+@pytest.fixture
+def recording(fast_history, jp_serverapp):
+    """The history recorder running, as ServerApp.start starts it (pytest-jupyter stops short of it)."""
+    recorder = jp_serverapp.web_app.settings["hami_history"].start()
+    yield recorder
+    recorder.stop()
+
+
+async def test_the_server_keeps_the_charts_history(recording, start_kernel, get_json, jp_fetch,
+                                                  slice_env):
+    """Issue 35, item 6: the panel's charts started over at every page load. The
+    server keeps each GPU's and kernel's samples and answers them for a page
+    opened later, in the panel's sample shape."""
+    import asyncio
+    import time
+
+    k = await start_kernel()
+    await k.run(allocate(300))
+    used = 300 * MiB + CONTEXT
+    before = time.time() * 1000
+    deadline = time.monotonic() + 30
+    while True:
+        body = await get_json("hami", "v1", "kernels", k.id, "history")
+        gpu = next(iter(body["gpus"].values()), [])
+        if len([s for s in gpu if s["used"] == used]) >= 3:
+            break
+        assert time.monotonic() < deadline, body
+        await asyncio.sleep(0.2)
+    assert (body["kernel_id"], body["in_slice"], body["interval_s"]) == (k.id, True, 0.2)
+    assert body["path"] == str(slice_env.root / f"{USER}.slice")
+    assert list(body["gpus"]) == ["0"] and list(body["kernels"]) == [k.id]
+    last = body["gpus"]["0"][-1]
+    assert set(last) == {"t", "gap", "used", "sm", "cap", "share", "real", "parked", "state"}
+    assert (last["gap"], last["used"], last["cap"], last["share"], last["state"]) == \
+        (False, used, slice_env.memory_limit, slice_env.sm_share, None)
+    mine = body["kernels"][k.id][-1]
+    assert (mine["used"], mine["cap"], mine["state"]) == (used, slice_env.memory_limit, "running")
+    times = [s["t"] for s in body["gpus"]["0"]]
+    assert times == sorted(times) and times[-1] >= before - 1000
+    # A shorter window answers fewer samples; an unknown kernel is a 404.
+    short = json.loads((await jp_fetch("hami", "v1", "kernels", k.id, "history",
+                                       params={"minutes": "1"})).body)
+    assert short["gpus"]["0"] and short["gpus"]["0"][-1]["used"] == used
+    from tornado.httpclient import HTTPClientError
+    with pytest.raises(HTTPClientError) as e:
+        await jp_fetch("hami", "v1", "kernels", str(uuid.uuid4()), "history")
+    assert e.value.code == 404
