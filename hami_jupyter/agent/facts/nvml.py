@@ -3,8 +3,15 @@
 Why NVML and not the slice file: the slice file holds what the preload
 library charged, written by the slice's own processes; NVML's per-process
 figure is the driver's (what ``nvidia-smi`` shows), which a process without
-the library still has and a user cannot rewrite. The guard runs without the
+the library still has and a user cannot rewrite. The agent runs without the
 preload library, so NVML answers it physically.
+
+Each read also asks the driver which processes used each GPU since the last
+read (``nvmlDeviceGetProcessUtilization``: a sample of a process whose
+kernels or copies kept the GPU busy): the driver's word on activity, which
+:mod:`.activity` trusts where a slot's "last GPU call" is only a claim. A
+driver that keeps no such samples says nothing, and the agent then goes by
+what it sees change between its looks.
 
 What one read does, per GPU: the compute *and* the graphics running
 processes (a process drawing through OpenGL or Vulkan holds memory too; one
@@ -13,7 +20,7 @@ larger of the two is kept, never their sum). The GPU list is read afresh each
 time: GPUs that fall off the bus, are reset or come back are simply what NVML
 lists at that moment, keyed by UUID, never by index.
 
-A guard must not die of the thing it watches, so nothing here raises once
+The agent must not die of the thing it watches, so nothing here raises once
 NVML has started: what could not be read becomes a line in
 :attr:`Reading.errors` (the report's ``"errors"``), and a GPU whose process
 list could not be read is named in :attr:`Reading.unread`, so that the
@@ -36,7 +43,7 @@ class NvmlUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class GpuProcess:
     """One process on one GPU. *pid* is as NVML gives it: a host PID when the
-    guard runs in the host's PID namespace (as it must, see docs/guard.md)."""
+    agent runs in the host's PID namespace (as it must, see docs/guard.md)."""
 
     pid: int
     uuid: str
@@ -56,6 +63,7 @@ class Reading:
     processes: list = field(default_factory=list)
     unread: set = field(default_factory=set)
     errors: list = field(default_factory=list)
+    busy: set = field(default_factory=set)  # pids the driver saw using a GPU since the last read
 
     def by_gpu(self):
         """``{uuid: {pid: used_bytes}}``."""
@@ -80,13 +88,15 @@ class NvmlReader:
     def __init__(self, pynvml=None):
         self._pynvml = pynvml
         self._started = False
+        self._sampled = {}  # uuid -> the newest utilization sample's time stamp seen
 
     def start(self):
         """Start NVML; :class:`NvmlUnavailable` with the reason when it cannot.
 
-        The service calls this once before its first interval and refuses to
-        run without it: a guard that cannot see the GPUs guards nothing, and
-        should say so at once rather than write empty reports.
+        The service calls this once before its first look and refuses to
+        run without it: an agent that cannot see the GPUs guards nothing and
+        measures no room, and should say so at once rather than write empty
+        reports.
         """
         if self._pynvml is None:
             try:
@@ -185,3 +195,19 @@ class NvmlReader:
             return
         reading.gpus[uuid] = index
         reading.processes.extend(GpuProcess(pid, uuid, used) for pid, used in seen.items())
+        self._read_busy(handle, uuid, reading)
+
+    def _read_busy(self, handle, uuid, reading):
+        """The pids the driver's utilization samples show busy on GPU *uuid* since the
+        last read. Nothing is an error here: no sample (NVML_ERROR_NOT_FOUND), or a
+        driver without them, only leaves the agent to what it sees itself."""
+        nv = self._pynvml
+        try:
+            samples = nv.nvmlDeviceGetProcessUtilization(handle, self._sampled.get(uuid, 0))
+        except (nv.NVMLError, AttributeError):
+            return
+        for sample in samples:
+            stamp = int(getattr(sample, "timeStamp", 0) or 0)
+            self._sampled[uuid] = max(self._sampled.get(uuid, 0), stamp)
+            if any(getattr(sample, name, 0) for name in ("smUtil", "memUtil", "encUtil", "decUtil")):
+                reading.busy.add(int(sample.pid))

@@ -1,19 +1,26 @@
-"""The slices under the guard's root, as they are this interval.
+"""The slices under the agent's root, as they are at one look.
 
-Every interval the guard needs each slice's limits in force (the cap it
-holds the driver's figures to), its own charge per GPU (the "reported"
-figure beside the real one) and its live slots (which processes run under
-the preload library, by PID namespace and PID). All three change while
-kernels run, so each slice is snapshotted every interval; what is kept from
-one interval to the next is only the open, mapped file, because opening and
-checking a slice file costs several times more than reading it.
+Each look needs each slice's limits in force (the cap the guard holds the
+driver's figures to, the guarantee the broker keeps), its own charge per GPU
+(the "reported" figure beside the real one) and its live slots (which
+processes run under the preload library, by PID namespace and PID). All
+three change while kernels run, so each slice is snapshotted at every look;
+what is kept from one look to the next is only the open, mapped file,
+because opening and checking a slice file costs several times more than
+reading it.
+
+Whose word each part is: the limits are the hub's when a limits file lies
+beside the slice (root's, which the user's processes may only read), and
+otherwise the word of whoever owns the slice file (:attr:`SliceSeen.limits_trusted`:
+only when that is the agent's own user). Everything else of a slice file,
+slots included, is written by its user's processes: her claims.
 A file is opened again when it was replaced (another inode) or when a
 limits file appeared or went beside it: the limits file is the authority
 when it exists, and the slice file's own limits block is the user's to
 write, so a mapping opened before a limits file existed must not be kept.
 
 The folder and the files pass the trust rule of :mod:`hami_jupyter.slice.paths`
-exactly as for every other reader (a guard running as root trusts the
+exactly as for every other reader (an agent running as root trusts the
 hub's root-owned folder and the users' files in it, not a folder a user
 made); what the rule refuses is reported, never read.
 """
@@ -24,9 +31,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..slice.file import SliceFile, SliceFileError
-from ..slice.layout import HAMI_LIMITS_SUFFIX
-from ..slice.paths import SUFFIX, UntrustedPath, check_file, check_folder, valid_name
+from ...slice.file import SliceFile, SliceFileError
+from ...slice.layout import HAMI_LIMITS_SUFFIX
+from ...slice.paths import SUFFIX, UntrustedPath, check_file, check_folder, valid_name
 
 
 @dataclass
@@ -60,6 +67,19 @@ class SliceSeen:
         d = self.device(uuid)
         return d.memory_used if d else 0
 
+    @property
+    def limits_trusted(self):
+        """Whether its limits are not its user's word: a limits file is in force
+        (the hub's), or the slice file is the agent's own user's."""
+        if self.snapshot is None:
+            return False
+        return self.snapshot.limits_file is not None or self.owner_uid == os.geteuid()
+
+    def limits(self, uuid):
+        """The :class:`~hami_jupyter.slice.limits.Limits` in force on GPU *uuid*."""
+        d = self.device(uuid)
+        return d.limit if d else self.snapshot.fallback_limit
+
 
 @dataclass
 class SliceSet:
@@ -68,8 +88,10 @@ class SliceSet:
     *readable*: name -> :class:`SliceSeen` with a snapshot; *by_identity*:
     ``(dev, ino)`` -> SliceSeen, the unreadable ones too (a process that
     names an unreadable slice is not charged elsewhere by mistake);
-    *slots*: ``(pid namespace inode, pid there)`` -> ``(SliceSeen, Slot)``
-    of every live slot.
+    *slots*: ``(pid namespace inode, pid there)`` -> ``[(SliceSeen, Slot)]``
+    of every live slot naming it: a list, since any user may write a slot
+    naming any process into her own file (:mod:`.attribution` keeps the one
+    whose file the process's owner owns).
     """
 
     readable: dict = field(default_factory=dict)
@@ -84,7 +106,7 @@ class SliceSet:
             return
         self.readable[seen.name] = seen
         for slot in seen.snapshot.slots:
-            self.slots[(slot.pid_ns, slot.pid)] = (seen, slot)
+            self.slots.setdefault((slot.pid_ns, slot.pid), []).append((seen, slot))
 
 
 class SliceFiles:

@@ -8,8 +8,10 @@ except that a PID can be reused by a new process, so the facts are cached
 under ``(pid, start time)``: each interval costs one read of
 ``/proc/<pid>/stat`` per GPU process, and only a process not seen before
 costs the other reads. The start time (clock ticks since boot, field 22) is
-also what :mod:`.actions` checks right before a kill, so that a PID reused
-between the look and the kill is never hit.
+also what :mod:`..actor` checks right before it acts, so that a PID reused
+between the look and the act is never hit; made a Unix time
+(:attr:`ProcessFacts.started_unix`) it bounds what a slot may claim of the
+process's past: no wait began, and nothing happened, before it started.
 
 The environment is the one the process started with (``/proc/<pid>/environ``
 never changes after ``exec``), which is what a launcher (the provisioner,
@@ -24,8 +26,8 @@ import os
 import pwd
 from dataclasses import dataclass
 
-from ..processes import start_ticks
-from ..slice.size import parse_size
+from ...processes import start_ticks
+from ...slice.size import parse_size
 
 SLICE_VARIABLES = ("HAMI_SLICE", "CUDA_DEVICE_MEMORY_SHARED_CACHE")  # in the library's order
 WANTED = frozenset(SLICE_VARIABLES + ("HAMI_SLICE_ROOT", "XDG_RUNTIME_DIR", "HAMI_CONTEXT_OVERHEAD"))
@@ -55,6 +57,11 @@ class ProcessFacts:
     command: str | None = None  # its command line, spaces between the arguments (cut at 512 characters)
 
     @property
+    def started_unix(self):
+        """When it started, as a Unix time (the boot time plus its start ticks)."""
+        return boot_unix() + self.start_ticks / TICKS_PER_S
+
+    @property
     def slice_ref(self):
         """``HAMI_SLICE`` when set, else ``CUDA_DEVICE_MEMORY_SHARED_CACHE``, as the
         library takes them; None without either, or for an empty value (the
@@ -62,6 +69,21 @@ class ProcessFacts:
         env = self.environ or {}
         name = SLICE_VARIABLES[0] if SLICE_VARIABLES[0] in env else SLICE_VARIABLES[1]
         return env.get(name) or None
+
+
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+_boot = []
+
+
+def boot_unix(proc="/proc"):
+    """When the host booted, as a Unix time (``btime`` of ``/proc/stat``; read once)."""
+    if not _boot:
+        try:
+            with open(f"{proc}/stat", "rb") as f:
+                _boot.append(next(int(line.split()[1]) for line in f if line.startswith(b"btime ")))
+        except (OSError, StopIteration, ValueError, IndexError):
+            return 0.0
+    return float(_boot[0])
 
 
 def pid_namespace(pid, proc="/proc"):
@@ -80,7 +102,7 @@ _users = {}
 
 
 def user_name(uid):
-    """The passwd name of *uid* (cached: the guard asks every interval), or None."""
+    """The passwd name of *uid* (cached: the agent asks every look), or None."""
     if uid is None:
         return None
     if uid not in _users:

@@ -4,26 +4,35 @@ A *kernel* is the processes of one Jupyter kernel id in one slice (the
 provisioner gives each its ``HAMI_KERNEL_ID``, which its slot records); a
 process with no kernel id is a kernel of its own. Parking one process of a
 kernel and not the others would stop the kernel just the same and free less,
-so the broker parks whole kernels.
+so whole kernels are parked.
+
+Every kernel here is made of facts (:func:`gather`): processes NVML lists on
+the GPU with bytes, each matched by the agent to a live slot of a slice whose
+file its owner owns (:mod:`hami_jupyter.agent.facts.attribution`), with its
+host PID, its NVML bytes, its slice's NVML bytes on that GPU, the limits and
+guarantee in force from the root-owned limits file, and its last activity as
+the agent knows it (:mod:`hami_jupyter.agent.facts.activity`). A slot that
+names no process the agent sees is no kernel at all. What a slot claims (its
+last GPU call, its park state, its wait, its charge) and what its Jupyter
+server publishes (its last message, a running cell) are its user's word: they
+may make her kernel idler, never busier, never another's.
 
 A kernel may be parked to make room for another's allocation when all of
 these hold (:func:`judge`):
 
 - it is not the requester's kernel;
-- it runs on the GPU (not parked, parking or resuming) and none of its
-  processes waits for GPU room itself (a waiting process makes no driver
-  call, so it would look idle);
-- it is idle: no cell runs in it (its Jupyter server says ``busy``), and the
-  latest of its processes' driver calls (``gpu_active_unix_ns``), of their
-  last resume from a park (``park_unix_ns``: a parked process comes back
-  only when something in it calls the driver) and of its server's last
-  activity (``last_activity_unix``, kernel registry) is at least
+- it runs on the GPU: the agent is not parking it already, and its slots have
+  not said for less than :data:`AWAY_BELIEVED_S` that it is being parked or
+  coming back (a slot that says so longer, while NVML lists its bytes, is not
+  believed);
+- none of its processes asks the agent for room itself (it is in the queue,
+  or was answered a moment ago: it asks again in a second);
+- it is idle: its last GPU activity as the agent knows it is at least
   ``min_idle_seconds`` ago;
-- its slice holds more than its guarantee on that GPU (the guarantee is the
-  limit when none is set: a slice that is not oversubscribed is never parked
-  for room);
-- the broker can park it: every process of it lives in the broker's PID
-  namespace, as ``hami-park`` finds slots by the PID it is given.
+- its slice holds more than its guarantee on that GPU, by NVML (the guarantee
+  is the limit when none is set: a slice that is not oversubscribed is never
+  parked for room). A slice whose limits are its user's own word (no limits
+  file) has no guarantee.
 
 The idlest is parked first (:func:`plan`).
 """
@@ -33,22 +42,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..slice import registry
-from ..slice.layout import HAMI_PARK_PARKED, HAMI_PARK_PARKING, HAMI_PARK_RUNNING
-from ..slice.size import format_size
+from ...slice import registry
+from ...slice.layout import HAMI_PARK_PARKED, HAMI_PARK_PARKING, HAMI_PARK_RUNNING
+from ...slice.size import format_size
+
+AWAY_BELIEVED_S = 30.0  # a park or resume takes seconds (20 s for 32 GiB on an H100): a slot saying so longer lies
 
 
 @dataclass
 class Kernel:
     """One kernel on one GPU.
 
-    *pids*: its processes as its slots record them (PIDs of their own
-    namespace); *bytes*: what it holds on the GPU (NVML's figure for each
-    process the broker can see, else the process's charge in the slice file);
-    *last_active_unix*: the latest of its driver calls and its server's
-    activity; *state*: ``running``, ``parking``, ``parked`` or ``resuming``;
-    *held*/*guarantee*: its slice's charge and guarantee on the GPU (a
-    guarantee of 0: the slice may hold all of it).
+    *pids*: its processes' host PIDs; *processes*: ``(pid, start ticks)`` of
+    each, what the actor checks before it acts; *bytes*: what it holds on the
+    GPU (NVML); *last_active_unix*: its last GPU activity as the agent knows
+    it; *state*: ``running``, or what its slots say while believed
+    (``parking``, ``parked``, ``resuming``); *held*/*guarantee*: its slice's
+    NVML bytes and guarantee on the GPU (a guarantee of 0 with trusted limits:
+    the slice may hold all of it).
     """
 
     slice: str
@@ -58,13 +69,14 @@ class Kernel:
     user: str | None
     bytes: int = 0
     last_active_unix: float = 0.0
-    busy: bool = False
     state: str = "running"
     waiting: bool = False
-    foreign: bool = False  # a process of it lives in another PID namespace
     held: int = 0
     guarantee: int = 0
-    host_pids: tuple = field(default=())
+    limits_trusted: bool = True
+    processes: tuple = field(default=())  # (host pid, start ticks) of each
+    slots: tuple = field(default=())  # each one's slot index in the slice file
+    bytes_of: tuple = field(default=())  # (host pid, NVML bytes) of each
 
     @property
     def label(self):
@@ -93,75 +105,65 @@ def _stage(slots):
     return "running" if stages == {HAMI_PARK_RUNNING} else "resuming"
 
 
-def _last_call(slot):
-    """When the process last used the GPU, in Unix ns: its latest driver call,
-    or its latest resume (which only a call asks for) while it runs."""
+def claimed_activity(slot, entry=None):
+    """When the slot (and the kernel's registry *entry*) say the process last
+    used the GPU or got a message, in Unix seconds: its user's word."""
     resumed = slot.park_unix_ns if slot.park_state == HAMI_PARK_RUNNING else 0
-    return max(slot.gpu_active_unix_ns or slot.started_unix_ns, resumed)
+    ns = max(slot.gpu_active_unix_ns or slot.started_unix_ns, resumed)
+    return max(ns / 1e9, entry.last_activity_unix if entry is not None else 0.0)
 
 
-def _activity(path, cache):
-    """``{kernel id: registry entry}`` of the slice at *path* (read once per look).
-    Entries whose process this PID namespace does not see are kept, never
-    deleted: a kernel in a container's PID namespace is alive there, and its
-    id is only looked up for a kernel that holds live slots."""
+def _registry(path, cache):
+    """``{kernel id: registry entry}`` of the slice at *path* (read once per look)."""
     if path not in cache:
-        cache[path] = {e.kernel_id: e for e in registry.kernels(path, include_dead=True)}
+        try:
+            cache[path] = {e.kernel_id: e for e in registry.kernels(path, include_dead=True)}
+        except OSError:
+            cache[path] = {}
     return cache[path]
 
 
-def gather(slices, uuid, holders, placed, own_ns):
-    """The kernels of every slice in *slices* (a guard :class:`~hami_jupyter.guard.slices.SliceSet`)
-    that hold memory on GPU *uuid*, or are being parked or resumed there.
+def gather(look, uuid, activity, now, asking=frozenset(), acting=frozenset()):
+    """The kernels on GPU *uuid* in *look* (a :class:`~hami_jupyter.agent.facts.look.Look`).
 
-    *holders*: ``{host pid: bytes}`` NVML lists on the GPU; *placed*: ``{host
-    pid: (slice name, slot index, user)}`` of those the broker matched to a
-    slot; *own_ns*: the broker's PID namespace (its inode).
+    *activity*: the agent's :class:`~hami_jupyter.agent.facts.activity.Activity`;
+    *asking*: host PIDs that ask the agent for room now; *acting*: host PIDs the
+    actor is at work on.
     """
-    by_slot = {(name, index): (pid, user) for pid, (name, index, user) in placed.items()}
-    found, activity = [], {}
-    for name, seen in sorted(slices.readable.items()):
-        device = seen.device(uuid)
-        if device is None:
-            continue  # the slice never met this GPU
-        limits = device.limit
-        groups = {}
-        for slot in seen.snapshot.slots:
-            key = slot.kernel_id or f"\0{slot.pid}"
-            groups.setdefault(key, []).append(slot)
-        for key, slots in sorted(groups.items()):
-            kernel_id = slots[0].kernel_id
-            host, users, total = [], set(), 0
-            for s in slots:
-                hit = by_slot.get((name, s.index))
-                if hit is not None:
-                    host.append(hit[0])
-                    users.add(hit[1])
-                    total += holders.get(hit[0], 0)
-                else:
-                    total += s.memory_used.get(device.index, 0)
-            state = _stage(slots)
-            if total <= 0 and state == "running":
-                continue
-            k = Kernel(
-                slice=name, path=seen.path, kernel_id=kernel_id, pids=tuple(s.pid for s in slots),
-                user=next(iter(sorted(u for u in users if u)), None), bytes=total,
-                last_active_unix=max((_last_call(s) for s in slots), default=0) / 1e9,
-                state=state, waiting=any(s.room_wait_since_unix_ns for s in slots),
-                foreign=any(s.pid_ns not in (0, own_ns) for s in slots),
-                held=device.memory_used, guarantee=guarantee_bytes(limits), host_pids=tuple(host))
-            if kernel_id:
-                entry = _activity(seen.path, activity).get(kernel_id)
-                if entry is not None:
-                    k.busy = entry.busy
-                    k.last_active_unix = max(k.last_active_unix, entry.last_activity_unix)
-            found.append(k)
+    groups = {}
+    for p in look.on(uuid):
+        a = p.attribution
+        if a.seen is None or a.slot is None or p.used_bytes <= 0:
+            continue  # a process of no slice, without the library, or holding nothing here
+        groups.setdefault((a.seen.name, a.slot.kernel_id or f"\0{p.facts.pid}"), []).append(p)
+    found, cache = [], {}
+    for (name, _), procs in sorted(groups.items()):
+        seen = procs[0].attribution.seen
+        kernel_id = procs[0].attribution.slot.kernel_id
+        entry = _registry(seen.path, cache).get(kernel_id) if kernel_id else None
+        slots = [p.attribution.slot for p in procs]
+        last = max(activity.last_active(p.facts, claimed_activity(p.attribution.slot, entry), now) for p in procs)
+        away = max(activity.away_for(p.facts, now) for p in procs)
+        state = _stage(slots) if 0 < away < AWAY_BELIEVED_S else "running"
+        if any(p.facts.pid in acting for p in procs):
+            state = "parking"
+        limits = seen.limits(uuid)
+        found.append(Kernel(
+            slice=name, path=seen.path, kernel_id=kernel_id, pids=tuple(p.facts.pid for p in procs),
+            user=next((p.facts.user for p in procs if p.facts.user), None),
+            bytes=sum(p.used_bytes for p in procs), last_active_unix=last, state=state,
+            waiting=any(p.facts.pid in asking for p in procs), held=look.slice_bytes(name, uuid),
+            guarantee=guarantee_bytes(limits) if seen.limits_trusted else 0,
+            limits_trusted=seen.limits_trusted,
+            processes=tuple((p.facts.pid, p.facts.start_ticks) for p in procs),
+            slots=tuple(p.attribution.slot.index for p in procs),
+            bytes_of=tuple((p.facts.pid, p.used_bytes) for p in procs)))
     return found
 
 
 @dataclass(frozen=True)
 class Requester:
-    """Whose request it is: its slice, kernel id ("" for none) and PID (its slot's).
+    """Whose request it is: its slice, kernel id ("" for none) and host PID.
     :data:`NOBODY` (no slice) owns no kernel: the headroom's parks are for no one's."""
 
     slice: str
@@ -185,18 +187,14 @@ def why_not(kernel, requester, min_idle, now):
         return f"{kernel.state} already"
     if kernel.waiting:
         return "it waits for GPU room itself"
-    if kernel.busy:
-        return "a cell runs in it"
     idle = kernel.idle_s(now)
     if idle < min_idle:
         return f"active {idle:.0f} s ago (parked only after {min_idle:g} s idle)"
-    if not kernel.guarantee:
+    if kernel.limits_trusted and not kernel.guarantee:
         return f"slice {kernel.slice} has neither a limit nor a guarantee on this GPU"
     if kernel.held <= kernel.guarantee:
         return (f"slice {kernel.slice} holds {format_size(kernel.held)}, within its "
                 f"{format_size(kernel.guarantee)} guarantee")
-    if kernel.foreign:
-        return "it runs in another PID namespace (a container) than the broker's: hami-park cannot park it"
     return None
 
 

@@ -1,25 +1,25 @@
 """Headroom: free memory kept on each GPU before anyone asks for it (``--headroom SIZE``).
 
-Without it the broker parks only once someone waits: a cell that meets a
-full GPU waits for a park (4.7 s for 8 GiB on an H100) and then, if it was
-parked itself, for its own resume (2.3 s). With a headroom *H*, the broker
-keeps at least *H* free on each GPU it serves (the GPUs the slices under its
-root have met), so that the next resume or allocation of up to *H* finds
-the room at once. The cost: idle kernels are parked sooner, before anyone
-asked.
+Without it the agent parks only once someone waits: a cell that meets a full
+GPU waits for a park (4.7 s for 8 GiB on an H100) and then, if it was parked
+itself, for its own resume (2.3 s). With a headroom *H*, the agent keeps at
+least *H* free on each GPU it serves (the GPUs the slices under its root have
+met), so that the next resume or allocation of up to *H* finds the room at
+once. The cost: idle kernels are parked sooner, before anyone asked.
 
 :class:`Keeper` looks at each GPU every :data:`CHECK_S` seconds and after
-each request the broker answered. While a GPU's NVML free bytes are below
-*H*, it parks idle kernels there under the very rules a waiting request
-uses (:func:`~.kernels.judge` and :func:`~.kernels.plan`: the idlest first,
-none active within ``--min-idle-seconds``, never a slice at or below its
-guarantee, none beyond what brings the free bytes to *H*; when those that
-may be parked cannot bring it to *H*, none is parked, as for a request),
-one at a time, measuring again after each. Requests come first:
+each request answered. While a GPU's NVML free bytes are below *H*, it parks
+idle kernels there under the very rules a waiting request uses
+(:func:`~.room.kernels.judge` and :func:`~.room.kernels.plan`: the idlest
+first, none active within ``--min-idle-seconds``, never a slice at or below
+its guarantee, none beyond what brings the free bytes to *H*; when those that
+may be parked cannot bring it to *H*, none is parked, as for a request), one
+at a time, measuring again after each. Requests come first:
 
 - nothing is parked for the headroom on a GPU where a request waits or is
-  served, or where a process's slot says it waits for room (its request is
-  on its way, or it asks again in a second);
+  served, or whose process was answered a moment ago (it asks again in a
+  second): what the agent itself knows of who asks, never a slot's word, so
+  no user stops the keeper by writing a wait into her own slot;
 - a request that arrives while a headroom park is under way waits only for
   that park (its room counts for the request), and no other headroom park
   follows until the GPU's queue is empty again.
@@ -29,10 +29,10 @@ until ``--min-idle-seconds`` have passed; a kernel whose park failed is not
 tried for the headroom again for :data:`FAILED_RETRY_S`. When nothing can be
 parked, the keeper waits for its next look; it logs one line when a GPU's
 headroom cannot be kept and one when it is kept again. Each park is audited
-like any broker park (``broker-park``), with ``requester`` naming the
-headroom (``{"for": "headroom", ...}``) instead of a user; the parked
-kernel's slot says ``room``, so its user reads "parked to make room for
-another user's work".
+like any room park (``broker-park``), with ``requester`` naming the headroom
+(``{"for": "headroom", ...}``) instead of a user; the parked kernel's slot
+says ``room``, so its user reads "parked to make room for another user's
+work".
 """
 
 from __future__ import annotations
@@ -42,9 +42,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..slice.parking import ParkError
 from ..slice.size import format_size
-from .kernels import NOBODY, gather, judge, plan, why_none
+from .room.kernels import NOBODY, gather, judge, plan, why_none
 
 # A look costs one NVML free-memory read per GPU and one read of the slice
 # files (the guard reads them every 0.5 s); a second is short beside the park
@@ -61,13 +60,13 @@ log = logging.getLogger("hami_jupyter.broker")
 
 @dataclass
 class ForHeadroom:
-    """The requester of a headroom park, as :class:`~.decisions.Decisions` names
+    """The requester of a headroom park, as :class:`~.records.Records` names
     requesters: no user, no slice; the GPU, the headroom and its free bytes."""
 
     uuid: str
     headroom: int
     free: int
-    uid: int | None = None  # the audit record takes the broker's own
+    uid: int | None = None  # the audit record takes the agent's own
 
     def who(self):
         return (f"the {format_size(self.headroom)} headroom of GPU {self.uuid} "
@@ -84,26 +83,15 @@ def _key(kernel):
 
 
 def served_gpus(slices):
-    """The UUIDs of the GPUs the slices in *slices* (a guard SliceSet) have met."""
+    """The UUIDs of the GPUs the slices in *slices* (a SliceSet) have met."""
     return sorted({d.uuid for seen in slices.readable.values() for d in seen.snapshot.devices if d.uuid})
 
 
-def waits_for_room(slices, uuid):
-    """Whether a process of a slice says, in its slot, that it waits for room on GPU *uuid*."""
-    for seen in slices.readable.values():
-        device = seen.device(uuid)
-        if device is None:
-            continue
-        if any(s.room_wait_since_unix_ns and s.room_wait_device == device.index for s in seen.snapshot.slots):
-            return True
-    return False
-
-
 class Keeper:
-    """Keeps *headroom* bytes free on each GPU of *broker* (a :class:`~.server.Broker`)."""
+    """Keeps *headroom* bytes free on each GPU of *rooms* (a :class:`~.rooms.Rooms`)."""
 
-    def __init__(self, broker, headroom, check_s=CHECK_S):
-        self.broker = broker
+    def __init__(self, rooms, headroom, check_s=CHECK_S):
+        self.rooms = rooms
         self.headroom = headroom
         self.check_s = check_s
         self._state = {}  # uuid -> the report's entry
@@ -141,46 +129,46 @@ class Keeper:
     # ---- the loop -----------------------------------------------------------------
 
     def run(self):
-        """Look at every GPU each :attr:`check_s` and after each request answered, until the broker stops."""
-        broker = self.broker
-        while not broker.stop.is_set():
-            broker.served.clear()
+        """Look at every GPU each :attr:`check_s` and after each request answered, until the agent stops."""
+        rooms = self.rooms
+        while not rooms.stop.is_set():
+            rooms.served.clear()
             try:
                 self.look()
             except Exception:  # one look's trouble never ends the keeper
                 log.exception("broker: the headroom look failed")
-            broker.served.wait(self.check_s)
+            rooms.served.wait(self.check_s)
 
     def look(self):
         """One look at every GPU the slices have met."""
-        gpus = served_gpus(self.broker.look([]))
+        gpus = served_gpus(self.rooms.node.look(within=self.check_s / 2).slices)
         with self._state_lock:
             for uuid in set(self._state) - set(gpus):  # no slice has met it any more
                 del self._state[uuid]
         for uuid in gpus:
-            if self.broker.stop.is_set():
+            if self.rooms.stop.is_set():
                 return
             self.keep(uuid)
 
     def keep(self, uuid):
         """Park idle kernels on GPU *uuid* until it has the headroom free, while no request needs it."""
-        broker = self.broker
-        while not broker.stop.is_set():
+        rooms = self.rooms
+        while not rooms.stop.is_set():
             errors = []
-            free = broker.room.free(uuid, errors)
+            free = rooms.node.free(uuid, errors)
             if free is None:
-                self._cannot(uuid, None, f"the broker cannot read the GPU's free memory: {'; '.join(errors)}")
+                self._cannot(uuid, None, f"the agent cannot read the GPU's free memory: {'; '.join(errors)}")
                 return
             if free >= self.headroom:
                 self._say(uuid, True, free)
                 return
-            if broker.queues.busy(uuid):
+            if rooms.queues.busy(uuid):
                 self._say(uuid, False, free, "a request for room is served on this GPU first")
                 return
-            if broker.cannot_park:
-                self._cannot(uuid, free, f"this driver cannot park processes ({broker.cannot_park})")
+            if rooms.cannot_park:
+                self._cannot(uuid, free, f"this driver cannot park processes ({rooms.cannot_park})")
                 return
-            lock = broker.gpu_lock(uuid)
+            lock = rooms.gpu_lock(uuid)
             if not lock.acquire(blocking=False):
                 self._say(uuid, False, free, "a request for room is served on this GPU first")
                 return
@@ -193,26 +181,24 @@ class Keeper:
     def _park_one(self, uuid, free):
         """Park the idlest kernel that may be parked toward the headroom; True when
         one was parked or tried (measure again), False when this look is over."""
-        broker = self.broker
-        if broker.queues.busy(uuid):  # asked while the lock was taken
+        rooms = self.rooms
+        if rooms.queues.busy(uuid):  # asked while the lock was taken
             self._say(uuid, False, free, "a request for room is served on this GPU first")
             return False
-        errors = []
-        holders = broker.room.holders(uuid, errors)
-        if holders is None:
-            self._cannot(uuid, free, f"the broker cannot read the GPU's processes: {'; '.join(errors)}")
-            return False
-        slices = broker.look(errors)
-        if waits_for_room(slices, uuid):
+        if rooms.asking(uuid):
             self._say(uuid, False, free, "a process waits for room on this GPU: its request comes first")
             return False
-        kernels = gather(slices, uuid, holders, broker.placed(holders, slices), broker.own_ns)
+        look = rooms.node.look()
+        if uuid not in look.reading.gpus:
+            self._cannot(uuid, free, f"the agent cannot read the GPU's processes: {'; '.join(look.errors)}")
+            return False
+        now, clock = time.time(), time.monotonic()
+        kernels = gather(look, uuid, rooms.node.activity, now, acting=rooms.actor.acting())
         if any(k.state == "parking" for k in kernels):
             self._say(uuid, False, free, "a park is under way on this GPU: measured again when it is done")
             return False
-        now, clock = time.time(), time.monotonic()
         self._failed = {k: t for k, t in self._failed.items() if clock - t < FAILED_RETRY_S}
-        eligible, skipped = judge(kernels, NOBODY, broker.min_idle, now)
+        eligible, skipped = judge(kernels, NOBODY, rooms.min_idle, now)
         failed = [k for k in eligible if (uuid, _key(k)) in self._failed]
         eligible = [k for k in eligible if (uuid, _key(k)) not in self._failed]
         need = self.headroom - free
@@ -222,16 +208,11 @@ class Keeper:
             return False
         kernel = chosen[0]
         self._say(uuid, False, free, f"parking {kernel.label} of slice {kernel.slice} for the headroom")
-        for_headroom = ForHeadroom(uuid, self.headroom, free)
-        try:
-            result = broker.parker.park(kernel)
-        except ParkError as e:
+        tried = set()
+        if rooms.park(ForHeadroom(uuid, self.headroom, free), kernel, now, tried):
+            rooms.await_freed(uuid, free)
+        else:
             self._failed[(uuid, _key(kernel))] = time.monotonic()
-            broker.decisions.park_failed(for_headroom, kernel, e)
-            return True
-        broker.decisions.park(for_headroom, kernel, result, kernel.idle_s(now))
-        broker.await_freed(for_headroom, free)
-        broker.changed.set()
         return True
 
 

@@ -1,14 +1,14 @@
-"""The broker's protocol: one request line in, one or two answer lines out.
+"""The memory broker's protocol: one request line in, one or two answer lines out.
 
 A process under the preload library whose allocation the driver refused
-(the GPU has no room, though the slice has) connects to the broker's Unix
-socket and writes one line::
+(the GPU has no room, though the slice has) connects to the agent's Unix
+socket (the broker's socket, as the library calls it) and writes one line::
 
     ROOM <gpu uuid> <bytes> <since_unix_ns>\\n
 
 *bytes*: what the driver could not give; *since*: when this process's wait
-began, kept across re-asks, so that a restarted broker still serves the
-oldest wait first. The broker answers on the same connection:
+began, kept across re-asks, so that a restarted agent still serves the
+oldest wait first. The agent answers on the same connection:
 
 - ``BUSY <n>``: at once when the request waits behind *n* others on that GPU
   (the final answer follows);
@@ -16,8 +16,8 @@ oldest wait first. The broker answers on the same connection:
 - ``NO <why>``: nothing can be parked now; the library may ask again until its
   own deadline.
 
-Then the broker closes the connection. Nothing here touches a socket: this
-module only reads and writes the lines, so the same rules serve the broker,
+Then the agent closes the connection. Nothing here touches a socket: this
+module only reads and writes the lines, so the same rules serve the agent,
 its tests and any other client.
 """
 

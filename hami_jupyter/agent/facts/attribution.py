@@ -10,11 +10,11 @@ rules, in order:
    ``$XDG_RUNTIME_DIR/hami-jupyter``, else ``/tmp/hami-jupyter-<uid>``), as the
    process sees its file system: the path is looked up through
    ``/proc/<pid>/root``, and the file found is matched to a slice under the
-   guard's root by device and inode. So a kernel in a container whose slice
+   agent's root by device and inode. So a kernel in a container whose slice
    root is the host's folder mounted elsewhere is still found.
 2. **slot**: a live slot of a slice file that records the process. Slots hold
    the PID as the owner's PID namespace numbers it, with that namespace's
-   inode; the guard maps a host PID to the same pair (``/proc/<pid>/ns/pid``
+   inode; the agent maps a host PID to the same pair (``/proc/<pid>/ns/pid``
    and the last field of ``NSpid``). When a process holds a slot in another
    slice than its environment names, the slot wins: the environment is the
    one it started with, and a program may change ``HAMI_SLICE`` before CUDA
@@ -31,7 +31,9 @@ real uid is the file's ``st_uid``). A slice file under the hub's root is its
 user's, and only that user's processes can open it for writing, so this
 costs a real slice nothing; without it, a user could claim a stranger's
 process for their own slice (an environment variable, or a fake slot in a
-file they own) and have the guard end it.
+file they own) and have the agent park or end it. A slot naming a process
+whose owner does not own the file is no slot of that process, however many
+such slots name it (the owner's own slot is found all the same).
 
 A process has the preload library when it holds a slot in the slice it is
 charged to; one charged by environ or by user without a slot runs without it.
@@ -42,8 +44,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..slice.layout import HAMI_HUB_SLICE_ROOT, HAMI_SLICE_ROOT_SUBDIR, HAMI_SLICE_ROOT_TMP_PREFIX
-from ..slice.paths import SUFFIX, valid_name
+from ...slice.layout import HAMI_HUB_SLICE_ROOT, HAMI_SLICE_ROOT_SUBDIR, HAMI_SLICE_ROOT_TMP_PREFIX
+from ...slice.paths import SUFFIX, valid_name
 from .procs import pid_namespace
 
 ENVIRON, SLOT, USER = "environ", "slot", "user"
@@ -92,7 +94,7 @@ def library_path(facts, proc="/proc"):
 
 
 def seen_from_here(facts, path, proc="/proc"):
-    """*path* as the process sees it, made a path the guard can open: through
+    """*path* as the process sees it, made a path the agent can open: through
     the process's root (absolute) or working folder (relative)."""
     if path.startswith("/"):
         return f"{proc}/{facts.pid}/root{path}"
@@ -134,8 +136,9 @@ class Attributor:
             if ns_pid not in (None, facts.pid):
                 return None
             ns, ns_pid = self.own_ns, facts.pid
-        hit = slices.slots.get((ns, ns_pid if ns_pid is not None else facts.pid))
-        return hit if hit is not None and _owns(hit[0], facts) else None
+        hits = slices.slots.get((ns, ns_pid if ns_pid is not None else facts.pid)) or ()
+        owned = sorted((h for h in hits if _owns(h[0], facts)), key=lambda h: h[0].name)
+        return owned[0] if owned else None  # another user's slot naming it is no slot of it
 
     def attribute(self, facts, slices):
         """The :class:`Attribution` of the process *facts* among *slices*
