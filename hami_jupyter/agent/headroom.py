@@ -193,7 +193,8 @@ class Keeper:
             self._cannot(uuid, free, f"the agent cannot read the GPU's processes: {'; '.join(look.errors)}")
             return False
         now, clock = time.time(), time.monotonic()
-        kernels = gather(look, uuid, rooms.node.activity, now, acting=rooms.actor.acting())
+        kernels = gather(look, uuid, rooms.node.activity, now, acting=rooms.actor.acting(),
+                         driver=rooms.node.driver_state)
         if any(k.state == "parking" for k in kernels):
             self._say(uuid, False, free, "a park is under way on this GPU: measured again when it is done")
             return False

@@ -220,7 +220,7 @@ class Rooms:
                                 f"{'; '.join(look.errors) or 'NVML lists no such GPU'}", "nvml")
             now = time.time()
             kernels = gather(look, request.uuid, self.node.activity, now, self.asking(request.uuid) - {request.pid},
-                             self.actor.acting())
+                             self.actor.acting(), self.node.driver_state)
             eligible, skipped = judge(kernels, requester, self.min_idle, now)
             eligible = [k for k in eligible if _key(k) not in failed]
             need = wanted - free

@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ...slice.parking import ParkError, checkpoint_state
 from .activity import Activity
 from .attribution import Attributor
 from .nvml import NvmlReader
@@ -118,6 +119,14 @@ class Node:
         with self._lock:
             found = self.reader.memory(uuid, errors)
         return None if found is None else found[1]
+
+    def driver_state(self, pid):
+        """The driver's word on process *pid*'s checkpoint state (``running``,
+        ``locked``, ``checkpointed``, ``failed``); None when it cannot say."""
+        try:
+            return checkpoint_state(pid)
+        except (ParkError, OSError):
+            return None
 
     def process(self, pid, slices):
         """``(facts, attribution)`` of process *pid* (a PID of ours) among *slices*;

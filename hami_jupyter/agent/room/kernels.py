@@ -21,10 +21,12 @@ A kernel may be parked to make room for another's allocation when all of
 these hold (:func:`judge`):
 
 - it is not the requester's kernel;
-- it runs on the GPU: the agent is not parking it already, and its slots have
-  not said for less than :data:`AWAY_BELIEVED_S` that it is being parked or
-  coming back (a slot that says so longer, while NVML lists its bytes, is not
-  believed);
+- it runs on the GPU: the agent is not parking it already, and its slots do
+  not say it is being parked or coming back while the driver holds it so
+  (locked or checkpointed: someone else's park or its own resume), or for less
+  than :data:`AWAY_GRACE_S` (a park's first steps come before the driver's
+  lock). A slot that says so longer while NVML lists its bytes and the driver
+  has it running is not believed;
 - none of its processes asks the agent for room itself (it is in the queue,
   or was answered a moment ago: it asks again in a second);
 - it is idle: its last GPU activity as the agent knows it is at least
@@ -46,7 +48,7 @@ from ...slice import registry
 from ...slice.layout import HAMI_PARK_PARKED, HAMI_PARK_PARKING, HAMI_PARK_RUNNING
 from ...slice.size import format_size
 
-AWAY_BELIEVED_S = 30.0  # a park or resume takes seconds (20 s for 32 GiB on an H100): a slot saying so longer lies
+AWAY_GRACE_S = 3.0  # a slot saying its process is away, the driver disagreeing, is believed this long
 
 
 @dataclass
@@ -123,12 +125,14 @@ def _registry(path, cache):
     return cache[path]
 
 
-def gather(look, uuid, activity, now, asking=frozenset(), acting=frozenset()):
+def gather(look, uuid, activity, now, asking=frozenset(), acting=frozenset(), driver=None):
     """The kernels on GPU *uuid* in *look* (a :class:`~hami_jupyter.agent.facts.look.Look`).
 
     *activity*: the agent's :class:`~hami_jupyter.agent.facts.activity.Activity`;
     *asking*: host PIDs that ask the agent for room now; *acting*: host PIDs the
-    actor is at work on.
+    actor is at work on; *driver*: the driver's word on a process (``pid ->
+    "running" | "locked" | "checkpointed" | ...``), asked only of a process whose
+    slot has said for a while that it is off the GPU.
     """
     groups = {}
     for p in look.on(uuid):
@@ -143,8 +147,7 @@ def gather(look, uuid, activity, now, asking=frozenset(), acting=frozenset()):
         entry = _registry(seen.path, cache).get(kernel_id) if kernel_id else None
         slots = [p.attribution.slot for p in procs]
         last = max(activity.last_active(p.facts, claimed_activity(p.attribution.slot, entry), now) for p in procs)
-        away = max(activity.away_for(p.facts, now) for p in procs)
-        state = _stage(slots) if 0 < away < AWAY_BELIEVED_S else "running"
+        state = _stage(slots) if any(_away(p, activity, now, driver) for p in procs) else "running"
         if any(p.facts.pid in acting for p in procs):
             state = "parking"
         limits = seen.limits(uuid)
@@ -159,6 +162,16 @@ def gather(look, uuid, activity, now, asking=frozenset(), acting=frozenset()):
             slots=tuple(p.attribution.slot.index for p in procs),
             bytes_of=tuple((p.facts.pid, p.used_bytes) for p in procs)))
     return found
+
+
+def _away(p, activity, now, driver):
+    """Whether process *p*'s slot, saying it is off the GPU while NVML lists its
+    bytes, is believed: for :data:`AWAY_GRACE_S`, and after that only while the
+    driver holds it locked or checkpointed."""
+    away = activity.away_for(p.facts, now)
+    if not away:
+        return False
+    return away < AWAY_GRACE_S or (driver is not None and driver(p.facts.pid) in ("locked", "checkpointed"))
 
 
 @dataclass(frozen=True)
