@@ -41,7 +41,7 @@ from ..slice.size import format_size
 from . import protocol
 from .room.kernels import Requester, gather, judge, plan, why_none
 from .room.queue import ENDED, EXPIRED, QueueFull, Queues
-from .room.request import Refused, Request, admit
+from .room.request import Request, admit
 
 FREED_WAIT_S = 2.0  # after a park, how long NVML may take to show the memory free
 STEP = 256 << 20  # more room asked of the GPU each time one wait comes back after an OK
@@ -296,5 +296,3 @@ def _nothing_to_park(need, free, wanted, uuid, eligible, skipped, failed, parked
     return (f"GPU {uuid} has {format_size(free)} free, {format_size(need)} short of the "
             f"{format_size(wanted)} needed; " + why_none(eligible, skipped, note))
 
-
-__all__ = ["Refused", "Rooms"]
