@@ -22,9 +22,10 @@ or for as long as its claim says if that is longer (a kernel of hers she
 says is idle is hers to have parked).
 
 The same looks tell how long a slot has said its process is away from the GPU
-(parked, being parked or coming back) while NVML still lists its bytes: a
-park or a resume takes seconds, so a slot that says so for long is a claim
-the agent stops believing (:meth:`Activity.away_for`).
+(parked, being parked or coming back) while NVML still lists its bytes
+(:meth:`Activity.away_for`): a park's first steps take a moment, so the room
+policy believes such a slot briefly, and after that only while the driver
+holds the process locked or checkpointed.
 """
 
 from __future__ import annotations
