@@ -56,7 +56,7 @@ from .records import Records
 from .room import report as room_report
 from .rooms import Rooms
 from .server import Server, listening_socket
-from .watch import DEFAULT_INTERVAL, KILL, PARK, Watch
+from .watch import DEFAULT_INTERVAL, KILL, PARK, ReportFile, Watch
 
 DEFAULT_MIN_IDLE_S = 60.0
 DEFAULT_HOST_RESERVE = "2g"
@@ -112,8 +112,8 @@ class _RoomReport:
     """Writes ``broker.json`` until the agent stops; a write that fails is logged once."""
 
     def __init__(self, rooms, root, **settings):
-        self.rooms, self.root, self.settings = rooms, root, settings
-        self._error = None
+        self.rooms, self.settings = rooms, settings
+        self._write = ReportFile(write_report, root, "broker")
 
     def write(self, running=True):
         rooms = self.rooms
@@ -124,15 +124,7 @@ class _RoomReport:
             min_idle=rooms.min_idle, cannot_park=rooms.cannot_park, held=held, running=running,
             errors=list(rooms.node.look(within=WRITE_INTERVAL_S * 2).errors) + list(rooms.records.errors),
             headroom=rooms.keeper.headroom if rooms.keeper is not None else 0, **self.settings)
-        try:
-            write_report(report, self.root)
-        except OSError as e:
-            message = f"cannot write the report in {self.root}: {e.strerror or e}"
-            if message != self._error:
-                log.error("broker: %s", message)
-            self._error = message
-        else:
-            self._error = None
+        self._write(report)
 
     def run(self):
         rooms = self.rooms

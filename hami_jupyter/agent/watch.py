@@ -46,6 +46,27 @@ ACTIONS = (PARK, KILL, WARN)
 log = logging.getLogger("hami_jupyter.guard")
 
 
+class ReportFile:
+    """Writes a report with *write* (``write(report, root)``) under *root*; a
+    write that fails is logged once (as *who*), not every interval, until one
+    succeeds again."""
+
+    def __init__(self, write, root, who):
+        self.write, self.root, self.who = write, root, who
+        self._error = None
+
+    def __call__(self, report):
+        try:
+            self.write(report, self.root)
+        except OSError as e:
+            message = f"cannot write the report in {self.root}: {e.strerror or e}"
+            if message != self._error:
+                logging.getLogger(f"hami_jupyter.{self.who}").error("%s: %s", self.who, message)
+            self._error = message
+        else:
+            self._error = None
+
+
 class Watch:
     """The watch over *node* (a :class:`~.facts.look.Node`) under slice root *root*.
 
@@ -70,7 +91,7 @@ class Watch:
         self.warned = set()  # (slice, uuid) warned about while it stays over
         self.over_rounds = {}  # (slice, uuid) -> intervals in a row it was seen over
         self.ended = {}  # pid -> start ticks of processes killed that NVML may still list
-        self._write_error = None
+        self._write = ReportFile(lambda report, root: write_report(report, root), root, "guard")
 
     @classmethod
     def alone(cls, root, *, reader=None, audit_path=None, proc="/proc", **options):
@@ -125,17 +146,6 @@ class Watch:
                        parked=list(self.actor.held.values()), returns=self.records.returning())
         self._write(report)
         return report
-
-    def _write(self, report):
-        try:
-            write_report(report, self.root)
-        except OSError as e:  # said once, not every half second
-            message = f"cannot write the report in {self.root}: {e.strerror or e}"
-            if message != self._write_error:
-                log.error("guard: %s", message)
-            self._write_error = message
-        else:
-            self._write_error = None
 
     def _act(self, measured, read, errors):
         """Act on the slices confirmed over; the PIDs held now."""

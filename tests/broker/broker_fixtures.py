@@ -8,18 +8,12 @@ from pathlib import Path
 import pytest
 
 from broker_helpers import START_TIMEOUT, BrokerProcess, RoomClient, age, broker_env
+from native_fixtures import root  # noqa: F401 (a fixture, named here for the suites that import these)
 from native_helpers import slice_env
 
 from hami_jupyter.slice.create import create_slice
 from hami_jupyter.slice.limits import Limits
 from hami_jupyter.slice.size import parse_size
-
-
-@pytest.fixture
-def root(tmp_path):
-    path = tmp_path / "slices"
-    path.mkdir(mode=0o700)
-    return path
 
 
 @pytest.fixture
@@ -83,34 +77,30 @@ def client(tmp_path):
         c.teardown()
 
 
-def _starter(command, gpu, root, socket_path, tmp_path):
-    started = []
+def _agent_fixture(command, doc):
+    """A fixture starting ``python -m hami_jupyter COMMAND --root ROOT ...``
+    (each one killed at teardown), returned once its first report is written."""
 
-    def start(*args, env=None, preexec_fn=None, wait=True):
-        argv = [sys.executable, "-m", "hami_jupyter", command, "--root", str(root), *map(str, args)]
-        b = BrokerProcess(argv, env or broker_env(gpu), root, socket_path,
-                          tmp_path / f"{command}-{len(started)}.log", preexec_fn=preexec_fn)
-        started.append(b)
-        if wait:
-            b.wait_report(timeout=START_TIMEOUT, what=f"the {command}'s first report")
-        return b
+    @pytest.fixture(name=f"start_{command}")
+    def fixture(gpu, root, socket_path, tmp_path):
+        started = []
 
-    return start, started
+        def start(*args, env=None, preexec_fn=None, wait=True):
+            argv = [sys.executable, "-m", "hami_jupyter", command, "--root", str(root), *map(str, args)]
+            b = BrokerProcess(argv, env or broker_env(gpu), root, socket_path,
+                              tmp_path / f"{command}-{len(started)}.log", preexec_fn=preexec_fn)
+            started.append(b)
+            if wait:
+                b.wait_report(timeout=START_TIMEOUT, what=f"the {command}'s first report")
+            return b
+
+        yield start
+        for b in started:
+            b.teardown()
+
+    fixture.__doc__ = doc
+    return fixture
 
 
-@pytest.fixture
-def start_broker(gpu, root, socket_path, tmp_path):
-    """``python -m hami_jupyter broker --root ROOT ...`` (killed at teardown), returned once its first report is written."""
-    start, started = _starter("broker", gpu, root, socket_path, tmp_path)
-    yield start
-    for b in started:
-        b.teardown()
-
-
-@pytest.fixture
-def start_agent(gpu, root, socket_path, tmp_path):
-    """``python -m hami_jupyter agent --root ROOT ...``: both policies (killed at teardown)."""
-    start, started = _starter("agent", gpu, root, socket_path, tmp_path)
-    yield start
-    for b in started:
-        b.teardown()
+start_broker = _agent_fixture("broker", "``hami-jupyter broker``: the agent with the room policy alone.")
+start_agent = _agent_fixture("agent", "``hami-jupyter agent``: both policies.")
