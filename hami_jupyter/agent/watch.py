@@ -130,6 +130,7 @@ class Watch:
         """One interval: the look, and with the guard on, the report written."""
         look = self.node.look()
         if not self.guard:
+            self.actor.prune({p.facts.pid for p in look.placed if p.used_bytes > 0})
             return None
         errors = list(look.errors)
         read = set(look.reading.gpus)
