@@ -117,14 +117,14 @@ def time_rounds(root, tmp, interval, rounds):
     # The library path of a running process is fixed: load the simulated NVML by
     # its path, and pynvml's dlopen by name finds it loaded.
     ctypes.CDLL(str(native.sim_library_dir() / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL)
-    from hami_jupyter.guard.service import Guard
+    from hami_jupyter.agent.watch import Watch
 
     bench_root = tmp / "slices-inprocess"
     bench_root.mkdir(mode=0o700)
     for entry in root.iterdir():  # the same slices, read where this process writes its report
         if entry.name.endswith(".slice"):
             os.link(entry, bench_root / entry.name)
-    guard = Guard(bench_root, interval=interval, action="warn")
+    guard = Watch.alone(bench_root, interval=interval, action="warn")
     guard.start()
     guard.round()  # first look: the /proc facts of every process
     wall, cpu = [], []

@@ -9,9 +9,9 @@ imports, however late. A new module must be given a floor here, so the
 picture below stays the whole package.
 
 Some parts run apart from others that sit below them, and must not import
-them even where the floors would allow it (``APART``): the guard runs alone
-on a node, so it imports nothing of the admin tools (the audit log they share
-is a part of its own, under both).
+them even where the floors would allow it (``APART``): the node agent runs
+alone on a node, so it imports nothing of the admin tools (the audit log they
+share is a part of its own, under both).
 
 And the Jupyter server process, with the server extension and the
 provisioner loaded, does not import IPython (only kernels need it).
@@ -38,10 +38,9 @@ FLOORS = {
     "magic": 3,  # %hami (inside kernels)
     "admin": 4,  # administrators' changes, the panel
     "hub": 5,  # JupyterHub: policy, spawner, hub-made slices
-    "guard": 5,  # hami-jupyter guard: memory caps held with NVML's per-process figures
+    "agent": 5,  # hami-jupyter agent: the node's root daemon, the guard and the memory broker in one
     "server": 6,  # the Jupyter server extension
     "hubview": 6,  # hami-jupyter hub-service: the hub-wide view, a JupyterHub service
-    "broker": 6,  # hami-jupyter broker: GPU room made by parking idle kernels (uses the guard's readers)
     "commands": 7,  # the hami-jupyter command
     "_server_help": 7,  # the extension's settings in `jupyter server --help-all`
     "__main__": 8,
@@ -49,8 +48,7 @@ FLOORS = {
 
 # part -> parts it must never import, floors notwithstanding
 APART = {
-    "guard": {"admin"},  # runs alone on a node, without the admin tools
-    "broker": {"admin"},  # runs beside the guard, as alone
+    "agent": {"admin"},  # runs alone on a node, without the admin tools
 }
 
 
@@ -130,7 +128,7 @@ def reached(edges, start):
 
 
 def test_parts_that_run_apart_do_not_import_each_other():
-    """The guard's modules never import hami_jupyter.admin, directly or through another module."""
+    """The agent's modules never import hami_jupyter.admin, directly or through another module."""
     edges = graph()
     wrong = []
     for module in sorted(edges):

@@ -38,14 +38,15 @@ def _service_socket(path, audit_path=None):
 
 
 def guard_parked(root):
-    """The processes the guard parked under *root* (its report's ``parked``
-    records), oldest first; [] without a report or when it cannot be read."""
+    """The processes the node agent holds parked under *root* (the guard's
+    report's ``parked`` records, and the broker's ``held``), oldest first; []
+    without a report or when it cannot be read."""
+    from .guard_parked import ParkedError, held_records
+
     try:
-        report = guard_report.read_report(root)
-    except (guard_report.GuardReportError, OSError):
+        return held_records(root)
+    except ParkedError:
         return []
-    return [r for r in (report or {}).get("parked") or []
-            if isinstance(r, dict) and isinstance(r.get("pid"), int)]
 
 
 def guard_act(root, pid, what, *, audit_path=None):

@@ -9,6 +9,11 @@ over, the guard parks it again. ``--end PID`` ends it instead. Both check that
 the PID still names the process the guard parked (its start time), and both
 go to the audit log, with who asked.
 
+The agent holds a process off the GPU the same way for the memory broker
+when the process's slot refused a park (it said the process was parked or
+being parked while the driver had it running): such a process is listed
+too, and brought back or ended the same way.
+
 Used by the command line and by the admin service (on behalf of an
 administrator it identified), so the checks live here once.
 """
@@ -18,6 +23,8 @@ from __future__ import annotations
 import time
 
 from .. import audit
+from ..slice.broker_report import BrokerReportError
+from ..slice.broker_report import read_report as read_broker_report
 from ..slice.guard_report import GuardReportError, read_report
 from ..slice.parking import ParkError, restore_process
 from ..slice.size import format_size
@@ -30,17 +37,30 @@ class ParkedError(RuntimeError):
     """The request cannot be carried out; the message says why and what to do."""
 
 
-def parked_by_guard(root, pid):
-    """The guard's park record of *pid* in the report under *root*; ParkedError when none."""
+def held_records(root):
+    """The processes the node agent holds parked off the GPU under *root*: the
+    guard's report's ``parked`` and, from an agent running the broker alone,
+    the broker report's ``held`` (kernels whose slots refused a park for room)."""
     try:
         report = read_report(root)
     except (GuardReportError, OSError) as e:
         raise ParkedError(f"cannot read the guard's report in {root}: {e}") from None
-    for record in (report or {}).get("parked") or []:
-        if isinstance(record, dict) and record.get("pid") == pid:
+    found = list((report or {}).get("parked") or [])
+    try:
+        found += (read_broker_report(root) or {}).get("held") or []
+    except (BrokerReportError, OSError):
+        pass
+    return [r for r in found if isinstance(r, dict) and isinstance(r.get("pid"), int)]
+
+
+def parked_by_guard(root, pid):
+    """The agent's park record of *pid* (:func:`held_records`); ParkedError when none."""
+    held = held_records(root)
+    for record in held:
+        if record.get("pid") == pid:
             return record
     raise ParkedError(f"the guard has not parked process {pid} (its report in {root} lists "
-                      f"{', '.join(str(r.get('pid')) for r in (report or {}).get('parked') or []) or 'none'}): "
+                      f"{', '.join(str(r.get('pid')) for r in held) or 'none'}): "
                       "check the PID with hami-jupyter status")
 
 

@@ -5,10 +5,12 @@ the hub's), ``doctor`` checks the set-up,
 ``kernelspec install|list`` manages kernelspecs of set slice sizes,
 ``slice list|set|reset`` shows and resizes slices (administrators), ``audit
 verify`` checks the audit log, ``admin-service`` applies administrators'
-changes as root, ``guard`` holds memory caps with the driver's figures (a
-root service), ``broker`` makes GPU room for waiting allocations by parking
-idle kernels (a root service), ``hub-service`` is the hub-wide view (a JupyterHub service,
-configured with traitlets: its arguments go to it untouched), and ``demo``
+changes as root, ``agent`` is the node's root daemon: it holds memory caps
+with the driver's figures (the guard) and makes GPU room for waiting
+allocations by parking idle kernels (the memory broker); ``guard`` and
+``broker`` are the agent with one of the two on. ``hub-service`` is the
+hub-wide view (a JupyterHub service, configured with traitlets: its
+arguments go to it untouched), and ``demo``
 shows a slice at work. This module only parses arguments and prints;
 the work is done by the modules it calls.
 
@@ -230,7 +232,7 @@ def _resume(args):
     return 0
 
 
-# ---- the node daemons' options (guard, broker) -----------------------------------
+# ---- the node agent (agent, guard, broker) -------------------------------------------
 
 
 def _size_option(flag, value, problems):
@@ -246,67 +248,57 @@ def _size_option(flag, value, problems):
 
 
 def _daemon_logging(level):
-    """Log lines with their time, at *level*, for the node daemons (guard, broker)."""
+    """Log lines with their time, at *level*, for the node agent."""
     import logging
 
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("hami_jupyter").setLevel(level.upper())
 
 
-# ---- guard --------------------------------------------------------------------
+def _guard_act(args, root):
+    """``--resume PID`` / ``--end PID``: what an administrator does with a process the agent parked."""
+    from ..admin.actions import guard_act  # root here; an administrator through the admin service
+    from ..admin import guard_parked as parked
 
-
-def _guard(args):
-    from ..guard import service
-
-    problems = []
-    if not 0 < args.interval < 86400:
-        problems.append(f"--interval {args.interval:g}: give a number of seconds above 0 (and below a day)")
-    tolerance = service.DEFAULT_TOLERANCE
-    if args.tolerance is not None:
-        tolerance = _size_option("--tolerance", args.tolerance, problems)
-    if problems:
-        raise UsageError(*problems)
-    _daemon_logging(args.log_level)
-    root = Path(args.root) if args.root else default_root()
-    if args.resume is not None or args.end is not None:
-        from ..admin.actions import guard_act  # root here; an administrator through the admin service
-        from ..admin import guard_parked as parked
-
-        pid, what = (args.resume, parked.RESUME) if args.resume is not None else (args.end, parked.END)
-        try:
-            print(guard_act(root, pid, what, audit_path=args.audit_log))
-        except parked.ParkedError as e:
-            raise Failure(str(e)) from None
-        except PermissionError:
-            raise Failure(f"may not {what} process {pid}: run it as root (sudo)") from None
-        return 0
+    pid, what = (args.resume, parked.RESUME) if args.resume is not None else (args.end, parked.END)
     try:
-        return service.main(root, interval=args.interval, action=args.action, once=args.once,
-                            tolerance=tolerance, audit_path=args.audit_log)
-    except service.GuardStartError as e:
+        print(guard_act(root, pid, what, audit_path=args.audit_log))
+    except parked.ParkedError as e:
         raise Failure(str(e)) from None
+    except PermissionError:
+        raise Failure(f"may not {what} process {pid}: run it as root (sudo)") from None
+    return 0
 
 
-# ---- broker -------------------------------------------------------------------
+def _agent(args):
+    """``agent`` (both policies), ``guard`` (the guard's alone) and ``broker``
+    (the room policy's alone): one program, the policies its options turn on."""
+    from ..agent import service
 
-
-def _broker(args):
-    from ..broker import service
-
-    problems = []
-    if not 0 <= args.min_idle_seconds < 86400 * 365:
-        problems.append(f"--min-idle-seconds {args.min_idle_seconds:g}: give a number of seconds, 0 or more")
-    reserve = _size_option("--host-memory-reserve", args.host_memory_reserve, problems)
-    headroom = _size_option("--headroom", args.headroom, problems)
+    guard, room = args.command in ("agent", "guard"), args.command in ("agent", "broker")
+    problems, options = [], {"guard": guard, "room": room}
+    if guard:
+        if not 0 < args.interval < 86400:
+            problems.append(f"--interval {args.interval:g}: give a number of seconds above 0 (and below a day)")
+        options.update(interval=args.interval, action=args.action, once=args.once)
+        if args.tolerance is not None:
+            options["tolerance"] = _size_option("--tolerance", args.tolerance, problems)
+    if room:
+        if not 0 <= args.min_idle_seconds < 86400 * 365:
+            problems.append(f"--min-idle-seconds {args.min_idle_seconds:g}: give a number of seconds, 0 or more")
+        options.update(min_idle=args.min_idle_seconds,
+                       host_reserve=_size_option("--host-memory-reserve", args.host_memory_reserve, problems),
+                       headroom=_size_option("--headroom", args.headroom, problems),
+                       socket_path=Path(args.socket) if args.socket else None)
     if problems:
         raise UsageError(*problems)
     _daemon_logging(args.log_level)
     root = Path(args.root) if args.root else default_root()
+    if guard and (args.resume is not None or args.end is not None):
+        return _guard_act(args, root)
     try:
-        return service.main(root, min_idle=args.min_idle_seconds, host_reserve=reserve, headroom=headroom,
-                            audit_path=args.audit_log, socket_path=Path(args.socket) if args.socket else None)
-    except service.BrokerStartError as e:
+        return service.main(root, audit_path=args.audit_log, **options)
+    except service.AgentStartError as e:
         raise Failure(str(e)) from None
 
 
@@ -329,6 +321,70 @@ def _demo(args):
 
 
 # ---- the parser ---------------------------------------------------------------
+
+
+AGENT_COMMANDS = (
+    ("agent", "the node's root agent: the guard and the memory broker in one (root)",
+     "Run the node's agent, as root: every interval, read each GPU process's device memory from NVML, "
+     "charge it to a slice and act on slices over their cap by memory no cap allowed (the guard); and "
+     "listen on <root>/broker.sock (or $HAMI_BROKER_SOCKET) for processes whose allocation within their "
+     "slice's limit found no room on the GPU, and park idle kernels of any user to make it (the memory "
+     "broker). One program, one socket, one audit writer, one actor: no two decisions race on a process. "
+     "Its decisions rest on facts a user cannot write (/proc, NVML, the root-owned limits files); what a "
+     "user's slice file says is her claim. Writes <root>/guard.json and <root>/broker.json and appends to "
+     "the audit log (docs/guard.md, docs/broker.md)."),
+    ("guard", "the agent with the guard alone: park or end processes past their slice's memory cap (root)",
+     "The node's agent with the guard's policy alone: every interval, read each GPU process's device "
+     "memory from NVML, charge it to a slice (its HAMI_SLICE, its slot in a slice file, or its user's "
+     "slice), and act on slices over their cap by memory no cap allowed: park the processes that put them "
+     "over (park), end them (kill) or report them (warn). Memory a kernel got within the cap in force when "
+     "it got it is never acted on. Writes <root>/guard.json and appends to the audit log. Run it as root, "
+     "or run `hami-jupyter agent`, which is this and the broker in one (docs/guard.md)."),
+    ("broker", "the agent with the memory broker alone: make GPU room by parking idle kernels (root)",
+     "The node's agent with the room policy alone: listen on <root>/broker.sock (or $HAMI_BROKER_SOCKET) "
+     "for processes whose allocation within their slice's limit found no room on the GPU, and make room: "
+     "park idle kernels of any user on that GPU, the longest idle first, never one active within "
+     "--min-idle-seconds or whose slice holds no more than its guarantee, never more than needed. Writes "
+     "<root>/broker.json and appends every decision to the audit log. Run it as root, or run "
+     "`hami-jupyter agent`, which is this and the guard in one (docs/broker.md)."),
+)
+
+
+def _agent_options(p, guard, room):
+    """The options of the agent's commands: the guard's with *guard*, the broker's with *room*."""
+    p.add_argument("--root", metavar="DIR",
+                   help="slice root (default: HAMI_SLICE_ROOT, /run/hami-jupyter, "
+                        "$XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>)")
+    if guard:
+        p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
+                       help="seconds between looks (default 0.5)")
+        p.add_argument("--action", choices=("park", "kill", "warn"), default="park",
+                       help="park: move the offending processes' GPU state to host memory, where it "
+                            "waits for an administrator (default; kill where the driver cannot park); "
+                            "kill: end them; warn: log, audit and report only")
+        p.add_argument("--resume", type=int, metavar="PID",
+                       help="bring back a process the agent parked (raise its slice's cap first), then exit")
+        p.add_argument("--end", type=int, metavar="PID", help="end a process the agent parked, then exit")
+        p.add_argument("--tolerance", metavar="SIZE",
+                       help="how far past its cap a slice may be before the guard acts, when its "
+                            "processes do not set HAMI_CONTEXT_OVERHEAD (default 64m)")
+        p.add_argument("--once", action="store_true", help="one look, one report, then exit (no socket)")
+    if room:
+        p.add_argument("--socket", metavar="PATH",
+                       help="where to listen (default: $HAMI_BROKER_SOCKET, else <root>/broker.sock)")
+        p.add_argument("--min-idle-seconds", type=float, default=60.0, metavar="SECONDS",
+                       help="park only kernels with no GPU activity for this long, as the driver and "
+                            "the agent see it (default 60)")
+        p.add_argument("--host-memory-reserve", default="2g", metavar="SIZE",
+                       help="host memory that must stay available after a park (default 2g): a kernel "
+                            "whose GPU state does not fit beside it is not parked")
+        p.add_argument("--headroom", default="0", metavar="SIZE",
+                       help="keep this much free on each GPU by parking idle kernels (by the same rules) "
+                            "before anyone asks, so that a resume or an allocation finds the room at once; "
+                            "about one working set, e.g. 8g (default 0: park only when asked)")
+    p.add_argument("--audit-log", metavar="FILE", help="audit log (default: <root>/audit.log)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                   help="what the log shows (default info)")
 
 
 def build_parser(with_demo_options=False):
@@ -398,62 +454,10 @@ def build_parser(with_demo_options=False):
                            help="how long to wait for room (default 300); then it stays parked")
         p.set_defaults(func=func, cli_prog=p.prog)
 
-    p = sub.add_parser(
-        "guard", help="park or end processes past their slice's memory cap, by the driver's figures (root)",
-        description="Every interval, read each GPU process's device memory from NVML, charge it "
-                    "to a slice (its HAMI_SLICE, its slot in a slice file, or its user's slice), "
-                    "and act on slices over their cap by memory no cap allowed: park the "
-                    "processes that put them over (park), end them (kill) or report them (warn). "
-                    "Memory a kernel got within the cap in force when it got it is never acted on. "
-                    "Writes <root>/guard.json and appends to the audit log. Run it as root "
-                    "(docs/guard.md).")
-    p.add_argument("--root", metavar="DIR",
-                   help="slice root to guard (default: HAMI_SLICE_ROOT, /run/hami-jupyter, "
-                        "$XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>)")
-    p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS",
-                   help="seconds between looks (default 0.5)")
-    p.add_argument("--action", choices=("park", "kill", "warn"), default="park",
-                   help="park: move the offending processes' GPU state to host memory, where it "
-                        "waits for an administrator (default; kill where the driver cannot park); "
-                        "kill: end them; warn: log, audit and report only")
-    p.add_argument("--resume", type=int, metavar="PID",
-                   help="bring back a process the guard parked (raise its slice's cap first), then exit")
-    p.add_argument("--end", type=int, metavar="PID", help="end a process the guard parked, then exit")
-    p.add_argument("--tolerance", metavar="SIZE",
-                   help="how far past its cap a slice may be before the guard acts, when its "
-                        "processes do not set HAMI_CONTEXT_OVERHEAD (default 64m)")
-    p.add_argument("--audit-log", metavar="FILE", help="audit log (default: <root>/audit.log)")
-    p.add_argument("--once", action="store_true", help="one look, one report, then exit")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
-                   help="what the log shows (default info)")
-    p.set_defaults(func=_guard, cli_prog=p.prog)
-
-    p = sub.add_parser(
-        "broker", help="make GPU room for waiting allocations by parking idle kernels (root)",
-        description="Listen on <root>/broker.sock (or $HAMI_BROKER_SOCKET) for processes whose "
-                    "allocation within their slice's limit found no room on the GPU, and make room: "
-                    "park idle kernels of any user on that GPU, the longest idle first, never one "
-                    "active within --min-idle-seconds or whose slice holds no more than its "
-                    "guarantee, never more than needed. Writes <root>/broker.json and appends every "
-                    "decision to the audit log. Run it as root, beside the guard (docs/broker.md).")
-    p.add_argument("--root", metavar="DIR",
-                   help="slice root (default: HAMI_SLICE_ROOT, /run/hami-jupyter, "
-                        "$XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>)")
-    p.add_argument("--socket", metavar="PATH",
-                   help="where to listen (default: $HAMI_BROKER_SOCKET, else <root>/broker.sock)")
-    p.add_argument("--min-idle-seconds", type=float, default=60.0, metavar="SECONDS",
-                   help="park only kernels with no cell, message or GPU call for this long (default 60)")
-    p.add_argument("--host-memory-reserve", default="2g", metavar="SIZE",
-                   help="host memory that must stay available after a park (default 2g): a kernel "
-                        "whose GPU state does not fit beside it is not parked")
-    p.add_argument("--headroom", default="0", metavar="SIZE",
-                   help="keep this much free on each GPU by parking idle kernels (by the same rules) "
-                        "before anyone asks, so that a resume or an allocation finds the room at once; "
-                        "about one working set, e.g. 8g (default 0: park only when asked)")
-    p.add_argument("--audit-log", metavar="FILE", help="audit log (default: <root>/audit.log)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
-                   help="what the log shows (default info)")
-    p.set_defaults(func=_broker, cli_prog=p.prog)
+    for name, help_text, description in AGENT_COMMANDS:
+        p = sub.add_parser(name, help=help_text, description=description)
+        _agent_options(p, guard=name in ("agent", "guard"), room=name in ("agent", "broker"))
+        p.set_defaults(func=_agent, cli_prog=p.prog)
 
     p = sub.add_parser(
         "hub-service", add_help=False,

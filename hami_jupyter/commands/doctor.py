@@ -372,8 +372,8 @@ def _managed_root(name, root):
                  "from the hub, or ask an administrator to check the hub's log")
 
 
-_START_GUARD = ("start it as root: `hami-jupyter guard` (examples/hami-guard.service runs it under "
-                "systemd; docs/guard.md)")
+_START_GUARD = ("start it as root: `hami-jupyter agent`, the guard and the memory broker in one "
+                "(examples/hami-agent.service runs it under systemd; docs/guard.md)")
 _COOPERATIVE = ("memory caps are enforced only cooperatively, by the preload library in each "
                 "process: a process without it, or one that gets around it, is not held")
 
@@ -404,7 +404,7 @@ def check_guard(root=None, now=None):
         return Check(name, WARN, f"the guard stopped writing {path}: the last report is {age:.0f} s "
                      f"old (it wrote every {interval:g} s); {where}. Until it writes again, "
                      f"{_COOPERATIVE}",
-                     "restart it (systemctl restart hami-guard, under examples/hami-guard.service), "
+                     "restart it (systemctl restart hami-agent, under examples/hami-agent.service), "
                      f"or {_START_GUARD}")
     slices = report.get("slices") if isinstance(report.get("slices"), dict) else {}
 

@@ -1,6 +1,6 @@
-"""What the memory broker is doing: ``<slice root>/broker.json``, written by ``hami-jupyter broker``.
+"""What the memory broker is doing: ``<slice root>/broker.json``, written by the node agent.
 
-The broker (:mod:`hami_jupyter.broker`) makes GPU room for processes whose
+The broker (the room policy of ``hami-jupyter agent``, :mod:`hami_jupyter.agent.room`) makes GPU room for processes whose
 allocations the driver refused, by parking idle kernels. Views (``%hami
 status``, the panels, the hub view) read this file to say who waits for room
 on which GPU and what the broker did lately; it is here, beside the guard's
@@ -28,7 +28,9 @@ The report (``version`` 1)::
                         "why": "..."}],       # the latest, newest last
          "headroom": {"kept": false, "free_bytes": 2147483648,
                       "why": "a request for room is served on this GPU first",
-                      "since_unix": 1764059991.0, "checked_unix": 1764060000.2}}}}
+                      "since_unix": 1764059991.0, "checked_unix": 1764060000.2}}},
+     "held": [{"pid": 5678, "slice": "dave", "for": "room", "why": "..."}]}
+                                                # held by the driver: their slots refused a park
 
 ``action`` is one of ``park`` (a kernel parked to make room), ``park-failed``
 (a park that failed; the broker went on with the next), ``served`` (``OK``

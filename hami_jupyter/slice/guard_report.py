@@ -1,6 +1,6 @@
-"""What the guard saw: ``<slice root>/guard.json``, written by ``hami-jupyter guard``.
+"""What the guard saw: ``<slice root>/guard.json``, written by the node agent (``hami-jupyter agent``).
 
-The guard (:mod:`hami_jupyter.guard`) reads every GPU process's real device
+The guard (:mod:`hami_jupyter.agent.guard`) reads every GPU process's real device
 memory from NVML, attributes it to slices, and publishes what it saw here,
 for ``%hami status``, the REST API, ``/metrics``, ``hami-jupyter slice
 list``, the admin panel and ``hami-jupyter doctor`` to show beside the
@@ -23,10 +23,14 @@ The report (``version`` 1)::
                                                "reported_bytes": 1073741824,
                                                "limit_bytes": 1073741824,
                                                "tolerance_bytes": 67108864,
-                                               "state": "over",   # "ok" or "over"
-                                               "processes": [{"pid": 1234, "real_bytes": 1181116006,
+                                               "state": "over",   # "ok", "held" or "over"
+                                               "held_bytes": 0, "allowance_bytes": 0,
+                                               "processes": [{"pid": 1234, "start_ticks": 912345,
+                                                              "real_bytes": 1181116006,
                                                               "preload": False,
-                                                              "attributed_by": "user"}]}}}},
+                                                              "attributed_by": "user",
+                                                              "charged_bytes": None,
+                                                              "allowed_bytes": 0}]}}}},
      "unattributed": [{"pid": 99, "uuid": "GPU-...", "real_bytes": 524288000,
                        "user": "bob"}],               # GPU processes of no slice
      "actions": [{"unix": 1764060000.1, "action": "kill", "slice": "alice",
@@ -38,7 +42,12 @@ The report (``version`` 1)::
 environment), ``"slot"`` (a slot of the slice file holds its pid) or
 ``"user"`` (a process of the slice's user that the library does not count:
 a bypass). ``preload`` says whether the process has a slot, i.e. runs under
-the preload library.
+the preload library. ``allowance_bytes`` and ``allowed_bytes`` are what the
+agent saw the slice, and each process, hold while within the cap (a
+restarted agent reads them back); ``charged_bytes`` is what the process's
+slot says it was charged, shown only. ``parked`` lists the processes the
+agent holds off the GPU (for the guard, and for the memory broker when a
+slot refused its park) until they are gone or back.
 """
 
 import os

@@ -49,7 +49,12 @@ REASONS = tuple(PARK_REASONS.values())
 
 
 class ParkError(RuntimeError):
-    """A kernel was not parked, or not resumed; the message says why."""
+    """A kernel was not parked, or not resumed; the message says why. *code*:
+    hami-park's CUresult for it, when hami-park said (None otherwise)."""
+
+    def __init__(self, why, code=None):
+        super().__init__(why)
+        self.code = code
 
 
 class ResumeTimeout(ParkError):
@@ -62,6 +67,7 @@ class ParkResult:
     bytes: int  # moved to host memory, all processes together
     seconds: float
     pids: tuple
+    held: tuple = ()  # of those, the ones held by the driver alone (an administrator brings them back)
 
 
 def kernel_slots(snapshot, kernel_id):
@@ -98,9 +104,19 @@ def _tool_env():
     return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 
 
-def _run_park(path, pid, lock_timeout_ms, reason):
-    """Park one process for *reason* (one of :data:`REASONS`); ``(bytes,
-    seconds)``, or ParkError with hami-park's reason."""
+def _refusal(done):
+    """ParkError of a hami-park run that did not answer "ok": its reason and CUresult."""
+    answer = (done.stdout.strip().splitlines() or [""])[-1]
+    if answer.startswith("error "):
+        _, code, why = (answer.split(" ", 2) + [""])[:3]
+        return ParkError(why, int(code) if code.isdigit() else None)
+    return ParkError(done.stderr.strip() or f"hami-park exited {done.returncode}")
+
+
+def park_one(path, pid, lock_timeout_ms=LOCK_TIMEOUT_MS, reason="asked"):
+    """Park process *pid* through its slot in the slice file at *path* for
+    *reason* (one of :data:`REASONS`), with none of :func:`park_kernel`'s
+    checks; ``(bytes, seconds)``, or ParkError with hami-park's reason and code."""
     tool = str(native.park_tool_path())
     try:
         done = subprocess.run([tool, "park", os.fspath(path), str(pid), str(lock_timeout_ms), reason],
@@ -112,9 +128,7 @@ def _run_park(path, pid, lock_timeout_ms, reason):
     if answer.startswith("ok "):
         _, moved, seconds = answer.split()
         return int(moved), float(seconds)
-    why = answer.split(" ", 2)[2] if answer.startswith("error ") else (
-        done.stderr.strip() or f"hami-park exited {done.returncode}")
-    raise ParkError(why)
+    raise _refusal(done)
 
 
 def _run_tool(args, timeout):
@@ -127,9 +141,7 @@ def _run_tool(args, timeout):
     answer = (done.stdout.strip().splitlines() or [""])[-1]
     if answer == "ok" or answer.startswith("ok "):
         return answer[3:]
-    why = answer.split(" ", 2)[2] if answer.startswith("error ") else (
-        done.stderr.strip() or f"hami-park exited {done.returncode}")
-    raise ParkError(why)
+    raise _refusal(done)
 
 
 def hold_process(pid, lock_timeout_ms=LOCK_TIMEOUT_MS):
@@ -162,13 +174,14 @@ def checkpoint_api():
     return None
 
 
-def _write_wanted(path, snapshot, slots, value):
-    """Set park_wanted of each slot in *slots* (one aligned 4-byte write each)."""
+def want_back(path, indexes, value=1):
+    """Set park_wanted of the slots at *indexes* of the slice file at *path*
+    (one aligned 4-byte write each): their processes bring their state back
+    themselves (0: the wish taken back)."""
     fd, _, _ = open_trusted(path, os.O_RDWR, "slice file")
     try:
-        for s in slots:
-            os.pwrite(fd, int(value).to_bytes(4, "little"),
-                      slot_offset(s.index) + HamiSlot.park_wanted.offset)
+        for index in indexes:
+            os.pwrite(fd, int(value).to_bytes(4, "little"), slot_offset(index) + HamiSlot.park_wanted.offset)
     finally:
         os.close(fd)
 
@@ -242,12 +255,12 @@ def _park_slots(path, slots, what, kernel_id, host_reserve, lock_timeout_ms, rea
     started, parked, moved = time.monotonic(), [], 0
     try:
         for s in holding:
-            bytes_, _ = _run_park(path, s.pid, lock_timeout_ms, reason)
+            bytes_, _ = park_one(path, s.pid, lock_timeout_ms, reason)
             parked.append(s)
             moved += bytes_
     except ParkError as e:
         if parked:
-            _write_wanted(path, None, parked, 1)
+            want_back(path, [x.index for x in parked])
         raise ParkError(f"{what} was not parked: {e}") from None
     _wait_moved(path, {s.pid for s in parked})
     return ParkResult(kernel_id, moved, time.monotonic() - started, tuple(s.pid for s in parked))
@@ -273,7 +286,7 @@ def request_resume(path, kernel_id):
     snap = read_snapshot(path)
     away = [s for s in kernel_slots(snap, kernel_id) if s.park_state != HAMI_PARK_RUNNING]
     if away:
-        _write_wanted(path, snap, away, 1)
+        want_back(path, [x.index for x in away])
     return {s.pid for s in away}
 
 
@@ -282,7 +295,7 @@ def cancel_resume(path, kernel_id):
     snap = read_snapshot(path)
     wanted = [s for s in kernel_slots(snap, kernel_id) if s.park_wanted]
     if wanted:
-        _write_wanted(path, snap, wanted, 0)
+        want_back(path, [x.index for x in wanted], 0)
 
 
 def waiting_for(snapshot, kernel_id):

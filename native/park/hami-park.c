@@ -16,7 +16,9 @@
  *   hami-park state PID                               the driver's word on PID
  *
  * It runs without the preload library, as the user of the target process (or
- * root). It answers with one line on stdout: "ok ..." or "error <CUresult>
+ * root). Park acts only on a process whose owner (its real uid) owns the slice
+ * file, through the slot that names it in its own PID namespace: the file is
+ * written by its user, so a slot naming another user's process is refused. It answers with one line on stdout: "ok ..." or "error <CUresult>
  * <why>"; the exit status is 0 or 1. A park that fails half-way is undone: the
  * target is never left locked.
  *
@@ -163,6 +165,25 @@ static uint64_t target_namespace(int pid, int *ns_pid)
 	return (uint64_t)st.st_ino;
 }
 
+/* The real uid of PID (the first field of Uid: in /proc/PID/status); -1 when gone. */
+static int process_uid(int pid, uid_t *uid)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof(path), "/proc/%d/status", pid);
+	FILE *f = fopen(path, "re");
+	int found = -1;
+	unsigned long v;
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "Uid: %lu", &v) == 1) {
+			*uid = (uid_t)v;
+			found = 0;
+			break;
+		}
+	if (f)
+		fclose(f);
+	return found;
+}
+
 static uint64_t host_available(void)
 {
 	FILE *f = fopen("/proc/meminfo", "re");
@@ -199,6 +220,24 @@ static int find_slot(const char *path, int pid, int *fd_out, struct hami_slice_f
 		close(fd);
 		return fail(CUDA_ERROR_INVALID_VALUE, "%s is no slice file of layout 1.4 or later", path), -1;
 	}
+	/*
+	 * The file is its user's: a slot in it is her word, not a fact. Only a
+	 * process of that user is hers to park (one of another user, named in a
+	 * slot she wrote, is refused however the slot reads), and only the slot
+	 * that names it as /proc does, in its own PID namespace.
+	 */
+	uid_t owner;
+	if (process_uid(pid, &owner) < 0) {
+		munmap(f, sizeof(*f));
+		close(fd);
+		return fail(CUDA_ERROR_INVALID_VALUE, "process %d is gone", pid), -1;
+	}
+	if (owner != st.st_uid) {
+		munmap(f, sizeof(*f));
+		close(fd);
+		return fail(CUDA_ERROR_NOT_PERMITTED, "process %d belongs to uid %u, not to uid %u, who owns %s: "
+			    "not parked", pid, (unsigned)owner, (unsigned)st.st_uid, path), -1;
+	}
 	int want = pid;
 	uint64_t ns = target_namespace(pid, &want);
 	if (!ns)
@@ -207,8 +246,8 @@ static int find_slot(const char *path, int pid, int *fd_out, struct hami_slice_f
 		struct hami_slot *s = &f->slot[i];
 		if (__atomic_load_n(&s->state, __ATOMIC_ACQUIRE) != HAMI_SLOT_LIVE || s->pid != want)
 			continue;
-		if (ns && s->pid_ns && s->pid_ns != ns)
-			continue; /* that pid names another process in another PID namespace */
+		if (s->pid_ns != ns)
+			continue; /* that pid names another process in another PID namespace (or none) */
 		if (ofd(fd, slot_at(i), F_WRLCK, F_OFD_GETLK) != 1)
 			continue; /* a dead process's slot, not reclaimed yet */
 		*fd_out = fd;

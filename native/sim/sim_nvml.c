@@ -528,6 +528,52 @@ nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t device, uns
 	return mps_clients(device, infoCount, infos, 2);
 }
 
+/* One mode's processes in the detail form (driver 535+): the processes and
+ * figures of that mode's _v3 list; no confidential computing, so no protected
+ * bytes. Sized like the lists: too small a room is NVML_ERROR_INSUFFICIENT_SIZE
+ * with the count needed. */
+nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t *plist)
+{
+	nvmlProcessInfo_t list[SIM_MAX_PROCS];
+	unsigned n = SIM_MAX_PROCS;
+	nvmlReturn_t r;
+	if (!plist)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (plist->version != nvmlProcessDetailList_v1)
+		return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+	switch (plist->mode) {
+	case NVML_PROCESS_MODE_COMPUTE:
+		r = running(device, &n, list, 2, 0);
+		break;
+	case NVML_PROCESS_MODE_GRAPHICS:
+		r = running(device, &n, list, 2, 1);
+		break;
+	case NVML_PROCESS_MODE_MPS:
+		r = mps_clients(device, &n, list, 2);
+		break;
+	default:
+		return NVML_ERROR_INVALID_ARGUMENT;
+	}
+	if (r)
+		return r;
+	if (n > plist->numProcArrayEntries) {
+		plist->numProcArrayEntries = n;
+		return NVML_ERROR_INSUFFICIENT_SIZE;
+	}
+	if (n && !plist->procArray)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	for (unsigned k = 0; k < n; k++) {
+		nvmlProcessDetail_v1_t *e = &plist->procArray[k];
+		memset(e, 0, sizeof(*e));
+		e->pid = list[k].pid;
+		e->usedGpuMemory = list[k].usedGpuMemory;
+		e->gpuInstanceId = list[k].gpuInstanceId;
+		e->computeInstanceId = list[k].computeInstanceId;
+	}
+	plist->numProcArrayEntries = n;
+	return NVML_SUCCESS;
+}
+
 /* Live processes with a context on device D, or whose kernels ran on it in
  * the period ending at END (one that dropped its context since then). */
 static unsigned sampled_procs(unsigned d, uint64_t end, struct pinfo *out)

@@ -88,6 +88,7 @@ static const struct hami_hook hooks[] = {
 	{ "nvmlDeviceGetMPSComputeRunningProcesses_v3", (void *)nvmlDeviceGetMPSComputeRunningProcesses_v3 },
 	{ "nvmlDeviceGetProcessUtilization", (void *)nvmlDeviceGetProcessUtilization },
 	{ "nvmlDeviceGetProcessesUtilizationInfo", (void *)nvmlDeviceGetProcessesUtilizationInfo },
+	{ "nvmlDeviceGetRunningProcessDetailList", (void *)nvmlDeviceGetRunningProcessDetailList },
 };
 
 #define HOOK_COUNT (sizeof(hooks) / sizeof(hooks[0]))

@@ -33,11 +33,13 @@ _Static_assert(sizeof(struct nvmlProcessInfo_v1_st) == 16, "nvmlProcessInfo_v1_t
 _Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_v2_t");
 _Static_assert(sizeof(nvmlProcessUtilizationSample_t) <= ELEMENT_ROOM, "sample");
 _Static_assert(sizeof(nvmlProcessUtilizationInfo_v1_t) == ELEMENT_ROOM, "utilization info");
+_Static_assert(sizeof(nvmlProcessDetail_v1_t) == 32, "process detail");
 
 typedef nvmlReturn_t (*list_fn)(nvmlDevice_t, unsigned int *, void *);
 typedef nvmlReturn_t (*samples_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *,
 				   unsigned long long);
 typedef nvmlReturn_t (*infos_fn)(nvmlDevice_t, nvmlProcessesUtilizationInfo_t *);
+typedef nvmlReturn_t (*details_fn)(nvmlDevice_t, nvmlProcessDetailList_t *);
 
 /* ---- who the slice is ----------------------------------------------------- */
 
@@ -135,6 +137,7 @@ struct reading {
 	nvmlDevice_t device;
 	void *fn;                     /* the real entry point */
 	unsigned long long since;     /* lastSeenTimeStamp, for the samples */
+	unsigned int version, mode;   /* the detail list's request */
 };
 
 static nvmlReturn_t read_list(const struct reading *r, void *buf, unsigned int *n)
@@ -155,6 +158,15 @@ static nvmlReturn_t read_infos(const struct reading *r, void *buf, unsigned int 
 					     .procUtilArray = buf };
 	nvmlReturn_t rc = ((infos_fn)r->fn)(r->device, &q);
 	*n = q.processSamplesCount;
+	return rc;
+}
+
+static nvmlReturn_t read_details(const struct reading *r, void *buf, unsigned int *n)
+{
+	nvmlProcessDetailList_t q = { .version = r->version, .mode = r->mode,
+				      .numProcArrayEntries = *n, .procArray = buf };
+	nvmlReturn_t rc = ((details_fn)r->fn)(r->device, &q);
+	*n = q.numProcArrayEntries;
 	return rc;
 }
 
@@ -340,6 +352,28 @@ HAMI_EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t
 {
 	list_fn fn = HAMI_REAL(list_fn, "nvmlDeviceGetMPSComputeRunningProcesses_v3");
 	return slice_list(fn, v3_element_size(), device, infoCount, infos);
+}
+
+/*
+ * The detail list (driver 535+) names every process of one mode, as the lists
+ * above do: a slice's process gets its slice's part. A request of a layout
+ * other than version 1 cannot be filtered, so it is not passed on.
+ */
+HAMI_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t device, nvmlProcessDetailList_t *plist)
+{
+	details_fn fn = HAMI_REAL(details_fn, "nvmlDeviceGetRunningProcessDetailList");
+	struct members m;
+	if (!fn)
+		return NVML_ERROR_FUNCTION_NOT_FOUND;
+	slice_members(&m);
+	if (m.everyone || !plist)
+		return fn(device, plist);
+	if (plist->version >> 24 != 1)
+		return ARGUMENT_VERSION_MISMATCH;
+	struct reading r = { .read = read_details, .device = device, .fn = (void *)fn,
+			     .version = plist->version, .mode = plist->mode };
+	return answer(&r, &m, sizeof(nvmlProcessDetail_v1_t), offsetof(nvmlProcessDetail_v1_t, pid), 0,
+		      &plist->numProcArrayEntries, plist->procArray);
 }
 
 /* ---- utilization per process ---------------------------------------------- */

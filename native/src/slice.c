@@ -492,6 +492,37 @@ int hami_slice_limit(int sdev, struct hami_device_limit *out)
 
 /* ---- slots --------------------------------------------------------------- */
 
+static uint64_t add_saturating(uint64_t a, uint64_t b)
+{
+	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* The live slots' shares of device d, slot *skip* left out, never wrapping. */
+static uint64_t live_shares(struct hami_slice_file *f, int d, int skip)
+{
+	uint64_t sum = 0;
+	for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
+		if (i != skip && __atomic_load_n(&f->slot[i].state, __ATOMIC_SEQ_CST) == HAMI_SLOT_LIVE)
+			sum = add_saturating(sum, __atomic_load_n(&f->slot[i].memory_used[d], __ATOMIC_SEQ_CST));
+	return sum;
+}
+
+/*
+ * What slot i may give back on device d out of the *share* it says it holds:
+ * never more than the device's counter holds beyond the other live slots'.
+ * Slots are written by the slice's user, and a forged or corrupted one
+ * (2^64-1 bytes, say) must not take the counter below what live processes
+ * hold: that would lift the cap. Giving back less is safe: the counter stays
+ * high (the cap holds), and a recount returns the rest once the slots are quiet.
+ */
+static uint64_t reclaimable(struct hami_slice_file *f, int i, int d, uint64_t share)
+{
+	uint64_t total = __atomic_load_n(&f->device[d].memory_used, __ATOMIC_SEQ_CST);
+	uint64_t others = live_shares(f, d, i);
+	uint64_t room = total > others ? total - others : 0;
+	return share < room ? share : room;
+}
+
 /* Return a slot's charges to the slice: a dead process's, or (dead = 0) our
  * own at exit. Caller holds the slot's lock. */
 static void reclaim_slot(struct hami_slice_file *f, int i, int dead)
@@ -500,9 +531,10 @@ static void reclaim_slot(struct hami_slice_file *f, int i, int dead)
 	/* Nonzero while we work: a concurrent recount must not act on half of it. */
 	__atomic_store_n(&s->txn, 1, __ATOMIC_SEQ_CST);
 	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++) {
-		uint64_t v = __atomic_exchange_n(&s->memory_used[d], 0, __ATOMIC_ACQ_REL);
-		if (v)
-			hami_credit_device(d, v);
+		uint64_t v = __atomic_exchange_n(&s->memory_used[d], 0, __ATOMIC_SEQ_CST);
+		uint64_t back = v ? reclaimable(f, i, d, v) : 0;
+		if (back)
+			hami_credit_device(d, back);
 		uint32_t n = __atomic_exchange_n(&s->decoders[d], 0, __ATOMIC_ACQ_REL);
 		uint32_t have = __atomic_load_n(&f->device[d].decoders, __ATOMIC_ACQUIRE);
 		while (n && !__atomic_compare_exchange_n(&f->device[d].decoders, &have, have > n ? have - n : 0,
@@ -561,10 +593,8 @@ static void recount(struct hami_slice_file *f)
 			continue;
 		if (quiet_slots(f, before) < 0)
 			return;
-		uint64_t total = __atomic_load_n(&f->device[d].memory_used, __ATOMIC_SEQ_CST), sum = 0;
-		for (int i = 0; i < HAMI_SLICE_MAX_SLOTS; i++)
-			if (__atomic_load_n(&f->slot[i].state, __ATOMIC_SEQ_CST) == HAMI_SLOT_LIVE)
-				sum += __atomic_load_n(&f->slot[i].memory_used[d], __ATOMIC_SEQ_CST);
+		uint64_t total = __atomic_load_n(&f->device[d].memory_used, __ATOMIC_SEQ_CST);
+		uint64_t sum = live_shares(f, d, -1); /* saturating: forged shares never wrap to little */
 		if (quiet_slots(f, after) < 0 || memcmp(before, after, sizeof(before)) != 0)
 			return;
 		if (total > sum &&

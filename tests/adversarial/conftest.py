@@ -1,4 +1,4 @@
-"""Fixtures of the adversarial suite: the preload library attacked on the simulated GPU.
+"""Fixtures of the adversarial suite: the preload library and the node agent attacked on the simulated GPU.
 
 The suite reuses tests/native: its helpers (native_helpers.py) and fixtures of
 the same names (``hami_build``, ``gpu``, ``make_slice``, ``cudrive``), so
@@ -21,8 +21,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "native"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "broker"))
 
 from native_fixtures import cudrive, gpu, hami_build, make_slice  # noqa: E402,F401 (fixtures)
+# The node agent's, for the lies told to it (test_lies_to_the_agent.py).
+from broker_fixtures import client, holder, root, slices, socket_path, start_agent, start_broker  # noqa: E402,F401
 
 DEFAULT_SEED = 20261124
 

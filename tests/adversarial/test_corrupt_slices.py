@@ -356,3 +356,48 @@ def test_corrupted_slice_files_never_fail_open(cudrive, make_slice, gpu, seed, r
     assert len(cases) >= 400
     assert not bad, f"{len(bad)} of {len(cases)} cases failed:\n" + "\n".join(bad[:20])
     assert peak <= CAP, f"the simulator's peak {peak} bytes is over the {CAP}-byte cap"
+
+
+def _forge_every_slot(path, pid, used):
+    """Every slot of the slice file LIVE, naming *pid*, charging *used* on every GPU,
+    held by nobody: what a user can write into her own slice file (issue 33, finding 7)."""
+    slot = layout.HamiSlot()
+    slot.state = layout.HAMI_SLOT_LIVE
+    slot.pid = pid
+    for d in range(layout.HAMI_SLICE_MAX_DEVICES):
+        slot.memory_used[d] = used
+    with open(path, "r+b") as f:
+        for i in range(layout.HAMI_SLICE_MAX_SLOTS):
+            f.seek(layout.slot_offset(i))
+            f.write(bytes(slot))
+
+
+def test_forged_slots_claiming_everything_do_not_lift_the_cap(cudrive, make_slice, gpu):
+    """256 LIVE slots of PID 0 charging 2^64-1 each, which nobody holds: a new
+    process takes a slot (reclaiming one), its sweeps reclaim the rest, and none
+    of that may credit the slice's counter with what the forged slots claimed:
+    the process stays within its 1 GiB cap, before and after the sweeps."""
+    s = make_slice(name="forged.slice", limit="1g", overhead="64m")
+    assert cudrive.run("init ctx 0", s.env).one("ctx")["rc"] == 0  # the file, with GPU 0's entry
+    _forge_every_slot(s.path, 0, (1 << 64) - 1)
+    gpu.reset_peak()
+    res = cudrive.run("init ctx 0 fill 64m sleep 300 fill 64m sleep 300 fill 64m", s.env)
+    fills = res.ops("fill")
+    assert len(fills) == 3, res.describe()
+    got = SIM_CONTEXT + sum(f["bytes"] for f in fills)
+    assert got <= CAP, f"{got} bytes in a {CAP}-byte slice: {res.describe()}"
+    assert all(f["last_rc"] == CUDA_ERROR_OUT_OF_MEMORY for f in fills), res.describe()
+    assert gpu.peak(0) <= CAP
+    # Two slots whose charges add up to 2^64 must not pass for an empty slice either.
+    _forge_every_slot(s.path, 0, 0)
+    half = layout.HamiSlot()
+    half.state = layout.HAMI_SLOT_LIVE
+    half.memory_used[0] = 1 << 63
+    with open(s.path, "r+b") as f:
+        for i in (200, 201):
+            f.seek(layout.slot_offset(i))
+            f.write(bytes(half))
+    gpu.reset_peak()
+    res = cudrive.run("init ctx 0 fill 64m sleep 300 fill 64m", s.env)
+    got = SIM_CONTEXT + sum(f["bytes"] for f in res.ops("fill"))
+    assert got <= CAP, f"{got} bytes in a {CAP}-byte slice: {res.describe()}"

@@ -225,6 +225,53 @@ def audit_of(root, *actions):
     return [r for r in found if not actions or r.get("action") in actions]
 
 
+def held_park_tool(tmp_path, pid, once=False):
+    """A folder laid out like native/build/ (HAMI_NATIVE_DIR) whose hami-park
+    holds a park of process *pid* until the file ``go`` is there (it says it
+    began with the file ``began``): a park that takes as long as the test needs.
+    *once*: only the first park of *pid* is held; later ones go at once."""
+    import shlex
+
+    from hami_jupyter import native
+
+    folder = tmp_path / "held-native"
+    folder.mkdir()
+    real = native.park_tool_path()
+    tool = folder / "hami-park"
+    go, began, first = tmp_path / "go", tmp_path / "began", tmp_path / "first-park"
+    q = lambda p: shlex.quote(str(p))  # noqa: E731
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = park ] && [ "$3" = {pid} ]' + (f" && [ ! -e {q(first)} ]" if once else "") + "; then\n"
+        f"  : > {q(first)}\n"
+        f"  : > {q(began)}\n"
+        f"  while [ ! -e {q(go)} ]; do sleep 0.02; done\n"
+        "fi\n"
+        f'exec {q(real)} "$@"\n')
+    tool.chmod(0o755)
+    return folder, go, began
+
+
+def failing_park_tool(tmp_path, pid):
+    """A folder laid out like native/build/ (HAMI_NATIVE_DIR) whose hami-park
+    fails every park of process *pid* as a driver would (its checkpoint refused)."""
+    import shlex
+
+    from hami_jupyter import native
+
+    folder = tmp_path / "failing-native"
+    folder.mkdir()
+    tool = folder / "hami-park"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = park ] && [ "$3" = {pid} ]; then\n'
+        f'  echo "error 999 checkpoint of process {pid} failed; it runs on, unparked"; exit 1\n'
+        "fi\n"
+        f'exec {shlex.quote(str(native.park_tool_path()))} "$@"\n')
+    tool.chmod(0o755)
+    return folder
+
+
 def broker_env(gpu, **extra):
     """The broker's environment: the simulated GPU, this checkout first on the path."""
     env = gpu.env(**extra)

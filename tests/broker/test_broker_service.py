@@ -9,7 +9,7 @@ import time
 from broker_helpers import GiB, audit_of
 
 from hami_jupyter import audit
-from hami_jupyter.broker.protocol import parse_answer
+from hami_jupyter.agent.protocol import parse_answer
 from hami_jupyter.commands.cli import main as cli
 from hami_jupyter.slice.broker_report import read_report
 

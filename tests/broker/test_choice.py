@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from hami_jupyter.broker.kernels import Kernel, Requester, judge, plan
+from hami_jupyter.agent.room.kernels import Kernel, Requester, judge, plan
 
 GiB = 1 << 30
 NOW = 1_800_000_000.0
@@ -44,15 +44,19 @@ def test_a_slices_kernels_count_only_down_to_its_guarantee():
 
 def test_who_is_never_parked():
     ks = [kernel("carol", "k-carol", 8, idle_s=900),  # the requester's own kernel
-          kernel("d", "k-d", 8, idle_s=900, busy=True),  # a cell runs
           kernel("e", "k-e", 8, idle_s=30),  # active half a minute ago
           kernel("f", "k-f", 8, idle_s=900, held_gib=8, guarantee_gib=8),  # at its guarantee
           kernel("g", "k-g", 8, idle_s=900, state="parking"),  # being parked already
-          kernel("h", "k-h", 8, idle_s=900, waiting=True),  # waits for room itself
-          kernel("i", "k-i", 8, idle_s=900, guarantee_gib=0),  # neither limit nor guarantee
-          kernel("j", "k-j", 8, idle_s=900, foreign=True)]  # in a container's PID namespace
+          kernel("h", "k-h", 8, idle_s=900, waiting=True),  # asks for room itself
+          kernel("i", "k-i", 8, idle_s=900, guarantee_gib=0)]  # neither limit nor guarantee
     eligible, skipped = judge(ks, REQUESTER, 60, NOW)
     assert eligible == []
-    assert [why.split(" ")[0] for _, why in skipped] == ["the", "a", "active", "slice", "parking", "it",
-                                                          "slice", "it"]
+    assert [why.split(" ")[0] for _, why in skipped] == ["the", "active", "slice", "parking", "it", "slice"]
     assert chosen(ks + [kernel("k", "k-k", 1, idle_s=61, held_gib=2)], 1) == ["k-k"]
+
+
+def test_a_slice_whose_limits_are_its_users_word_has_no_guarantee():
+    """No limits file: its guarantee (or limit) is what its user wrote: it keeps nothing from a park."""
+    own_word = kernel("u", "k-u", 4, idle_s=900, held_gib=4, guarantee_gib=8, limits_trusted=False)
+    own_word.guarantee = 0  # what gather gives a slice whose limits are not trusted
+    assert chosen([own_word], 2) == ["k-u"]

@@ -1,21 +1,15 @@
-"""A park that fails: the broker says so (log, audit) and tries the next kernel."""
+"""A park that fails: the agent says so (log, audit) and tries the next kernel."""
 
-import os
-import signal
-import time
-
-from broker_helpers import GiB, MiB, audit_of, parked, running, slot
-from native_helpers import wait_for
+from broker_helpers import GiB, MiB, audit_of, broker_env, failing_park_tool, parked, running
 
 from hami_jupyter import audit
-from hami_jupyter.slice.parking import HEARTBEAT_S
 
 CONTEXT = 64 * MiB
 HOUR = 3600
 
 
 def test_a_park_that_fails_is_said_and_the_next_kernel_is_parked(slices, holder, client, start_broker,
-                                                                 socket_path, gpu, root):
+                                                                 socket_path, gpu, root, tmp_path):
     uuid = gpu.uuid(0)
     for name in ("carol", "alice", "bob", "erin"):
         slices.make(name)
@@ -23,18 +17,14 @@ def test_a_park_that_fails_is_said_and_the_next_kernel_is_parked(slices, holder,
     stuck = holder(slices.env("alice", kernel="k-alice"), "4g", age_s=2 * HOUR)
     after = holder(slices.env("bob", kernel="k-bob"), "4g", age_s=HOUR)
     last = holder(slices.env("erin", kernel="k-erin"), "4g", age_s=HOUR / 2)
-    # The idlest kernel's process is stopped: its parking thread, which would
-    # bring it back, does not answer, so it cannot be parked.
-    os.kill(stuck.pid, signal.SIGSTOP)
-    wait_for(lambda: time.time_ns() - slot(stuck.slice, stuck.pid).active_unix_ns > (HEARTBEAT_S + 0.5) * 1e9,
-             30, what="the stopped process's heartbeat gone quiet")
-    broker = start_broker()
+    # The driver refuses to checkpoint the idlest kernel's process.
+    broker = start_broker(env=broker_env(gpu, HAMI_NATIVE_DIR=failing_park_tool(tmp_path, stuck.pid)))
 
     asker.ask("w", socket_path, uuid, 6 * GiB)  # 3.75 GiB free: one kernel of 4 GiB covers it
     assert asker.final("w") == ([], f"OK {4 * GiB + CONTEXT}")
     assert running(stuck.slice, stuck.pid) and parked(after.slice, after.pid) and running(last.slice, last.pid)
     failed, park, served = audit_of(root, "broker-park-failed", "broker-park", "broker-served")
-    assert failed["kernel"] == "k-alice" and "do not answer" in failed["error"]
+    assert failed["kernel"] == "k-alice" and f"checkpoint of process {stuck.pid} failed" in failed["error"]
     assert failed["requester"]["pid"] == asker.pid
     assert park["kernel"] == "k-bob" and [k["kernel"] for k in served["parked"]] == ["k-bob"]
     assert "park of kernel k-alice (slice alice) failed: " in broker.log()

@@ -8,14 +8,13 @@ the headroom, not for a user. Without one, it parks nothing unasked.
 """
 
 import os
-import shlex
 import time
 
-from broker_helpers import GiB, MiB, audit_of, broker_env, parked, running, slot
+from broker_helpers import GiB, MiB, audit_of, broker_env, held_park_tool, parked, running, slot
 from native_helpers import wait_for
 
-from hami_jupyter import audit, native
-from hami_jupyter.broker.headroom import CHECK_S
+from hami_jupyter import audit
+from hami_jupyter.agent.headroom import CHECK_S
 from hami_jupyter.slice.layout import HAMI_PARK_REASON_ROOM
 
 CONTEXT = 64 * MiB
@@ -114,26 +113,6 @@ def test_a_guaranteed_slice_and_an_active_kernel_are_not_parked(slices, holder, 
     said = [line for line in broker.log().splitlines() if "headroom" in line]
     assert len(said) == 3 and f"GPU {uuid}: the 10.0 GiB headroom is kept again" in said[2], said
     assert running(guaranteed.slice, guaranteed.pid)
-
-
-def held_park_tool(tmp_path, pid):
-    """A folder laid out like native/build/ (HAMI_NATIVE_DIR) whose hami-park
-    holds a park of process *pid* until the file ``go`` is there (it says it
-    began with the file ``began``): a park that takes as long as the test needs."""
-    folder = tmp_path / "held-native"
-    folder.mkdir()
-    real = native.park_tool_path()
-    tool = folder / "hami-park"
-    go, began = tmp_path / "go", tmp_path / "began"
-    tool.write_text(
-        "#!/bin/sh\n"
-        f'if [ "$1" = park ] && [ "$3" = {pid} ]; then\n'
-        f"  : > {shlex.quote(str(began))}\n"
-        f"  while [ ! -e {shlex.quote(str(go))} ]; do sleep 0.02; done\n"
-        "fi\n"
-        f'exec {shlex.quote(str(real))} "$@"\n')
-    tool.chmod(0o755)
-    return folder, go, began
 
 
 def test_a_request_is_served_before_any_further_headroom_park(slices, holder, client, start_broker, socket_path,

@@ -47,8 +47,8 @@ BROKER = """
 import logging, sys
 from pathlib import Path
 logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(message)s")
-from hami_jupyter.broker import service
-sys.exit(service.main(Path(sys.argv[1]), min_idle=2.0, host_reserve=2 << 30))
+from hami_jupyter.agent import service
+sys.exit(service.main(Path(sys.argv[1]), guard=False, min_idle=2.0, host_reserve=2 << 30))
 """
 
 

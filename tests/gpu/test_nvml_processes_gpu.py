@@ -4,7 +4,8 @@ A PyTorch process in slice "other" holds 2 GiB on GPU 0. A process in slice
 "mine" asks who uses the GPU the ways users do: pynvml,
 ``torch.cuda.list_gpu_processes()``, PyTorch's out-of-memory message (which
 names each process NVML lists, "Process 571 has 60.51 GiB memory in use"),
-and ``nvidia-smi --query-compute-apps``. None of them may name the other
+NVML's per-mode detail list (driver 535+), and ``nvidia-smi
+--query-compute-apps``. None of them may name the other
 slice's process; without the preload library (as the guard and root tools
 run) it is listed.
 """
@@ -29,6 +30,23 @@ pynvml.nvmlInit()
 h = pynvml.nvmlDeviceGetHandleByIndex(0)
 out["pynvml"] = sorted(p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h))
 out["torch_list"] = torch.cuda.list_gpu_processes(0)
+import ctypes  # driver 535+: the per-mode detail list, as ctypes callers read it
+nv = ctypes.CDLL("libnvidia-ml.so.1")
+class Detail(ctypes.Structure):
+    _fields_ = [("pid", ctypes.c_uint), ("used", ctypes.c_ulonglong), ("gi", ctypes.c_uint),
+                ("ci", ctypes.c_uint), ("cc", ctypes.c_ulonglong)]
+class Details(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("mode", ctypes.c_uint), ("n", ctypes.c_uint),
+                ("array", ctypes.POINTER(Detail))]
+dev = ctypes.c_void_p()
+nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev))
+buf = (Detail * 256)()
+q = Details(ctypes.sizeof(Details) | (1 << 24), 0, 256, buf)
+try:
+    rc = nv.nvmlDeviceGetRunningProcessDetailList(dev, ctypes.byref(q))
+except AttributeError:  # a driver before 535
+    rc = None
+out["detail"] = sorted(buf[i].pid for i in range(q.n)) if rc == 0 else rc
 try:
     torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda")
     out["oom"] = None
@@ -94,6 +112,8 @@ def test_another_slices_process_is_not_shown(other_slice, slice_env):
           f"list_gpu_processes:\n{r['torch_list']}\nout-of-memory message:\n{r['oom']}")
     assert other_slice not in r["pynvml"]
     assert r["pid"] in r["pynvml"]  # its own process is still there
+    if isinstance(r["detail"], list):  # the detail list (driver 535+), hooked the same way
+        assert other_slice not in r["detail"] and r["pid"] in r["detail"], r["detail"]
     assert not names(r["torch_list"], other_slice)
     assert r["oom"], "no torch.OutOfMemoryError for 8 GiB in a 4 GiB slice"
     assert not names(r["oom"], other_slice)

@@ -31,16 +31,10 @@ from guard_helpers import GUARD_START_TIMEOUT, Guard, Slices, guard_env  # noqa:
 
 # The native suite's fixtures, made fixtures here by being names of this conftest.
 hami_build, gpu, cudrive = native_fixtures.hami_build, native_fixtures.gpu, native_fixtures.cudrive
+root = native_fixtures.root
 
 # Helpers (guard_helpers.py) are imported by the tests under their own module
 # name: every test folder has a conftest, and "from conftest import" could meet another's.
-
-
-@pytest.fixture
-def root(tmp_path):
-    path = tmp_path / "slices"
-    path.mkdir(mode=0o700)
-    return path
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ if "count" in modes:
     pynvml.nvmlDeviceGetCount = count
 
 if "crash" in modes:
-    from hami_jupyter.guard import service
+    from hami_jupyter.agent import watch as service
 
     real_measure = service.measure
     rounds = [0]

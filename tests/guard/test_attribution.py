@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 from guard_helpers import wait_exec
 
-from hami_jupyter.guard.attribution import ENVIRON, SLOT, USER, Attributor, library_path
-from hami_jupyter.guard.procs import ProcessFacts, ProcessTable, pid_namespace, read_facts
+from hami_jupyter.agent.facts.attribution import ENVIRON, SLOT, USER, Attributor, library_path
+from hami_jupyter.agent.facts.procs import ProcessFacts, ProcessTable, pid_namespace, read_facts
 from hami_jupyter.processes import start_ticks
-from hami_jupyter.guard.slices import SliceFiles
+from hami_jupyter.agent.facts.slices import SliceFiles
 from hami_jupyter.slice.create import ensure_slice
 from hami_jupyter.slice.settings import resolve_limits
 
@@ -44,7 +44,7 @@ def facts(environ=None, uid=None, user="nobody-here", pid=ME, pid_ns=MY_NS, ns_p
 
 def with_slot(slices, name, pid_ns, pid):
     seen = slices.readable[name]
-    slices.slots[(pid_ns, pid)] = (seen, SimpleNamespace(pid=pid, pid_ns=pid_ns))
+    slices.slots.setdefault((pid_ns, pid), []).append((seen, SimpleNamespace(pid=pid, pid_ns=pid_ns)))
     return slices
 
 
@@ -107,6 +107,17 @@ def test_a_fake_slot_cannot_claim_another_users_process(root):
     slices = with_slot(read(root), "alice", MY_NS, ME)
     got = Attributor().attribute(facts(None, uid=os.getuid() + 4242), slices)
     assert got.seen is None
+
+
+def test_another_users_slot_naming_a_process_does_not_hide_its_own(root):
+    """Issue 33: a user writes a slot naming someone else's process into her own
+    file. It is no slot of that process, and the process's own slot still is."""
+    slices = read(root)
+    slices.readable["bob"].owner_uid = os.getuid() + 4242  # bob's file is another user's
+    for name in ("bob", "alice", "bob"):  # before and after the real one
+        with_slot(slices, name, MY_NS, ME)
+    got = Attributor().attribute(facts(None), slices)
+    assert (got.seen.name, got.by, got.preload) == ("alice", SLOT, True)
 
 
 def test_a_process_naming_an_unreadable_slice_is_not_charged_elsewhere(root):

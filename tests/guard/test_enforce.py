@@ -308,3 +308,96 @@ def test_a_command_that_keeps_coming_back_is_ended_each_time_once_and_audited_on
     assert [r["pid"] for r in audit_records(root, "guard-kill")] == pids[:1]
     [again] = audit_records(root, "guard-return")
     assert again["pid"] == pids[1] and again["first_pid"] == pids[0]
+
+
+# ---- facts, not claims (issue 33) -------------------------------------------------
+
+def zero_slice_counter(path, uuid):
+    """What a user can do to her own slice file: zero the slice's counter on one
+    GPU, leaving her process's slot charged with all it holds."""
+    import ctypes
+    import struct
+
+    [device] = [d for d in read_snapshot(path).devices if d.uuid == uuid]
+    at = layout.DEVICES_OFFSET + device.index * ctypes.sizeof(layout.HamiSliceDevice)
+    with open(path, "r+b") as f:
+        f.seek(at + layout.HamiSliceDevice.memory_used.offset)
+        f.write(struct.pack("=Q", 0))
+
+
+def test_a_zeroed_slice_counter_does_not_make_the_guard_look_away(gpu, slices, start_guard, holder, root):
+    """Finding 2: alice zeroes her slice's counter (her slot still charges all
+    her process holds) and allocates past her cap through the library. What
+    the process holds beyond what the agent saw it hold within the cap is no
+    cap's: it is acted on."""
+    path = slices.make("alice", memory="1g")
+    guard = start_guard("--action", "kill")
+    uuid = gpu.uuid(0)
+    kernel = holder(slices.env("alice"), 0, "700m")
+    guard.wait_report(lambda r: gpu_entry(r, "alice", uuid).get("real_bytes") == 700 * MiB + CONTEXT,
+                      what="the kernel seen within the cap")
+    zero_slice_counter(path, uuid)
+    assert kernel.ok("alloc 700m")["rc"] == 0  # the library believes the counter
+    wait_dead(kernel, KILL_WITHIN_S * 2)
+    [record] = audit_records(root, "guard-kill")
+    assert record["pid"] == kernel.pid and record["preload"] is True
+    assert record["process_bytes"] == 1400 * MiB + CONTEXT
+
+
+def test_a_slice_over_its_cap_when_the_agent_starts_is_over_not_held(gpu, slices, start_guard, holder, root):
+    """Finding 2: the agent sees the slice for the first time past its cap, its
+    counter zeroed: nothing it holds past the cap was seen allowed."""
+    path = slices.make("alice", memory="1g")
+    uuid = gpu.uuid(0)
+    kernel = holder(slices.env("alice"), 0, "700m")
+    zero_slice_counter(path, uuid)
+    assert kernel.ok("alloc 700m")["rc"] == 0
+    start_guard("--action", "kill", wait=False)
+    wait_dead(kernel, 20)
+    assert [r["pid"] for r in audit_records(root, "guard-kill")] == [kernel.pid]
+
+
+def test_a_bypass_resumed_without_room_under_its_cap_is_parked_again(gpu, slices, start_guard, holder, root):
+    """Finding 5: an administrator resumes a parked bypass without raising the
+    cap: still over, it is parked again (not left running past the cap), and
+    `guard --end` then ends it."""
+    import subprocess
+    import sys
+
+    slices.make("alice", memory="1g")
+    guard = start_guard()  # park
+    bypass = holder(slices.env("alice", preload=False), 0, "1500m")
+    guard.wait_report(lambda r: any(p["pid"] == bypass.pid for p in r.get("parked") or []), what="the park")
+
+    def admin(*args):
+        return subprocess.run([sys.executable, "-m", "hami_jupyter", "guard", "--root", str(root), *args],
+                              env=dict(guard.env), capture_output=True, text=True, timeout=60)
+
+    done = admin("--resume", str(bypass.pid))
+    assert done.returncode == 0 and "runs again" in done.stdout, done.stderr
+    guard.wait_report(lambda r: len([a for a in r["actions"] if a["action"] == "park"]) == 2
+                      and any(p["pid"] == bypass.pid for p in r.get("parked") or []), what="parked again")
+    assert bypass.alive() and gpu.process_used(bypass.pid, 0) == 0
+    assert [r["action"] for r in audit_records(root, "guard-park", "guard-resume")] == [
+        "guard-park", "guard-resume", "guard-park"]
+    done = admin("--end", str(bypass.pid))
+    assert done.returncode == 0 and "ended" in done.stdout, done.stderr
+    wait_dead(bypass, 10)
+
+
+def test_a_process_someone_else_is_parking_is_not_ended(gpu, slices, start_guard, holder, root, cudrive):
+    """Finding 6: a process over its cap is being parked by someone else (the
+    driver holds it locked, as for a Jupyter server's idle park): the guard's
+    own park fails, and the process is not ended for it. Once the other park
+    is given up, the guard parks it."""
+    slices.make("alice", memory="1g")
+    bypass = holder(slices.env("alice", preload=False), 0, "1500m")
+    assert cudrive.run(f"init ckpt lock {bypass.pid}", gpu.env()).one("ckpt")["rc"] == 0
+    guard = start_guard()  # park
+    report = guard.rounds(6)
+    assert bypass.alive(), guard.log()[-3000:]
+    assert audit_records(root, "guard-kill") == [] and report.get("parked") == []
+    assert any(f"pid {bypass.pid}" in e and "locked" in e for e in report["errors"]), report["errors"]
+    assert cudrive.run(f"init ckpt unlock {bypass.pid}", gpu.env()).one("ckpt")["rc"] == 0
+    guard.wait_report(lambda r: any(p["pid"] == bypass.pid for p in r.get("parked") or []), what="its park")
+    assert bypass.alive() and audit_records(root, "guard-kill") == []

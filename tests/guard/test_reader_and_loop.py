@@ -17,8 +17,8 @@ import pytest
 from guard_helpers import wait_exec
 
 from hami_jupyter import audit
-from hami_jupyter.guard import service
-from hami_jupyter.guard.nvml import GpuProcess, NvmlReader, NvmlUnavailable, Reading
+from hami_jupyter.agent import service, watch
+from hami_jupyter.agent.facts.nvml import GpuProcess, NvmlReader, NvmlUnavailable, Reading
 from hami_jupyter.slice.create import ensure_slice
 from hami_jupyter.slice.guard_report import read_report
 from hami_jupyter.slice.settings import resolve_limits
@@ -181,7 +181,7 @@ def test_an_interval_that_raises_is_logged_and_the_loop_goes_on(root, sleeper, c
     reader.raises = [RuntimeError("the first interval breaks")]
     child = sleeper()
     reader.listed = {child.pid: 2 * GiB}
-    guard = service.Guard(root, interval=0.05, reader=reader)
+    guard = watch.Watch.alone(root, interval=0.05, reader=reader)
     guard.start()
     stop = threading.Event()
     runner = threading.Thread(target=guard.run, args=(stop,))
@@ -206,7 +206,7 @@ def test_an_interval_that_raises_is_logged_and_the_loop_goes_on(root, sleeper, c
 def test_one_look_over_is_not_enough_to_act(root, sleeper):
     reader = ListedReader()
     child = sleeper()
-    guard = service.Guard(root, reader=reader)
+    guard = watch.Watch.alone(root, reader=reader)
     guard.start()
     reader.listed = {child.pid: 2 * GiB}
     report = guard.round()
@@ -223,7 +223,7 @@ def test_one_look_over_is_not_enough_to_act(root, sleeper):
 def test_a_gpu_not_read_keeps_what_was_known_of_it(root, sleeper):
     reader = ListedReader()
     child = sleeper()
-    guard = service.Guard(root, reader=reader, action="warn")
+    guard = watch.Watch.alone(root, reader=reader, action="warn")
     guard.start()
     reader.listed = {child.pid: 2 * GiB}
     guard.round()
@@ -249,10 +249,10 @@ def test_a_process_nvml_lists_but_proc_does_not_show_is_listed_unattributed(root
     gone.wait()  # reaped: its PID names no process (as one in a PID namespace we do not see)
     reader = ListedReader()
     reader.listed = {gone.pid: 3 * GiB}
-    report = service.Guard(root, reader=reader).round()
+    report = watch.Watch.alone(root, reader=reader).round()
     [entry] = report["unattributed"]
     assert (entry["pid"], entry["uuid"], entry["real_bytes"]) == (gone.pid, "GPU-t", 3 * GiB)
-    assert "not in the guard's /proc" in entry["why"]
+    assert "not in the agent's /proc" in entry["why"]
     assert report["actions"] == []
 
 
@@ -260,8 +260,8 @@ def test_a_report_that_cannot_be_written_is_said_once_and_the_guard_goes_on(root
     def refuse(report, root):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(service, "write_report", refuse)
-    guard = service.Guard(root, reader=ListedReader())
+    monkeypatch.setattr(watch, "write_report", refuse)
+    guard = watch.Watch.alone(root, reader=ListedReader())
     with caplog.at_level(logging.INFO, "hami_jupyter.guard"):
         for _ in range(3):
             guard.round()
@@ -272,7 +272,7 @@ def test_a_process_ended_but_still_listed_costs_nobody_else_their_process(root, 
     older, newer = sleeper(), sleeper()
     reader = ListedReader()
     reader.listed = {older.pid: 100 * MiB, newer.pid: 2 * GiB}
-    guard = service.Guard(root, reader=reader)
+    guard = watch.Watch.alone(root, reader=reader)
     guard.start()
     guard.round()
     assert [a["pid"] for a in guard.round()["actions"]] == [newer.pid]

@@ -65,7 +65,7 @@ def test_sigterm_stops_it_cleanly(gpu, root, start_guard):
     assert guard.stop() == 0
     assert time.monotonic() - began < 5
     log = guard.log()
-    assert "SIGTERM received, stopping" in log and log.rstrip().endswith("guard: stopped")
+    assert "SIGTERM received, stopping" in log and log.rstrip().endswith("agent: stopped")
     assert "Traceback" not in log
 
 

@@ -522,3 +522,106 @@ def test_enforcement_keeps_work_under_the_root_hub(real_hub, tmp_path):
         hub.server_api(user, "DELETE", f"kernels/{kernel_id}", expect={204})
     finally:
         helpers.stop()
+
+
+# ---- issue 33: a hub user cannot freeze another user's kernel through the root agent ------
+#
+# On the root hub above, with the agent's memory broker as root beside it: bob's
+# kernel holds 3 GiB; alice, in her own kernel, writes into her own slice file
+# a slot naming bob's kernel (PID namespace 0, idle for an hour, a heartbeat,
+# its lock held, her slice's counter raised above its guarantee), and asks the
+# agent's socket for the room bob's kernel would make. bob's kernel must not be
+# parked, frozen or slowed: his next cell runs at once.
+
+FORGE = """
+import ctypes, fcntl, os, socket, threading, time
+from hami_jupyter import driver_memory as d
+from hami_jupyter.slice.file import read_snapshot
+from hami_jupyter.slice.layout import (DEVICES_OFFSET, HAMI_SLOT_LIVE, HamiSliceDevice, HamiSlot,
+                                       slot_offset)
+from hami_jupyter.slice.locks import F_OFD_SETLK, flock_bytes
+d.init()
+path = os.environ["HAMI_SLICE"]
+snap = read_snapshot(path)
+[dev] = [x.index for x in snap.devices if x.uuid == {uuid!r}]
+index = max(set(range(256)) - {{s.index for s in snap.slots}})
+forged = HamiSlot()
+forged.state, forged.pid, forged.pid_ns = HAMI_SLOT_LIVE, {victim}, 0
+forged.memory_used[dev] = 3 << 30
+now = time.time_ns()
+forged.started_unix_ns, forged.gpu_active_unix_ns, forged.active_unix_ns = now - 7200 * 10**9, now - 3600 * 10**9, now
+forged.kernel_id = b"k-forged"
+fd = os.open(path, os.O_RDWR)
+os.pwrite(fd, bytes(forged), slot_offset(index))
+fcntl.fcntl(fd, F_OFD_SETLK, flock_bytes(fcntl.F_WRLCK, slot_offset(index)))
+at = DEVICES_OFFSET + dev * ctypes.sizeof(HamiSliceDevice) + HamiSliceDevice.memory_used.offset
+os.pwrite(fd, (10 << 30).to_bytes(8, "little"), at)
+
+def beat():
+    while True:
+        os.pwrite(fd, time.time_ns().to_bytes(8, "little"), slot_offset(index) + HamiSlot.active_unix_ns.offset)
+        time.sleep(0.5)
+
+threading.Thread(target=beat, daemon=True).start()
+conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+conn.connect(os.environ["HAMI_BROKER_SOCKET"])
+conn.sendall(f"ROOM {uuid} {ask} {{time.time_ns()}}\\n".encode())
+lines = conn.makefile("rb").read().decode().splitlines()
+print(lines[-1])
+"""
+
+
+def test_a_slot_alice_forges_freezes_no_kernel_of_bobs(real_hub, tmp_path):
+    hub = real_hub
+    root = hub.slice_root
+    for user in ("alice", "bob"):
+        if user not in hub.users:
+            hub.spawn(user)
+    for user in ("alice", "bob"):
+        hub.wait_ready(user)
+    helpers = RootHelpers(hub, tmp_path)
+    filler = None
+    try:
+        # Lent memory in alice's slice (an administrator's guarantee below her cap);
+        # bob's slice keeps all it holds (no guarantee: the cap is his guarantee).
+        lend = subprocess.run([hub.python, "-m", "hami_jupyter", "slice", "set", "alice", "--guarantee", "1g",
+                               "--root", str(root)], env=helpers.env, capture_output=True, text=True, timeout=60)
+        assert lend.returncode == 0, lend.stdout + lend.stderr
+        agent = helpers.start("agent", "broker", "--root", str(root))
+        bob_kernel = hub.start_kernel("bob")
+        held = hub.execute("bob", bob_kernel, HOLD.replace("2 << 30", "3 << 30") + "import os; print(os.getpid())")
+        assert held.error is None, held
+        bob_bytes, bob_pid = map(int, held.stdout.split())
+        uuid = next(d.uuid for d in read_snapshot(root / "bob.slice").devices if d.memory_used)
+        # The GPU full but for what bob's kernel would make: root's process holds 40 GiB.
+        filler = subprocess.Popen([hub.python, "-c", "from hami_jupyter import driver_memory as d; d.init(); "
+                                   "b = d.DeviceBuffer(40 << 30); print('held', flush=True); input()"],
+                                  env=helpers.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert filler.stdout.readline().strip() == "held"
+        status = json.loads(subprocess.run([str(native.simctl_path()), "--state", str(hub.sim_state), "status"],
+                                           capture_output=True, text=True, check=True).stdout)
+        gpu0 = next(dv for dv in status["devices"] if dv["uuid"] == uuid)
+        ask = gpu0["total"] - gpu0["used"] + 2 * GIB  # bob's 3 GiB would cover it
+        assert ask <= 40 * GIB, ask  # within alice's cap: a request the agent may serve
+        time.sleep(1)  # the agent has its socket
+        assert agent.poll() is None, helpers.log("agent")
+        alice_kernel = hub.start_kernel("alice")
+        out = hub.execute("alice", alice_kernel, FORGE.format(uuid=uuid, victim=bob_pid, ask=ask), timeout=90)
+        assert out.error is None, out
+        assert out.stdout.strip().startswith("NO "), out.stdout
+        # bob's kernel: on the GPU, its next cell at once, nothing parked.
+        state = subprocess.run([str(native.park_tool_path()), "state", str(bob_pid)], env=helpers.env,
+                               capture_output=True, text=True, timeout=60)
+        assert state.stdout.strip() == "ok running", state.stdout + state.stderr
+        again = hub.execute("bob", bob_kernel, "print(held.nbytes)", timeout=20)
+        assert again.error is None and again.stdout.split() == [str(bob_bytes)], again
+        from hami_jupyter import audit
+
+        assert not [r for r in audit.read_records(audit.default_path(root)) if r["action"] == "broker-park"]
+        hub.server_api("alice", "DELETE", f"kernels/{alice_kernel}", expect={204})
+        hub.server_api("bob", "DELETE", f"kernels/{bob_kernel}", expect={204})
+    finally:
+        if filler is not None:
+            filler.kill()
+            filler.wait()
+        helpers.stop()

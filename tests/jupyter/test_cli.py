@@ -230,7 +230,7 @@ def test_doctor_on_this_machine(hami_env, capsys):
     assert "0 failed" in out
     guard = next(x for x in out.splitlines() if x.startswith("WARN  guard"))
     assert f"no guard is running: no report {hami_env.root / 'guard.json'}" in guard
-    assert "-> start it as root: `hami-jupyter guard` (examples/hami-guard.service" in out
+    assert "-> start it as root: `hami-jupyter agent`, the guard and the memory broker in one" in out
 
 
 def test_doctor_labels_a_slice_named_root_apart_from_the_slice_root(hami_env, capsys):
@@ -252,8 +252,8 @@ def test_doctor_guard_check(hami_env):
     assert check.detail == (f"no guard is running: no report {report_file}, so memory caps are "
                             "enforced only cooperatively, by the preload library in each process: "
                             "a process without it, or one that gets around it, is not held")
-    assert check.advice == ("start it as root: `hami-jupyter guard` (examples/hami-guard.service "
-                            "runs it under systemd; docs/guard.md)")
+    assert check.advice == ("start it as root: `hami-jupyter agent`, the guard and the memory broker in one "
+                            "(examples/hami-agent.service runs it under systemd; docs/guard.md)")
 
     report = write_guard(hami_env.root, {"alice": {"GPU-x": seen(3 << 30, 1 << 30, 1 << 30)}},
                          interval=0.5, action="kill", guard_pid=4242, host="gpu-node-1")
@@ -275,7 +275,7 @@ def test_doctor_guard_check(hami_env):
     assert check.detail.startswith(f"the guard stopped writing {report_file}: the last report is "
                                    "600 s old (it wrote every 0.5 s); its process 99999999 is gone. "
                                    "Until it writes again, memory caps are enforced only cooperatively")
-    assert check.advice.startswith("restart it (systemctl restart hami-guard")
+    assert check.advice.startswith("restart it (systemctl restart hami-agent")
     report = write_guard(hami_env.root, {}, interval=0.5)  # this process: alive
     check = doctor.check_guard(now=report["written_unix"] + 600)
     assert f"its process {os.getpid()} still runs: stuck?" in check.detail

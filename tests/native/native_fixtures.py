@@ -1,7 +1,8 @@
-"""The fixtures of the native tests, shared with tests/adversarial.
+"""The fixtures of the native tests, shared with tests/adversarial and the agent's suites.
 
 A conftest imports them (``from native_fixtures import ...``), which makes
-them fixtures there: ``hami_build``, ``gpu``, ``make_slice``, ``cudrive``.
+them fixtures there: ``hami_build``, ``gpu``, ``make_slice``, ``cudrive``,
+and ``root``, a slice root for the node agent's tests.
 """
 
 import pytest
@@ -17,6 +18,14 @@ def hami_build():
 @pytest.fixture
 def gpu(hami_build, tmp_path):
     return SimGpu(hami_build, tmp_path / "sim-state")
+
+
+@pytest.fixture
+def root(tmp_path):
+    """This test's slice root (``tmp_path/slices``, 0700), as the node agent's tests use it."""
+    path = tmp_path / "slices"
+    path.mkdir(mode=0o700)
+    return path
 
 
 @pytest.fixture

@@ -4,7 +4,9 @@ Two slices share one simulated GPU, and a process outside any slice holds
 memory there too. A process of slice "a" asks NVML, as PyTorch's
 out-of-memory message, nvidia-smi and pynvml do, which processes use the GPU:
 it must get slice a's processes and their bytes, nothing of slice b's or of
-the outsider, and the sizes NVML tells it to allocate must count only those.
+the outsider, and the sizes NVML tells it to allocate must count only those;
+every list alike, the per-mode detail list of driver 535 and newer
+(nvmlDeviceGetRunningProcessDetailList) included.
 A process without the preload library (the guard, root tools) still sees
 every process.
 """
@@ -28,6 +30,9 @@ NVML_ERROR_INSUFFICIENT_SIZE = 7
 LISTS = [f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
          for kind in ("Compute", "Graphics", "MPSCompute") for suffix in ("", "_v2", "_v3")]
 SAMPLES = ["nvmlDeviceGetProcessUtilization", "nvmlDeviceGetProcessesUtilizationInfo"]
+# nvmlDeviceGetRunningProcessDetailList, one list per mode (compute, graphics, MPS)
+DETAIL = "nvmlDeviceGetRunningProcessDetailList"
+DETAILS = [f"{DETAIL}/{kind}" for kind in ("Compute", "Graphics", "MPSCompute")]
 
 # Asks NVML every per-process question, as ctypes (and pynvml) callers do;
 # prints one JSON line. Every list is read three ways: sizing (count 0, no
@@ -53,6 +58,12 @@ class Infos(ctypes.Structure):
     _fields_ = [("version", U), ("processSamplesCount", U), ("lastSeenTimeStamp", ULL),
                 ("procUtilArray", ctypes.POINTER(Info))]
 INFOS_V1 = ctypes.sizeof(Infos) | (1 << 24)
+class Detail(ctypes.Structure):
+    _fields_ = [("pid", U), ("usedGpuMemory", ULL), ("gpuInstanceId", U), ("computeInstanceId", U),
+                ("usedGpuCcProtectedMemory", ULL)]
+class Details(ctypes.Structure):
+    _fields_ = [("version", U), ("mode", U), ("numProcArrayEntries", U), ("procArray", ctypes.POINTER(Detail))]
+DETAILS_V1 = ctypes.sizeof(Details) | (1 << 24)
 
 def list_call(name, elem):
     fn = getattr(nv, name)
@@ -77,6 +88,15 @@ def infos_call(room, with_buffer):
     n = q.processSamplesCount
     return rc, n, [[buf[i].pid, 0] for i in range(n)] if rc == 0 and buf else []
 
+def details_call(mode):
+    def call(room, with_buffer):
+        buf = (Detail * max(room, 1))() if with_buffer else None
+        q = Details(DETAILS_V1, mode, room, ctypes.cast(buf, ctypes.POINTER(Detail)) if buf else None)
+        rc = nv.nvmlDeviceGetRunningProcessDetailList(dev, ctypes.byref(q))
+        n = q.numProcArrayEntries
+        return rc, n, [[buf[i].pid, buf[i].usedGpuMemory] for i in range(n)] if rc == 0 and buf else []
+    return call
+
 def three_ways(call):
     sizing = call(0, False)
     need = sizing[1]
@@ -90,6 +110,8 @@ for kind in ("Compute", "Graphics", "MPSCompute"):
     for suffix, elem in (("", V1), ("_v2", V2), ("_v3", V2)):
         name = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
         out[name] = three_ways(list_call(name, elem))
+for mode, kind in enumerate(("Compute", "Graphics", "MPSCompute")):
+    out[f"nvmlDeviceGetRunningProcessDetailList/{kind}"] = three_ways(details_call(mode))
 out["nvmlDeviceGetProcessUtilization"] = three_ways(samples_call)
 out["nvmlDeviceGetProcessesUtilizationInfo"] = three_ways(infos_call)
 pynvml.nvmlInit()
@@ -135,14 +157,14 @@ def test_a_slice_lists_only_its_own_processes(two_slices, gpu):
     a, _, pid = two_slices
     seen = probe(gpu, a.env)
     compute, graphics = sorted([pid["a1"], pid["a2"]]), [pid["ag"]]
-    for name in LISTS:
+    for name in LISTS + DETAILS:
         want = graphics if "Graphics" in name else compute
         assert pids(seen[name]) == want, (name, seen[name], pid)
     for name in SAMPLES:
         assert pids(seen[name]) == sorted([pid["a1"], pid["a2"], pid["ag"]]), (name, seen[name], pid)
     assert seen["pynvml"] == compute, (seen["pynvml"], pid)
     # The elements kept are whole: each pid comes with its own bytes.
-    for name in LISTS:
+    for name in LISTS + DETAILS:
         for p, used in seen[name]["entries"]:
             assert used == gpu.process_used(p, 0), (name, p, used)
 
@@ -150,7 +172,7 @@ def test_a_slice_lists_only_its_own_processes(two_slices, gpu):
 def test_the_sizes_nvml_asks_for_count_only_the_slice(two_slices, gpu):
     a, _, _ = two_slices
     seen = probe(gpu, a.env)
-    for name in LISTS:
+    for name in LISTS + DETAILS:
         need = 1 if "Graphics" in name else 2
         ans = seen[name]
         assert ans["sizing"] == [NVML_ERROR_INSUFFICIENT_SIZE, need], (name, ans)
@@ -171,7 +193,7 @@ def test_outside_any_slice_every_process_is_listed(two_slices, gpu, preload):
     _, _, pid = two_slices
     seen = probe(gpu, gpu.env(LD_PRELOAD=gpu.build.preload()) if preload else gpu.env())
     compute = sorted(pid[n] for n in ("a1", "a2", "b1", "out"))
-    for name in LISTS:
+    for name in LISTS + DETAILS:
         want = sorted([pid["ag"], pid["bg"]]) if "Graphics" in name else compute
         assert pids(seen[name]) == want, (name, seen[name], pid)
         assert seen[name]["sizing"] == [NVML_ERROR_INSUFFICIENT_SIZE, len(want)], (name, seen[name])
@@ -194,7 +216,7 @@ def test_a_slice_that_cannot_be_read_shows_no_other_process(two_slices, gpu, tmp
     broken = tmp_path / "broken"
     broken.write_bytes(b"not a slice file" * 64)
     seen = probe(gpu, make_slice("broken", limit="4g").env)
-    for name in LISTS + SAMPLES:
+    for name in LISTS + DETAILS + SAMPLES:
         assert seen[name]["entries"] == [], (name, seen[name])
         assert seen[name]["sizing"][1] == 0, (name, seen[name])
     assert seen["pynvml"] == []
@@ -235,12 +257,12 @@ def test_only_slots_a_live_process_of_our_namespace_holds_count(two_slices, gpu,
     finally:
         holder.kill()
         holder.wait()
-    for name in LISTS:
+    for name in LISTS + DETAILS:
         want = [pid["bg"]] if "Graphics" in name else []
         assert pids(seen[name]) == want, (name, seen[name], pid)
 
 
-@pytest.mark.parametrize("name", LISTS + SAMPLES)
+@pytest.mark.parametrize("name", LISTS + [DETAIL] + SAMPLES)
 def test_dlsym_hands_out_the_hook(cudrive, make_slice, name):
     res = cudrive.run(f"nvmldlsym {name}", make_slice("a").env)
     rec = res.one("nvmldlsym")

@@ -305,3 +305,44 @@ def test_a_process_in_another_pid_namespace_is_found_by_its_host_pid(cudrive, ma
     finally:
         proc.kill()
         proc.wait()
+
+
+def _forged_slot(path, index, pid, pid_ns):
+    """A LIVE slot naming *pid*, written into the slice file by hand, and the
+    descriptor holding its lock (the owner the file's user plays)."""
+    forged = HamiSlot()
+    forged.state = 1  # HAMI_SLOT_LIVE
+    forged.pid = pid
+    forged.pid_ns = pid_ns
+    forged.memory_used[0] = 3 * GiB
+    fd = os.open(path, os.O_RDWR)
+    os.pwrite(fd, bytes(forged), slot_offset(index))
+    fcntl.fcntl(fd, F_OFD_SETLK, flock_bytes(fcntl.F_WRLCK, slot_offset(index)))
+    return fd
+
+
+@pytest.mark.parametrize("forgery", ["another-users-file", "no-namespace"])
+def test_hami_park_parks_no_process_a_forged_slot_names(forgery, cudrive, make_slice, hami_build, gpu):
+    """Issue 33, finding 1: a user wrote a slot naming another process into
+    her own slice file and held its lock. hami-park (run as root, as the
+    memory broker runs it) refuses: the process is not the file owner's, or the
+    slot does not name it in its own PID namespace. It runs on, untouched."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the slice file is given to another user")
+    victim = cudrive.with_context(gpu.env(), "alloc 512m")  # anyone's process, no preload
+    s = make_slice(limit="8g", overhead="64m")
+    assert cudrive.run("init ctx 0", s.env).one("ctx")["rc"] == 0  # the file exists
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    fd = _forged_slot(s.path, 200, victim.pid, ns if forgery == "another-users-file" else 0)
+    try:
+        if forgery == "another-users-file":
+            os.chown(s.path, 65534, 65534)  # the file's user is not the victim's (root)
+        rc, answer = run_park(hami_build, s.env, "park", s.path, victim.pid, 1000, "room")
+        assert rc == 1, answer
+        why = "belongs to uid 0, not to uid 65534" if forgery == "another-users-file" else "has no live slot"
+        assert why in answer, answer
+        state = cudrive.run(f"init ckpt state {victim.pid}", gpu.env()).one("ckpt")
+        assert state.get("state") == 0, state  # CU_PROCESS_STATE_RUNNING
+        assert gpu.process_used(victim.pid, 0) == 512 * MiB + SIM_CONTEXT
+    finally:
+        os.close(fd)

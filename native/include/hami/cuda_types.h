@@ -329,4 +329,29 @@ typedef struct {
 /* NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1) */
 #define nvmlProcessesUtilizationInfo_v1 ((unsigned int)(sizeof(nvmlProcessesUtilizationInfo_t) | (1u << 24)))
 
+/* nvmlDeviceGetRunningProcessDetailList (driver 535+): one list per mode, the
+ * request carrying the room and the array; its element has the confidential-
+ * computing bytes that NVML 12.0 had put in the _v3 list's element. */
+typedef struct {
+	unsigned int pid;
+	unsigned long long usedGpuMemory;
+	unsigned int gpuInstanceId;
+	unsigned int computeInstanceId;
+	unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+
+typedef struct {
+	unsigned int version; /* nvmlProcessDetailList_v1 */
+	unsigned int mode;    /* NVML_PROCESS_MODE_* */
+	unsigned int numProcArrayEntries; /* in: room in procArray; out: entries (or needed) */
+	nvmlProcessDetail_v1_t *procArray;
+} nvmlProcessDetailList_t;
+
+#define NVML_PROCESS_MODE_COMPUTE 0u
+#define NVML_PROCESS_MODE_GRAPHICS 1u
+#define NVML_PROCESS_MODE_MPS 2u
+
+/* NVML_STRUCT_VERSION(ProcessDetailList, 1) */
+#define nvmlProcessDetailList_v1 ((unsigned int)(sizeof(nvmlProcessDetailList_t) | (1u << 24)))
+
 #endif

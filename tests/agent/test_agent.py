@@ -1,0 +1,126 @@
+"""The agent as one program: both policies, one actor, one socket, one audit log.
+
+A real ``hami-jupyter agent`` on the simulated GPU: the guard parks a bypass
+over its cap and the room policy parks an idle kernel for a waiting request,
+in one process, in one hash chain; and the parts that bound what one user can
+ask of it (the queue, the records) in this process.
+"""
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from broker_helpers import GiB, MiB, parked
+
+from hami_jupyter import audit
+from hami_jupyter.agent import records as records_module
+from hami_jupyter.agent.actor import Actor, Busy
+from hami_jupyter.agent.room import queue as queue_module
+from hami_jupyter.agent.room.queue import EXPIRED, QueueFull, Queues
+from hami_jupyter.agent.room.request import Request
+from hami_jupyter.processes import start_ticks
+from hami_jupyter.slice.guard_report import read_report
+from native_helpers import wait_for
+
+CONTEXT = 64 * MiB
+HOUR = 3600
+WAIT_S = 60
+
+
+def test_one_agent_guards_the_caps_and_makes_room(slices, holder, client, start_agent, socket_path, gpu, root):
+    uuid = gpu.uuid(0)
+    slices.make("carol", "16g", "1g")
+    slices.make("alice", "8g", "1g")
+    slices.make("bob", "1g", "1g")
+    asker = client(slices.env("carol", kernel="k-carol"))
+    idle = holder(slices.env("alice", kernel="k-alice"), "6g", age_s=HOUR)
+    agent = start_agent()
+    # bob's process without the library passes his 1 GiB cap: the guard's policy parks it.
+    bypass = holder(gpu.env(HAMI_SLICE=str(slices.path("bob"))), "1500m")
+    guard = wait_for(lambda: (lambda r: r if r and any(p["pid"] == bypass.pid for p in r.get("parked") or [])
+                              else None)(read_report(root)), WAIT_S, what="the bypass parked by the guard")
+    assert guard["guard_pid"] == agent.pid  # the same process writes both reports
+    # carol waits for room: the room policy parks alice's idle kernel.
+    asker.ask("w", socket_path, uuid, 16 * GiB - gpu.used(0) + 4 * GiB)
+    assert asker.final("w", timeout=WAIT_S) == ([], f"OK {6 * GiB + CONTEXT}")
+    assert parked(idle.slice, idle.pid) and bypass.alive()
+    actions = [r["action"] for r in audit.read_records(audit.default_path(root))]
+    assert actions.count("guard-park") == 1 and actions.count("broker-park") == 1
+    assert audit.verify(audit.default_path(root)) == ([], [])  # one writer, one chain
+
+
+def request(uid, uuid="GPU-x", since=0, expires=None):
+    """A request of user *uid* on an open connection (a socket pair's end)."""
+    here, there = socket.socketpair()
+    r = Request(conn=here, pid=1000 + uid, uid=uid, user=f"u{uid}", slice=f"s{uid}", path=Path("/r"),
+                kernel_id="", uuid=uuid, bytes=GiB, since_ns=since)
+    r._peer = there  # kept open: the requester waits
+    if expires is not None:
+        r.expires = expires
+    return r
+
+
+def test_a_user_has_only_so_many_requests_in_the_queues():
+    queues = Queues()
+    mine = [request(7, uuid=f"GPU-{i % 2}") for i in range(queue_module.MAX_QUEUED_PER_USER)]
+    for r in mine:
+        queues.add(r)
+    with pytest.raises(QueueFull, match="has 8 requests for room waiting already"):
+        queues.add(request(7))
+    queues.add(request(8))  # another user is not held back
+
+
+def test_a_request_that_waits_past_its_time_is_answered_and_leaves_the_queue():
+    class Stop:
+        def is_set(self):
+            return False
+
+    queues = Queues()
+    ahead, late = request(1, since=1), request(2, since=2, expires=time.monotonic() + 0.3)
+    queues.add(ahead)
+    queues.add(late)
+    assert queues.wait_turn(ahead, Stop()) == queue_module.ENDED  # served now, and holds the GPU
+    began = time.monotonic()
+    assert queues.wait_turn(late, Stop()) == EXPIRED
+    assert time.monotonic() - began < 10
+    assert [r.uid for line in queues.view().values() for r in line] == [1]
+
+
+def test_ok_answers_that_parked_nothing_are_recorded_once_a_minute_per_user(tmp_path):
+    log = tmp_path / "audit.log"
+    records = records_module.Records(log)
+    for _ in range(30):
+        records.served(request(7, uuid="GPU-0"), 0, 8 * GiB, [])
+    records.served(request(8, uuid="GPU-0"), 0, 8 * GiB, [])
+    served = [r for r in audit.read_records(log) if r["action"] == "broker-served"]
+    assert [r["requester"]["user"] for r in served] == ["u7", "u8"]
+
+
+def test_the_actor_takes_one_action_on_a_process_at_a_time():
+    """Issue 33, finding 6: the guard's and the room policy's acts on one process
+    cannot overlap: while one runs, the other is refused, not run beside it."""
+    began, release = [], []
+    gate = threading.Event()
+
+    def slow_hold(pid):
+        began.append(pid)
+        gate.wait(10)
+        return 0.0
+
+    actor = Actor(hold=slow_hold)
+    me = os.getpid()
+    ticks = start_ticks(me)
+    t = threading.Thread(target=lambda: release.append(actor.hold(me, ticks, {"why": "the guard's park"})))
+    t.start()
+    while not began:
+        time.sleep(0.01)
+    with pytest.raises(Busy, match="the guard's park"):
+        actor.kill(me, ticks)  # the other policy's act on the same process waits its turn: refused now
+    assert actor.busy(me) and me in actor.acting()
+    gate.set()
+    t.join(10)
+    assert release == [0.0] and not actor.busy(me) and me in actor.held
+
