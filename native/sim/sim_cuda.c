@@ -809,8 +809,35 @@ static void ctx_push(uint64_t h)
 	t_stack[t_depth++] = h;
 }
 
+/*
+ * While another process on the device is being locked, checkpointed or
+ * restored by a parker, the driver refuses new contexts there with
+ * CUDA_ERROR_DEVICE_UNAVAILABLE: a PyTorch session on an H100 (driver 580)
+ * met "CUDA-capable device(s) is/are busy or unavailable" making its context
+ * while the memory broker parked another session. A process parked already
+ * (checkpointed, at rest) does not stand in the way.
+ */
+static int device_busy(int dev)
+{
+	struct sim_state *st = S();
+	int self = sim_self();
+	for (int i = 0; i < SIM_MAX_PROCS; i++) {
+		struct sim_proc *p = &st->proc[i];
+		if (i == self || atomic_load(&p->state) != SIM_PROC_LIVE || !sim_proc_alive((unsigned)i))
+			continue;
+		uint32_t c = atomic_load(&p->ckpt);
+		if ((c == SIM_CKPT_LOCKING || c == SIM_CKPT_LOCKED || c == SIM_CKPT_CHECKPOINTING ||
+		     c == SIM_CKPT_RESTORING) &&
+		    (atomic_load(&p->contexts[dev]) || atomic_load(&p->used[dev]) || atomic_load(&p->parked[dev])))
+			return 1;
+	}
+	return 0;
+}
+
 static CUresult ctx_activate(struct obj *o)
 {
+	if (device_busy(o->dev))
+		return CUDA_ERROR_DEVICE_UNAVAILABLE;
 	uint64_t bytes = S()->hdr.context_bytes;
 	CUresult r = charge(o->dev, bytes);
 	if (r)
@@ -1039,6 +1066,7 @@ static const struct {
 	{CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
 	{CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
 	{CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+	{CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA-capable device(s) is/are busy or unavailable"},
 	{CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
 	{CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
 	{CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},

@@ -7,7 +7,12 @@
  * that the driver refuses for memory waits for the memory broker to make room
  * (room.c), as an allocation does: its cost reserved in the slice, or, for a
  * first context whose cost nobody knows yet, CONTEXT_GUESS asked of the broker
- * within what the slice's limit leaves (driver_room.c).
+ * within what the slice's limit leaves (driver_room.c). And while another
+ * process's GPU state is being checkpointed or restored (a park or a resume),
+ * the driver refuses new contexts with CUDA_ERROR_DEVICE_UNAVAILABLE (seen on
+ * an H100: "CUDA-capable device(s) is/are busy or unavailable" in a PyTorch
+ * session's set-up while the broker parked another): that is a moment's wait,
+ * not an error, so the context is tried again every BUSY_POLL_NS.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -26,6 +31,8 @@ typedef CUresult (*destroy_fn)(CUcontext);
 typedef nvmlReturn_t (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
 
 #define CONTEXT_GUESS (512ull << 20) /* PyTorch's context on an H100: about 500 MiB */
+#define BUSY_POLL_NS 100000000ull    /* a context refused while the GPU is busy: tried again this often */
+#define BUSY_WAIT_S 120              /* ... for this long at most (a park of 32 GiB takes 20 s) */
 
 pthread_mutex_t hami_context_lock = PTHREAD_MUTEX_INITIALIZER;
 #define lock hami_context_lock
@@ -153,10 +160,41 @@ static int ready_device(CUdevice dev, CUresult *err)
 /* Not a CUresult: the primary context was made by another thread while this one waited. */
 #define RETAINED_MEANWHILE ((CUresult)-1)
 
-/* The driver refused a context for memory: wait for room (its cost reserved,
- * or a guess at it asked of the broker). 1: make it again. */
-static int context_room(struct hami_driver_room *d, const struct ctx_cost *cost)
+/* A context refused while the GPU was busy: since when (monotonic ns), and whether that was said. */
+struct busy_wait {
+	uint64_t since;
+	int told;
+};
+
+/* The driver refused a new context with CUDA_ERROR_DEVICE_UNAVAILABLE: wait a
+ * moment (no lock held) and say so once. 0: waited BUSY_WAIT_S already. */
+static int busy_pause(struct busy_wait *b, int sdev)
 {
+	uint64_t now = hami_monotonic_ns();
+	if (!b->since)
+		b->since = now;
+	if (now - b->since > (uint64_t)BUSY_WAIT_S * 1000000000ull)
+		return 0;
+	if (!b->told) {
+		char gpu[HAMI_SLICE_UUID_LEN + 8];
+		b->told = 1;
+		hami_gpu_name(sdev, "", gpu, sizeof(gpu));
+		hami_log(HAMI_LOG_WARN, "%s is busy (another process's GPU state is being moved to or from host "
+			 "memory): waiting to make this process's CUDA context", gpu);
+	}
+	struct timespec ts = { 0, (long)BUSY_POLL_NS };
+	nanosleep(&ts, NULL);
+	return 1;
+}
+
+/* The driver refused a context (rc): wait for room (its cost reserved, or a
+ * guess at it asked of the broker) or for a busy GPU. 1: make it again. */
+static int context_again(CUresult rc, struct hami_driver_room *d, struct busy_wait *b, const struct ctx_cost *cost)
+{
+	if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE)
+		return busy_pause(b, cost->sdev);
+	if (rc != CUDA_ERROR_OUT_OF_MEMORY)
+		return 0;
 	if (cost->reserved)
 		return hami_room_wait(&d->room, cost->sdev, cost->bytes, "a CUDA context", NULL);
 	return hami_driver_room_wait(d, cost->sdev, CONTEXT_GUESS, "a CUDA context");
@@ -168,13 +206,14 @@ static int context_room(struct hami_driver_room *d, const struct ctx_cost *cost)
  * retain again. RETAINED_MEANWHILE when another thread made the context while
  * this one waited: then this retain is counted and its reservation given back.
  */
-static CUresult retain_when_room(retain_fn fn, CUcontext *pctx, CUdevice dev, const struct ctx_cost *cost)
+static CUresult retain_when_room(retain_fn fn, CUcontext *pctx, CUdevice dev, const struct ctx_cost *cost,
+				 CUresult rc)
 {
 	struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
-	CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+	struct busy_wait busy = { 0, 0 };
 	for (;;) {
 		pthread_mutex_unlock(&lock); /* never held while waiting */
-		int again = context_room(&room, cost);
+		int again = context_again(rc, &room, &busy, cost);
 		pthread_mutex_lock(&lock);
 		if (!again)
 			break;
@@ -188,7 +227,7 @@ static CUresult retain_when_room(retain_fn fn, CUcontext *pctx, CUdevice dev, co
 			}
 			break;
 		}
-		if ((rc = fn(pctx, dev)) != CUDA_ERROR_OUT_OF_MEMORY)
+		if ((rc = fn(pctx, dev)) != CUDA_ERROR_OUT_OF_MEMORY && rc != CUDA_ERROR_DEVICE_UNAVAILABLE)
 			break;
 	}
 	hami_driver_room_end(&room);
@@ -224,8 +263,8 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	CUresult rc = fn(pctx, dev);
-	if (rc == CUDA_ERROR_OUT_OF_MEMORY)
-		rc = retain_when_room(fn, pctx, dev, &cost);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY || rc == CUDA_ERROR_DEVICE_UNAVAILABLE)
+		rc = retain_when_room(fn, pctx, dev, &cost, rc);
 	if (rc == RETAINED_MEANWHILE) {
 		pthread_mutex_unlock(&lock);
 		return CUDA_SUCCESS;
@@ -293,10 +332,10 @@ static CUresult begin_create(CUcontext *pctx, void *fn, CUdevice dev, struct ctx
 	return CUDA_SUCCESS;
 }
 
-/* Whether a context the driver refused waits for room: one in a slice. */
+/* Whether a context the driver refused waits (for room, or a busy GPU): one in a slice. */
 static int waits_for_room(CUresult rc, const struct ctx_cost *c)
 {
-	return rc == CUDA_ERROR_OUT_OF_MEMORY && c->sdev >= 0;
+	return (rc == CUDA_ERROR_OUT_OF_MEMORY || rc == CUDA_ERROR_DEVICE_UNAVAILABLE) && c->sdev >= 0;
 }
 
 /* Charge a context created by cuCtxCreate*, or destroy it if the slice is full. */
@@ -332,7 +371,8 @@ HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevic
 	rc = fn(pctx, flags, dev);
 	if (waits_for_room(rc, &c)) {
 		struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
-		while (rc == CUDA_ERROR_OUT_OF_MEMORY && context_room(&room, &c))
+		struct busy_wait busy = { 0, 0 };
+		while (context_again(rc, &room, &busy, &c))
 			rc = fn(pctx, flags, dev);
 		hami_driver_room_end(&room);
 	}
@@ -351,7 +391,8 @@ HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams
 	rc = fn(pctx, params, numParams, flags, dev);
 	if (waits_for_room(rc, &c)) {
 		struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
-		while (rc == CUDA_ERROR_OUT_OF_MEMORY && context_room(&room, &c))
+		struct busy_wait busy = { 0, 0 };
+		while (context_again(rc, &room, &busy, &c))
 			rc = fn(pctx, params, numParams, flags, dev);
 		hami_driver_room_end(&room);
 	}
@@ -369,7 +410,8 @@ HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int 
 	rc = fn(pctx, params, flags, dev);
 	if (waits_for_room(rc, &c)) {
 		struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
-		while (rc == CUDA_ERROR_OUT_OF_MEMORY && context_room(&room, &c))
+		struct busy_wait busy = { 0, 0 };
+		while (context_again(rc, &room, &busy, &c))
 			rc = fn(pctx, params, flags, dev);
 		hami_driver_room_end(&room);
 	}

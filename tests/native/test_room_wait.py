@@ -488,3 +488,25 @@ def test_a_handled_signal_ends_the_wait_at_once_and_leaves_nothing_behind(cudriv
             p.kill()
             p.wait(10)
         err.close()
+
+
+def test_a_context_refused_while_another_process_is_parked_waits_for_the_park(cudrive, gpu, room_env):
+    """While a parker holds another process of the GPU locked (its state on
+    the way to host memory), the driver refuses new contexts there: "busy or
+    unavailable" (an H100 did this to a PyTorch session's set-up while the
+    broker parked another). The library waits for the park, then goes on."""
+    other = hog(cudrive, gpu, "64m")
+    parker = cudrive.start(gpu.env(HAMI_SIM_MEMORY=SIM))
+    parker.ok("init")
+    parker.ok(f"ckpt lock {other.pid}")
+    plain = cudrive.start(gpu.env(HAMI_SIM_MEMORY=SIM))  # without the library: the driver's own answer
+    plain.ok("init")
+    assert plain.cmd("ctx 0")["err"] == "CUDA_ERROR_DEVICE_UNAVAILABLE"
+    p = waiter(cudrive, room_env(), ctx=False)
+    p.send("ctx 0")
+    wait_for(lambda: any("is busy" in line for line in hami_lines(p)), WAIT_S, what="the wait said")
+    parker.ok(f"ckpt unlock {other.pid}")
+    rec = p.read(WAIT_S)
+    assert rec["rc"] == CUDA_SUCCESS, f"{rec}\n{p.stderr()[-2000:]}"
+    [said] = hami_lines(p)
+    assert "GPU 0 is busy (another process's GPU state is being moved to or from host memory)" in said, said
