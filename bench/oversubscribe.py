@@ -2,7 +2,7 @@
 
     python3 bench/oversubscribe.py [--sessions 16] [--gib 8] [--bursts 4] [--steps 20]
                                    [--idle 15,45] [--min-idle 5] [--headroom SIZE] [--seed 1]
-                                   [--reference FILE] [--logs DIR] [--out FILE] [--csv FILE]
+                                   [--reference FILE] [--logs DIR] [--run-limit S] [--out FILE] [--csv FILE]
 
 One GPU (cuda:0), PyTorch, run as root from the repository root. It builds
 native/, makes one slice per session under a temporary slice root (limit
@@ -47,7 +47,15 @@ reference), else computed and written there. A session that fails, in set-up
 or in a cell, is reported with what its stderr says: the preload library's
 lines ("hami: ...") and the end of its traceback, the CUDA call that failed
 among them (PyTorch's C++ frames are on: TORCH_SHOW_CPP_STACKTRACES=1).
-Each session's whole stderr is kept under --logs.
+Each session's whole stderr is kept under --logs, with the broker's log and
+the audit log.
+
+Parking keeps a parked session's GPU state in host memory, so host memory
+bounds how many sessions can take turns: the report gives the host's
+available memory (MemAvailable) over the run, its lowest, and the sessions'
+resident memory, beside the reasons of every park that failed. --run-limit S
+stops starting cells S seconds after set-up (the report then says
+"incomplete"), so that a run that cannot finish still reports.
 """
 
 import argparse
@@ -146,6 +154,8 @@ def parse_args():
     p.add_argument("--reference", default=None, metavar="FILE",
                    help="reference losses: read when FILE holds every session's, else computed and written")
     p.add_argument("--logs", default=None, metavar="DIR", help="each session's stderr (default: the slice root)")
+    p.add_argument("--run-limit", type=float, default=3600.0, metavar="S",
+                   help="start no cell later than S seconds after set-up (default 3600)")
     p.add_argument("--out", default=str(REPO / "native" / "build" / "bench" / "oversubscribe.json"))
     p.add_argument("--csv", default=None, help="the GPU's memory over time")
     return p.parse_args()
@@ -211,6 +221,38 @@ def waits_by_call(sessions):
                 call = line.split("now (", 1)[1].split("): waiting", 1)[0]
                 counts[call] = counts.get(call, 0) + 1
     return counts
+
+
+def meminfo_available():
+    """The host's MemAvailable in bytes (0 if unknown)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def resident(pid):
+    """A process's resident memory in bytes (0 once it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def write_samples(path, samples, t_start):
+    """The memory over time, as --csv names it (nothing without it)."""
+    if not path:
+        return
+    with open(path, "w") as f:
+        f.write("seconds,gpu_used_bytes,parked_bytes,waiting,host_available_bytes,sessions_resident_bytes\n")
+        for t_, u, p, w, a, r in list(samples):
+            f.write(f"{t_ - t_start:.2f},{u},{p},{w},{a},{r}\n")
 
 
 def what_failed(stderr_text, tail_lines=12):
@@ -311,28 +353,30 @@ def main():
                   str(args.min_idle), "--headroom", headroom]
     print(f"broker: headroom {format_size(headroom_bytes) if headroom_bytes else 'none (parks only when asked)'}",
           flush=True)
-    broker_log = open(root / "broker.log", "w")
+    logs = Path(args.logs) if args.logs else root
+    logs.mkdir(parents=True, exist_ok=True)
+    broker_log_path = logs / "broker.log"
+    broker_log = open(broker_log_path, "w")
     broker = subprocess.Popen(broker_cmd, env=plain_env(), stdout=broker_log, stderr=subprocess.STDOUT)
     deadline = time.time() + 60
     while not sock.exists():
         if broker.poll() is not None or time.time() > deadline:
-            raise SystemExit("the broker did not start:\n" + (root / "broker.log").read_text()[-3000:])
+            raise SystemExit("the broker did not start:\n" + broker_log_path.read_text()[-3000:])
         time.sleep(0.1)
 
     samples, stop = [], threading.Event()
+    sessions = []
 
     def sample():
         while not stop.is_set():
             parked, waiting = parked_state(paths)
-            samples.append((time.time(), pynvml.nvmlDeviceGetMemoryInfo(gpu).used, sum(parked.values()), waiting))
+            samples.append((time.time(), pynvml.nvmlDeviceGetMemoryInfo(gpu).used, sum(parked.values()), waiting,
+                            meminfo_available(), sum(resident(s.proc.pid) for s in list(sessions))))
             stop.wait(0.5)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     t_start = time.time()
-    logs = Path(args.logs) if args.logs else root
-    logs.mkdir(parents=True, exist_ok=True)
-    sessions = []
     for i, path in enumerate(paths):
         sessions.append(Session(i, args, path, sock, logs))
         time.sleep(0.5)
@@ -344,8 +388,12 @@ def main():
             report = {f"session {b}": what_failed(sessions[b].stderr()) for b in bad}
             if not bad:
                 report = {"not ready": [s.i for s in sessions if not s.ready]}
+            available = [a for *_, a, _ in samples if a]
+            report["host_available_min"] = min(available) if available else None
+            report["sessions_resident"] = sum(resident(s.proc.pid) for s in sessions)
             print(json.dumps(report, indent=1))
-            print((root / "broker.log").read_text()[-3000:])
+            write_samples(args.csv, samples, t_start)
+            print(broker_log_path.read_text()[-3000:])
             for s in sessions:
                 s.proc.kill()
             broker.terminate()
@@ -357,9 +405,10 @@ def main():
 
     # The cells: each session's first at a random offset, the next ones an idle
     # spell after the last one answered.
+    resident_ready = {s.i: resident(s.proc.pid) for s in sessions}
     plan = {s.i: t_ready + rng.uniform(0, hi) for s in sessions}
     done = {s.i: 0 for s in sessions}
-    deadline = time.time() + 3600
+    deadline = time.time() + args.run_limit
     while any(done[i] < args.bursts for i in done) and time.time() < deadline:
         now = time.time()
         for s in sessions:
@@ -372,8 +421,11 @@ def main():
                 done[s.i] += 1
                 plan[s.i] = None
         time.sleep(0.05)
+    incomplete = any(done[i] < args.bursts for i in done)
+    deadline = max(deadline, time.time()) + 60  # the cells under way get a minute more
     while any(s.busy for s in sessions) and time.time() < deadline:
         time.sleep(0.1)
+    incomplete = incomplete or any(s.busy for s in sessions)
     t_end = time.time()
     stop.set()
     sampler.join(timeout=5)
@@ -407,7 +459,12 @@ def main():
     for_headroom = [r for r in parks if (r.get("requester") or {}).get("for") == "headroom"]
     park_failures = [r for r in audit if r.get("action") == "broker-park-failed"]
     parked_bytes = sum(int(r.get("bytes") or r.get("process_bytes") or 0) for r in parks)
-    used = [u for _, u, _, _ in samples]
+    used = [u for _, u, _, _, _, _ in samples]
+    available = [a for *_, a, _ in samples if a]
+    why_failed = {}
+    for r in park_failures:
+        key = str(r.get("error") or r.get("why"))[:160]
+        why_failed[key] = why_failed.get(key, 0) + 1
     # Idle culling instead of parking: every session parked would have lost its
     # training state, i.e. the steps it had done when it was parked.
     culled_steps = 0
@@ -426,13 +483,19 @@ def main():
         "gpu_bytes": total, "sessions": args.sessions, "gib": args.gib, "asked_gib": args.sessions * args.gib,
         "bursts": args.bursts, "steps": args.steps, "idle": [lo, hi], "min_idle": args.min_idle,
         "headroom": headroom, "headroom_bytes": headroom_bytes, "seed": args.seed,
-        "setup_s": t_ready - t_start, "run_s": t_end - t_ready,
+        "setup_s": t_ready - t_start, "run_s": t_end - t_ready, "incomplete": incomplete,
+        "cells_planned": args.sessions * args.bursts,
         "cells": sum(len(s.cells) for s in sessions), "failed_steps": failed,
         "delays_s": sorted(round(d, 3) for d in delays),
         "obstructed_cells": len(obstructed),
         "obstructed_p95_s": round(sorted(obstructed)[max(0, int(0.95 * len(obstructed)) - 1)], 3) if obstructed else None,
         "broker_parks": len(parks), "broker_parks_for_headroom": len(for_headroom),
         "broker_park_failures": len(park_failures), "broker_parked_bytes": parked_bytes,
+        "broker_park_failures_why": why_failed,
+        "host_memory": {"available_min": min(available) if available else None,
+                        "available_start": available[0] if available else None,
+                        "sessions_resident_at_ready": sum(resident_ready.values()),
+                        "session_resident_at_ready_max": max(resident_ready.values(), default=0)},
         "losses_equal_reference": losses_equal,
         "gpu_used_bytes": {"min": min(used), "median": statistics.median(used), "max": max(used)} if used else None,
         "static_slicing_fits": static_fit,
@@ -457,13 +520,11 @@ def main():
     broker.wait(timeout=30)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    if args.csv:
-        with open(args.csv, "w") as f:
-            f.write("seconds,gpu_used_bytes,parked_bytes,waiting\n")
-            for t_, u, p, w in samples:
-                f.write(f"{t_ - t_start:.2f},{u},{p},{w}\n")
+    write_samples(args.csv, samples, t_start)
+    if audit_path.exists():
+        (logs / "audit.log").write_text(audit_path.read_text())
     print(json.dumps({k: v for k, v in result.items() if k != "delays_s"}, indent=1))
-    print((root / "broker.log").read_text()[-3000:])
+    print(broker_log_path.read_text()[-3000:])
 
 
 if __name__ == "__main__":
