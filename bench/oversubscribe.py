@@ -505,26 +505,28 @@ def main():
                             if any(c.get("failed") for c in s.cells)},
         "library_waits": waits_by_call(sessions),
     }
+    # The figures first: a session still waiting in a cell would hold the end up.
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    write_samples(args.csv, samples, t_start)
+    if audit_path.exists():
+        (logs / "audit.log").write_text(audit_path.read_text())
+    print(json.dumps({k: v for k, v in result.items() if k != "delays_s"}, indent=1), flush=True)
+    print(broker_log_path.read_text()[-3000:], flush=True)
     for s in sessions:
         try:
             s.proc.stdin.write("quit\n")
             s.proc.stdin.flush()
         except OSError:
             pass
+    ends = time.time() + 10
     for s in sessions:
         try:
-            s.proc.wait(timeout=60)
+            s.proc.wait(timeout=max(0.1, ends - time.time()))
         except subprocess.TimeoutExpired:
             s.proc.kill()
     broker.terminate()
     broker.wait(timeout=30)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    write_samples(args.csv, samples, t_start)
-    if audit_path.exists():
-        (logs / "audit.log").write_text(audit_path.read_text())
-    print(json.dumps({k: v for k, v in result.items() if k != "delays_s"}, indent=1))
-    print(broker_log_path.read_text()[-3000:])
 
 
 if __name__ == "__main__":
