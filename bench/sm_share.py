@@ -37,10 +37,14 @@ keeps each scenario's series and each row a summary over the measured part,
 printed beside the row. Without pynvml the rows still run, and the
 short-kernel rows say that u is unknown and are not judged.
 
-Launch overhead. Rounds of driver_overhead.c (no preload / preload / preload
-with a limit of 90 that does not bind) are added until the 95 % bootstrap
-interval of each paired median difference is narrower than 20 ns, or
---overhead-cap seconds (bench/sm_overhead.py).
+Launch overhead. Each round runs driver_overhead.c's pairs once in each
+mode (no preload / preload / preload with a limit of 90 that does not
+bind): inside one process, blocks of launches through the hook and through
+the driver's own entry point alternate, and each pair's difference is what
+the hook added (without the preload both are the driver's: the method's
+noise). Rounds are added until the 95 % bootstrap interval of each mode's
+median difference is narrower than 20 ns, or --overhead-cap seconds
+(bench/sm_overhead.py).
 
 Time. Measured parts are 6 s (--quick 4; the live change 12 / 6 s), chosen
 so that each of the two groups below fits one 10-minute device call; the
@@ -144,7 +148,7 @@ STARTUP_EST_S = 4.5  # python + torch import + CUDA context + workload setup, pe
 TEARDOWN_EST_S = 0.5
 SETUP_EXTRA_S = {"conv": 2.0, "attention": 0.5, "jax": 4.0}  # cudnn benchmark; jax import + compile (guesses)
 BUILD_EST_S = 15.0
-OVERHEAD_ROUND_EST_S = 3.0  # one round of three driver_overhead runs
+OVERHEAD_ROUND_EST_S = 9.0  # one round of three driver_overhead pairs runs (start-up, 1 s warm-up, 0.8 s of pairs)
 
 
 class ScenarioError(Exception):
@@ -229,7 +233,7 @@ def build_plan(a):
         seconds=a.live_seconds, workload="matmul", new_share=75, band=0.05)
     for wl in HELD_OUT:
         workload_rows(wl)
-    add("overhead", "cuLaunchKernel CPU time (bench/driver_overhead.c), alternating rounds", "overhead",
+    add("overhead", "cuLaunchKernel CPU time the hook adds (bench/driver_overhead.c pairs)", "overhead",
         kind="overhead", workload=LAUNCH)
     add("baseline_matmul_end", "matmul baseline again, for the drift over the run", "drift",
         [worker("A", "matmul")], workload="matmul")
@@ -374,8 +378,7 @@ def overhead_modes(odir, r):
 
 
 def overhead_command(a):
-    # Few alloc/free pairs: the launch figure is all the rows use, and shorter runs mean more rounds.
-    return [str(OVERHEAD_BIN), str(a.launches), "1000"]
+    return [str(OVERHEAD_BIN), "pairs", str(a.overhead_pairs), str(a.overhead_block), f"{a.overhead_warmup:g}"]
 
 
 # ---- running ----------------------------------------------------------------------
@@ -575,8 +578,8 @@ def run_workers(scn, tmp, a):
 
 
 def run_overhead(a, tmp):
-    """Rounds of the three modes (order rotated each round; round -1 warms
-    caches up and is dropped) until bench/sm_overhead.py's rule stops them."""
+    """Rounds of the three modes (order rotated each round; each process warms
+    itself up) until bench/sm_overhead.py's rule stops them."""
     if not OVERHEAD_BIN.exists():
         raise ScenarioError(f"{OVERHEAD_BIN.relative_to(REPO)} was not built")
     odir = Path(tmp) / "overhead"
@@ -584,7 +587,7 @@ def run_overhead(a, tmp):
     names = [m for m, _ in overhead_modes(odir, 0)]
     samples = {m: [] for m in names}
     t_start = time.monotonic()
-    r = -1
+    r = 0
     while True:
         modes = overhead_modes(odir, r)
         k = (r + 1) % len(modes)
@@ -596,28 +599,30 @@ def run_overhead(a, tmp):
             if p.returncode != 0:
                 raise ScenarioError(f"driver_overhead ({mode}) failed (rc {p.returncode}): "
                                     f"{(p.stderr or p.stdout)[-800:].strip()}")
-            if r >= 0:
-                sample = last_json(p.stdout)
-                sample["stderr_tail"] = p.stderr[-300:]
-                samples[mode].append(sample)
+            sample = last_json(p.stdout)
+            sample["stderr_tail"] = p.stderr[-300:]
+            samples[mode].append(sample)
         r += 1
-        if r > 0:
-            stop, why = sm_overhead.stop_rule(samples, a.rounds, time.monotonic() - t_start, a.overhead_cap)
-            if stop:
-                break
+        stop, why = sm_overhead.stop_rule(samples, a.rounds, time.monotonic() - t_start, a.overhead_cap)
+        if stop:
+            break
     return overhead_result(samples, why, a, time.monotonic() - t_start)
 
 
 def overhead_result(samples, stopped, a, elapsed_s):
     """What the rows and the JSON need from the rounds' samples."""
-    med = {m: statistics.median(x["launch_ns"] for x in samples[m]) for m in samples}
     cis = sm_overhead.intervals(samples)
-    return {"rounds": len(samples["none"]), "min_rounds": a.rounds, "launches": a.launches,
+    modes = sm_overhead.MODES
+    return {"rounds": min(len(samples[m]) for m in modes), "min_rounds": a.rounds,
+            "pairs": a.overhead_pairs, "block": a.overhead_block,
             "cap_s": a.overhead_cap, "elapsed_s": round(elapsed_s, 1), "stopped": stopped,
-            "median_launch_ns": med,
-            "added_ns": {m: statistics.median(sm_overhead.paired_diffs(samples, m)) for m in sm_overhead.COMPARED},
+            # ns per launch: the driver's own entry point, and the hook's, medians over rounds
+            "driver_launch_ns": {m: statistics.median(x["real_ns"] for x in samples[m]) for m in modes},
+            "hooked_launch_ns": {m: statistics.median(x["hooked_ns"] for x in samples[m]) for m in modes},
+            "added_ns": {m: sm_overhead.added(samples, m) for m in modes},
             "ci_ns": {m: list(ci) if ci else None for m, ci in cis.items()},
-            "added_ns_of_medians": {m: med[m] - med["none"] for m in sm_overhead.COMPARED},
+            "instructions_added": {m: sm_overhead.instructions(samples, m) for m in modes},
+            "pinned": all(x.get("pinned") for m in modes for x in samples[m]),
             "samples": samples}
 
 
@@ -794,32 +799,44 @@ OVERHEAD_TARGETS = (("preload", "<= 50 ns added (no SM limit)", 50),
                     ("preload_sm90", "<= 200 ns added (SM limit 90, not binding)", 200))
 
 
+def _interval_text(ci, rounds, pairs):
+    if ci is None:
+        return f"no interval ({rounds} rounds)"
+    return (f"95 % CI {ci[0]:+.1f} .. {ci[1]:+.1f} ns (width {ci[1] - ci[0]:.1f}), "
+            f"{rounds} rounds of {pairs} pairs")
+
+
 def overhead_rows(o):
-    """One row per mode: the paired median, its interval and the rounds. Met
-    only when the interval is narrower than sm_overhead.CI_WIDTH_NS (after at
-    least the minimum rounds) and the figure is within the target."""
-    med = o["median_launch_ns"]
+    """One row per compared mode: the median of its in-process pairs, the
+    interval and the rounds; met only when the interval is narrower than
+    sm_overhead.CI_WIDTH_NS (after at least the minimum rounds) and the
+    figure is within the target. Then the method's noise (no preload), for
+    information."""
     width_rule = f"95 % CI < {sm_overhead.CI_WIDTH_NS:g} ns wide"
+    enough = o["rounds"] >= o["min_rounds"]
     out = []
     for mode, target, limit in OVERHEAD_TARGETS:
         added = o["added_ns"][mode]
         ci = o["ci_ns"].get(mode)
-        enough = o["rounds"] >= o["min_rounds"]
         narrow = enough and sm_overhead.narrow(ci)
-        if ci is None:
-            detail = f"no interval ({o['rounds']} rounds)"
-        else:
-            detail = f"95 % CI {ci[0]:+.1f} .. {ci[1]:+.1f} ns (width {ci[1] - ci[0]:.1f}), {o['rounds']} rounds"
         note = ""
         if not narrow:
             why = f"fewer than {o['min_rounds']} rounds" if not enough else \
                 f"interval stayed >= {sm_overhead.CI_WIDTH_NS:g} ns"
             note = f"{why} ({o['stopped']}): too noisy to judge, not met; "
-        note += (f"medians over {o['rounds']} rounds: none {med['none']:.1f} ns, {mode} {med[mode]:.1f} ns "
-                 f"per launch (difference {o['added_ns_of_medians'][mode]:+.1f})")
-        out.append(row(f"launch overhead, {mode}", f"{target}; {width_rule}", f"{added:+.1f} ns", detail,
-                       narrow and added <= limit, note, added_ns=added, ci_ns=ci, rounds=o["rounds"],
+        note += (f"per launch, medians over {o['rounds']} rounds: the driver's entry point "
+                 f"{o['driver_launch_ns'][mode]:.1f} ns, the hook {o['hooked_launch_ns'][mode]:.1f} ns")
+        ins = o["instructions_added"].get(mode)
+        note += f"; {ins:+.0f} instructions a launch" if ins is not None else "; instructions: not countable here"
+        out.append(row(f"launch overhead, {mode}", f"{target}; {width_rule}", f"{added:+.1f} ns",
+                       _interval_text(ci, o["rounds"], o["pairs"]), narrow and added <= limit, note,
+                       added_ns=added, ci_ns=ci, rounds=o["rounds"],
                        ci_width_ns=None if ci is None else ci[1] - ci[0]))
+    ci = o["ci_ns"].get("none")
+    out.append(row("launch overhead, none (the method's noise)", "about 0 (info: the driver on both sides)",
+                   f"{o['added_ns']['none']:+.1f} ns", _interval_text(ci, o["rounds"], o["pairs"]), None,
+                   f"no preload: the driver's entry point {o['driver_launch_ns']['none']:.1f} ns per launch",
+                   added_ns=o["added_ns"]["none"], ci_ns=ci))
     return out
 
 
@@ -877,7 +894,8 @@ def meta(a):
          "python": sys.version.split()[0], "argv": sys.argv, "quick": a.quick,
          "seconds": a.seconds, "live_seconds": a.live_seconds, "window": a.window, "warmup": a.warmup,
          "library": str(LIB_IN_USE[0]), "fitted": list(FITTED), "held_out": list(HELD_OUT),
-         "overhead": {"min_rounds": a.rounds, "cap_s": a.overhead_cap, "launches": a.launches,
+         "overhead": {"min_rounds": a.rounds, "cap_s": a.overhead_cap, "pairs": a.overhead_pairs,
+                      "block": a.overhead_block, "warmup_s": a.overhead_warmup,
                       "ci_width_ns": sm_overhead.CI_WIDTH_NS}}
     for key, cmd in (("git", ["git", "rev-parse", "HEAD"]), ("git_dirty", ["git", "status", "--porcelain"]),
                      ("gpu", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,"
@@ -908,11 +926,14 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=float, default=1.0, help="worker warm-up before ready, s")
     p.add_argument("--pair-delay", type=float, default=1.0,
                    help="seconds between both workers being ready and the start of the measured part")
-    p.add_argument("--rounds", type=int, default=10,
-                   help="launch overhead: rounds before the interval rule may stop them (default 10)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="launch overhead: rounds before the interval rule may stop them (default 5)")
     p.add_argument("--overhead-cap", type=float,
                    help="launch overhead: seconds after which no round starts (default 120, quick 60)")
-    p.add_argument("--launches", type=int, default=100000, help="launches per driver_overhead run")
+    p.add_argument("--overhead-pairs", type=int, default=200, help="launch overhead: pairs of blocks per process")
+    p.add_argument("--overhead-block", type=int, default=500, help="launch overhead: launches per block")
+    p.add_argument("--overhead-warmup", type=float, default=1.0,
+                   help="launch overhead: seconds each process launches before its pairs count")
     p.add_argument("--matmul-size", type=int, default=8192, help="n of the bf16 matmuls (matmul, matmul_const)")
     p.add_argument("--fp32-size", type=int, default=4096, help="n of the fp32 matmul")
     p.add_argument("--fp8-size", type=int, default=8192, help="n of the fp8 matmul")
@@ -973,8 +994,8 @@ def dry_run(plan, a):
         say(f"\n[{s['name']}] ({s['fit']}) {s['title']}")
         say(f"  target: {planned_target(s)}; about {scenario_estimate_s(s, a):.0f} s")
         if s["kind"] == "overhead":
-            say(f"  rounds (+1 dropped warm-up round), order rotated each round, until both 95 % intervals "
-                f"of the paired median are < {sm_overhead.CI_WIDTH_NS:g} ns wide (at least {a.rounds} rounds) "
+            say(f"  rounds, order rotated each round, until both 95 % intervals of the median in-process "
+                f"difference are < {sm_overhead.CI_WIDTH_NS:g} ns wide (at least {a.rounds} rounds) "
                 f"or {a.overhead_cap:g} s have passed; each round:")
             for mode, env in overhead_modes("$TMP/overhead", "R"):
                 cmd = overhead_command(a)
