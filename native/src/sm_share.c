@@ -224,26 +224,33 @@ static int await_oldest(const struct queue *q, event_fn query, uint64_t *end)
 	}
 }
 
-/* One more measure of a launch's time. Longer ones count less: a launch that
- * waited behind other work (another slice's window) would otherwise make the
- * kernel time too long to be corrected (a queue thought too slow is drained
- * before every launch, and never fills up again to measure). */
+/* One more measure of a launch's time. Longer ones count less, and one
+ * more than twice the estimate counts as twice: a launch that waited behind
+ * other work (another slice's window), or a thread the host did not run for
+ * a while, would otherwise make the kernel time too long to be corrected (a
+ * queue thought too slow is drained before every launch, and never fills up
+ * again to measure; a thread that thinks its 10 us kernels take a
+ * millisecond sleeps through them). */
 static void note_kernel(struct queue *q, uint64_t ns)
 {
 	uint64_t k = q->kernel_ns;
+	if (k && ns > 2 * k)
+		ns = 2 * k;
 	q->kernel_ns = !k ? ns : ns < k ? (k + ns) / 2 : (7 * k + ns) / 8;
 }
 
 /* The oldest launch was seen to end now, having ended at END. MEASURE: it
- * was awaited with a full queue, so the time since the last end seen is
- * the GPU's, shared by the launches that ended since (found done at later
- * launches, q->ended) and this one: counted as one, very short kernels
- * seemed several times longer than they are. */
+ * was awaited with a full queue, so the time from the last end to this one
+ * is the GPU's, shared by the launches that ended in it (found done at
+ * later launches, q->ended) and this one: counted as one, very short
+ * kernels seemed several times longer than they are. From the ends as far
+ * as the thread can tell, never from when it looked: a thread that slept
+ * past an end would measure its own sleep, and sleep longer the next time. */
 static void note_end(struct queue *q, int measure, uint64_t end)
 {
 	uint64_t now = hami_monotonic_ns();
-	if (measure && q->done_ns)
-		note_kernel(q, (now - q->done_ns) / (uint64_t)(q->ended + 1));
+	if (measure && q->done_ns && q->end_ns && end > q->end_ns)
+		note_kernel(q, (end - q->end_ns) / (uint64_t)(q->ended + 1));
 	else if (q->lone_ns && q->count == 1 && end > q->lone_ns)
 		note_kernel(q, end - q->lone_ns); /* the only launch, made on an empty queue */
 	q->lone_ns = 0;
