@@ -32,7 +32,10 @@ def _pairs(binary, env, pairs=20, block=50):
 
 
 def test_without_the_preload_both_sides_are_the_drivers(overhead_bin, gpu):
-    doc = _pairs(overhead_bin, gpu.env(HAMI_SIM_NS_PER_WAVE=0))
+    env = gpu.env(HAMI_SIM_NS_PER_WAVE=0)
+    if gpu.build.sanitized:
+        env["LD_PRELOAD"] = gpu.build.runtime  # the simulated driver is instrumented
+    doc = _pairs(overhead_bin, env)
     assert doc["mode"] == "pairs" and doc["same_entry"] is True
     assert (doc["pairs"], doc["block"], len(doc["diff_ns"])) == (20, 50, 20)
     assert doc["real_ns"] > 0 and doc["hooked_ns"] > 0
