@@ -25,7 +25,10 @@ REASON_HW_THERMAL = 0x40
 REASON_HW_POWER_BRAKE = 0x80
 REASON_SLOWDOWN = REASON_HW_SLOWDOWN | REASON_SW_THERMAL | REASON_HW_THERMAL | REASON_HW_POWER_BRAKE
 
-FIELDS = ("sm_mhz", "mem_mhz", "power_mw", "power_limit_mw", "reasons", "util_gpu", "util_mem", "temp_c")
+FIELDS = ("sm_mhz", "mem_mhz", "power_mw", "power_instant_mw", "power_limit_mw", "reasons", "util_gpu", "util_mem",
+          "temp_c")
+FIELD_POWER_INSTANT = 186  # nvml.h NVML_FI_DEV_POWER_INSTANT (mW): not the 1-s average nvmlDeviceGetPowerUsage gives
+FAST_PERIOD = 0.01  # s: ten looks per 50 ms window period, so that busy and idle parts can be told apart
 
 
 def nvml_device(pynvml):
@@ -42,11 +45,14 @@ def nvml_device(pynvml):
 
 class Telemetry(threading.Thread):
     """Polls NVML every *period* seconds from open() until close(); samples()
-    gives what was read between two times (time.monotonic())."""
+    gives what was read between two times (time.monotonic()). The period may
+    be changed while it runs (bench/sm_share.py's --fast-telemetry: every
+    FAST_PERIOD for some workloads, to see the SM clock and the instant power
+    inside and outside the share's windows)."""
 
     def __init__(self, period=0.1):
         super().__init__(daemon=True)
-        self.period = period
+        self.period = self.base_period = period
         self.pynvml = None
         self.handle = None
         self.device = None
@@ -93,6 +99,16 @@ class Telemetry(threading.Thread):
                     return int(value)
         return None
 
+    def _power_instant(self):
+        """Instant power (mW) where the driver has the field (Hopper, driver 535+), else None."""
+        fn = getattr(self.pynvml, "nvmlDeviceGetFieldValues", None)
+        got = self._ask(fn, [getattr(self.pynvml, "NVML_FI_DEV_POWER_INSTANT", FIELD_POWER_INSTANT)]) if fn else None
+        if not got or getattr(got[0], "nvmlReturn", 1) != 0:
+            return None
+        v, kind = got[0].value, getattr(got[0], "valueType", 1)
+        return {0: getattr(v, "dVal", None), 2: getattr(v, "ulVal", None), 3: getattr(v, "ullVal", None),
+                4: getattr(v, "sllVal", None)}.get(kind, getattr(v, "uiVal", None))
+
     def read(self):
         nv = self.pynvml
         util = self._ask(nv.nvmlDeviceGetUtilizationRates)
@@ -100,6 +116,7 @@ class Telemetry(threading.Thread):
                 "sm_mhz": self._ask(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
                 "mem_mhz": self._ask(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM),
                 "power_mw": self._ask(nv.nvmlDeviceGetPowerUsage),
+                "power_instant_mw": self._power_instant(),
                 "power_limit_mw": self._ask(nv.nvmlDeviceGetEnforcedPowerLimit),
                 "reasons": self._reasons(),
                 "util_gpu": util.gpu if util is not None else None,
@@ -147,8 +164,13 @@ def summary(samples):
     if not samples:
         return None
     reasons = [s["reasons"] for s in samples if s.get("reasons") is not None]
+    clocks = sorted(s["sm_mhz"] for s in samples if s.get("sm_mhz") is not None)
     return {"samples": len(samples),
             "sm_mhz": _mean(samples, "sm_mhz"),
+            # the spread of the SM clock: with fast telemetry, the busy and the idle parts of the windows
+            "sm_mhz_p10": clocks[len(clocks) // 10] if clocks else None,
+            "sm_mhz_p90": clocks[(9 * len(clocks)) // 10] if clocks else None,
+            "power_instant_w": _mean(samples, "power_instant_mw", 1000.0),
             "mem_mhz": _mean(samples, "mem_mhz"),
             "power_w": _mean(samples, "power_mw", 1000.0),
             "power_limit_w": _mean(samples, "power_limit_mw", 1000.0),
@@ -170,6 +192,11 @@ def text(s):
     power = _fmt(s["power_w"], " W")
     if s["power_limit_w"] is not None:
         power += f" of {s['power_limit_w']:.0f}"
-    return (f"SM {_fmt(s['sm_mhz'], ' MHz')}, {power}, SW power cap {_fmt(s['sw_power_cap_pct'], ' %')}, "
+    clock = _fmt(s["sm_mhz"], " MHz")
+    if s.get("sm_mhz_p10") is not None and s.get("sm_mhz_p90") != s.get("sm_mhz_p10"):
+        clock += f" (p10-p90 {s['sm_mhz_p10']:.0f}-{s['sm_mhz_p90']:.0f})"
+    if s.get("power_instant_w") is not None:
+        power += f", instant {s['power_instant_w']:.0f} W"
+    return (f"SM {clock}, {power}, SW power cap {_fmt(s['sw_power_cap_pct'], ' %')}, "
             f"thermal/HW slowdown {_fmt(s['slowdown_pct'], ' %')}, util {_fmt(s['util_gpu'], ' %')} "
             f"({s['samples']} samples)")

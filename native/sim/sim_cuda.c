@@ -2810,6 +2810,7 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
 	CUresult r = ready();
 	if (r)
 		return r;
+	sim_launch_cpu();
 	if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&C.mu);
@@ -3619,6 +3620,7 @@ static CUresult graph_launch(CUgraphExec e, CUstream s)
 	CUresult r = ready();
 	if (r)
 		return r;
+	sim_launch_cpu();
 	pthread_mutex_lock(&C.mu);
 	struct obj *x = obj_get(H(e), K_GEXEC), *c, *so;
 	uint64_t ch;

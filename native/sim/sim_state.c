@@ -35,8 +35,9 @@ static struct {
 	int self; /* our entry, or -1 */
 	dev_t dev;
 	ino_t ino;
+	uint64_t launch_ns; /* HAMI_SIM_LAUNCH_NS: this process's, not the state's */
 	char path[PATH_MAX];
-} g = {PTHREAD_MUTEX_INITIALIZER, NULL, -1, -1, 0, 0, ""};
+} g = {PTHREAD_MUTEX_INITIALIZER, NULL, -1, -1, 0, 0, 0, ""};
 
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
@@ -226,6 +227,12 @@ int sim_config_from_env(struct sim_config *cfg)
 	if ((v = env("HAMI_SIM_NS_PER_WAVE"))) {
 		if (parse_uint(v, 1000000000000ull, &cfg->ns_per_wave) < 0) {
 			bad("HAMI_SIM_NS_PER_WAVE", v, "expected nanoseconds from 0 to 10^12");
+			return SIM_ECONFIG;
+		}
+	}
+	if ((v = env("HAMI_SIM_LAUNCH_NS"))) {
+		if (parse_uint(v, 1000000000ull, &cfg->launch_ns) < 0) {
+			bad("HAMI_SIM_LAUNCH_NS", v, "expected nanoseconds from 0 to 10^9");
 			return SIM_ECONFIG;
 		}
 	}
@@ -468,6 +475,7 @@ int sim_open(const char *path)
 		goto out;
 	}
 	strcpy(g.path, path);
+	__atomic_store_n(&g.launch_ns, cfg.launch_ns, __ATOMIC_RELAXED);
 	/* Entry locks go on a description of their own: the one the mapping was
 	 * made from lives on in forked children's mappings, and would keep a dead
 	 * parent's locks with it. */
@@ -1028,6 +1036,20 @@ uint64_t sim_launch(unsigned d, uint64_t dur)
 		util_add(g.st->proc[self].util[d], start, end, now);
 	}
 	return end;
+}
+
+/*
+ * A real driver's launch costs its thread CPU time (cuLaunchKernel about 4 us
+ * on an H100), so a loop of short kernels is paced by its launches and leaves
+ * the GPU idle part of the time. Spent spinning, as the driver's own work is.
+ */
+void sim_launch_cpu(void)
+{
+	uint64_t ns = __atomic_load_n(&g.launch_ns, __ATOMIC_RELAXED);
+	if (!ns)
+		return;
+	for (uint64_t end = sim_now_ns() + ns; sim_now_ns() < end;)
+		;
 }
 
 /* ---- checkpoints -------------------------------------------------------- */

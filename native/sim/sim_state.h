@@ -143,6 +143,7 @@ struct sim_config {
 	uint64_t context_bytes;
 	uint64_t ns_per_wave;
 	uint64_t module_bytes;
+	uint64_t launch_ns; /* this process's, never stored in the state */
 	char name[SIM_NAME_LEN];
 	char uuid[SIM_MAX_DEVICES][SIM_UUID_LEN];
 };
@@ -197,6 +198,9 @@ SIM_HIDDEN void sim_note_internal(unsigned dev, uint64_t bytes);
 SIM_HIDDEN int sim_set_graphics(int on);
 /* Queue DUR ns of work on DEV's timeline; returns its end (CLOCK_MONOTONIC). */
 SIM_HIDDEN uint64_t sim_launch(unsigned dev, uint64_t dur);
+/* The CPU time a launch call takes in its thread (HAMI_SIM_LAUNCH_NS), spent
+ * here; call outside any lock. */
+SIM_HIDDEN void sim_launch_cpu(void);
 /* Return dead processes' memory. */
 SIM_HIDDEN void sim_sweep(void);
 SIM_HIDDEN int sim_proc_alive(unsigned i);

@@ -24,7 +24,6 @@
 #define _GNU_SOURCE
 #include <string.h>
 #include <time.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include "hami.h"
@@ -40,6 +39,10 @@
 #define WAIT_KERNEL_CAP_NS 10000000000ull /* 10 s: longer kernel estimates lengthen no wait */
 #define POLL_FIRST_NS 20000ull /* the first look again at a launch not finished */
 #define POLL_MAX_NS 1000000ull /* the longest pause between two looks */
+#define SPIN_MIN_NS 50000ull   /* the least a launch is looked at without a sleep past its foreseen end */
+#define SLEEP_LATE_NS 100000ull /* what a sleep overshoots, until a thread has seen its own */
+#define SLEEP_LATE_MIN_NS 10000ull
+#define SLEEP_LATE_MAX_NS 1000000ull
 #define ELASTIC_HEADROOM 2   /* percent left to others when taking idle time */
 #define ELASTIC_CONTENDED 10 /* idle below this while others run: they want their time */
 #define ELASTIC_BACKOFF 10   /* how fast a contended elastic slice steps back to its share */
@@ -122,10 +125,26 @@ static uint32_t open_ppm(int sdev, struct hami_slice_device *d, uint32_t share)
 	return ppm;
 }
 
+/*
+ * A sleep ends late: by the thread's timer slack (50 us unless the program
+ * changed it) and the time to be woken, 70 us on the two-core test host,
+ * where short kernels run for 5 to 20 us. What this thread's sleeps
+ * usually overshoot: an average over about eight, in which one sleep that
+ * ended much later (the thread was not scheduled) counts as twice the
+ * average, so that it does not make the thread spin for long.
+ */
+static __thread uint64_t sleep_late_ns = SLEEP_LATE_NS;
+
 static void sleep_ns(uint64_t ns)
 {
 	struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
+	uint64_t t0 = hami_monotonic_ns();
 	nanosleep(&ts, NULL);
+	uint64_t took = hami_monotonic_ns() - t0, late = took > ns ? took - ns : 0, was = sleep_late_ns;
+	if (late > 2 * was)
+		late = 2 * was;
+	was = (7 * was + late) / 8;
+	sleep_late_ns = was < SLEEP_LATE_MIN_NS ? SLEEP_LATE_MIN_NS : was > SLEEP_LATE_MAX_NS ? SLEEP_LATE_MAX_NS : was;
 }
 
 /*
@@ -155,15 +174,23 @@ static uint64_t clamp_ns(uint64_t v, uint64_t lo, uint64_t hi)
 /*
  * 1 when the oldest queued launch has finished, 0 when its wait ran out.
  * A full queue runs back to back, so with a kernel time known the oldest
- * should end a kernel after the last end: the thread sleeps until just
- * before, then looks again and again, yielding the CPU, until half a kernel
- * past that time, then every eighth of a kernel (each pause is time the GPU
- * may idle where the thread drains its queue before a window closes; a
- * blocking wait woke at the end). Without a kernel time it looks after
- * pauses doubling from 20 us to 1 ms. *END: when it ended as far as the
- * thread can tell: the last look that saw it run, or if the first look
- * found it ended, the time it woke for; never a late look, which would make
- * every later sleep end later.
+ * should end a kernel after the last end seen. A thread that wakes late
+ * costs nothing while the launches queued behind the oldest keep the GPU
+ * busy: then it sleeps until just before that end and, the launch not done,
+ * looks every eighth of a kernel. When they cannot cover a sleep's lateness
+ * (short kernels: 5 to 20 us in a notebook's eager PyTorch loop, against 70
+ * us or more that a sleep overshoots), every late wake-up is time the GPU
+ * idles: sleeping so cost launch-bound loops half their pace on an H100
+ * (issue 34). Then the thread sleeps only while more than a sleep's
+ * lateness is left and looks again and again for the rest (cuEventQuery, no
+ * sleep), as the driver's own blocking wait spins by default, until half a
+ * kernel (at least SPIN_MIN_NS) past the end it foresaw (without one, a
+ * kernel from now: the oldest runs already). A launch not done by then is
+ * held by something else (other slices' work, a stream wait). Without a
+ * kernel time the looks come after pauses doubling from 20 us to 1 ms.
+ * *END: when it ended as far as the thread can tell: the last look that saw
+ * it run, or if the first look found it ended, the time it woke for; never
+ * a late look, which would make every later sleep end later.
  */
 static int await_oldest(const struct queue *q, event_fn query, uint64_t *end)
 {
@@ -171,7 +198,10 @@ static int await_oldest(const struct queue *q, event_fn query, uint64_t *end)
 	uint64_t start = hami_monotonic_ns(), limit = wait_limit_ns(q), k = q->kernel_ns;
 	uint64_t pause = k ? clamp_ns(k / 8, POLL_FIRST_NS, POLL_MAX_NS) : POLL_FIRST_NS;
 	uint64_t due = k && q->end_ns ? q->end_ns + (uint64_t)(q->ended + 1) * k : 0;
-	uint64_t wake = due ? due - k / 16 : start, spin_until = due ? due + k / 2 : 0, looked = start;
+	int spin = (uint64_t)(q->count - 1) * k < 2 * sleep_late_ns;
+	uint64_t early = k / 16 + (spin ? sleep_late_ns : 0), past = k / 2 > SPIN_MIN_NS ? k / 2 : SPIN_MIN_NS;
+	uint64_t wake = due > start + early ? due - early : start, looked = start;
+	uint64_t spin_until = !spin ? start : due ? due + past : start + k + past;
 	*end = start;
 	if (query(e) != CUDA_ERROR_NOT_READY)
 		return 1;
@@ -180,39 +210,47 @@ static int await_oldest(const struct queue *q, event_fn query, uint64_t *end)
 	for (int looks = 0;; looks++) {
 		uint64_t now = hami_monotonic_ns();
 		if (query(e) != CUDA_ERROR_NOT_READY) {
-			*end = looks || !due ? looked : wake < now ? wake : now;
+			*end = looks || wake == start ? looked : wake < now ? wake : now;
 			return 1;
 		}
 		looked = now;
 		if (now - start >= limit)
 			return 0;
-		if (now < spin_until)
-			sched_yield();
-		else
+		if (now >= spin_until) {
 			sleep_ns(pause);
-		if (!k)
-			pause = pause * 2 < POLL_MAX_NS ? pause * 2 : POLL_MAX_NS;
+			if (!k)
+				pause = pause * 2 < POLL_MAX_NS ? pause * 2 : POLL_MAX_NS;
+		}
 	}
 }
 
-/* One more measure of a launch's time. Longer ones count less: a launch that
- * waited behind other work (another slice's window) would otherwise make the
- * kernel time too long to be corrected (a queue thought too slow is drained
- * before every launch, and never fills up again to measure). */
+/* One more measure of a launch's time. Longer ones count less, and one
+ * more than twice the estimate counts as twice: a launch that waited behind
+ * other work (another slice's window), or a thread the host did not run for
+ * a while, would otherwise make the kernel time too long to be corrected (a
+ * queue thought too slow is drained before every launch, and never fills up
+ * again to measure; a thread that thinks its 10 us kernels take a
+ * millisecond sleeps through them). */
 static void note_kernel(struct queue *q, uint64_t ns)
 {
 	uint64_t k = q->kernel_ns;
+	if (k && ns > 2 * k)
+		ns = 2 * k;
 	q->kernel_ns = !k ? ns : ns < k ? (k + ns) / 2 : (7 * k + ns) / 8;
 }
 
 /* The oldest launch was seen to end now, having ended at END. MEASURE: it
- * was awaited with a full queue, so the time since the last end seen is
- * the GPU's. */
+ * was awaited with a full queue, so the time from the last end to this one
+ * is the GPU's, shared by the launches that ended in it (found done at
+ * later launches, q->ended) and this one: counted as one, very short
+ * kernels seemed several times longer than they are. From the ends as far
+ * as the thread can tell, never from when it looked: a thread that slept
+ * past an end would measure its own sleep, and sleep longer the next time. */
 static void note_end(struct queue *q, int measure, uint64_t end)
 {
 	uint64_t now = hami_monotonic_ns();
-	if (measure && q->done_ns)
-		note_kernel(q, now - q->done_ns);
+	if (measure && q->done_ns && q->end_ns && end > q->end_ns)
+		note_kernel(q, (end - q->end_ns) / (uint64_t)(q->ended + 1));
 	else if (q->lone_ns && q->count == 1 && end > q->lone_ns)
 		note_kernel(q, end - q->lone_ns); /* the only launch, made on an empty queue */
 	q->lone_ns = 0;

@@ -116,7 +116,9 @@
  *                               ctxcreate (cuCtxSetCurrent before each; the busy kernel loaded
  *                               once in each); CTX_B stays current
  *   burn launch|launchex|coop|graph NS SECONDS [SYNC_EVERY [HOST_NS]]
- *                               launch NS kernels for SECONDS of wall time (graph: a graph of 8),
+ *                               launch NS kernels for SECONDS of wall time (graph: a graph of 8;
+ *                               NS may be a cycle of up to 8 durations, "20000,5000,5000", one
+ *                               per launch in turn, as a framework's layer of unequal kernels),
  *                               cuCtxSynchronize every SYNC_EVERY launches (default 64, 0 never)
  *                               and once at the end; HOST_NS of host work (a busy loop) after
  *                               each launch, as a framework's own per-launch cost; reports the
@@ -3170,10 +3172,33 @@ static CUresult burn_graph(struct result *r, unsigned long long *ns, CUgraph *g,
  * to drain (cuCtxSynchronize). The share is the GPU time launched over the
  * wall time until the last kernel ended.
  */
+/* NS of burn: one duration, or a cycle of up to BURN_CYCLE comma-separated
+ * ones; their count, or 0 when malformed. */
+#define BURN_CYCLE 8
+static size_t parse_cycle(const char *s, unsigned long long *ns)
+{
+	char buf[256];
+	size_t n = 0;
+	if (!s || strlen(s) >= sizeof(buf))
+		return 0;
+	strcpy(buf, s);
+	for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
+		if (n == BURN_CYCLE || !parse_u64(tok, &ns[n++]))
+			return 0;
+	return n;
+}
+
 static int cmd_burn(struct stream *s, struct result *r)
 {
 	ARG(kind_s, "launch|launchex|coop|graph");
-	U64_ARG(ns, "NS");
+	ARG(ns_s, "NS");
+	unsigned long long cycle[BURN_CYCLE];
+	size_t ncycle = parse_cycle(ns_s, cycle);
+	if (!ncycle) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad NS: \"%s\" (ns, or up to 8 of them: 20000,5000,5000)", ns_s);
+		return -1;
+	}
+	unsigned long long ns = cycle[0];
 	ARG(secs_s, "SECONDS");
 	double secs;
 	if (!parse_seconds(secs_s, &secs)) {
@@ -3205,8 +3230,13 @@ static int cmd_burn(struct stream *s, struct result *r)
 	}
 	enum launch_kind kind = launch_kinds[k].kind;
 	unsigned long long per = kind == L_GRAPH ? BURN_GRAPH_KERNELS : 1;
+	if (kind == L_GRAPH && ncycle > 1) {
+		usage_error(r->op, "CUDRIVE_USAGE", "a graph burns one kernel duration, not \"%s\"", ns_s);
+		return -1;
+	}
 	res_str(r, "kind", kind_s);
 	res_u64(r, "ns", ns);
+	res_u64(r, "cycle", ncycle);
 	res_raw(r, ",\"seconds\":%.3f", secs);
 	res_u64(r, "sync_every", sync_every);
 	res_u64(r, "host_ns", host_ns);
@@ -3222,16 +3252,19 @@ static int cmd_burn(struct stream *s, struct result *r)
 	CUgraphExec x = NULL;
 	if (kind == L_GRAPH && (r->rc = burn_graph(r, &ns, &g, &x)) != 0)
 		return 0;
-	unsigned long long launches = 0;
+	unsigned long long launches = 0, gpu_ns = 0;
 	uint64_t t0 = now_ns(), limit = (uint64_t)(secs * 1e9);
 	CUresult rc = CUDA_SUCCESS;
 	while (now_ns() - t0 < limit) {
-		if (kind == L_GRAPH)
+		if (kind == L_GRAPH) {
 			rc = ((fn_graph_launch)fn)(x, cap.s);
-		else
+		} else {
+			ns = cycle[launches % ncycle];
 			rc = launch_busy(kind, fn, &ns, NULL);
+		}
 		if (rc)
 			break;
+		gpu_ns += per * ns;
 		launches++;
 		for (uint64_t host_end = now_ns() + host_ns; host_ns && now_ns() < host_end;)
 			; /* the host's own work between launches */
@@ -3254,7 +3287,6 @@ static int cmd_burn(struct stream *s, struct result *r)
 		if (gd)
 			gd(g);
 	}
-	unsigned long long gpu_ns = launches * per * ns;
 	r->rc = rc;
 	res_u64(r, "launches", launches);
 	res_u64(r, "kernels", launches * per);

@@ -310,10 +310,37 @@ def test_burn_alone_gets_the_whole_gpu(cudrive, gpu, kind, per):
     assert busy_ns(gpu, p.pid) == rec["gpu_ns"]
 
 
+def test_burn_cycles_through_kernel_durations(cudrive, gpu):
+    # A framework's layer: one long kernel, then two short ones, in turn.
+    p = started(cudrive, gpu)
+    rec = p.ok("burn launch 300000,100000,100000 0.3 16")
+    assert rec["cycle"] == 3 and rec["ns"] == 300000, rec
+    launches = rec["launches"]
+    whole, rest = divmod(launches, 3)
+    assert rec["gpu_ns"] == whole * 500000 + [0, 300000, 400000][rest], rec
+    assert busy_ns(gpu, p.pid) == rec["gpu_ns"]
+
+
+def test_a_launch_takes_its_threads_cpu_time_when_told(cudrive, gpu):
+    # HAMI_SIM_LAUNCH_NS: each launch costs the caller that long, as a real
+    # driver's does (about 4 us on an H100), so short kernels are paced by
+    # their launches and the GPU idles between them.
+    p = cudrive.start(gpu.env(HAMI_SIM_LAUNCH_NS="1000000"))
+    p.ok("init")
+    p.ok("ctx 0")
+    rec = p.ok("burn launch 100000 0.5 0")
+    assert 0.5e9 <= rec["elapsed_ns"] and rec["launches"] <= 0.5e9 / 1e6 + 1, rec
+    assert rec["share"] <= 0.15, rec  # 100 us of GPU work per 1 ms launch
+    res = cudrive.run("init", gpu.env(HAMI_SIM_LAUNCH_NS="4us"))
+    assert res.one("init")["rc"] != CUDA_SUCCESS
+    assert any("HAMI_SIM_LAUNCH_NS" in line for line in res.stderr.splitlines()), res.stderr
+
+
 def test_burn_usage_errors(cudrive, gpu):
     res = cudrive.run("stdin", gpu.env(), input="init ctx 0\nburn bogus 1 1\nburn launch 1000 x\n"
-                      "burn launch 1000 -1\nburn launch 1000 0.01 y\nlaunch x\nlaunch 1000 2 echo ok\n")
-    assert [r.get("err") for r in res.ops("burn")] == ["CUDRIVE_USAGE"] * 4
+                      "burn launch 1000 -1\nburn launch 1000 0.01 y\nburn launch 1,2,3,4,5,6,7,8,9 1\n"
+                      "burn launch 1000,,x 1\nburn graph 1000,2000 1\nlaunch x\nlaunch 1000 2 echo ok\n")
+    assert [r.get("err") for r in res.ops("burn")] == ["CUDRIVE_USAGE"] * 7
     launches = res.ops("launch")
     assert launches[0]["err"] == "CUDRIVE_USAGE" and launches[1]["count"] == 2
     assert res.one("echo")["text"] == "ok"
