@@ -49,6 +49,11 @@ OKS_KEPT = 4096  # waits whose OKs are remembered; older than OKS_FORGET_S are f
 OKS_FORGET_S = 600.0
 ASKS_AGAIN_S = 2.0  # a wait answered NO asks again within a second: its kernel is not idle meanwhile
 ADMIT_LOOK_S = 0.25  # a look this fresh serves a request's admission (no look per connection)
+# A kernel whose park failed is not tried again for any request for this long:
+# on an H100 every checkpoint failed once the GPU was full, and waiting requests,
+# each asking again every second, had the agent retry the same failing parks
+# 4,154 times in three minutes.
+FAILED_PARK_RETRY_S = 30.0
 
 log = logging.getLogger("hami_jupyter.broker")
 
@@ -77,6 +82,7 @@ class Rooms:
         self._oks = {}  # (pid, since, uuid) -> [OKs answered to that wait, monotonic time of the last]
         self._heard = {}  # (pid, since) -> Unix time the agent first heard of that wait
         self._answered = {}  # pid -> (uuid, monotonic time it was last answered NO)
+        self._failed_parks = {}  # (uuid, kernel key) -> monotonic time its park last failed
 
     def gpu_lock(self, uuid):
         """The lock held while kernels are chosen and parked on GPU *uuid*."""
@@ -223,11 +229,13 @@ class Rooms:
                              self.actor.acting(), self.node.driver_state)
             eligible, skipped = judge(kernels, requester, self.min_idle, now)
             eligible = [k for k in eligible if _key(k) not in failed]
+            lately = [k for k in eligible if self.failed_lately(request.uuid, k)]
+            eligible = [k for k in eligible if k not in lately]
             need = wanted - free
             chosen = plan(eligible, need)
             if not chosen:
                 return self._no(request, _nothing_to_park(need, free, wanted, request.uuid, eligible, skipped,
-                                                          failed, parked), "nothing-to-park")
+                                                          failed, parked, lately), "nothing-to-park")
             kernel = chosen[0]
             if not self.park(request, kernel, now, failed):
                 continue
@@ -244,11 +252,21 @@ class Rooms:
                                                             "requester": requester.record()})
         except ParkError as e:
             failed.add(_key(kernel))
+            with self._lock:
+                self._failed_parks[(requester.uuid, _key(kernel))] = time.monotonic()
             self.records.park_failed(requester, kernel, e)
             return False
         self.records.park(requester, kernel, result, kernel.idle_s(now))
         self.changed.set()
         return True
+
+    def failed_lately(self, uuid, kernel):
+        """Whether *kernel*'s park on GPU *uuid* failed less than
+        :data:`FAILED_PARK_RETRY_S` ago (it is not tried again before)."""
+        now = time.monotonic()
+        with self._lock:
+            self._failed_parks = {k: t for k, t in self._failed_parks.items() if now - t < FAILED_PARK_RETRY_S}
+            return (uuid, _key(kernel)) in self._failed_parks
 
     def await_freed(self, uuid, before):
         """After a park: until NVML shows the memory free (or :data:`FREED_WAIT_S`),
@@ -288,9 +306,12 @@ def _expired(request):
             "ask again (the wait keeps its place)")
 
 
-def _nothing_to_park(need, free, wanted, uuid, eligible, skipped, failed, parked):
+def _nothing_to_park(need, free, wanted, uuid, eligible, skipped, failed, parked, lately=()):
     """Why no more room can be made, in one line."""
     note = f" ({len(failed)} park(s) failed)" if failed else ""
+    if lately:
+        note += (f" ({len(lately)} whose park failed in the last {FAILED_PARK_RETRY_S:.0f} s not tried "
+                 "again yet)")
     if parked:
         note += f"; {len(parked)} kernel(s) were parked for it already"
     return (f"GPU {uuid} has {format_size(free)} free, {format_size(need)} short of the "

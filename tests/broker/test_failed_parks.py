@@ -52,3 +52,25 @@ def test_no_park_leaves_less_host_memory_than_the_reserve(slices, holder, client
     [refused] = audit_of(root, "broker-refused")
     assert refused["requester"]["pid"] == asker.pid and "2 park(s) failed" in refused["why"]
     assert audit.verify(audit.default_path(root)) == ([], [])
+
+
+def test_a_park_that_failed_is_not_tried_again_at_every_ask(slices, holder, client, start_broker, socket_path,
+                                                            gpu, root, tmp_path):
+    """On an H100 every checkpoint failed once the GPU was full, and the
+    waiting sessions' re-asks (each every second) had the agent try the same
+    failing parks thousands of times. A kernel whose park failed waits half a
+    minute before it is tried again; the NO says so."""
+    uuid = gpu.uuid(0)
+    slices.make("carol")
+    slices.make("alice", "12g")
+    asker = client(slices.env("carol", kernel="k-carol"))
+    stuck = holder(slices.env("alice", kernel="k-alice"), "11g", age_s=2 * HOUR)
+    start_broker(env=broker_env(gpu, HAMI_NATIVE_DIR=failing_park_tool(tmp_path, stuck.pid)))
+    answers = []
+    for i in range(5):  # a waiting cell asks again every second
+        asker.ask(f"w{i}", socket_path, uuid, 6 * GiB)
+        answers.append(asker.final(f"w{i}")[1])
+    assert all(a.startswith("NO ") for a in answers), answers
+    assert "not tried again yet" in answers[-1], answers[-1]
+    assert len(audit_of(root, "broker-park-failed")) == 1
+    assert running(stuck.slice, stuck.pid)
