@@ -78,10 +78,6 @@ class ForHeadroom:
                 "free_bytes": self.free}
 
 
-def _key(kernel):
-    return (kernel.slice, kernel.kernel_id, kernel.pids)
-
-
 def served_gpus(slices):
     """The UUIDs of the GPUs the slices in *slices* (a SliceSet) have met."""
     return sorted({d.uuid for seen in slices.readable.values() for d in seen.snapshot.devices if d.uuid})
@@ -97,7 +93,6 @@ class Keeper:
         self._state = {}  # uuid -> the report's entry
         self._state_lock = threading.Lock()
         self._short = set()  # GPUs whose "cannot be kept" was logged
-        self._failed = {}  # (uuid, kernel key) -> monotonic time its park failed
 
     # ---- the report ---------------------------------------------------------------
 
@@ -192,16 +187,15 @@ class Keeper:
         if uuid not in look.reading.gpus:
             self._cannot(uuid, free, f"the agent cannot read the GPU's processes: {'; '.join(look.errors)}")
             return False
-        now, clock = time.time(), time.monotonic()
+        now = time.time()
         kernels = gather(look, uuid, rooms.node.activity, now, acting=rooms.actor.acting(),
                          driver=rooms.node.driver_state)
         if any(k.state == "parking" for k in kernels):
             self._say(uuid, False, free, "a park is under way on this GPU: measured again when it is done")
             return False
-        self._failed = {k: t for k, t in self._failed.items() if clock - t < FAILED_RETRY_S}
         eligible, skipped = judge(kernels, NOBODY, rooms.min_idle, now)
-        failed = [k for k in eligible if (uuid, _key(k)) in self._failed]
-        eligible = [k for k in eligible if (uuid, _key(k)) not in self._failed]
+        failed = [k for k in eligible if rooms.failed_lately(uuid, k, FAILED_RETRY_S)]
+        eligible = [k for k in eligible if k not in failed]
         need = self.headroom - free
         chosen = plan(eligible, need)
         if not chosen:
@@ -209,11 +203,8 @@ class Keeper:
             return False
         kernel = chosen[0]
         self._say(uuid, False, free, f"parking {kernel.label} of slice {kernel.slice} for the headroom")
-        tried = set()
-        if rooms.park(ForHeadroom(uuid, self.headroom, free), kernel, now, tried):
+        if rooms.park(ForHeadroom(uuid, self.headroom, free), kernel, now, set()):  # a failure is remembered there
             rooms.await_freed(uuid, free)
-        else:
-            self._failed[(uuid, _key(kernel))] = time.monotonic()
         return True
 
 

@@ -54,6 +54,7 @@ ADMIT_LOOK_S = 0.25  # a look this fresh serves a request's admission (no look p
 # each asking again every second, had the agent retry the same failing parks
 # 4,154 times in three minutes.
 FAILED_PARK_RETRY_S = 30.0
+FAILED_PARK_FORGET_S = 600.0  # a failure is remembered this long (the headroom waits longer, 300 s)
 
 log = logging.getLogger("hami_jupyter.broker")
 
@@ -266,13 +267,14 @@ class Rooms:
         self.changed.set()
         return True
 
-    def failed_lately(self, uuid, kernel):
-        """Whether *kernel*'s park on GPU *uuid* failed less than
-        :data:`FAILED_PARK_RETRY_S` ago (it is not tried again before)."""
+    def failed_lately(self, uuid, kernel, within=FAILED_PARK_RETRY_S):
+        """Whether *kernel*'s park on GPU *uuid* (for a request or the headroom)
+        failed less than *within* seconds ago: it is not tried again before."""
         now = time.monotonic()
         with self._lock:
-            self._failed_parks = {k: t for k, t in self._failed_parks.items() if now - t < FAILED_PARK_RETRY_S}
-            return (uuid, _key(kernel)) in self._failed_parks
+            self._failed_parks = {k: t for k, t in self._failed_parks.items() if now - t < FAILED_PARK_FORGET_S}
+            failed = self._failed_parks.get((uuid, _key(kernel)))
+        return failed is not None and now - failed < within
 
     def await_freed(self, uuid, before):
         """After a park: until NVML shows the memory free (or :data:`FREED_WAIT_S`),

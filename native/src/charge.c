@@ -23,16 +23,6 @@ static int oom_report_due(void)
 	return hami_report_due(&last_oom_report, OOM_REPORT_INTERVAL_NS);
 }
 
-/* "GPU 0", by the index the program uses (hami_gpu_name). */
-static void gpu_of(int sdev, char *out, size_t cap)
-{
-	struct hami_slice_file *f = hami_slice();
-	char uuid[HAMI_SLICE_UUID_LEN] = "";
-	if (f && sdev >= 0)
-		snprintf(uuid, sizeof(uuid), "%.*s", HAMI_SLICE_UUID_LEN - 1, f->device[sdev].uuid);
-	hami_gpu_name(sdev, uuid, out, cap);
-}
-
 /* What a person can do about it, the same words in every out-of-memory line. */
 #define OOM_WHAT_TO_DO "To go on: free tensors you no longer need (del, then %%hami release in a notebook " \
 		       "gives the framework's cached memory back), or ask for a bigger size."
@@ -66,7 +56,7 @@ static void report_oom(int sdev, uint64_t want, uint64_t used, uint64_t limit, c
 	if (!what || !oom_report_due())
 		return;
 	char gpu[HAMI_SLICE_UUID_LEN + 8], a[32], b[32], c[32], note[192];
-	gpu_of(sdev, gpu, sizeof(gpu));
+	hami_gpu_name(sdev, gpu, sizeof(gpu));
 	cap_note(used, limit, note, sizeof(note));
 	/* People read this: sizes in units only; the contexts' share explains why less
 	 * than the cap fits as data. */
@@ -82,7 +72,7 @@ static void report_overflow(int sdev, uint64_t want, const char *what)
 	if (!what || !oom_report_due())
 		return;
 	char gpu[HAMI_SLICE_UUID_LEN + 8];
-	gpu_of(sdev, gpu, sizeof(gpu));
+	hami_gpu_name(sdev, gpu, sizeof(gpu));
 	hami_log(HAMI_LOG_ERROR, "out of memory on %s: %s asked for %llu bytes, more than any GPU holds "
 		 "(slice \"%s\")", gpu, what, (unsigned long long)want, hami_slice_name());
 }
@@ -93,7 +83,7 @@ static void report_process_oom(int sdev, uint64_t want, uint64_t held, const cha
 	if (!what || !oom_report_due())
 		return;
 	char gpu[HAMI_SLICE_UUID_LEN + 8], a[32], b[32], c[32];
-	gpu_of(sdev, gpu, sizeof(gpu));
+	hami_gpu_name(sdev, gpu, sizeof(gpu));
 	hami_log(HAMI_LOG_ERROR,
 		 "out of memory on %s: %s asked for %s; this process has %s of its own %s cap in use "
 		 "(HAMI_PROCESS_MEMORY_LIMIT, from its kernelspec, inside slice \"%s\"'s cap). " OOM_WHAT_TO_DO,

@@ -178,7 +178,7 @@ static int busy_pause(struct busy_wait *b, int sdev)
 	if (!b->told) {
 		char gpu[HAMI_SLICE_UUID_LEN + 8];
 		b->told = 1;
-		hami_gpu_name(sdev, "", gpu, sizeof(gpu));
+		hami_gpu_name(sdev, gpu, sizeof(gpu));
 		hami_log(HAMI_LOG_WARN, "%s is busy (another process's GPU state is being moved to or from host "
 			 "memory): waiting to make this process's CUDA context", gpu);
 	}

@@ -16,8 +16,6 @@
  * limit leaves. When the limit leaves nothing, or the broker made all of it
  * free and the driver still refuses, the error goes to the program.
  */
-#include <stdio.h>
-
 #include "hami.h"
 
 #define FIRST_ASK (256ull << 20) /* the driver's own needs: code, local memory, pools */
@@ -25,22 +23,12 @@
 
 static uint64_t last_report;
 
-/* "GPU 0", as the program numbers it. */
-static void gpu_of(int sdev, char *out, size_t cap)
-{
-	struct hami_slice_file *f = hami_slice();
-	char uuid[HAMI_SLICE_UUID_LEN] = "";
-	if (f)
-		snprintf(uuid, sizeof(uuid), "%.*s", HAMI_SLICE_UUID_LEN - 1, f->device[sdev].uuid);
-	hami_gpu_name(sdev, uuid, out, cap);
-}
-
 static void report_no_room(int sdev, const char *what, uint64_t used, uint64_t limit)
 {
 	if (!hami_report_due(&last_report, REPORT_INTERVAL_NS))
 		return;
 	char gpu[HAMI_SLICE_UUID_LEN + 8], a[32], b[32];
-	gpu_of(sdev, gpu, sizeof(gpu));
+	hami_gpu_name(sdev, gpu, sizeof(gpu));
 	hami_log(HAMI_LOG_ERROR, "out of memory on %s: no room in the slice for what the driver needs for "
 		 "%s; slice \"%s\" has %s of its %s cap in use (CUDA contexts included). To go on: free "
 		 "tensors you no longer need (del, then %%hami release in a notebook), or ask for a bigger size.",
@@ -52,7 +40,7 @@ static void report_still_refused(int sdev, const char *what, uint64_t made)
 	if (!hami_report_due(&last_report, REPORT_INTERVAL_NS))
 		return;
 	char gpu[HAMI_SLICE_UUID_LEN + 8], a[32];
-	gpu_of(sdev, gpu, sizeof(gpu));
+	hami_gpu_name(sdev, gpu, sizeof(gpu));
 	hami_log(HAMI_LOG_ERROR, "out of memory on %s: the driver still refused %s after the memory broker "
 		 "made %s free (all that the slice's cap leaves)", gpu, what, hami_human(made, a));
 }

@@ -116,7 +116,7 @@ int hami_setup(void); /* CUDA_SUCCESS, an error to return, or -1: driver not ini
 int hami_ordinal_device(int ordinal);   /* slice device index, -1 if none */
 int hami_current_device(int *ordinal); /* slice device index of the current context, -1 if none */
 int hami_ordinal_count(void);
-void hami_gpu_name(int sdev, const char *uuid, char *out, size_t cap); /* "GPU 0" */
+void hami_gpu_name(int sdev, char *out, size_t cap); /* "GPU 0", else "GPU <uuid>" */
 
 /* slice.c: the mapped slice file */
 struct hami_device_info {

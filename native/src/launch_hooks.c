@@ -31,9 +31,9 @@ struct launch_config_head {
 #define LAUNCH_NEEDS "a kernel launch (its code, loaded at its first launch, or its local memory)"
 
 /* The launch was refused for memory: whether to make it again (room was made). */
-static int launch_again(CUresult rc, struct hami_driver_room *d)
+static int launch_again(CUresult rc, struct hami_driver_room *d, const char *what)
 {
-	return rc == CUDA_ERROR_OUT_OF_MEMORY && hami_driver_room_wait(d, -1, 0, LAUNCH_NEEDS);
+	return rc == CUDA_ERROR_OUT_OF_MEMORY && hami_driver_room_wait(d, -1, 0, what);
 }
 
 static inline int watching(void)
@@ -53,7 +53,7 @@ static CUresult launch(launch_fn fn, int per_thread, CUfunction f, unsigned int 
 	CUresult rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);
 	if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* did not start: made again once there is room */
 		struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
-		while (launch_again(rc, &d))
+		while (launch_again(rc, &d, LAUNCH_NEEDS))
 			rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);
 		hami_driver_room_end(&d);
 	}
@@ -91,7 +91,7 @@ static CUresult launch_ex(launch_ex_fn fn, int per_thread, const void *config, C
 	CUresult rc = fn(config, f, params, extra);
 	if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* did not start: made again once there is room */
 		struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
-		while (launch_again(rc, &d))
+		while (launch_again(rc, &d, LAUNCH_NEEDS))
 			rc = fn(config, f, params, extra);
 		hami_driver_room_end(&d);
 	}
@@ -124,7 +124,7 @@ static CUresult cooperative(cooperative_fn fn, int per_thread, CUfunction f, uns
 	CUresult rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params);
 	if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* did not start: made again once there is room */
 		struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
-		while (launch_again(rc, &d))
+		while (launch_again(rc, &d, LAUNCH_NEEDS))
 			rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params);
 		hami_driver_room_end(&d);
 	}
@@ -164,11 +164,13 @@ static CUresult graph(graph_fn fn, int per_thread, CUgraphExec exec, CUstream st
 	int watch = watching();
 	if (watch)
 		hami_sm_before_launch(stream, per_thread);
-	struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
 	CUresult rc = fn(exec, stream);
-	while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_driver_room_wait(&d, -1, 0, "a CUDA graph's launch"))
-		rc = fn(exec, stream);
-	hami_driver_room_end(&d);
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* did not start: made again once there is room */
+		struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
+		while (launch_again(rc, &d, "a CUDA graph's launch"))
+			rc = fn(exec, stream);
+		hami_driver_room_end(&d);
+	}
 	if (watch)
 		hami_sm_after_launch(rc);
 	hami_graph_release(&h, rc);

@@ -201,7 +201,7 @@ int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *wh
 		return 0;
 	char uuid[HAMI_SLICE_UUID_LEN], gpu[HAMI_SLICE_UUID_LEN + 8];
 	snprintf(uuid, sizeof(uuid), "%.*s", HAMI_SLICE_UUID_LEN - 1, f->device[sdev].uuid);
-	hami_gpu_name(sdev, uuid, gpu, sizeof(gpu));
+	hami_gpu_name(sdev, gpu, sizeof(gpu));
 	if (!w->since_ns) {
 		w->since_ns = hami_now_ns();
 		w->entry = table_add(sdev, bytes, w->since_ns);

@@ -173,15 +173,20 @@ int hami_ordinal_device(int ordinal)
 }
 
 /* "GPU 1" by the CUDA ordinal the program knows (what torch.device("cuda:1")
- * names), else by UUID: the index people read, after CUDA_VISIBLE_DEVICES. */
-void hami_gpu_name(int sdev, const char *uuid, char *out, size_t cap)
+ * names), else by the slice's UUID of it: the index people read, after
+ * CUDA_VISIBLE_DEVICES. */
+void hami_gpu_name(int sdev, char *out, size_t cap)
 {
 	for (int o = 0; o < ordinal_count; o++)
 		if (ordinal_device[o] == sdev) {
 			snprintf(out, cap, "GPU %d", o);
 			return;
 		}
-	snprintf(out, cap, "GPU %s", uuid && uuid[0] ? uuid : "?");
+	struct hami_slice_file *f = hami_slice();
+	if (f && sdev >= 0 && sdev < HAMI_SLICE_MAX_DEVICES && f->device[sdev].uuid[0])
+		snprintf(out, cap, "GPU %.*s", HAMI_SLICE_UUID_LEN - 1, f->device[sdev].uuid);
+	else
+		snprintf(out, cap, "GPU ?");
 }
 
 int hami_current_device(int *ordinal)
