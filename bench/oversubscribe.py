@@ -223,17 +223,6 @@ def waits_by_call(sessions):
     return counts
 
 
-def meminfo_available():
-    """The host's MemAvailable in bytes (0 if unknown)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def resident(pid):
     """A process's resident memory in bytes (0 once it is gone)."""
     try:
@@ -326,6 +315,7 @@ def main():
     if os.geteuid() != 0:
         raise SystemExit("run it as root: the broker parks other processes")
     lo, hi = (float(x) for x in args.idle.split(","))
+    from hami_jupyter.slice.parking import host_available  # MemAvailable, as the agent's park check reads it
     from hami_jupyter.slice.size import format_size, parse_size
 
     headroom = args.headroom if args.headroom is not None else f"{args.gib:g}g"
@@ -371,7 +361,7 @@ def main():
         while not stop.is_set():
             parked, waiting = parked_state(paths)
             samples.append((time.time(), pynvml.nvmlDeviceGetMemoryInfo(gpu).used, sum(parked.values()), waiting,
-                            meminfo_available(), sum(resident(s.proc.pid) for s in list(sessions))))
+                            host_available(), sum(resident(s.proc.pid) for s in list(sessions))))
             stop.wait(0.5)
 
     sampler = threading.Thread(target=sample, daemon=True)
