@@ -26,9 +26,6 @@ HOUR = 3600
 ROOM = {"HAMI_ROOM_WAIT": 60}
 
 
-def hami_lines(proc):
-    return [line for line in proc.stderr().splitlines() if line.startswith("hami:")]
-
 
 def full_gpu(slices, holder, cudrive, gpu, socket_path, **carol_env):
     """alice's idle kernel holds 10 GiB; carol's process fills the rest of the
@@ -55,8 +52,8 @@ def test_a_kernels_first_launch_on_a_full_gpu_waits_for_room_and_runs(slices, ho
     assert parked(alice.slice, alice.pid)
     [park] = audit_of(root, "broker-park")
     assert park["kernel"] == "k-alice" and park["requester"]["pid"] == carol.pid
-    waited = [line for line in hami_lines(carol) if "waiting up to 60 s" in line]
-    assert len(waited) == 1 and "a kernel launch" in waited[0], hami_lines(carol)
+    waited = [line for line in carol.hami_lines() if "waiting up to 60 s" in line]
+    assert len(waited) == 1 and "a kernel launch" in waited[0], carol.hami_lines()
 
 
 def test_a_launch_that_needs_more_local_memory_than_one_ask_waits_until_it_fits(slices, holder, cudrive,
@@ -88,7 +85,7 @@ def test_a_first_context_of_unknown_cost_waits_for_room(slices, holder, cudrive,
     made = carol.cmd("ctx 0", timeout=60)
     assert made["rc"] == 0, f"{made}\n{carol.stderr()[-3000:]}"
     assert parked(alice.slice, alice.pid)
-    assert any("a CUDA context" in line and "waiting up to 60 s" in line for line in hami_lines(carol))
+    assert any("a CUDA context" in line and "waiting up to 60 s" in line for line in carol.hami_lines())
 
 
 def test_a_slice_at_its_cap_gets_no_wait_for_the_drivers_memory(slices, holder, cudrive, start_broker,
@@ -114,8 +111,8 @@ def test_a_slice_at_its_cap_gets_no_wait_for_the_drivers_memory(slices, holder, 
     assert launched["rc"] == CUDA_ERROR_OUT_OF_MEMORY
     assert time.monotonic() - started < 10  # no wait for room (HAMI_ROOM_WAIT is 60)
     assert running(alice.slice, alice.pid)
-    said = [line for line in hami_lines(carol) if "no room in the slice for what the driver needs" in line]
-    assert len(said) == 1 and "a kernel launch" in said[0] and "cap in use" in said[0], hami_lines(carol)
+    said = [line for line in carol.hami_lines() if "no room in the slice for what the driver needs" in line]
+    assert len(said) == 1 and "a kernel launch" in said[0] and "cap in use" in said[0], carol.hami_lines()
 
 
 WAITER = textwrap.dedent("""
@@ -204,4 +201,4 @@ def test_a_set_up_storm_waits_its_turn_and_nobody_fails(slices, cudrive, start_b
     parks = audit_of(root, "broker-park")
     assert len(parks) >= 1  # 6 x (2.5 GiB + 512 MiB + a context) do not fit together
     for it in sessions:
-        assert not any("out of memory" in line for line in hami_lines(it)), hami_lines(it)
+        assert not any("out of memory" in line for line in it.hami_lines()), it.hami_lines()

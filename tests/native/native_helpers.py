@@ -397,6 +397,10 @@ class Interactive:
             self._stderr.flush()
         return Path(self.stderr_path).read_text(errors="replace")
 
+    def hami_lines(self):
+        """What the library said on stderr so far (its lines begin "hami:")."""
+        return [line for line in self.stderr().splitlines() if line.startswith("hami:")]
+
     def send(self, line):
         try:
             self.proc.stdin.write(line.encode() + b"\n")

@@ -184,9 +184,6 @@ def slot(s, pid):
     return found
 
 
-def hami_lines(p):
-    return [line for line in p.stderr().splitlines() if line.startswith("hami:")]
-
 
 def park(hami_build, s, pid, reason="room"):
     env = {k: v for k, v in s.env.items() if k != "LD_PRELOAD"}
@@ -210,7 +207,7 @@ def test_without_a_broker_an_allocation_fails_at_once_saying_so(broker, cudrive,
     p = waiter(cudrive, s)
     rec = p.cmd("alloc 1g x", timeout=WAIT_S)
     assert rec["rc"] == CUDA_ERROR_OUT_OF_MEMORY
-    [line] = hami_lines(p)
+    [line] = p.hami_lines()
     assert NO_BROKER in line and "GPU 0" in line, line
     me = slot(s, p.pid)
     assert me.room_wait_since_unix_ns == 0
@@ -224,7 +221,7 @@ def test_room_wait_0_never_asks(cudrive, gpu, room_env, brokers):
     hog(cudrive, gpu, "3g")
     p = waiter(cudrive, s)
     assert p.cmd("alloc 1g x", timeout=WAIT_S)["rc"] == CUDA_ERROR_OUT_OF_MEMORY
-    assert b.requests == [] and hami_lines(p) == []  # today's behaviour, word for word
+    assert b.requests == [] and p.hami_lines() == []  # today's behaviour, word for word
 
 
 def test_past_the_slices_own_limit_the_broker_is_never_asked(cudrive, gpu, room_env, brokers):
@@ -234,7 +231,7 @@ def test_past_the_slices_own_limit_the_broker_is_never_asked(cudrive, gpu, room_
     p = waiter(cudrive, s)
     assert p.cmd("alloc 3g x", timeout=WAIT_S)["rc"] == CUDA_ERROR_OUT_OF_MEMORY
     assert b.requests == []
-    [line] = hami_lines(p)
+    [line] = p.hami_lines()
     assert "cap in use" in line and "broker" not in line, line
 
 
@@ -270,7 +267,7 @@ def test_a_broker_that_parks_a_victim_makes_the_allocation_go_through(cudrive, g
     assert req.since > 0
     assert slot(s, p.pid).room_wait_since_unix_ns == 0  # no longer waiting
     assert s.used(0) == SIM_CONTEXT + GiB
-    [line] = hami_lines(p)  # one line, when the wait began
+    [line] = p.hami_lines()  # one line, when the wait began
     assert "has no room for 1.0 GiB now" in line and "waiting up to 120 s" in line, line
     assert slot(victim_slice, victim.pid).park_reason == HAMI_PARK_REASON_ROOM
     p.ok("write x 9")
@@ -328,7 +325,7 @@ def test_a_broker_that_finds_nothing_ends_the_wait_at_the_bound(cudrive, gpu, ro
     assert waited >= 2.0, waited  # it waited out its bound (the broker said no at once)
     assert len(b.requests) >= 2, b.requests  # and asked again meanwhile
     assert len({r.since for r in b.requests}) == 1  # always for the same wait
-    start, again, end = hami_lines(p)  # the re-asks are said once
+    start, again, end = p.hami_lines()  # the re-asks are said once
     assert "waiting up to 2 s" in start, start
     assert ("can make no room yet (every kernel on GPU 0 ran in the last 60 s); asking again every second"
             in again), again
@@ -355,7 +352,7 @@ def test_a_broker_restart_is_asked_again_with_the_same_since(cudrive, gpu, room_
     assert rec["rc"] == CUDA_SUCCESS, (rec, p.stderr())
     assert second.requests and {r.since for r in first.requests + second.requests} == \
         {first.requests[0].since}
-    assert len(hami_lines(p)) == 1  # the wait's one line; no refusal
+    assert len(p.hami_lines()) == 1  # the wait's one line; no refusal
 
 
 def test_a_process_killed_while_waiting_leaves_the_slice_as_it_was(cudrive, gpu, room_env, brokers):
@@ -437,7 +434,7 @@ def test_a_launch_the_driver_refused_for_its_own_memory_waits_and_runs(cudrive, 
     [req] = b.requests
     assert req.bytes == 256 * MiB and req.pid == p.pid  # the library's first ask for the driver's own needs
     assert slot(s, p.pid).room_wait_since_unix_ns == 0
-    _, start = [line for line in hami_lines(p) if "broker" in line]  # the fill's, then the launch's
+    _, start = [line for line in p.hami_lines() if "broker" in line]  # the fill's, then the launch's
     assert "(a kernel launch" in start and "waiting up to" in start, start
 
 
@@ -504,9 +501,9 @@ def test_a_context_refused_while_another_process_is_parked_waits_for_the_park(cu
     assert plain.cmd("ctx 0")["err"] == "CUDA_ERROR_DEVICE_UNAVAILABLE"
     p = waiter(cudrive, room_env(), ctx=False)
     p.send("ctx 0")
-    wait_for(lambda: any("is busy" in line for line in hami_lines(p)), WAIT_S, what="the wait said")
+    wait_for(lambda: any("is busy" in line for line in p.hami_lines()), WAIT_S, what="the wait said")
     parker.ok(f"ckpt unlock {other.pid}")
     rec = p.read(WAIT_S)
     assert rec["rc"] == CUDA_SUCCESS, f"{rec}\n{p.stderr()[-2000:]}"
-    [said] = hami_lines(p)
+    [said] = p.hami_lines()
     assert "GPU 0 is busy (another process's GPU state is being moved to or from host memory)" in said, said
