@@ -314,6 +314,18 @@ def _kernel_body(hub, user, kernel_id):
     return body["kernel"]
 
 
+def _settled_kernel(hub, user, kernel_id, timeout=15):
+    """A kernel's body once a park or resume of it has finished: the parked
+    process's own parking thread moves it from "parking" to "parked" at its
+    next tick, which can come after the agent has answered the requester."""
+    deadline = time.monotonic() + timeout
+    body = _kernel_body(hub, user, kernel_id)
+    while body["park_state"] in ("parking", "resuming") and time.monotonic() < deadline:
+        time.sleep(0.1)
+        body = _kernel_body(hub, user, kernel_id)
+    return body
+
+
 @pytest.mark.slow
 def test_three_users_lend_one_gpu_through_the_memory_broker(admitting_hub, tmp_path):
     from hami_jupyter import audit
@@ -356,7 +368,7 @@ def test_three_users_lend_one_gpu_through_the_memory_broker(admitting_hub, tmp_p
         # the broker could park nobody yet (ada's kernel had just run), once, if it came to that
         assert f"GPU 0 has no room for 7.9 GiB {WAITING}" in said[0], said
         assert len(said) == 1 or (len(said) == 2 and "asking again every second" in said[1]), said
-        ada = _kernel_body(hub, "ada", kernels["ada"])
+        ada = _settled_kernel(hub, "ada", kernels["ada"])
         assert (ada["park_state"], ada["park_reason"]) == ("parked", "room"), ada
         assert _kernel_body(hub, "ben", kernels["ben"])["park_state"] == "running"  # no more than needed
 
@@ -386,7 +398,7 @@ def test_three_users_lend_one_gpu_through_the_memory_broker(admitting_hub, tmp_p
         assert restored.startswith("hami: GPU memory restored: 6.1 GiB in "), back.stdout
         assert digest == digests["ada"], "ada's bytes changed while her kernel was parked"
         ada = _kernel_body(hub, "ada", kernels["ada"])
-        ben = _kernel_body(hub, "ben", kernels["ben"])
+        ben = _settled_kernel(hub, "ben", kernels["ben"])
         assert ada["park_state"] == "running" and (ben["park_state"], ben["park_reason"]) == ("parked", "room")
         assert _kernel_body(hub, "cleo", kernels["cleo"])["park_state"] == "running"
 
