@@ -814,8 +814,9 @@ static void ctx_push(uint64_t h)
  * restored by a parker, the driver refuses new contexts there with
  * CUDA_ERROR_DEVICE_UNAVAILABLE: a PyTorch session on an H100 (driver 580)
  * met "CUDA-capable device(s) is/are busy or unavailable" making its context
- * while the memory broker parked another session. A process parked already
- * (checkpointed, at rest) does not stand in the way.
+ * while the memory broker parked another session, and on an H200 its stream
+ * creation; here new contexts, streams, events and module loads are refused
+ * so. A process parked already (checkpointed, at rest) does not stand in the way.
  */
 static int device_busy(int dev)
 {
@@ -834,9 +835,41 @@ static int device_busy(int dev)
 	return 0;
 }
 
+/*
+ * HAMI_SIM_COMPUTE_MODE (read at each call, as an administrator's nvidia-smi
+ * -c may change it): default, exclusive-process or prohibited. A prohibited
+ * device takes no context; an exclusive-process one none while another live
+ * process has one there: CUDA_ERROR_DEVICE_UNAVAILABLE, as the real driver.
+ */
+static int compute_mode(void)
+{
+	const char *v = getenv("HAMI_SIM_COMPUTE_MODE");
+	if (v && strcmp(v, "exclusive-process") == 0)
+		return CU_COMPUTEMODE_EXCLUSIVE_PROCESS;
+	if (v && strcmp(v, "prohibited") == 0)
+		return CU_COMPUTEMODE_PROHIBITED;
+	return CU_COMPUTEMODE_DEFAULT;
+}
+
+static int mode_refuses(int dev)
+{
+	int mode = compute_mode();
+	if (mode == CU_COMPUTEMODE_PROHIBITED)
+		return 1;
+	if (mode != CU_COMPUTEMODE_EXCLUSIVE_PROCESS)
+		return 0;
+	struct sim_state *st = S();
+	int self = sim_self();
+	for (int i = 0; i < SIM_MAX_PROCS; i++)
+		if (i != self && atomic_load(&st->proc[i].state) == SIM_PROC_LIVE && sim_proc_alive((unsigned)i) &&
+		    atomic_load(&st->proc[i].contexts[dev]))
+			return 1;
+	return 0;
+}
+
 static CUresult ctx_activate(struct obj *o)
 {
-	if (device_busy(o->dev))
+	if (device_busy(o->dev) || mode_refuses(o->dev))
 		return CUDA_ERROR_DEVICE_UNAVAILABLE;
 	uint64_t bytes = S()->hdr.context_bytes;
 	CUresult r = charge(o->dev, bytes);
@@ -1230,6 +1263,7 @@ CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev)
 	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = p + 1; break;
 	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
 	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: *pi = compute_mode(); break;
 	/* features the sim really provides */
 	case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
 	case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
@@ -2410,6 +2444,8 @@ CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 	struct obj *c = cur_ctx(&ch), *o;
 	if (!c) {
 		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (device_busy(c->dev)) {
+		r = CUDA_ERROR_DEVICE_UNAVAILABLE;
 	} else if (!(h = obj_new(K_STREAM, &o))) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	} else {
@@ -2572,6 +2608,8 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image)
 	struct obj *c = cur_ctx(&ch), *o;
 	if (!c) {
 		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (device_busy(c->dev)) {
+		r = CUDA_ERROR_DEVICE_UNAVAILABLE;
 	} else if (!(h = obj_new(K_MODULE, &o))) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	} else {
@@ -3029,6 +3067,8 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 	struct obj *c = cur_ctx(&ch), *o;
 	if (!c) {
 		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (device_busy(c->dev)) {
+		r = CUDA_ERROR_DEVICE_UNAVAILABLE;
 	} else if (!(h = obj_new(K_EVENT, &o))) {
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	} else {

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sim_mem.h"
@@ -385,6 +386,41 @@ out:
 	return r;
 }
 
+/* Whether every device the entry holds memory on has the checkpoint's own
+ * working room free (an H200 refused a checkpoint at 4 MiB free). */
+static int ckpt_room(const struct sim_proc *p)
+{
+	const struct sim_state *st = sim_st();
+	for (unsigned d = 0; d < st->hdr.ndev && d < SIM_MAX_DEVICES; d++) {
+		uint64_t used = atomic_load(&st->dev[d].used);
+		uint64_t free = used < st->dev[d].total ? st->dev[d].total - used : 0;
+		if (atomic_load(&p->used[d]) && free < st->hdr.ckpt_min_free)
+			return 0;
+	}
+	return 1;
+}
+
+/*
+ * HAMI_SIM_CKPT_RATE (read by the checkpointing process at each call, never
+ * stored): bytes per second a checkpoint or a restore moves, "2g" as an H200
+ * parks; unset or 0: at once. While it moves, other processes' calls that the
+ * driver refuses during a move (new contexts, streams, events, module loads)
+ * meet CUDA_ERROR_DEVICE_UNAVAILABLE for as long as a real move lasts.
+ */
+static void move_time(const struct sim_proc *p)
+{
+	const char *v = getenv("HAMI_SIM_CKPT_RATE");
+	uint64_t rate = 0, bytes = 0;
+	if (!v || sim_parse_size(v, &rate) < 0 || !rate)
+		return;
+	for (unsigned d = 0; d < SIM_MAX_DEVICES; d++)
+		bytes += atomic_load(&p->used[d]); /* on the device: before a checkpoint, after a restore's charge */
+	uint64_t ns = (uint64_t)((double)bytes / (double)rate * 1e9);
+	struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
 int sim_ckpt_checkpoint(int pid)
 {
 	struct sim_target t;
@@ -393,13 +429,15 @@ int sim_ckpt_checkpoint(int pid)
 		return r;
 	struct sim_proc *p = &sim_st()->proc[t.entry];
 	if ((r = step(p, SIM_CKPT_LOCKED, SIM_CKPT_CHECKPOINTING)) == SIM_OK) {
-		if (save(t.entry) == 0) {
-			sim_park(t.entry);
-			step(p, SIM_CKPT_CHECKPOINTING, SIM_CKPT_CHECKPOINTED);
+		if (ckpt_room(p)) {
+			move_time(p);
+			r = save(t.entry) == 0 ? SIM_OK : SIM_EIO;
 		} else {
-			r = SIM_EIO;
-			step(p, SIM_CKPT_CHECKPOINTING, SIM_CKPT_LOCKED);
+			r = SIM_ENOMEM; /* nothing moved: the process stays locked, as it was */
 		}
+		if (r == SIM_OK)
+			sim_park(t.entry);
+		step(p, SIM_CKPT_CHECKPOINTING, r == SIM_OK ? SIM_CKPT_CHECKPOINTED : SIM_CKPT_LOCKED);
 	}
 	sim_target_close(&t);
 	return r;
@@ -415,9 +453,12 @@ int sim_ckpt_restore(int pid)
 	if ((r = step(p, SIM_CKPT_CHECKPOINTED, SIM_CKPT_RESTORING)) != SIM_OK)
 		goto out;
 	/* Room first: without it nothing changes. */
-	if ((r = sim_unpark(t.entry)) == SIM_OK && load(t.entry) < 0) {
-		sim_park(t.entry);
-		r = SIM_EIO;
+	if ((r = sim_unpark(t.entry)) == SIM_OK) {
+		move_time(p);
+		if (load(t.entry) < 0) {
+			sim_park(t.entry);
+			r = SIM_EIO;
+		}
 	}
 	step(p, SIM_CKPT_RESTORING, r == SIM_OK ? SIM_CKPT_LOCKED : SIM_CKPT_CHECKPOINTED);
 out:

@@ -179,6 +179,7 @@ int sim_config_from_env(struct sim_config *cfg)
 	cfg->context_bytes = SIM_DEFAULT_CONTEXT_BYTES;
 	cfg->ns_per_wave = SIM_DEFAULT_NS_PER_WAVE;
 	cfg->module_bytes = SIM_DEFAULT_MODULE_BYTES;
+	cfg->ckpt_min_free = SIM_DEFAULT_CKPT_FREE;
 	strcpy(cfg->name, SIM_DEFAULT_NAME);
 
 	if ((v = env("HAMI_SIM_DEVICES"))) {
@@ -221,6 +222,14 @@ int sim_config_from_env(struct sim_config *cfg)
 			cfg->module_bytes = 0;
 		else if (sim_parse_size(v, &cfg->module_bytes) < 0) {
 			bad("HAMI_SIM_MODULE_BYTES", v, "expected 0, bytes or a size like 2m");
+			return SIM_ECONFIG;
+		}
+	}
+	if ((v = env("HAMI_SIM_CKPT_FREE"))) {
+		if (strcmp(v, "0") == 0)
+			cfg->ckpt_min_free = 0;
+		else if (sim_parse_size(v, &cfg->ckpt_min_free) < 0) {
+			bad("HAMI_SIM_CKPT_FREE", v, "expected 0, bytes or a size like 8m");
 			return SIM_ECONFIG;
 		}
 	}
@@ -346,6 +355,7 @@ static int create_state(const char *path, const struct sim_config *cfg, struct s
 	h->context_bytes = cfg->context_bytes;
 	h->ns_per_wave = cfg->ns_per_wave;
 	h->module_bytes = cfg->module_bytes;
+	h->ckpt_min_free = cfg->ckpt_min_free;
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	h->created_unix_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;

@@ -30,8 +30,9 @@
 #include <stdint.h>
 
 #define SIM_MAGIC "HAMISIM1" /* 8 bytes, no terminator */
-#define SIM_VERSION 4u /* 2: NVDEC decoder counts and frame counters; 3: checkpoints;
-                         * 4: graph memory, driver-internal bytes, graphics processes */
+#define SIM_VERSION 5u /* 2: NVDEC decoder counts and frame counters; 3: checkpoints;
+                         * 4: graph memory, driver-internal bytes, graphics processes;
+                         * 5: a checkpoint needs free device memory */
 #define SIM_MAX_DEVICES 16
 #define SIM_MAX_PROCS 128
 #define SIM_UUID_LEN 48 /* "GPU-" + 36 + NUL fits */
@@ -58,6 +59,9 @@
 #define SIM_DEFAULT_CONTEXT_BYTES (64ull << 20)
 #define SIM_DEFAULT_NS_PER_WAVE 10000
 #define SIM_DEFAULT_MODULE_BYTES (2ull << 20)
+/* An H200 (driver 580) failed a checkpoint with out of memory at 4 MiB free, and
+ * made it at 16 MiB: the checkpoint needs some device memory of its own. */
+#define SIM_DEFAULT_CKPT_FREE (8ull << 20)
 
 #define SIM_PROC_FREE 0u
 #define SIM_PROC_LIVE 1u
@@ -86,7 +90,8 @@ struct sim_header {
 	uint64_t ns_per_wave;
 	uint64_t created_unix_ns;
 	uint64_t module_bytes; /* device memory a module's code takes once loaded */
-	uint8_t reserved[56];
+	uint64_t ckpt_min_free; /* a checkpoint fails (out of memory) with less free on a device it frees */
+	uint8_t reserved[48];
 };
 
 struct sim_device {
@@ -143,6 +148,7 @@ struct sim_config {
 	uint64_t context_bytes;
 	uint64_t ns_per_wave;
 	uint64_t module_bytes;
+	uint64_t ckpt_min_free;
 	uint64_t launch_ns; /* this process's, never stored in the state */
 	char name[SIM_NAME_LEN];
 	char uuid[SIM_MAX_DEVICES][SIM_UUID_LEN];
