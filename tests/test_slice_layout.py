@@ -63,6 +63,15 @@ C_FIELDS = {
     ],
     "hami_slice_file": ["header", "limits", "device[]", "slot[]"],
     "hami_limits_file": ["magic[]", "version_major", "version_minor", "file_size", "reserved[]", "limits"],
+    "hami_room_grant": ["ticket", "bytes", "expires_unix_ns", "pid", "reserved"],
+    "hami_ledger_gpu": [
+        "seq", "uuid[]", "reserve_bytes", "granted_bytes", "free_bytes", "looked_unix_ns",
+        "moving_until_unix_ns", "turns", "waiting", "reserved[]", "grant[]",
+    ],
+    "hami_room_ledger": [
+        "magic[]", "version_major", "version_minor", "file_size", "written_unix_ns", "agent_pid",
+        "reserved0", "reserved[]", "gpu[]",
+    ],
 }
 
 PY_STRUCTS = {cls._c_name_: cls for cls in layout.STRUCTS}

@@ -42,12 +42,15 @@ import time
 
 from ..processes import end_process, start_ticks
 from ..slice import parking
+from ..slice.layout import HAMI_PARK_REFUSED_HOST, HAMI_PARK_REFUSED_PARKER, HAMI_PARK_REFUSED_STATE
 from ..slice.size import format_size
 
-# hami-park refusals that come from what a slot says, not from the driver:
+# hami-park's own refusals, from what a slot says, never the driver's codes:
 # "not running on the GPU (park state N)", "another parker is working on it",
 # "host memory too low" (by the slot's charge). The agent's facts say otherwise.
-CLAIM_REFUSALS = {401, 800, 2}
+# (The driver's out of memory, 2, is a checkpoint that found the GPU full: it
+# is tried again once there is room, never held instead.)
+CLAIM_REFUSALS = {HAMI_PARK_REFUSED_STATE, HAMI_PARK_REFUSED_PARKER, HAMI_PARK_REFUSED_HOST}
 
 log = logging.getLogger("hami_jupyter.agent")
 

@@ -8,13 +8,16 @@ met), so that the next resume or allocation of up to *H* finds the room at
 once. The cost: idle kernels are parked sooner, before anyone asked.
 
 :class:`Keeper` looks at each GPU every :data:`CHECK_S` seconds and after
-each request answered. While a GPU's NVML free bytes are below *H*, it parks
-idle kernels there under the very rules a waiting request uses
-(:func:`~.room.kernels.judge` and :func:`~.room.kernels.plan`: the idlest
+each request answered. While a GPU's NVML free bytes (less the room granted
+to requesters in the room ledger) are below *H*, it has the room loop take
+one step toward *H* at a time (:meth:`~.rooms.Rooms.keep_free`), under the
+very rules a waiting request's steps follow (:mod:`.room.plan`: the idlest
 first, none active within ``--min-idle-seconds``, never a slice at or below
-its guarantee, none beyond what brings the free bytes to *H*; when those that
-may be parked cannot bring it to *H*, none is parked, as for a request), one
-at a time, measuring again after each. Requests come first:
+its guarantee, none beyond what brings the free bytes to *H*; when those
+that may be parked cannot bring it to *H*, none is parked, as for a
+request), measuring again after each. Without ``--headroom`` the keeper
+keeps the reserve (``--reserve``, 256 MiB by default): the GPU never fills,
+so that a checkpoint always has the device memory it needs. Requests come first:
 
 - nothing is parked for the headroom on a GPU where a request waits or is
   served, or whose process was answered a moment ago (it asks again in a
@@ -40,10 +43,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 from ..slice.size import format_size
-from .room.kernels import NOBODY, gather, judge, plan, why_none
 
 # A look costs one NVML free-memory read per GPU and one read of the slice
 # files (the guard reads them every 0.5 s); a second is short beside the park
@@ -56,26 +57,6 @@ CHECK_S = 1.0
 FAILED_RETRY_S = 300.0
 
 log = logging.getLogger("hami_jupyter.broker")
-
-
-@dataclass
-class ForHeadroom:
-    """The requester of a headroom park, as :class:`~.records.Records` names
-    requesters: no user, no slice; the GPU, the headroom and its free bytes."""
-
-    uuid: str
-    headroom: int
-    free: int
-    uid: int | None = None  # the audit record takes the agent's own
-
-    def who(self):
-        return (f"the {format_size(self.headroom)} headroom of GPU {self.uuid} "
-                f"({format_size(self.free)} free)")
-
-    def record(self):
-        return {"for": "headroom", "slice": None, "pid": None, "user": None, "kernel": None,
-                "bytes": max(0, self.headroom - self.free), "headroom_bytes": self.headroom,
-                "free_bytes": self.free}
 
 
 def served_gpus(slices):
@@ -146,69 +127,15 @@ class Keeper:
             self.keep(uuid)
 
     def keep(self, uuid):
-        """Park idle kernels on GPU *uuid* until it has the headroom free, while no request needs it."""
-        rooms = self.rooms
-        while not rooms.stop.is_set():
-            errors = []
-            free = rooms.node.free(uuid, errors)
-            if free is None:
-                self._cannot(uuid, None, f"the agent cannot read the GPU's free memory: {'; '.join(errors)}")
-                return
-            if free >= self.headroom:
+        """Steps toward the headroom on GPU *uuid* until it is kept, or cannot be now."""
+        while not self.rooms.stop.is_set():
+            outcome, free, why = self.rooms.keep_free(uuid, self.headroom, FAILED_RETRY_S)
+            if outcome == "kept":
                 self._say(uuid, True, free)
                 return
-            if rooms.queues.busy(uuid):
-                self._say(uuid, False, free, "a request for room is served on this GPU first")
+            if outcome == "short":
+                self._cannot(uuid, free, why)
                 return
-            if rooms.cannot_park:
-                self._cannot(uuid, free, f"this driver cannot park processes ({rooms.cannot_park})")
+            self._say(uuid, False, free, why)
+            if outcome == "waits":
                 return
-            lock = rooms.gpu_lock(uuid)
-            if not lock.acquire(blocking=False):
-                self._say(uuid, False, free, "a request for room is served on this GPU first")
-                return
-            try:
-                if not self._park_one(uuid, free):
-                    return
-            finally:
-                lock.release()
-
-    def _park_one(self, uuid, free):
-        """Park the idlest kernel that may be parked toward the headroom; True when
-        one was parked or tried (measure again), False when this look is over."""
-        rooms = self.rooms
-        if rooms.queues.busy(uuid):  # asked while the lock was taken
-            self._say(uuid, False, free, "a request for room is served on this GPU first")
-            return False
-        if rooms.asking(uuid):
-            self._say(uuid, False, free, "a process waits for room on this GPU: its request comes first")
-            return False
-        look = rooms.node.look()
-        if uuid not in look.reading.gpus:
-            self._cannot(uuid, free, f"the agent cannot read the GPU's processes: {'; '.join(look.errors)}")
-            return False
-        now = time.time()
-        kernels = gather(look, uuid, rooms.node.activity, now, acting=rooms.actor.acting(),
-                         driver=rooms.node.driver_state)
-        if any(k.state == "parking" for k in kernels):
-            self._say(uuid, False, free, "a park is under way on this GPU: measured again when it is done")
-            return False
-        eligible, skipped = judge(kernels, NOBODY, rooms.min_idle, now)
-        failed = [k for k in eligible if rooms.failed_lately(uuid, k, FAILED_RETRY_S)]
-        eligible = [k for k in eligible if k not in failed]
-        need = self.headroom - free
-        chosen = plan(eligible, need)
-        if not chosen:
-            self._cannot(uuid, free, _why_short(need, free, eligible, skipped, failed))
-            return False
-        kernel = chosen[0]
-        self._say(uuid, False, free, f"parking {kernel.label} of slice {kernel.slice} for the headroom")
-        if rooms.park(ForHeadroom(uuid, self.headroom, free), kernel, now, set()):  # a failure is remembered there
-            rooms.await_freed(uuid, free)
-        return True
-
-
-def _why_short(need, free, eligible, skipped, failed):
-    """Why the headroom cannot be kept now, in one line."""
-    note = f" ({len(failed)} whose park failed lately not tried again yet)" if failed else ""
-    return f"{format_size(free)} free, {format_size(need)} short; " + why_none(eligible, skipped, note)

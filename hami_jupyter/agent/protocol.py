@@ -12,11 +12,15 @@ oldest wait first. The agent answers on the same connection:
 
 - ``BUSY <n>``: at once when the request waits behind *n* others on that GPU
   (the final answer follows);
-- ``OK <bytes made free>``: room was made (or was there: 0): retry the driver;
+- ``OK <bytes made free> <ticket>``: room was made (or was there: 0): retry
+  the driver. The room is the requester's in the room ledger (the ticket
+  names its grant there) while it keeps the connection open, which it does
+  until its retry is done;
 - ``NO <why>``: nothing can be parked now; the library may ask again until its
   own deadline.
 
-Then the agent closes the connection. Nothing here touches a socket: this
+Then the agent closes the connection (after an ``OK``, once the requester
+closed its end, or the grant's lease ran out). Nothing here touches a socket: this
 module only reads and writes the lines, so the same rules serve the agent,
 its tests and any other client.
 """
@@ -85,8 +89,8 @@ def request_line(room):
     return f"ROOM {room.uuid} {room.bytes} {room.since_ns}\n".encode()
 
 
-def ok(made):
-    return f"OK {int(made)}\n".encode()
+def ok(made, ticket=0):
+    return f"OK {int(made)} {int(ticket)}\n".encode()
 
 
 def busy(ahead):
@@ -100,12 +104,13 @@ def no(why):
 
 
 def parse_answer(line):
-    """``(word, rest)`` of an answer line: ``("OK", 123)``, ``("BUSY", 2)``, ``("NO", "why")``."""
+    """``(word, rest)`` of an answer line: ``("OK", 123)`` (the bytes made free),
+    ``("BUSY", 2)``, ``("NO", "why")``."""
     if isinstance(line, bytes):
         line = line.decode("ascii", "replace")
     word, _, rest = line.rstrip("\n").partition(" ")
     if word in ("OK", "BUSY"):
-        return word, int(rest)
+        return word, int(rest.split(" ")[0])
     if word == "NO":
         return word, rest
     raise BadRequest(f"not an answer: {line[:80]!r}")

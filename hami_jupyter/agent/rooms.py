@@ -1,33 +1,33 @@
-"""Room at work: one request for room, from its checked peer to its answer, in one pass.
+"""The room loop: each request for room, and the headroom, in one pass of facts, plan, act and record.
 
-:meth:`Rooms.serve` takes a request the socket read (:mod:`.server`) through
-facts, plan, act and record:
+A request the socket read (:mod:`.server`) goes through :meth:`Rooms.serve`:
 
-1. **who asks** (:meth:`Rooms.admit`): the peer's PID (``SO_PEERCRED``) as the
-   agent sees it, matched to its slot, its slice's limits and NVML use
+1. **who asks** (:meth:`Rooms.admit`): the peer's PID (``SO_PEERCRED``) as
+   the agent sees it, matched to its slot, its slice's limits and NVML use
    (:func:`.room.request.admit`); anything else is answered ``NO``;
-2. **its turn**: queued on its GPU (:mod:`.room.queue`), answered ``BUSY <n>``
-   at once when *n* requests are ahead of it; its user's other requests
-   count against a bound, and it expires after its time-out;
-3. **room** (:meth:`Rooms.make_room`): while NVML's free bytes on the GPU are
-   short of what it needs, look at the node, find the kernels that may be
-   parked (:mod:`.room.kernels`), have the actor park the idlest
-   (:mod:`.actor`), record it (:mod:`.records`), and measure again. Before each
-   park the requester must still be connected. When the kernels that may be
-   parked cannot cover what is missing, nothing is parked: ``NO`` with the
-   reason. One park at a time per GPU: the headroom keeper (:mod:`.headroom`)
-   takes the same per-GPU lock, and the actor never works on one process for
-   two policies at once;
-4. **the answer**: ``OK <bytes made free>`` or ``NO <why>``, recorded.
+2. **its turn**: queued on its GPU in the order its wait began
+   (:mod:`.room.queue`), answered ``BUSY <n>`` when *n* are ahead. While any
+   request waits on a GPU the room ledger says so (:mod:`.ledger`), and every
+   preload library there takes its turn through this queue before taking
+   memory beyond its slice's guarantee: room made for the first in line is
+   not taken by the next one's resume;
+3. **room**, one step at a time: the **facts** of the GPU (NVML's free bytes,
+   what the ledger keeps: the reserve and others' grants; the kernels on it,
+   only when room is short), the **plan** (:mod:`.room.plan`: grant, park
+   this kernel, or refuse), the **act** (the actor parks, :mod:`.actor`), the
+   **record** (:mod:`.records`); again until the room is there;
+4. **the answer**: ``OK <made> <ticket>`` with the room granted in the ledger
+   (kept for the requester while its connection stays open, at most
+   :data:`LEASE_S`), or ``NO <why>``.
 
-What a request needs is its bytes, and 256 MiB more for each ``OK`` its wait
-was answered already (NVML's free figure is not all a driver call can take),
-never more than its slice's limit less its use allows plus one such step:
-asking again and again parks nothing more than the slice may hold.
+The headroom keeper (:mod:`.headroom`) asks :meth:`Rooms.keep_free` for one
+step toward its free bytes on a GPU; :meth:`Rooms.publish` writes the ledger
+(the report's thread calls it every half second); :meth:`Rooms.view` is the
+queues for the report. Those are the loop's whole interface.
 
 Nothing is kept that a restart would lose: a requester whose connection
-dropped asks again (with the same ``since``), and the driver and the slices
-say what is parked.
+dropped asks again (with the same ``since``), the driver and the slices say
+what is parked, and a new agent's ledger starts with no grants.
 """
 
 from __future__ import annotations
@@ -35,58 +35,81 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
+from ..slice.layout import HAMI_PARK_PARKING, HAMI_PARK_RESUMING
 from ..slice.parking import ParkError
-from ..slice.size import format_size
 from . import protocol
-from .room.kernels import Requester, gather, judge, plan, why_none
+from .room import plan as room_plan
+from .room.kernels import NOBODY, Requester, gather
 from .room.queue import ENDED, EXPIRED, QueueFull, Queues
-from .room.request import Request, admit
+from .room.request import REQUEST_TIMEOUT_S, ForHeadroom, Request, admit
 
 FREED_WAIT_S = 2.0  # after a park, how long NVML may take to show the memory free
-STEP = 256 << 20  # more room asked of the GPU each time one wait comes back after an OK
+LEASE_S = 60.0  # a grant is kept while its requester takes the room; a restore of 100 GiB takes tens of s
 OKS_KEPT = 4096  # waits whose OKs are remembered; older than OKS_FORGET_S are forgotten beyond
 OKS_FORGET_S = 600.0
 ASKS_AGAIN_S = 2.0  # a wait answered NO asks again within a second: its kernel is not idle meanwhile
 ADMIT_LOOK_S = 0.25  # a look this fresh serves a request's admission (no look per connection)
+FRESH_LOOK_S = 1.0  # a process without a slot in the latest look gets a fresh one at most this often
 # A kernel whose park failed is not tried again for any request for this long:
 # on an H100 every checkpoint failed once the GPU was full, and waiting requests,
 # each asking again every second, had the agent retry the same failing parks
-# 4,154 times in three minutes.
+# 4,154 times in three minutes. A checkpoint the driver refused for want of
+# device memory is tried again sooner: the reserve keeps room for it.
 FAILED_PARK_RETRY_S = 30.0
-FAILED_PARK_FORGET_S = 600.0  # a failure is remembered this long (the headroom waits longer, 300 s)
+FAILED_FOR_ROOM_RETRY_S = 3.0
+FAILED_PARK_FORGET_S = 600.0
+CUDA_ERROR_OUT_OF_MEMORY = 2
+MOVING_HOLD_S = 2.0  # after a process's state was seen moving, calls refused as busy still wait this long
+TIGHT_MIN = 4 << 30  # a GPU with less than reserve + max(this, 10 % of it) free is tight
 
 log = logging.getLogger("hami_jupyter.broker")
 
 
+@dataclass
+class GpuFacts:
+    """One GPU as a step of the loop sees it: NVML's *free* bytes (None: unread,
+    *error* says why) and what the ledger *kept* (the reserve and others' grants)."""
+
+    free: int | None
+    kept: int
+    error: str = ""
+
+
 class Rooms:
-    """The room policy over the slices under *root*, acting through *actor*.
+    """The room loop over the slices under *root*, acting through *actor*.
 
     *node*: the facts (:class:`~.facts.look.Node`); *records*: the audit
     writer; *min_idle*: seconds a kernel must be idle to be parked;
-    *cannot_park*: why this driver cannot park processes (None: it can).
+    *cannot_park*: why this driver cannot park processes (None: it can);
+    *ledger*: the room ledger (:class:`~.ledger.Ledger`; None: none is kept);
+    *reserve*: bytes kept free on each GPU for parks.
     """
 
-    def __init__(self, root, node, actor, records, *, min_idle, cannot_park=None):
+    def __init__(self, root, node, actor, records, *, min_idle, cannot_park=None, ledger=None, reserve=0):
         self.root = root
         self.node, self.actor, self.records = node, actor, records
         self.min_idle = min_idle
         self.cannot_park = cannot_park
+        self.ledger = ledger
+        self.reserve = reserve
         self.stop = threading.Event()
-        self.changed = threading.Event()  # a queue changed: the report is written sooner
+        self.changed = threading.Event()  # a queue changed: the report and the ledger are written sooner
         self.served = threading.Event()  # a request was answered: the headroom is looked at sooner
-        self.keeper = None  # the headroom keeper (:mod:`.headroom`), when --headroom is set
         self.started = time.time()
-        self._gpu_locks = {}  # uuid -> held while parking on that GPU (a request's, or the headroom's)
+        self._gpu_locks = {}  # uuid -> held while a step parks on that GPU (a request's, or the headroom's)
         self._lock = threading.Lock()
         self.queues = Queues(self._expected)
         self._oks = {}  # (pid, since, uuid) -> [OKs answered to that wait, monotonic time of the last]
         self._heard = {}  # (pid, since) -> Unix time the agent first heard of that wait
         self._answered = {}  # pid -> (uuid, monotonic time it was last answered NO)
-        self._failed_parks = {}  # (uuid, kernel key) -> monotonic time its park last failed
+        self._failed_parks = {}  # (uuid, kernel key) -> (monotonic time its park last failed, error code)
+        self._parked_bytes = {}  # (pid, start ticks) -> NVML bytes it held when the agent parked it
+        self._fresh_looks = {}  # pid -> monotonic time of the last fresh look its admission took
+        self._moving = {}  # uuid -> Unix ns until which a process's state is taken to move there
 
-    def gpu_lock(self, uuid):
-        """The lock held while kernels are chosen and parked on GPU *uuid*."""
+    def _gpu_lock(self, uuid):
         with self._lock:
             return self._gpu_locks.setdefault(uuid, threading.Lock())
 
@@ -124,22 +147,42 @@ class Rooms:
     def admit(self, conn, pid, uid, user, room):
         """The :class:`~.room.request.Request` of peer *pid* for *room*; Refused."""
         look = self.node.look(within=ADMIT_LOOK_S)
+        found = self.node.process(pid, look.slices)
+        if found is not None and found[1].slot is None and time.time() - look.unix > 0.01 and self._may_look(pid):
+            # A process that just took its slot (its first wait: for its first
+            # context) is not in a look taken before: look again, once a while.
+            look = self.node.look(within=0)
+            found = self.node.process(pid, look.slices)
         now = time.time()
+        with self._lock:  # heard of only once admitted: a stranger's lines fill nothing
+            heard = self._heard.get((pid, room.since_ns), now)
+        fields = admit(look, found, uid, user, room, heard, self.started, self.root)
         with self._lock:
             if len(self._heard) > OKS_KEPT:
                 self._heard = {k: v for k, v in self._heard.items() if now - v < OKS_FORGET_S}
-            heard = self._heard.setdefault((pid, room.since_ns), now)
-        found = self.node.process(pid, look.slices)
-        if found is not None and found[1].slot is None and time.time() - look.unix > 0.01:
-            # A process that just took its slot (its first wait: for its first
-            # context) is not in a look taken before: look again, once.
-            look = self.node.look(within=0)
-            found = self.node.process(pid, look.slices)
-        fields = admit(look, found, uid, user, room, heard, self.started, self.root)
+            self._heard.setdefault((pid, room.since_ns), heard)
         return Request(conn=conn, **fields)
 
+    def _may_look(self, pid):
+        """Whether an admission for *pid* may take a fresh look of the node (one
+        per :data:`FRESH_LOOK_S` per process, and for every process together one per
+        :data:`ADMIT_LOOK_S`): a look holds the node's lock, and a process
+        without a slot asking in a loop must not hold the watch and everyone's
+        requests up."""
+        now = time.monotonic()
+        with self._lock:
+            if len(self._fresh_looks) > OKS_KEPT:
+                self._fresh_looks = {p: t for p, t in self._fresh_looks.items() if now - t < FRESH_LOOK_S}
+            last_any = max(self._fresh_looks.values(), default=0.0)
+            if now - self._fresh_looks.get(pid, 0.0) < FRESH_LOOK_S or now - last_any < ADMIT_LOOK_S:
+                return False
+            self._fresh_looks[pid] = now
+        log.debug("broker: a fresh look for the admission of pid %d", pid)
+        return True
+
     def serve(self, request):
-        """Queue *request*, make room on its turn, answer it."""
+        """Queue *request*, make room on its turn, answer it, and keep the room
+        granted for it while it takes it."""
         try:
             ahead = self.queues.add(request)
         except QueueFull as e:
@@ -147,6 +190,7 @@ class Rooms:
                                           str(e), "queue-full")
             request.answer(protocol.no(str(e)))
             return
+        ticket = None
         self.changed.set()
         try:
             if ahead:
@@ -160,22 +204,94 @@ class Rooms:
                     self.records.dropped(request, [])
                 return
             self.changed.set()
-            answer = self.make_room(request)
+            answer, ticket = self._turn(request)
             if answer is not None:
                 request.answer(answer)
         finally:
             self.queues.done(request)
             self.changed.set()
             self.served.set()
+        if ticket is not None:
+            request.wait_closed(LEASE_S, self.stop)
+            self.ledger.revoke(request.uuid, ticket)
+
+    def _turn(self, request):
+        """The requester's turn: ``(answer line, ticket)``; the answer is None when
+        nothing is to be answered (it went away, the agent stops)."""
+        lock = self._gpu_lock(request.uuid)
+        while not lock.acquire(timeout=0.1):  # a headroom park under way finishes first
+            if self.stop.is_set():
+                return None, None
+            if not request.alive():
+                self.records.dropped(request, [])
+                return None, None
+        try:
+            return self._make_room(request)
+        finally:
+            lock.release()
+
+    def _make_room(self, request):
+        requester = Requester(request.slice, request.kernel_id, request.pid)
+        want = self._wanted(request)
+        parked, made = [], 0
+        tried = {}  # kernel key -> why it is not tried again for this request
+        while True:
+            if self.stop.is_set():
+                return None, None
+            if not request.alive():  # before each park, and before it is told OK
+                self.records.dropped(request, parked)
+                return None, None
+            facts = self._facts(request.uuid)  # facts
+            if facts.free is None:
+                return self._no(request, facts.error, "nvml"), None
+            if room_plan.room_there(facts.free, facts.kept, want):  # plan: the room is there
+                return self._grant(request, want, made, facts, parked)
+            if self.cannot_park:
+                return self._no(request, f"this driver cannot park processes ({self.cannot_park})", "driver"), None
+            look = self.node.look()
+            if request.uuid not in look.reading.gpus:
+                return self._no(request, "the agent cannot read the GPU's processes: "
+                                f"{'; '.join(look.errors) or 'NVML lists no such GPU'}", "nvml"), None
+            now = time.time()
+            kernels = gather(look, request.uuid, self.node.activity, now,
+                             self.asking(request.uuid) - {request.pid}, self.actor.acting())
+            need = want - (facts.free - facts.kept)
+            step = room_plan.choose(kernels, requester, need=need, min_idle=self.min_idle, now=now,
+                                    left_out={**self._left_out(request.uuid, kernels), **tried})
+            if isinstance(step, room_plan.Refuse):
+                note = f"; {len(parked)} kernel(s) were parked for it already" if parked else ""
+                why = f"{room_plan.short_of(request.uuid, facts.free, facts.kept, want)}; {step.why}{note}"
+                return self._no(request, why, step.kind), None
+            if not self._park(request, step.kernel, now, tried):  # act, and record
+                continue
+            parked.append(step.kernel)
+            made += step.kernel.bytes
+            request.expires = time.monotonic() + REQUEST_TIMEOUT_S  # room is being made: no time-out
+            self._await_freed(request.uuid, facts.free)
+
+    def _facts(self, uuid):
+        errors = []
+        free = self.node.free(uuid, errors)
+        kept = self.reserve + (self.ledger.granted(uuid) if self.ledger is not None else 0)
+        error = f"the agent cannot read the GPU's free memory: {'; '.join(errors)}" if free is None else ""
+        return GpuFacts(free, kept, error)
+
+    def _grant(self, request, want, made, facts, parked):
+        ticket = 0
+        if self.ledger is not None:
+            ticket = self.ledger.grant(request.uuid, request.pid, want, LEASE_S)
+            if ticket is None:
+                return self._no(request, f"GPU {request.uuid} has room, but the room ledger holds as many "
+                                "grants as it can: ask again in a moment", "ledger-full"), None
+        self.records.served(request, made, facts.free, parked)
+        self._answered_ok(request)
+        return protocol.ok(made, ticket), (ticket or None)
 
     def _wanted(self, request):
-        """The free bytes that serve *request*: its bytes and :data:`STEP` more
-        for each OK its wait was answered already, never more than its slice's
-        room (limit less use) allows plus one step."""
         with self._lock:
             seen = self._oks.get((request.pid, request.since_ns, request.uuid))
-        wanted = request.bytes + (seen[0] if seen else 0) * STEP
-        return wanted if request.room is None else min(wanted, max(request.bytes, request.room) + STEP)
+            parked = self._parked_bytes.get(request.pid, (None, 0))[1]
+        return room_plan.wanted(request.bytes, seen[0] if seen else 0, request.room, parked)
 
     def _answered_ok(self, request):
         now = time.monotonic()
@@ -186,106 +302,6 @@ class Rooms:
             seen[0] += 1
             seen[1] = now
 
-    def make_room(self, request):
-        """Park for *request* until its GPU has the room; the answer line, or None
-        when nothing is to be answered (the requester went away, the agent stops).
-        A headroom park under way on the GPU finishes first (its room serves this
-        request too); the keeper parks nothing more while a request waits or is
-        served (:meth:`~.room.queue.Queues.busy`)."""
-        lock = self.gpu_lock(request.uuid)
-        while not lock.acquire(timeout=0.1):
-            if self.stop.is_set():
-                return None
-            if not request.alive():
-                self.records.dropped(request, [])
-                return None
-        try:
-            return self._make_room(request)
-        finally:
-            lock.release()
-
-    def _make_room(self, request):
-        requester = Requester(request.slice, request.kernel_id, request.pid)
-        wanted = self._wanted(request)
-        parked, failed, made = [], set(), 0
-        while True:
-            if self.stop.is_set():
-                return None
-            if not request.alive():  # before each park, and before it is told OK
-                self.records.dropped(request, parked)
-                return None
-            if request.expired():
-                return self._no(request, _expired(request), "expired")
-            errors = []
-            free = self.node.free(request.uuid, errors)
-            if free is None:
-                return self._no(request, f"the agent cannot read the GPU's free memory: {'; '.join(errors)}",
-                                "nvml")
-            if free >= wanted:
-                self.records.served(request, made, free, parked)
-                self._answered_ok(request)
-                return protocol.ok(made)
-            if self.cannot_park:
-                return self._no(request, f"this driver cannot park processes ({self.cannot_park})", "driver")
-            look = self.node.look()
-            if request.uuid not in look.reading.gpus:
-                return self._no(request, "the agent cannot read the GPU's processes: "
-                                f"{'; '.join(look.errors) or 'NVML lists no such GPU'}", "nvml")
-            now = time.time()
-            kernels = gather(look, request.uuid, self.node.activity, now, self.asking(request.uuid) - {request.pid},
-                             self.actor.acting(), self.node.driver_state)
-            eligible, skipped = judge(kernels, requester, self.min_idle, now)
-            eligible = [k for k in eligible if _key(k) not in failed]
-            lately = [k for k in eligible if self.failed_lately(request.uuid, k)]
-            eligible = [k for k in eligible if k not in lately]
-            need = wanted - free
-            chosen = plan(eligible, need)
-            if not chosen:
-                return self._no(request, _nothing_to_park(need, free, wanted, request.uuid, eligible, skipped,
-                                                          failed, parked, lately), "nothing-to-park")
-            kernel = chosen[0]
-            if not self.park(request, kernel, now, failed):
-                continue
-            parked.append(kernel)
-            made += kernel.bytes
-            self.await_freed(request.uuid, free)
-
-    def park(self, requester, kernel, now, failed):
-        """Have the actor park *kernel* for *requester* (a request, or the headroom);
-        recorded either way. True when it was parked; else its key joins *failed*."""
-        try:
-            result = self.actor.park_kernel(kernel, record={"unix": time.time(), "action": "park", "for": "room",
-                                                            "uuid": requester.uuid,
-                                                            "requester": requester.record()})
-        except ParkError as e:
-            failed.add(_key(kernel))
-            with self._lock:
-                self._failed_parks[(requester.uuid, _key(kernel))] = time.monotonic()
-            self.records.park_failed(requester, kernel, e)
-            return False
-        self.records.park(requester, kernel, result, kernel.idle_s(now))
-        self.changed.set()
-        return True
-
-    def failed_lately(self, uuid, kernel, within=FAILED_PARK_RETRY_S):
-        """Whether *kernel*'s park on GPU *uuid* (for a request or the headroom)
-        failed less than *within* seconds ago: it is not tried again before."""
-        now = time.monotonic()
-        with self._lock:
-            self._failed_parks = {k: t for k, t in self._failed_parks.items() if now - t < FAILED_PARK_FORGET_S}
-            failed = self._failed_parks.get((uuid, _key(kernel)))
-        return failed is not None and now - failed < within
-
-    def await_freed(self, uuid, before):
-        """After a park: until NVML shows the memory free (or :data:`FREED_WAIT_S`),
-        so that a late figure does not make the agent park one kernel too many."""
-        deadline = time.monotonic() + FREED_WAIT_S
-        while time.monotonic() < deadline:
-            free = self.node.free(uuid, [])
-            if free is None or free > before:
-                return
-            time.sleep(0.05)
-
     def _no(self, request, why, kind):
         with self._lock:
             self._answered[request.pid] = (request.uuid, time.monotonic())
@@ -295,33 +311,141 @@ class Rooms:
         self.records.refused(request, why, kind)
         return protocol.no(why)
 
-    # ---- the report ------------------------------------------------------------------------
+    # ---- the act ---------------------------------------------------------------------
 
-    def queue_view(self):
-        """``{uuid: [queue entry, ...]}`` for the report."""
+    def _park(self, requester, kernel, now, tried):
+        """Have the actor park *kernel* for *requester* (a request, or the headroom);
+        recorded either way. True when it was parked; else it joins *tried*."""
+        self._moving[requester.uuid] = time.time_ns() + int(MOVING_HOLD_S * 1e9)
+        self.changed.set()  # the ledger says a state moves here: calls refused as busy wait
+        try:
+            result = self.actor.park_kernel(kernel, record={"unix": time.time(), "action": "park", "for": "room",
+                                                            "uuid": requester.uuid,
+                                                            "requester": requester.record()})
+        except ParkError as e:
+            tried[room_plan.key(kernel)] = "park(s) failed"
+            with self._lock:
+                self._failed_parks[(requester.uuid, room_plan.key(kernel))] = (time.monotonic(), e.code)
+            self.records.park_failed(requester, kernel, e)
+            return False
+        finally:
+            self._moving[requester.uuid] = time.time_ns() + int(MOVING_HOLD_S * 1e9)
+        with self._lock:
+            for pid, ticks in kernel.processes:
+                self._parked_bytes[pid] = (ticks, dict(kernel.bytes_of).get(pid, 0))
+        self.records.park(requester, kernel, result, kernel.idle_s(now))
+        self.changed.set()
+        return True
+
+    def _left_out(self, uuid, kernels, retry_s=FAILED_PARK_RETRY_S):
+        """``{kernel key: why}`` of the kernels on *uuid* whose park failed lately:
+        not tried again before *retry_s* (sooner, when the driver had no device
+        memory for the checkpoint)."""
+        now = time.monotonic()
+        out = {}
+        with self._lock:
+            self._failed_parks = {k: v for k, v in self._failed_parks.items() if now - v[0] < FAILED_PARK_FORGET_S}
+            for k in kernels:
+                failed = self._failed_parks.get((uuid, room_plan.key(k)))
+                if failed is None:
+                    continue
+                wait = FAILED_FOR_ROOM_RETRY_S if failed[1] == CUDA_ERROR_OUT_OF_MEMORY else retry_s
+                if now - failed[0] < wait:
+                    out[room_plan.key(k)] = f"whose park failed in the last {wait:.0f} s not tried again yet"
+        return out
+
+    def _await_freed(self, uuid, before):
+        """After a park: until NVML shows the memory free (or :data:`FREED_WAIT_S`),
+        so that a late figure does not make the agent park one kernel too many."""
+        deadline = time.monotonic() + FREED_WAIT_S
+        while time.monotonic() < deadline:
+            free = self.node.free(uuid, [])
+            if free is None or free > before:
+                return
+            time.sleep(0.05)
+
+    # ---- the headroom's step -----------------------------------------------------------------
+
+    def keep_free(self, uuid, target, failed_retry_s):
+        """One step toward *target* free bytes on GPU *uuid*, for the headroom:
+        ``("kept", free, None)``, ``("parked", free, what)`` (measure again),
+        ``("waits", free, why)`` (a request comes first, or a park is under way:
+        looked at again later) or ``("short", free, why)`` (nothing may be parked)."""
+        facts = self._facts(uuid)
+        if facts.free is None:
+            return "short", None, facts.error
+        available = facts.free - (self.ledger.granted(uuid) if self.ledger is not None else 0)
+        if available >= target:
+            return "kept", facts.free, None
+        if self.queues.busy(uuid) or self.asking(uuid):
+            return "waits", facts.free, "a request for room is served on this GPU first"
+        if self.cannot_park:
+            return "short", facts.free, f"this driver cannot park processes ({self.cannot_park})"
+        lock = self._gpu_lock(uuid)
+        if not lock.acquire(blocking=False):
+            return "waits", facts.free, "a request for room is served on this GPU first"
+        try:
+            if self.queues.busy(uuid):  # asked while the lock was taken
+                return "waits", facts.free, "a request for room is served on this GPU first"
+            look = self.node.look()
+            if uuid not in look.reading.gpus:
+                return "short", facts.free, f"the agent cannot read the GPU's processes: {'; '.join(look.errors)}"
+            now = time.time()
+            kernels = gather(look, uuid, self.node.activity, now, acting=self.actor.acting())
+            if any(k.state == "parking" for k in kernels):
+                return "waits", facts.free, "a park is under way on this GPU: measured again when it is done"
+            step = room_plan.choose(kernels, NOBODY, need=target - available, min_idle=self.min_idle, now=now,
+                                    left_out=self._left_out(uuid, kernels, failed_retry_s))
+            if isinstance(step, room_plan.Refuse):
+                return "short", facts.free, f"{room_plan.headroom_short(available, target)}; {step.why}"
+            if self._park(ForHeadroom(uuid, target, facts.free), step.kernel, now, {}):
+                self._await_freed(uuid, facts.free)
+            return "parked", facts.free, f"parking {step.kernel.label} of slice {step.kernel.slice} for the headroom"
+        finally:
+            lock.release()
+
+    # ---- the ledger and the report -------------------------------------------------------------
+
+    def publish(self):
+        """Write the room ledger from the latest look: per GPU the reserve, NVML's
+        free bytes, whether it is tight, who waits, whether a state moves there."""
+        if self.ledger is None:
+            return
+        look = self.node.look(within=0.5)
+        waiting = {uuid: len(line) for uuid, line in self.queues.view().items()}
+        acting = self.actor.acting()
+        now_ns = time.time_ns()
+        hold = int(MOVING_HOLD_S * 1e9)
+        for uuid in sorted(set(look.reading.gpus) | set(waiting)):
+            for p in look.on(uuid):
+                slot = p.attribution.slot
+                moving = p.facts.pid in acting or (slot is not None and slot.park_state in (HAMI_PARK_PARKING,
+                                                                                          HAMI_PARK_RESUMING))
+                if moving:
+                    self._moving[uuid] = now_ns + hold
+            total, free = self.node.memory(uuid, []) or (0, None)
+            margin = max(TIGHT_MIN, total // 10)
+            n = waiting.get(uuid, 0)
+            tight = free is None or free < self.reserve + margin or n > 0 or self.ledger.granted(uuid) > 0
+            self.ledger.publish(uuid, reserve=self.reserve, free=free, waiting=n, turns=tight,
+                                moving_until_ns=self._moving.get(uuid, 0), now_ns=now_ns)
+        self.ledger.heartbeat(now_ns)
+
+    def view(self):
+        """``{uuid: [queue entry, ...]}`` for the report, each with the grants in force."""
         out = {}
         for uuid, line in self.queues.view().items():
             out[uuid] = [dict(r.record(), serving=self.queues.serving(r)) for r in line]
         return out
 
-
-def _key(kernel):
-    return (kernel.slice, kernel.kernel_id, kernel.pids)
+    def granted_view(self):
+        """``{uuid: [{"pid", "bytes"}]}``: the room kept for requesters now."""
+        if self.ledger is None:
+            return {}
+        return {uuid: [{"pid": pid, "bytes": b} for pid, b in self.ledger.grants(uuid)]
+                for uuid in self.node.look(within=1.0).reading.gpus if self.ledger.grants(uuid)}
 
 
 def _expired(request):
-    return (f"no room was made within {request.expires - request.arrived:.0f} s of this request; "
-            "ask again (the wait keeps its place)")
-
-
-def _nothing_to_park(need, free, wanted, uuid, eligible, skipped, failed, parked, lately=()):
-    """Why no more room can be made, in one line."""
-    note = f" ({len(failed)} park(s) failed)" if failed else ""
-    if lately:
-        note += (f" ({len(lately)} whose park failed in the last {FAILED_PARK_RETRY_S:.0f} s not tried "
-                 "again yet)")
-    if parked:
-        note += f"; {len(parked)} kernel(s) were parked for it already"
-    return (f"GPU {uuid} has {format_size(free)} free, {format_size(need)} short of the "
-            f"{format_size(wanted)} needed; " + why_none(eligible, skipped, note))
-
+    return (f"not served within {request.expires - request.arrived:.0f} s of this request (others were "
+            "served first); ask again (the wait keeps its place)")

@@ -10,8 +10,9 @@ one of them on), over one :class:`~.facts.look.Node`, one
   either way its looks are how the agent learns who uses the GPU;
 - with the room policy on: the socket (:mod:`.server`, the main thread), a
   thread per connection (:mod:`.rooms`), the headroom keeper
-  (:mod:`.headroom`, with ``--headroom``) and ``broker.json``, written every
-  second and soon after a queue changes.
+  (:mod:`.headroom`: ``--headroom``, else the ``--reserve``), and the room
+  ledger (:mod:`.ledger`, every half second and at once when a queue
+  changes) and ``broker.json`` (every second), written by one thread.
 
 Start-up refuses, with one line saying why (exit status 1), when the slice
 root is missing or cannot be trusted, when NVML does not start (an agent that
@@ -52,6 +53,7 @@ from .facts.look import Node
 from .facts.nvml import NvmlUnavailable
 from .guard.policy import DEFAULT_TOLERANCE
 from .headroom import Keeper
+from .ledger import Ledger, LedgerError, ledger_path
 from .records import Records
 from .room import report as room_report
 from .rooms import Rooms
@@ -60,6 +62,8 @@ from .watch import DEFAULT_INTERVAL, KILL, PARK, ReportFile, Watch
 
 DEFAULT_MIN_IDLE_S = 60.0
 DEFAULT_HOST_RESERVE = "2g"
+DEFAULT_RESERVE = 256 << 20
+LEDGER_INTERVAL_S = 0.5
 
 log = logging.getLogger("hami_jupyter.agent")
 
@@ -109,36 +113,46 @@ def _more_files():
 
 
 class _RoomReport:
-    """Writes ``broker.json`` until the agent stops; a write that fails is logged once."""
+    """Writes the room ledger every half second and ``broker.json`` every second
+    (both at once when a queue changes) until the agent stops; a write that
+    fails is logged once."""
 
-    def __init__(self, rooms, root, **settings):
-        self.rooms, self.settings = rooms, settings
+    def __init__(self, rooms, root, keeper, **settings):
+        self.rooms, self.keeper, self.settings = rooms, keeper, settings
         self._write = ReportFile(write_report, root, "broker")
 
     def write(self, running=True):
-        rooms = self.rooms
+        rooms, keeper = self.rooms, self.keeper
         held = [r for r in rooms.actor.held.values() if r.get("for") == "room"]
         report = room_report.build(
-            queues=rooms.queue_view(), decisions=rooms.records.latest(),
-            headroom_view=rooms.keeper.view() if rooms.keeper is not None else {},
+            queues=rooms.view(), decisions=rooms.records.latest(), granted=rooms.granted_view(),
+            headroom_view=keeper.view() if keeper is not None else {},
             min_idle=rooms.min_idle, cannot_park=rooms.cannot_park, held=held, running=running,
             errors=list(rooms.node.look(within=WRITE_INTERVAL_S * 2).errors) + list(rooms.records.errors),
-            headroom=rooms.keeper.headroom if rooms.keeper is not None else 0, **self.settings)
+            reserve=rooms.reserve, **self.settings)
         self._write(report)
 
     def run(self):
         rooms = self.rooms
+        last_report = 0.0
         while not rooms.stop.is_set():
             rooms.changed.clear()
-            self.write()
-            rooms.changed.wait(WRITE_INTERVAL_S)
+            try:
+                rooms.publish()
+            except Exception:  # a ledger write that fails says so, and the next one is tried
+                log.exception("broker: the room ledger could not be written")
+            now = time.monotonic()
+            if now - last_report >= WRITE_INTERVAL_S or rooms.changed.is_set():
+                self.write()
+                last_report = now
+            rooms.changed.wait(LEDGER_INTERVAL_S)
             if rooms.changed.is_set():
-                time.sleep(0.05)  # a burst of changes: one write for it
+                time.sleep(0.02)  # a burst of changes: one write for it
 
 
 def main(root, *, guard=True, room=True, interval=DEFAULT_INTERVAL, action=PARK, once=False,
          tolerance=DEFAULT_TOLERANCE, audit_path=None, min_idle=DEFAULT_MIN_IDLE_S, host_reserve=0, headroom=0,
-         socket_path=None, reader=None):
+         reserve=DEFAULT_RESERVE, socket_path=None, reader=None):
     """``hami-jupyter agent`` (*guard* and *room*: the policies on); returns the
     exit status, or raises AgentStartError. *once*: one look of the guard, then
     exit (no socket)."""
@@ -171,8 +185,15 @@ def main(root, *, guard=True, room=True, interval=DEFAULT_INTERVAL, action=PARK,
     watch = Watch(root, node, actor, records, interval=interval, guard=guard, action=action, tolerance=tolerance)
     watch.start()
     stop = threading.Event()
-    rooms = Rooms(root, node, actor, records, min_idle=min_idle, cannot_park=cannot_park) if room else None
-    if rooms is not None:
+    rooms = None
+    if room:
+        try:
+            ledger = Ledger(ledger_path(socket_path))
+        except LedgerError as e:
+            node.close()
+            raise AgentStartError(str(e)) from None
+        rooms = Rooms(root, node, actor, records, min_idle=min_idle, cannot_park=cannot_park, ledger=ledger,
+                      reserve=reserve)
         stop = rooms.stop
 
     def stopping(signum, frame):
@@ -192,6 +213,8 @@ def main(root, *, guard=True, room=True, interval=DEFAULT_INTERVAL, action=PARK,
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if rooms is not None:
+            rooms.ledger.close()
         node.close()
     log.info("agent: stopped")
     return 0
@@ -205,19 +228,23 @@ def _serve(rooms, watch, stop, socket_path, root, host_reserve, headroom, interv
     except OSError as e:
         raise AgentStartError(f"cannot listen at {socket_path}: {e.strerror or e}") from None
     threads = [threading.Thread(target=watch.run, args=(stop,), name="agent-watch", daemon=True)]
-    reporter = _RoomReport(rooms, root, socket_path=socket_path, host_reserve=host_reserve)
+    # The keeper keeps the headroom, or without one the reserve: the GPU never
+    # fills, so that a checkpoint always has room. A park under way when the
+    # agent stops is hami-park's to finish, as a request's is.
+    keeper = Keeper(rooms, max(headroom, rooms.reserve)) if (headroom or rooms.reserve) else None
+    if keeper is not None:
+        threads.append(threading.Thread(target=keeper.run, name="agent-headroom", daemon=True))
+    reporter = _RoomReport(rooms, root, keeper, socket_path=socket_path, host_reserve=host_reserve,
+                           headroom=headroom)
     threads.append(threading.Thread(target=reporter.run, name="agent-room-report", daemon=True))
-    if headroom:
-        # A park under way when the agent stops is hami-park's to finish, as a request's is.
-        rooms.keeper = Keeper(rooms, headroom)
-        threads.append(threading.Thread(target=rooms.keeper.run, name="agent-headroom", daemon=True))
     for t in threads:
         t.start()
     log.info("broker: making room at %s for the slices under %s: parks kernels idle for %g s, "
-             "keeps %s of host memory free, %s, audit log %s", socket_path, root, rooms.min_idle,
-             format_size(host_reserve),
+             "keeps %s of host memory free, %s kept free on each GPU for parks, %s, room ledger %s, "
+             "audit log %s", socket_path, root, rooms.min_idle, format_size(host_reserve),
+             format_size(rooms.reserve),
              f"a headroom of {format_size(headroom)} kept free on each GPU" if headroom
-             else "no headroom (parks only when asked)", rooms.records.audit_path)
+             else "no headroom (parks only when asked)", rooms.ledger.path, rooms.records.audit_path)
     try:
         Server(listening, rooms).run()
     finally:

@@ -289,6 +289,7 @@ def _agent(args):
         options.update(min_idle=args.min_idle_seconds,
                        host_reserve=_size_option("--host-memory-reserve", args.host_memory_reserve, problems),
                        headroom=_size_option("--headroom", args.headroom, problems),
+                       reserve=_size_option("--reserve", args.reserve, problems),
                        socket_path=Path(args.socket) if args.socket else None)
     if problems:
         raise UsageError(*problems)
@@ -382,6 +383,10 @@ def _agent_options(p, guard, room):
                        help="keep this much free on each GPU by parking idle kernels (by the same rules) "
                             "before anyone asks, so that a resume or an allocation finds the room at once; "
                             "about one working set, e.g. 8g (default 0: park only when asked)")
+        p.add_argument("--reserve", default="256m", metavar="SIZE",
+                       help="device memory kept free on each GPU that nothing through the preload library "
+                            "takes, so that a park's checkpoint always has room (an H200 refused one at 4 MiB "
+                            "free); kept by parking idle kernels when it is short (default 256m)")
     p.add_argument("--audit-log", metavar="FILE", help="audit log (default: <root>/audit.log)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                    help="what the log shows (default info)")

@@ -65,6 +65,20 @@ HAMI_PARK_REASON_ASKED = 2  # a user or administrator asked (REST, CLI, panel)
 HAMI_PARK_REASON_ROOM = 3  # the memory broker: to make room for another user's work
 HAMI_PARK_REASON_GUARD = 4  # the guard: over the cap outside the library
 
+# hami-park's own refusals ("error <code> <why>"), apart from the driver's CUresults (below 1000)
+HAMI_PARK_REFUSED_STATE = 1001  # the slot says the process is not running on the GPU
+HAMI_PARK_REFUSED_PARKER = 1002  # another parker holds the slot
+HAMI_PARK_REFUSED_HOST = 1003  # host memory too low for the slot's charge
+
+# The room ledger (its own file, written by the node agent; see slice_file.h).
+HAMI_LEDGER_MAGIC = b"HAMIROOM"  # 8 bytes, no terminator
+HAMI_LEDGER_VERSION_MAJOR = 1
+HAMI_LEDGER_VERSION_MINOR = 0
+HAMI_LEDGER_NAME = "room.ledger"
+HAMI_LEDGER_MAX_GPUS = 16
+HAMI_LEDGER_MAX_GRANTS = 16
+HAMI_LEDGER_STALE_NS = 5000000000  # the agent writes every 0.5 s
+
 
 # ---- layout: the structs of slice_file.h, same names and order -------------
 # Each class names its C struct in _c_name_ so the layout test can pair them.
@@ -200,6 +214,49 @@ class HamiLimitsFile(ctypes.Structure):
     ]
 
 
+class HamiRoomGrant(ctypes.Structure):
+    _c_name_ = "hami_room_grant"
+    _fields_ = [
+        ("ticket", ctypes.c_uint64),
+        ("bytes", ctypes.c_uint64),
+        ("expires_unix_ns", ctypes.c_uint64),
+        ("pid", ctypes.c_int32),
+        ("reserved", ctypes.c_uint32),
+    ]
+
+
+class HamiLedgerGpu(ctypes.Structure):
+    _c_name_ = "hami_ledger_gpu"
+    _fields_ = [
+        ("seq", ctypes.c_uint64),
+        ("uuid", ctypes.c_char * HAMI_SLICE_UUID_LEN),
+        ("reserve_bytes", ctypes.c_uint64),
+        ("granted_bytes", ctypes.c_uint64),
+        ("free_bytes", ctypes.c_uint64),
+        ("looked_unix_ns", ctypes.c_uint64),
+        ("moving_until_unix_ns", ctypes.c_uint64),
+        ("turns", ctypes.c_uint32),
+        ("waiting", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64 * 4),
+        ("grant", HamiRoomGrant * HAMI_LEDGER_MAX_GRANTS),
+    ]
+
+
+class HamiRoomLedger(ctypes.Structure):
+    _c_name_ = "hami_room_ledger"
+    _fields_ = [
+        ("magic", ctypes.c_char * 8),
+        ("version_major", ctypes.c_uint32),
+        ("version_minor", ctypes.c_uint32),
+        ("file_size", ctypes.c_uint64),
+        ("written_unix_ns", ctypes.c_uint64),
+        ("agent_pid", ctypes.c_int32),
+        ("reserved0", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint8 * 24),
+        ("gpu", HamiLedgerGpu * HAMI_LEDGER_MAX_GPUS),
+    ]
+
+
 STRUCTS = (
     HamiSliceHeader,
     HamiDeviceLimit,
@@ -209,6 +266,9 @@ STRUCTS = (
     HamiSlot,
     HamiSliceFile,
     HamiLimitsFile,
+    HamiRoomGrant,
+    HamiLedgerGpu,
+    HamiRoomLedger,
 )
 
 LIMITS_OFFSET = HamiSliceFile.limits.offset
@@ -219,6 +279,7 @@ FILE_SIZE = ctypes.sizeof(HamiSliceFile)
 
 LIMITS_FILE_SIZE = ctypes.sizeof(HamiLimitsFile)
 LIMITS_FILE_BLOCK_OFFSET = HamiLimitsFile.limits.offset
+LEDGER_SIZE = ctypes.sizeof(HamiRoomLedger)
 
 
 def limits_file_path(slice_path):

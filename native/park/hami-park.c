@@ -9,17 +9,19 @@
  *   hami-park hold PID [LOCK_TIMEOUT_MS]              lock, checkpoint, and nothing else: a process
  *                                                     the guard parks (it may have no slot, and only
  *                                                     an administrator's restore brings it back)
- *   hami-park restore PID [UUID=BYTES...]            restore, unlock (run by the parked process, or
+ *   hami-park restore PID [UUID=BYTES[+KEEP]...]     restore, unlock (run by the parked process, or
  *                                                     for a held one by an administrator); first,
- *                                                     each GPU named must have BYTES free
+ *                                                     each GPU named must have BYTES free beyond KEEP
  *   hami-park recover PID                             undo a park whose parker died
  *   hami-park state PID                               the driver's word on PID
  *
  * It runs without the preload library, as the user of the target process (or
  * root). Park acts only on a process whose owner (its real uid) owns the slice
  * file, through the slot that names it in its own PID namespace: the file is
- * written by its user, so a slot naming another user's process is refused. It answers with one line on stdout: "ok ..." or "error <CUresult>
- * <why>"; the exit status is 0 or 1. A park that fails half-way is undone: the
+ * written by its user, so a slot naming another user's process is refused. It
+ * answers with one line on stdout: "ok ..." or "error <code> <why>", the code
+ * the driver's CUresult, or one of HAMI_PARK_REFUSED_* (slice_file.h) when what
+ * the slot says stands in the way; the exit status is 0 or 1. A park that fails half-way is undone: the
  * target is never left locked.
  *
  * Park writes the target's slot: park_state from RUNNING to PARKING (compare
@@ -75,6 +77,18 @@ static int fail(int rc, const char *fmt, ...)
 	va_end(ap);
 	printf("\n");
 	return 1;
+}
+
+/* The driver's words for the results a park meets most. */
+static const char *result_name(int rc)
+{
+	switch (rc) {
+	case CUDA_ERROR_OUT_OF_MEMORY: return "out of memory on the GPU: the checkpoint needs room of its own";
+	case CUDA_ERROR_TIMEOUT: return "timed out: the process stayed busy inside the driver";
+	case CUDA_ERROR_ILLEGAL_STATE: return "the driver holds the process in another checkpoint state";
+	case CUDA_ERROR_NOT_PERMITTED: return "not permitted";
+	default: return "the driver's error";
+	}
 }
 
 static double now_s(void)
@@ -287,11 +301,11 @@ static int park(const char *path, int pid, unsigned timeout_ms, uint32_t reason)
 	off_t park_byte = slot_at(i) + (off_t)offsetof(struct hami_slot, park_state);
 	/* Held until we are done: the target's housekeeper sees a parker at work. */
 	if (ofd(fd, park_byte, F_WRLCK, F_OFD_SETLK) < 0)
-		return fail(CUDA_ERROR_NOT_PERMITTED, "another parker is working on process %d", pid);
+		return fail(HAMI_PARK_REFUSED_PARKER, "another parker is working on process %d", pid);
 	uint32_t running = HAMI_PARK_RUNNING;
 	if (!__atomic_compare_exchange_n(&s->park_state, &running, HAMI_PARK_PARKING, 0, __ATOMIC_ACQ_REL,
 					 __ATOMIC_ACQUIRE))
-		return fail(CUDA_ERROR_ILLEGAL_STATE, "process %d is not running on the GPU (park state %u)",
+		return fail(HAMI_PARK_REFUSED_STATE, "process %d is not running on the GPU (park state %u)",
 			    pid, running);
 	uint64_t bytes = 0;
 	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++)
@@ -301,7 +315,7 @@ static int park(const char *path, int pid, unsigned timeout_ms, uint32_t reason)
 	const char *step = "";
 	if (host && bytes > host) {
 		__atomic_store_n(&s->park_state, HAMI_PARK_RUNNING, __ATOMIC_RELEASE);
-		return fail(CUDA_ERROR_OUT_OF_MEMORY, "host memory too low to hold process %d's GPU state: "
+		return fail(HAMI_PARK_REFUSED_HOST, "host memory too low to hold process %d's GPU state: "
 			    "%llu bytes, %llu available", pid, (unsigned long long)bytes,
 			    (unsigned long long)host);
 	}
@@ -328,7 +342,8 @@ static int park(const char *path, int pid, unsigned timeout_ms, uint32_t reason)
 	if (rc != CUDA_SUCCESS) {
 		__atomic_store_n(&s->park_error, rc, __ATOMIC_RELAXED);
 		__atomic_store_n(&s->park_state, HAMI_PARK_RUNNING, __ATOMIC_RELEASE);
-		return fail(rc, "%s of process %d failed; it runs on, unparked", step, pid);
+		return fail(rc, "%s of process %d failed (%d: %s); it runs on, unparked", step, pid, rc,
+			    result_name(rc));
 	}
 	__atomic_store_n(&s->park_error, 0, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->park_reason, reason, __ATOMIC_RELAXED);
@@ -352,13 +367,14 @@ static int hold(int pid, unsigned timeout_ms)
 	CUcheckpointLockArgs lock_args = { .timeoutMs = timeout_ms };
 	int rc = cu.lock(pid, &lock_args);
 	if (rc != CUDA_SUCCESS)
-		return fail(rc, "lock of process %d failed; it runs on", pid);
+		return fail(rc, "lock of process %d failed (%d: %s); it runs on", pid, rc, result_name(rc));
 	if ((rc = cu.checkpoint(pid, NULL)) != CUDA_SUCCESS) {
 		int undo = cu.unlock(pid, NULL);
 		if (undo != CUDA_SUCCESS)
 			return fail(rc, "checkpoint of process %d failed, and so did unlocking it (%d): it stays "
 				    "locked; \"hami-park recover %d\" unlocks it", pid, undo, pid);
-		return fail(rc, "checkpoint of process %d failed; it runs on, unparked", pid);
+		return fail(rc, "checkpoint of process %d failed (%d: %s); it runs on, unparked", pid, rc,
+			    result_name(rc));
 	}
 	printf("ok %.3f\n", now_s() - t0);
 	return 0;
@@ -369,10 +385,12 @@ typedef nvmlReturn_t (*nvml_by_uuid_fn)(const char *, nvmlDevice_t *);
 typedef nvmlReturn_t (*nvml_memory_fn)(nvmlDevice_t, nvmlMemory_t *);
 
 /*
- * Whether each GPU named "UUID=BYTES" has BYTES free (NVML, physical memory).
- * Asked here, in a process of its own, because in the parked process NVML's
- * calls block as its CUDA calls do. 0: room, or NVML cannot tell (the
- * driver's restore then judges); 1: no room, said on stdout.
+ * Whether each GPU named "UUID=BYTES[+KEEP]" has BYTES free beyond KEEP (NVML,
+ * physical memory; KEEP: what the node agent's room ledger keeps free there for
+ * parks and for others, as the parked process read it). Asked here, in a
+ * process of its own, because in the parked process NVML's calls block as its
+ * CUDA calls do. 0: room, or NVML cannot tell (the driver's restore then
+ * judges); 1: no room, said on stdout.
  */
 static int gpus_lack_room(int n, char **wants)
 {
@@ -388,14 +406,21 @@ static int gpus_lack_room(int n, char **wants)
 		if (!eq || (size_t)(eq - wants[i]) >= sizeof(uuid))
 			continue;
 		snprintf(uuid, sizeof(uuid), "%.*s", (int)(eq - wants[i]), wants[i]);
-		unsigned long long bytes = strtoull(eq + 1, NULL, 10);
+		char *plus = NULL;
+		unsigned long long bytes = strtoull(eq + 1, &plus, 10);
+		unsigned long long keep = plus && *plus == '+' ? strtoull(plus + 1, NULL, 10) : 0;
 		nvmlDevice_t dev;
 		nvmlMemory_t m;
 		if (by_uuid(uuid, &dev) != NVML_SUCCESS || memory(dev, &m) != NVML_SUCCESS)
 			continue;
-		if (m.free < bytes)
+		if (m.free < keep || m.free - keep < bytes) {
+			if (keep)
+				return fail(CUDA_ERROR_OUT_OF_MEMORY, "GPU %s has %llu bytes free, %llu needed beyond "
+					    "the %llu kept free for parks and for others", uuid,
+					    (unsigned long long)m.free, bytes, keep);
 			return fail(CUDA_ERROR_OUT_OF_MEMORY, "GPU %s has %llu bytes free, %llu needed", uuid,
 				    (unsigned long long)m.free, bytes);
+		}
 	}
 	return 0;
 }
@@ -462,7 +487,7 @@ static int usage(void)
 {
 	fprintf(stderr, "usage: hami-park park SLICE_FILE PID [LOCK_TIMEOUT_MS [idle|asked|room|guard]] | "
 		"hold PID [LOCK_TIMEOUT_MS] | "
-		"restore PID [UUID=BYTES...] | recover PID | state PID\n");
+		"restore PID [UUID=BYTES[+KEEP]...] | recover PID | state PID\n");
 	return 2;
 }
 

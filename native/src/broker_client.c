@@ -4,7 +4,10 @@
  *
  *   ROOM <gpu uuid> <bytes> <since_unix_ns>\n   the request
  *   BUSY <position>\n        queued behind others; the final answer follows
- *   OK <bytes made free>\n   room was made (or was there): try the driver again
+ *   OK <bytes made free> [<ticket>]\n
+ *                            room was made (or was there): try the driver again; the
+ *                            ticket names its grant in the room ledger, held while
+ *                            the connection stays open
  *   NO <why>\n               nothing can be parked now
  *
  * Nothing here calls CUDA or NVML, takes a library mutex or raises SIGPIPE.
@@ -12,6 +15,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -70,12 +74,15 @@ static int send_all(int fd, const char *buf, size_t len)
 	return 0;
 }
 
-/* One answer line (NUL-terminated, no newline): 1 final (OK/NO, *why* for NO), 0 BUSY. */
-static int read_line(const char *line, enum hami_broker_answer *out, char *why, size_t cap)
+/* One answer line (NUL-terminated, no newline): 1 final (OK/NO, *why* for NO,
+ * *ticket* for OK), 0 BUSY. */
+static int read_line(const char *line, enum hami_broker_answer *out, uint64_t *ticket, char *why, size_t cap)
 {
 	if (strncmp(line, "BUSY", 4) == 0 && (line[4] == ' ' || line[4] == '\0'))
 		return 0;
 	if (strncmp(line, "OK", 2) == 0 && (line[2] == ' ' || line[2] == '\0')) {
+		unsigned long long made, t;
+		*ticket = sscanf(line + 2, "%llu %llu", &made, &t) == 2 ? (uint64_t)t : 0;
 		*out = HAMI_BROKER_OK;
 		return 1;
 	}
@@ -92,7 +99,7 @@ static int read_line(const char *line, enum hami_broker_answer *out, char *why, 
  * (monotonic ns). *answered is set once any line came back.
  */
 int hami_broker_request(int fd, const char *uuid, uint64_t bytes, uint64_t since_ns, uint64_t deadline,
-			int (*go_on)(void), int *answered, char *why, size_t cap)
+			int (*go_on)(void), int *answered, uint64_t *ticket, char *why, size_t cap)
 {
 	char buf[LINE_MAX_BYTES];
 	int n = snprintf(buf, sizeof(buf), "ROOM %s %llu %llu\n", uuid, (unsigned long long)bytes,
@@ -100,15 +107,20 @@ int hami_broker_request(int fd, const char *uuid, uint64_t bytes, uint64_t since
 	if (n <= 0 || (size_t)n >= sizeof(buf) || send_all(fd, buf, (size_t)n) < 0)
 		return HAMI_BROKER_LOST;
 	size_t got = 0;
+	sigset_t mask; /* only Jupyter's interrupt ends the wait (room.c) */
+	hami_wait_mask(&mask);
 	for (;;) {
 		uint64_t now = hami_monotonic_ns();
 		if (now >= deadline)
 			return HAMI_BROKER_LATE;
 		if (go_on && !go_on())
 			return HAMI_BROKER_STOPPED;
-		uint64_t left_ms = (deadline - now + 999999) / 1000000;
+		uint64_t left_ns = deadline - now, slice_ns = (uint64_t)POLL_SLICE_MS * 1000000ull;
+		if (left_ns > slice_ns)
+			left_ns = slice_ns;
+		struct timespec ts = { .tv_sec = 0, .tv_nsec = (long)left_ns };
 		struct pollfd p = { .fd = fd, .events = POLLIN };
-		int r = poll(&p, 1, left_ms < POLL_SLICE_MS ? (int)left_ms : POLL_SLICE_MS);
+		int r = ppoll(&p, 1, &ts, &mask);
 		if (r < 0)
 			return errno == EINTR ? HAMI_BROKER_INTERRUPTED : HAMI_BROKER_LOST;
 		if (r <= 0)
@@ -127,7 +139,7 @@ int hami_broker_request(int fd, const char *uuid, uint64_t bytes, uint64_t since
 				nl[-1] = '\0';
 			*answered = 1;
 			enum hami_broker_answer a;
-			if (read_line(buf, &a, why, cap))
+			if (read_line(buf, &a, ticket, why, cap))
 				return a;
 			size_t used = (size_t)(nl - buf) + 1;
 			memmove(buf, nl + 1, got - used);

@@ -11,8 +11,9 @@
  * process's GPU state is being checkpointed or restored (a park or a resume),
  * the driver refuses new contexts with CUDA_ERROR_DEVICE_UNAVAILABLE (seen on
  * an H100: "CUDA-capable device(s) is/are busy or unavailable" in a PyTorch
- * session's set-up while the broker parked another): that is a moment's wait,
- * not an error, so the context is tried again every BUSY_POLL_NS.
+ * session's set-up while the broker parked another): a moment's wait
+ * (gpu_busy.c). On a GPU the node agent calls tight, the context takes its
+ * turn like an allocation (room_ledger.c), its cost (or the guess) the take.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -31,8 +32,6 @@ typedef CUresult (*destroy_fn)(CUcontext);
 typedef nvmlReturn_t (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
 
 #define CONTEXT_GUESS (512ull << 20) /* PyTorch's context on an H100: about 500 MiB */
-#define BUSY_POLL_NS 100000000ull    /* a context refused while the GPU is busy: tried again this often */
-#define BUSY_WAIT_S 120              /* ... for this long at most (a park of 32 GiB takes 20 s) */
 
 pthread_mutex_t hami_context_lock = PTHREAD_MUTEX_INITIALIZER;
 #define lock hami_context_lock
@@ -106,6 +105,7 @@ static int known_context_bytes(uint64_t *bytes)
  * or a device-wide reading to measure it against afterwards. */
 struct ctx_cost {
 	int sdev;
+	int ordinal;
 	int reserved;
 	uint64_t bytes;
 	int have_before;
@@ -113,9 +113,10 @@ struct ctx_cost {
 };
 
 /* Before the real call: CUDA_ERROR_OUT_OF_MEMORY when the slice has no room. */
-static CUresult reserve_context(struct ctx_cost *c, int sdev)
+static CUresult reserve_context(struct ctx_cost *c, int sdev, CUdevice dev)
 {
 	c->sdev = sdev;
+	c->ordinal = dev;
 	c->before = 0;
 	c->reserved = known_context_bytes(&c->bytes);
 	if (c->reserved && hami_charge(sdev, c->bytes, "a CUDA context") != CUDA_SUCCESS)
@@ -160,44 +161,24 @@ static int ready_device(CUdevice dev, CUresult *err)
 /* Not a CUresult: the primary context was made by another thread while this one waited. */
 #define RETAINED_MEANWHILE ((CUresult)-1)
 
-/* A context refused while the GPU was busy: since when (monotonic ns), and whether that was said. */
-struct busy_wait {
-	uint64_t since;
-	int told;
-};
-
-/* The driver refused a new context with CUDA_ERROR_DEVICE_UNAVAILABLE: wait a
- * moment (no lock held) and say so once. 0: waited BUSY_WAIT_S already. */
-static int busy_pause(struct busy_wait *b, int sdev)
-{
-	uint64_t now = hami_monotonic_ns();
-	if (!b->since)
-		b->since = now;
-	if (now - b->since > (uint64_t)BUSY_WAIT_S * 1000000000ull)
-		return 0;
-	if (!b->told) {
-		char gpu[HAMI_SLICE_UUID_LEN + 8];
-		b->told = 1;
-		hami_gpu_name(sdev, gpu, sizeof(gpu));
-		hami_log(HAMI_LOG_WARN, "%s is busy (another process's GPU state is being moved to or from host "
-			 "memory): waiting to make this process's CUDA context", gpu);
-	}
-	struct timespec ts = { 0, (long)BUSY_POLL_NS };
-	nanosleep(&ts, NULL);
-	return 1;
-}
-
 /* The driver refused a context (rc): wait for room (its cost reserved, or a
  * guess at it asked of the broker) or for a busy GPU. 1: make it again. */
-static int context_again(CUresult rc, struct hami_driver_room *d, struct busy_wait *b, const struct ctx_cost *cost)
+static int context_again(CUresult rc, struct hami_driver_room *d, const struct ctx_cost *cost)
 {
 	if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE)
-		return busy_pause(b, cost->sdev);
+		return hami_busy_wait(&d->room.busy, cost->sdev, cost->ordinal, "a CUDA context");
 	if (rc != CUDA_ERROR_OUT_OF_MEMORY)
 		return 0;
 	if (cost->reserved)
 		return hami_room_wait(&d->room, cost->sdev, cost->bytes, "a CUDA context", NULL);
 	return hami_driver_room_wait(d, cost->sdev, CONTEXT_GUESS, "a CUDA context");
+}
+
+/* Whether the room ledger lets the context be made now (CUDA_SUCCESS), or it
+ * waits its turn (CUDA_ERROR_OUT_OF_MEMORY, as if the driver had refused it). */
+static CUresult context_turn(struct hami_driver_room *d, const struct ctx_cost *cost)
+{
+	return hami_room_turn(&d->room, cost->sdev, cost->reserved ? cost->bytes : CONTEXT_GUESS);
 }
 
 /*
@@ -210,10 +191,9 @@ static CUresult retain_when_room(retain_fn fn, CUcontext *pctx, CUdevice dev, co
 				 CUresult rc)
 {
 	struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
-	struct busy_wait busy = { 0, 0 };
 	for (;;) {
 		pthread_mutex_unlock(&lock); /* never held while waiting */
-		int again = context_again(rc, &room, &busy, cost);
+		int again = context_again(rc, &room, cost);
 		pthread_mutex_lock(&lock);
 		if (!again)
 			break;
@@ -227,7 +207,9 @@ static CUresult retain_when_room(retain_fn fn, CUcontext *pctx, CUdevice dev, co
 			}
 			break;
 		}
-		if ((rc = fn(pctx, dev)) != CUDA_ERROR_OUT_OF_MEMORY && rc != CUDA_ERROR_DEVICE_UNAVAILABLE)
+		if ((rc = context_turn(&room, cost)) == CUDA_SUCCESS)
+			rc = fn(pctx, dev);
+		if (rc != CUDA_ERROR_OUT_OF_MEMORY && rc != CUDA_ERROR_DEVICE_UNAVAILABLE)
 			break;
 	}
 	hami_driver_room_end(&room);
@@ -257,12 +239,16 @@ HAMI_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 		return rc;
 	}
 	struct ctx_cost cost;
-	if (reserve_context(&cost, sdev) != CUDA_SUCCESS) {
+	if (reserve_context(&cost, sdev, dev) != CUDA_SUCCESS) {
 		pthread_mutex_unlock(&lock);
 		*pctx = NULL;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	CUresult rc = fn(pctx, dev);
+	struct hami_driver_room turn = HAMI_DRIVER_ROOM_INIT;
+	CUresult rc = context_turn(&turn, &cost);
+	hami_driver_room_end(&turn);
+	if (rc == CUDA_SUCCESS)
+		rc = fn(pctx, dev);
 	if (rc == CUDA_ERROR_OUT_OF_MEMORY || rc == CUDA_ERROR_DEVICE_UNAVAILABLE)
 		rc = retain_when_room(fn, pctx, dev, &cost, rc);
 	if (rc == RETAINED_MEANWHILE) {
@@ -325,7 +311,7 @@ static CUresult begin_create(CUcontext *pctx, void *fn, CUdevice dev, struct ctx
 	c->sdev = ready_device(dev, &err);
 	if (err != CUDA_SUCCESS || c->sdev < 0)
 		return err;
-	if (reserve_context(c, c->sdev) != CUDA_SUCCESS) {
+	if (reserve_context(c, c->sdev, dev) != CUDA_SUCCESS) {
 		*pctx = NULL;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
@@ -368,14 +354,12 @@ HAMI_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevic
 	CUresult rc = begin_create(pctx, (void *)fn, dev, &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	rc = fn(pctx, flags, dev);
-	if (waits_for_room(rc, &c)) {
-		struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
-		struct busy_wait busy = { 0, 0 };
-		while (context_again(rc, &room, &busy, &c))
+	struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
+	do
+		if ((rc = context_turn(&room, &c)) == CUDA_SUCCESS)
 			rc = fn(pctx, flags, dev);
-		hami_driver_room_end(&room);
-	}
+	while (waits_for_room(rc, &c) && context_again(rc, &room, &c));
+	hami_driver_room_end(&room);
 	return finish_create(rc, pctx, &c);
 }
 
@@ -388,14 +372,12 @@ HAMI_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int numParams
 	CUresult rc = begin_create(pctx, (void *)fn, dev, &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	rc = fn(pctx, params, numParams, flags, dev);
-	if (waits_for_room(rc, &c)) {
-		struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
-		struct busy_wait busy = { 0, 0 };
-		while (context_again(rc, &room, &busy, &c))
+	struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
+	do
+		if ((rc = context_turn(&room, &c)) == CUDA_SUCCESS)
 			rc = fn(pctx, params, numParams, flags, dev);
-		hami_driver_room_end(&room);
-	}
+	while (waits_for_room(rc, &c) && context_again(rc, &room, &c));
+	hami_driver_room_end(&room);
 	return finish_create(rc, pctx, &c);
 }
 
@@ -407,14 +389,12 @@ HAMI_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int 
 	CUresult rc = begin_create(pctx, (void *)fn, dev, &c);
 	if (rc != CUDA_SUCCESS)
 		return rc;
-	rc = fn(pctx, params, flags, dev);
-	if (waits_for_room(rc, &c)) {
-		struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
-		struct busy_wait busy = { 0, 0 };
-		while (context_again(rc, &room, &busy, &c))
+	struct hami_driver_room room = HAMI_DRIVER_ROOM_INIT;
+	do
+		if ((rc = context_turn(&room, &c)) == CUDA_SUCCESS)
 			rc = fn(pctx, params, flags, dev);
-		hami_driver_room_end(&room);
-	}
+	while (waits_for_room(rc, &c) && context_again(rc, &room, &c));
+	hami_driver_room_end(&room);
 	return finish_create(rc, pctx, &c);
 }
 

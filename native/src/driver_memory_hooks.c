@@ -8,7 +8,10 @@
  * hooked for one thing: on a full GPU the driver refuses it with
  * CUDA_ERROR_OUT_OF_MEMORY, having done nothing, so the hook waits for the
  * memory broker to make room (driver_room.c) and calls it again, as a refused
- * allocation does. Launches and graph uploads do the same in their own hooks.
+ * allocation does. Refused as "busy" while another process's GPU state moves
+ * (an H200 refused PyTorch's stream creation so during a park), it waits for
+ * the move (gpu_busy.c) and calls it again. Launches and graph uploads do the
+ * same in their own hooks.
  *
  * Each is the driver's own prototype, forwarded as it is.
  */
@@ -30,9 +33,9 @@ typedef struct CUkern_st *CUkernel;
 		if (!fn)                                                                         \
 			return CUDA_ERROR_NOT_FOUND;                                             \
 		CUresult rc = fn args;                                                           \
-		if (rc == CUDA_ERROR_OUT_OF_MEMORY) {                                            \
+		if (rc == CUDA_ERROR_OUT_OF_MEMORY || rc == CUDA_ERROR_DEVICE_UNAVAILABLE) {     \
 			struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;                       \
-			while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_driver_room_wait(&d, -1, 0, what)) \
+			while (hami_driver_room_again(&d, rc, -1, 0, what))                      \
 				rc = fn args;                                                    \
 			hami_driver_room_end(&d);                                                \
 		}                                                                                \

@@ -13,8 +13,10 @@
  * refused allocation does (room.c), and calls the driver again. How much the
  * driver wanted is not known: the first ask is a guess, and each time the
  * broker's room was not enough the ask doubles, never past what the slice's
- * limit leaves. When the limit leaves nothing, or the broker made all of it
- * free and the driver still refuses, the error goes to the program.
+ * limit leaves (a slice without a cap: what the GPU's memory leaves). When
+ * that is nothing, or the broker made all of it free and the driver still
+ * refuses, the error goes to the program. A call refused as "busy" while
+ * another process's state moves waits for the move (gpu_busy.c).
  */
 #include "hami.h"
 
@@ -56,19 +58,30 @@ int hami_driver_room_wait(struct hami_driver_room *d, int sdev, uint64_t first_a
 	}
 	uint64_t limit = hami_device_limit_bytes(d->sdev);
 	uint64_t used = hami_device_used(d->sdev);
-	uint64_t left = limit > used ? limit - used : 0;
+	/* Without a cap the GPU's own size bounds what the driver can want. */
+	uint64_t bound = limit ? limit : hami_slice()->device[d->sdev].memory_total;
+	uint64_t left = bound > used ? bound - used : 0;
 	uint64_t ask = !d->ask ? (first_ask ? first_ask : FIRST_ASK) : d->ask > left / 2 ? left : d->ask * 2;
 	if (ask > left)
 		ask = left;
 	if (!ask || ask <= d->ask) {
 		if (!d->ask)
-			report_no_room(d->sdev, what, used, limit);
+			report_no_room(d->sdev, what, used, bound);
 		else
 			report_still_refused(d->sdev, what, d->ask);
 		return 0;
 	}
 	d->ask = ask;
 	return hami_room_wait(&d->room, d->sdev, ask, what, NULL);
+}
+
+int hami_driver_room_again(struct hami_driver_room *d, CUresult rc, int sdev, uint64_t first_ask, const char *what)
+{
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+		return hami_driver_room_wait(d, sdev, first_ask, what);
+	if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE)
+		return hami_busy_wait(&d->room.busy, sdev, -1, what);
+	return 0;
 }
 
 void hami_driver_room_end(struct hami_driver_room *d)

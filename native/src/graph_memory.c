@@ -200,7 +200,7 @@ static CUresult upload(upload_fn fn, CUgraphExec exec, CUstream stream)
 	/* A full GPU refuses the upload and maps nothing: wait for room, upload again. */
 	struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
 	CUresult rc = fn(exec, stream);
-	while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_driver_room_wait(&d, -1, 0, "a CUDA graph's upload"))
+	while (hami_driver_room_again(&d, rc, -1, 0, "a CUDA graph's upload"))
 		rc = fn(exec, stream);
 	hami_driver_room_end(&d);
 	hami_graph_release(&h, rc);

@@ -7,6 +7,7 @@
 #define HAMI_INTERNAL_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stddef.h>
 #include <sys/stat.h>
@@ -115,6 +116,7 @@ int hami_hooked_base(const char *symbol);
 int hami_setup(void); /* CUDA_SUCCESS, an error to return, or -1: driver not initialised yet */
 int hami_ordinal_device(int ordinal);   /* slice device index, -1 if none */
 int hami_current_device(int *ordinal); /* slice device index of the current context, -1 if none */
+int hami_device_ordinal(int sdev);     /* the CUDA ordinal of slice device sdev, -1 if none */
 int hami_ordinal_count(void);
 void hami_gpu_name(int sdev, char *out, size_t cap); /* "GPU 0", else "GPU <uuid>" */
 
@@ -168,29 +170,80 @@ void hami_process_force(int sdev, uint64_t bytes);
 void hami_process_give(int sdev, uint64_t bytes);
 void hami_process_after_fork(void);
 
+/* gpu_busy.c: a call the driver refused as "busy or unavailable" while another
+ * process's GPU state moves to or from host memory (a park, a resume). */
+struct hami_busy {
+	uint64_t since; /* monotonic ns of the first refusal; 0: none yet */
+	int told;
+};
+/* 1: call the driver again (it waited a moment); 0: pass the error on (said why
+ * where it matters). ordinal -1: the current context's device. */
+int hami_busy_wait(struct hami_busy *b, int sdev, int ordinal, const char *what);
+
 /*
  * room.c: when the slice had room for an allocation but the GPU had not (the
- * driver said out of memory), the memory broker is asked to make room
- * (broker_client.c) and the driver call is tried again; docs/preload.md.
- * A struct hami_room lives for one wait, on the waiting thread's stack (or
- * across a parked process's resume attempts).
+ * driver said out of memory, or the room ledger says what is free is others'),
+ * the memory broker is asked to make room (broker_client.c) and the driver call
+ * is tried again; docs/preload.md. A struct hami_room lives for one wait, on
+ * the waiting thread's stack (or across a parked process's resume attempts).
+ * After the broker's OK the connection stays open until the wait ends: the
+ * room the broker made is this process's while it is (its grant, by ticket).
  */
 struct hami_room {
 	uint64_t since_ns;  /* CLOCK_REALTIME: when the wait began (kept across re-asks); 0: none */
 	uint64_t deadline;  /* monotonic; 0: set at the next ask */
 	int entry;          /* this wait's entry in the process's table (the slot shows the oldest), -1 */
+	int fd;             /* the broker's connection while its grant is held, -1 */
+	uint64_t ticket;    /* the grant's ticket (the broker's OK), 0 */
 	int connected;      /* a broker took a connection during this wait */
 	int answered;       /* ... and answered a line */
 	int told_start, told_end;
 	int told_no;        /* "can make no room yet" was said */
-	int interrupted;    /* a signal the program handles ended it */
+	int interrupted;    /* Jupyter's interrupt (SIGINT) ended it */
 	char why[160];      /* the broker's last NO */
+	char turn[64];      /* why the room ledger sent this take to the broker, "" */
+	struct hami_busy busy;
 };
-#define HAMI_ROOM_INIT { .entry = -1 }
+#define HAMI_ROOM_INIT { .entry = -1, .fd = -1 }
 /* 1: try the driver again; 0: give up (said why, unless go_on() stopped it). go_on may be NULL. */
 int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *what, int (*go_on)(void));
+/* After a driver call that takes *bytes* on sdev returned rc: 1 when it is to be
+ * made again (room was made, a busy GPU is free again), 0 when rc stands. */
+int hami_room_again(struct hami_room *w, CUresult rc, int sdev, uint64_t bytes, const char *what);
 void hami_room_end(struct hami_room *w);
 void hami_room_after_fork(void);
+/* Sleep ns (not past the monotonic deadline; 0: none) unless Jupyter's
+ * interrupt comes: -1 then. Other signals wait for the sleep's end. */
+int hami_pause_ns(uint64_t ns, uint64_t deadline);
+/* The signal mask a wait sleeps under: all blocked but SIGINT (unless the program blocks it). */
+void hami_wait_mask(sigset_t *mask);
+
+/*
+ * Make CALL, a driver call that takes *bytes* of device memory on slice device
+ * sdev (-1 or 0 bytes: not governed), in its turn (the room ledger), and again
+ * for as long as the memory broker makes room or a busy GPU frees up; rc gets
+ * its result. One statement, as a loop cannot be a function over any call.
+ */
+#define HAMI_TAKE(rc, sdev, bytes, what, call)                                                         \
+	do {                                                                                            \
+		struct hami_room take_room_ = HAMI_ROOM_INIT;                                           \
+		do                                                                                      \
+			if (((rc) = hami_room_turn(&take_room_, (sdev), (bytes))) == CUDA_SUCCESS)       \
+				(rc) = (call);                                                          \
+		while ((sdev) >= 0 && (bytes) && hami_room_again(&take_room_, (rc), (sdev), (bytes), (what))); \
+		hami_room_end(&take_room_);                                                             \
+	} while (0)
+
+/* room_ledger.c: the node agent's room ledger (slice_file.h). CUDA_SUCCESS when
+ * this process may take *bytes* on sdev now; CUDA_ERROR_OUT_OF_MEMORY when it
+ * must ask the broker first (w->turn says why). */
+CUresult hami_room_turn(struct hami_room *w, int sdev, uint64_t bytes);
+int hami_ledger_gpu(const char *uuid, struct hami_ledger_gpu *out); /* 0, or -1: none believed */
+uint64_t hami_ledger_granted(const struct hami_ledger_gpu *g, uint64_t ticket); /* its bytes, 0 */
+/* NULL when a take of *bytes* with *free* on the GPU keeps the ledger's rule; else why not. */
+const char *hami_ledger_refusal(const struct hami_ledger_gpu *g, uint64_t ticket, int within, uint64_t free,
+				uint64_t bytes);
+int hami_within_guarantee(int sdev);
 
 /* driver_room.c: a call refused for memory the driver takes by itself (module
  * code, local memory, pools, a first context), which no hook reserved: ask the
@@ -205,6 +258,8 @@ struct hami_driver_room {
 };
 #define HAMI_DRIVER_ROOM_INIT { .room = HAMI_ROOM_INIT, .sdev = -1 }
 int hami_driver_room_wait(struct hami_driver_room *d, int sdev, uint64_t first_ask, const char *what);
+/* After such a call returned rc: 1 to make it again (room, or a busy GPU free again). */
+int hami_driver_room_again(struct hami_driver_room *d, CUresult rc, int sdev, uint64_t first_ask, const char *what);
 void hami_driver_room_end(struct hami_driver_room *d);
 extern pthread_mutex_t hami_room_lock;
 
@@ -215,11 +270,12 @@ enum hami_broker_answer {
 	HAMI_BROKER_LOST,    /* the connection closed before a final answer (a restart?) */
 	HAMI_BROKER_LATE,    /* the deadline came first */
 	HAMI_BROKER_STOPPED, /* go_on() said to stop */
-	HAMI_BROKER_INTERRUPTED /* a signal the program handles came while waiting (EINTR) */
+	HAMI_BROKER_INTERRUPTED /* Jupyter's interrupt (SIGINT) came while waiting */
 };
 int hami_broker_connect(const char *path, uint64_t timeout_ns); /* a socket, or -1: no broker there */
+/* *ticket*: the grant an OK names (0 when it names none) */
 int hami_broker_request(int fd, const char *uuid, uint64_t bytes, uint64_t since_ns, uint64_t deadline,
-			int (*go_on)(void), int *answered, char *why, size_t cap);
+			int (*go_on)(void), int *answered, uint64_t *ticket, char *why, size_t cap);
 
 /* sm_share.c: the SM-share gate (launch path) and controller (housekeeper) */
 extern int hami_sm_watch;

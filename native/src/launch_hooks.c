@@ -30,10 +30,10 @@ struct launch_config_head {
 
 #define LAUNCH_NEEDS "a kernel launch (its code, loaded at its first launch, or its local memory)"
 
-/* The launch was refused for memory: whether to make it again (room was made). */
+/* The launch was refused (for memory, or a busy GPU): whether to make it again. */
 static int launch_again(CUresult rc, struct hami_driver_room *d, const char *what)
 {
-	return rc == CUDA_ERROR_OUT_OF_MEMORY && hami_driver_room_wait(d, -1, 0, what);
+	return hami_driver_room_again(d, rc, -1, 0, what);
 }
 
 static inline int watching(void)
@@ -51,7 +51,7 @@ static CUresult launch(launch_fn fn, int per_thread, CUfunction f, unsigned int 
 	if (watch)
 		hami_sm_before_launch(stream, per_thread);
 	CUresult rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);
-	if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* did not start: made again once there is room */
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY || rc == CUDA_ERROR_DEVICE_UNAVAILABLE) { /* did not start: made again */
 		struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
 		while (launch_again(rc, &d, LAUNCH_NEEDS))
 			rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);
@@ -89,7 +89,7 @@ static CUresult launch_ex(launch_ex_fn fn, int per_thread, const void *config, C
 	if (watch)
 		hami_sm_before_launch(((const struct launch_config_head *)config)->stream, per_thread);
 	CUresult rc = fn(config, f, params, extra);
-	if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* did not start: made again once there is room */
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY || rc == CUDA_ERROR_DEVICE_UNAVAILABLE) { /* did not start: made again */
 		struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
 		while (launch_again(rc, &d, LAUNCH_NEEDS))
 			rc = fn(config, f, params, extra);
@@ -122,7 +122,7 @@ static CUresult cooperative(cooperative_fn fn, int per_thread, CUfunction f, uns
 	if (watch)
 		hami_sm_before_launch(stream, per_thread);
 	CUresult rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params);
-	if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* did not start: made again once there is room */
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY || rc == CUDA_ERROR_DEVICE_UNAVAILABLE) { /* did not start: made again */
 		struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
 		while (launch_again(rc, &d, LAUNCH_NEEDS))
 			rc = fn(f, gx, gy, gz, bx, by, bz, shm, stream, params);
@@ -165,7 +165,7 @@ static CUresult graph(graph_fn fn, int per_thread, CUgraphExec exec, CUstream st
 	if (watch)
 		hami_sm_before_launch(stream, per_thread);
 	CUresult rc = fn(exec, stream);
-	if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* did not start: made again once there is room */
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY || rc == CUDA_ERROR_DEVICE_UNAVAILABLE) { /* did not start: made again */
 		struct hami_driver_room d = HAMI_DRIVER_ROOM_INIT;
 		while (launch_again(rc, &d, "a CUDA graph's launch"))
 			rc = fn(exec, stream);

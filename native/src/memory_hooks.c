@@ -2,8 +2,9 @@
  * Every driver call that takes device memory is charged to the slice before
  * the driver is asked (reserve, then allocate) and credited by its matching
  * free. A free of something we never saw still goes to the driver. When the
- * slice had room but the GPU had not, the call waits for the memory broker to
- * make room and is tried again (room.c), the reservation kept meanwhile.
+ * slice had room but the GPU had not (or the node agent's room ledger keeps
+ * what is free for others), the call waits for the memory broker to make room
+ * and is tried again (HAMI_TAKE), the reservation kept meanwhile.
  */
 #include <pthread.h>
 #include <string.h>
@@ -73,13 +74,7 @@ static CUresult charged_alloc(CUdeviceptr *dptr, size_t bytes, const char *what,
 		return rc;
 	if (sdev >= 0 && bytes && (rc = hami_charge(sdev, bytes, what)) != CUDA_SUCCESS)
 		return rc;
-	rc = managed ? managed(dptr, bytes, flags) : fn(dptr, bytes);
-	if (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && bytes) { /* the slice had room, the GPU not */
-		struct hami_room room = HAMI_ROOM_INIT;
-		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, sdev, bytes, what, NULL))
-			rc = managed ? managed(dptr, bytes, flags) : fn(dptr, bytes);
-		hami_room_end(&room);
-	}
+	HAMI_TAKE(rc, sdev, bytes, what, managed ? managed(dptr, bytes, flags) : fn(dptr, bytes));
 	if (sdev < 0 || !bytes)
 		return rc;
 	if (rc != CUDA_SUCCESS)
@@ -121,13 +116,7 @@ HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 		guess = UINT64_MAX; /* no GPU holds it: the charge refuses it */
 	if (sdev >= 0 && guess && (rc = hami_charge(sdev, guess, "cuMemAllocPitch")) != CUDA_SUCCESS)
 		return rc;
-	rc = fn(dptr, pitch, width, height, elementSize);
-	if (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && guess) {
-		struct hami_room room = HAMI_ROOM_INIT;
-		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, sdev, guess, "cuMemAllocPitch", NULL))
-			rc = fn(dptr, pitch, width, height, elementSize);
-		hami_room_end(&room);
-	}
+	HAMI_TAKE(rc, sdev, guess, "cuMemAllocPitch", fn(dptr, pitch, width, height, elementSize));
 	if (sdev < 0 || !guess)
 		return rc;
 	if (rc != CUDA_SUCCESS) {
@@ -256,15 +245,9 @@ static CUresult pooled_alloc(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
 	}
 	if (need && (rc = hami_charge(sdev, need, what)) != CUDA_SUCCESS)
 		return rc;
-	rc = from_pool ? from_pool(dptr, bytes, pool, stream) : fn(dptr, bytes, stream);
 	/* Only growth the slice reserved waits for room: a refusal with spare in
 	 * the pool is the driver's own business. */
-	if (rc == CUDA_ERROR_OUT_OF_MEMORY && need) {
-		struct hami_room room = HAMI_ROOM_INIT;
-		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, sdev, need, what, NULL))
-			rc = from_pool ? from_pool(dptr, bytes, pool, stream) : fn(dptr, bytes, stream);
-		hami_room_end(&room);
-	}
+	HAMI_TAKE(rc, sdev, need, what, from_pool ? from_pool(dptr, bytes, pool, stream) : fn(dptr, bytes, stream));
 	if (!tracked) {
 		if (rc != CUDA_SUCCESS)
 			hami_credit(sdev, need);
@@ -423,13 +406,7 @@ HAMI_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
 	CUresult rc;
 	if (sdev >= 0 && size && (rc = hami_charge(sdev, size, "cuMemCreate")) != CUDA_SUCCESS)
 		return rc;
-	rc = fn(handle, size, prop, flags);
-	if (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0 && size) {
-		struct hami_room room = HAMI_ROOM_INIT;
-		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, sdev, size, "cuMemCreate", NULL))
-			rc = fn(handle, size, prop, flags);
-		hami_room_end(&room);
-	}
+	HAMI_TAKE(rc, sdev, size, "cuMemCreate", fn(handle, size, prop, flags));
 	if (sdev < 0 || !size)
 		return rc;
 	if (rc != CUDA_SUCCESS)
@@ -491,13 +468,7 @@ static CUresult charged_array(void *out, uint64_t bytes, const char *what, uint3
 		return rc;
 	if (sdev >= 0 && (rc = hami_charge(sdev, bytes, what)) != CUDA_SUCCESS)
 		return rc;
-	rc = create(out, desc, levels);
-	if (rc == CUDA_ERROR_OUT_OF_MEMORY && sdev >= 0) {
-		struct hami_room room = HAMI_ROOM_INIT;
-		while (rc == CUDA_ERROR_OUT_OF_MEMORY && hami_room_wait(&room, sdev, bytes, what, NULL))
-			rc = create(out, desc, levels);
-		hami_room_end(&room);
-	}
+	HAMI_TAKE(rc, sdev, bytes, what, create(out, desc, levels));
 	if (sdev < 0)
 		return rc;
 	if (rc != CUDA_SUCCESS)

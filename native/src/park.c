@@ -11,10 +11,14 @@
  *    when it sees a thread inside a hooked call while parked (a call that
  *    slipped in just before the parker's lock and now waits there);
  *  - a wanted resume first finds room under the slice's cap (the charge comes
- *    back with the same compare-and-swap as an allocation), then runs
- *    "hami-park restore" on this pid, which checks the GPUs' free memory,
- *    restores and unlocks; a GPU without that much free memory is a wait for
- *    the memory broker to make room (room.c), then the restore is tried again;
+ *    back with the same compare-and-swap as an allocation), then takes its
+ *    turn on a GPU the node agent calls tight, as an allocation does (the room
+ *    ledger: while others wait there it asks the broker first, beyond its
+ *    slice's guarantee), then runs "hami-park restore" on this pid, which
+ *    checks the GPUs' free memory less what the ledger keeps for parks and
+ *    for others, restores and unlocks; a GPU without that much free memory is
+ *    a wait for the memory broker to make room (room.c), then the restore is
+ *    tried again;
  *  - a parker that died half-way (PARKING, and nobody holds its lock) is
  *    undone by "hami-park recover".
  *
@@ -277,6 +281,34 @@ static int short_device(struct hami_slot *s, const char *answer)
 	return -1;
 }
 
+/*
+ * The room ledger's word on a resume of parked[] (no NVML here: in a parked
+ * process it blocks). *keep*: per device, what the restore must leave free
+ * (the reserve and others' grants). -1 with *wait_on* set when the resume
+ * must wait its turn on that device first: others wait for room there, and
+ * this slice is beyond its guarantee.
+ */
+static int resume_turn(struct hami_slot *s, uint64_t keep[HAMI_SLICE_MAX_DEVICES], int *wait_on)
+{
+	struct hami_slice_file *f = hami_slice();
+	for (int d = 0; f && d < HAMI_SLICE_MAX_DEVICES; d++) {
+		struct hami_ledger_gpu g;
+		keep[d] = 0;
+		if (!__atomic_load_n(&s->parked[d], __ATOMIC_ACQUIRE) || hami_ledger_gpu(f->device[d].uuid, &g) < 0 ||
+		    !g.turns)
+			continue;
+		uint64_t mine = hami_ledger_granted(&g, room.ticket);
+		if (!mine && g.waiting && !hami_within_guarantee(d)) {
+			snprintf(room.turn, sizeof(room.turn), "others wait for room on it first");
+			*wait_on = d;
+			return -1;
+		}
+		uint64_t others = g.granted_bytes > mine ? g.granted_bytes - mine : 0;
+		keep[d] = g.reserve_bytes + others;
+	}
+	return 0;
+}
+
 static void resume(struct hami_slot *s)
 {
 	uint64_t now = hami_monotonic_ns();
@@ -293,17 +325,30 @@ static void resume(struct hami_slot *s)
 		set_wait(s, HAMI_PARK_WAIT_SLICE);
 		return;
 	}
-	/* Each GPU must have the bytes free: hami-park asks NVML, which blocks here. */
+	uint64_t keep[HAMI_SLICE_MAX_DEVICES];
+	int turn_on = -1;
+	if (resume_turn(s, keep, &turn_on) < 0) {
+		/* Others were first: the broker serves this resume in its turn. */
+		unreserve(s, HAMI_SLICE_MAX_DEVICES);
+		set_wait(s, HAMI_PARK_WAIT_GPU);
+		next_try_ns = hami_monotonic_ns() + RETRY_NS;
+		if (hami_room_wait(&room, turn_on, __atomic_load_n(&s->parked[turn_on], __ATOMIC_ACQUIRE), NULL,
+				   resume_wanted))
+			next_try_ns = 0;
+		return;
+	}
+	/* Each GPU must have the bytes free beyond what is kept: hami-park asks
+	 * NVML, which blocks here. */
 	struct hami_slice_file *f = hami_slice();
-	char wants[HAMI_SLICE_MAX_DEVICES][HAMI_SLICE_UUID_LEN + 24];
+	char wants[HAMI_SLICE_MAX_DEVICES][HAMI_SLICE_UUID_LEN + 48];
 	char *extra[HAMI_SLICE_MAX_DEVICES + 1] = { NULL };
 	int n = 0;
 	for (d = 0; f && d < HAMI_SLICE_MAX_DEVICES; d++) {
 		uint64_t bytes = __atomic_load_n(&s->parked[d], __ATOMIC_ACQUIRE);
 		if (!bytes)
 			continue;
-		snprintf(wants[n], sizeof(wants[n]), "%.*s=%llu", HAMI_SLICE_UUID_LEN - 1, f->device[d].uuid,
-			 (unsigned long long)bytes);
+		snprintf(wants[n], sizeof(wants[n]), "%.*s=%llu+%llu", HAMI_SLICE_UUID_LEN - 1, f->device[d].uuid,
+			 (unsigned long long)bytes, (unsigned long long)keep[d]);
 		extra[n] = wants[n];
 		n++;
 	}
@@ -427,6 +472,8 @@ void hami_park_after_fork(void)
 	moved = 0;
 	calls_seen = 0;
 	next_try_ns = 0;
+	if (room.fd >= 0)
+		close(room.fd); /* the parent's grant is the parent's */
 	room = (struct hami_room)HAMI_ROOM_INIT;
 	struct hami_call_mark *mine = hami_thread_mark;
 	for (int i = 0; i < MAX_MARKS; i++)

@@ -10,15 +10,26 @@
  * While a thread waits, the process's slot says so (room_wait_*: the oldest
  * wait of the process), for the views and for a restarted broker's queue.
  *
- * A signal the program handles ends the wait (Jupyter's "Interrupt kernel" is
- * SIGINT, which Python handles): the sleep or poll returns EINTR, the wait
- * gives up with out of memory, and so does any wait the same process begins
- * within INTERRUPT_HOLD_NS of it (a framework retries a refused allocation at
- * once, after freeing its caches), so the cell ends and Python raises.
- * Nothing here calls CUDA or NVML, and no library mutex is held while waiting
- * (hami_room_lock only guards the table of waits, for microseconds).
+ * The broker's OK comes with a grant (a ticket in the room ledger): the room it
+ * made is this process's while the connection stays open, so the connection
+ * is kept until the wait ends (hami_room_end) or asks again, and the take
+ * that follows passes the ledger's rule with that ticket (room_ledger.c).
+ *
+ * Jupyter's interrupt (SIGINT, which Python handles) ends the wait: every
+ * sleep and poll here runs with every other signal blocked (hami_wait_mask),
+ * so a SIGCHLD from a DataLoader worker that exits, or any other signal the
+ * program handles, waits for the sleep's end instead of ending the wait; a
+ * SIGINT returns EINTR, the wait gives up with out of memory, and so does any
+ * wait the same process begins within INTERRUPT_HOLD_NS of it (a framework
+ * retries a refused allocation at once, after freeing its caches), so the
+ * cell ends and Python raises. Nothing here calls CUDA or NVML, and no
+ * library mutex is held while waiting (hami_room_lock only guards the table
+ * of waits, for microseconds).
  */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -124,16 +135,35 @@ static int just_interrupted(void)
 	return t && hami_monotonic_ns() - t < INTERRUPT_HOLD_NS;
 }
 
-/* Sleep ns, not past deadline. -1: a signal the program handles came (EINTR). */
-static int pause_ns(uint64_t ns, uint64_t deadline)
+void hami_wait_mask(sigset_t *mask)
+{
+	sigset_t now;
+	pthread_sigmask(SIG_BLOCK, NULL, &now);
+	sigfillset(mask);
+	if (!sigismember(&now, SIGINT))
+		sigdelset(mask, SIGINT);
+}
+
+int hami_pause_ns(uint64_t ns, uint64_t deadline)
 {
 	uint64_t now = hami_monotonic_ns();
-	if (now >= deadline)
+	if (deadline && now >= deadline)
 		return 0;
-	if (ns > deadline - now)
+	if (deadline && ns > deadline - now)
 		ns = deadline - now;
+	sigset_t mask;
+	hami_wait_mask(&mask);
 	struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull) };
-	return nanosleep(&ts, NULL) < 0 && errno == EINTR ? -1 : 0;
+	return ppoll(NULL, 0, &ts, &mask) < 0 && errno == EINTR ? -1 : 0;
+}
+
+/* The broker's grant is given back: its connection closes. */
+static void drop_lease(struct hami_room *w)
+{
+	if (w->fd >= 0)
+		close(w->fd);
+	w->fd = -1;
+	w->ticket = 0;
 }
 
 static uint64_t last_no_broker_report;
@@ -215,6 +245,7 @@ int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *wh
 	}
 	if (!w->deadline)
 		w->deadline = hami_monotonic_ns() + (uint64_t)c->room_wait_s * 1000000000ull;
+	drop_lease(w); /* the room of an earlier OK did not serve: asked again */
 	for (;;) {
 		uint64_t now = hami_monotonic_ns();
 		if (now >= w->deadline)
@@ -226,7 +257,7 @@ int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *wh
 		if (fd < 0) {
 			if (!w->connected)
 				return give_up(w, gpu, bytes, what); /* no broker: as without one */
-			if (pause_ns(RECONNECT_NS, w->deadline) < 0) /* it answered before: restarting? */
+			if (hami_pause_ns(RECONNECT_NS, w->deadline) < 0) /* it answered before: restarting? */
 				return interrupted(w, gpu, bytes, what);
 			continue;
 		}
@@ -234,17 +265,27 @@ int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *wh
 		if (!w->told_start) {
 			char size[32];
 			w->told_start = 1;
-			hami_log(HAMI_LOG_WARN, "%s has no room for %s now (%s): waiting up to %u s while the "
-				 "memory broker parks idle kernels of this GPU", gpu, hami_human(bytes, size),
-				 what ? what : "this process's parked memory", c->room_wait_s);
+			if (w->turn[0])
+				hami_log(HAMI_LOG_WARN, "%s is tight (%s): %s (%s) waits its turn, up to %u s, "
+					 "for the memory broker", gpu, w->turn, hami_human(bytes, size),
+					 what ? what : "this process's parked memory", c->room_wait_s);
+			else
+				hami_log(HAMI_LOG_WARN, "%s has no room for %s now (%s): waiting up to %u s while "
+					 "the memory broker parks idle kernels of this GPU", gpu, hami_human(bytes, size),
+					 what ? what : "this process's parked memory", c->room_wait_s);
 		}
 		char why[sizeof(w->why)] = "";
+		uint64_t ticket = 0;
 		int answer = hami_broker_request(fd, uuid, bytes, w->since_ns, w->deadline, go_on, &w->answered,
-						 why, sizeof(why));
+						 &ticket, why, sizeof(why));
+		if (answer == HAMI_BROKER_OK) { /* the room is ours while the connection is open */
+			w->fd = fd;
+			w->ticket = ticket;
+			w->turn[0] = '\0';
+			return 1;
+		}
 		close(fd);
 		switch (answer) {
-		case HAMI_BROKER_OK:
-			return 1;
 		case HAMI_BROKER_NO:
 			memcpy(w->why, why, sizeof(w->why));
 			if (!w->told_no) {
@@ -252,11 +293,11 @@ int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *wh
 				hami_log(HAMI_LOG_WARN, "%s: the memory broker can make no room yet (%s); asking "
 					 "again every second", gpu, why);
 			}
-			if (pause_ns(ASK_AGAIN_NS, w->deadline) < 0)
+			if (hami_pause_ns(ASK_AGAIN_NS, w->deadline) < 0)
 				return interrupted(w, gpu, bytes, what);
 			break;
 		case HAMI_BROKER_LOST:
-			if (pause_ns(RECONNECT_NS, w->deadline) < 0) /* asked again with the same since */
+			if (hami_pause_ns(RECONNECT_NS, w->deadline) < 0) /* asked again with the same since */
 				return interrupted(w, gpu, bytes, what);
 			break;
 		case HAMI_BROKER_INTERRUPTED:
@@ -269,11 +310,23 @@ int hami_room_wait(struct hami_room *w, int sdev, uint64_t bytes, const char *wh
 	}
 }
 
-/* The wait is over (room came, or not): the slot stops showing it. */
+int hami_room_again(struct hami_room *w, CUresult rc, int sdev, uint64_t bytes, const char *what)
+{
+	if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+		return bytes && hami_room_wait(w, sdev, bytes, what, NULL);
+	if (rc == CUDA_ERROR_DEVICE_UNAVAILABLE)
+		return hami_busy_wait(&w->busy, sdev, -1, what);
+	return 0;
+}
+
+/* The wait is over (room came, or not): the slot stops showing it, the grant goes back. */
 void hami_room_end(struct hami_room *w)
 {
-	if (!w->since_ns)
+	drop_lease(w);
+	if (!w->since_ns) {
+		*w = (struct hami_room)HAMI_ROOM_INIT;
 		return;
+	}
 	if (w->told_start && !w->told_end)
 		hami_log(HAMI_LOG_INFO, "the wait for room on the GPU is over: the memory broker made room");
 	table_remove(w->entry);

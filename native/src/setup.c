@@ -172,18 +172,24 @@ int hami_ordinal_device(int ordinal)
 	return ordinal_device[ordinal];
 }
 
+int hami_device_ordinal(int sdev)
+{
+	for (int o = 0; sdev >= 0 && o < ordinal_count; o++)
+		if (ordinal_device[o] == sdev)
+			return o;
+	return -1;
+}
+
 /* "GPU 1" by the CUDA ordinal the program knows (what torch.device("cuda:1")
  * names), else by the slice's UUID of it: the index people read, after
  * CUDA_VISIBLE_DEVICES. */
 void hami_gpu_name(int sdev, char *out, size_t cap)
 {
-	for (int o = 0; o < ordinal_count; o++)
-		if (ordinal_device[o] == sdev) {
-			snprintf(out, cap, "GPU %d", o);
-			return;
-		}
+	int o = hami_device_ordinal(sdev);
 	struct hami_slice_file *f = hami_slice();
-	if (f && sdev >= 0 && sdev < HAMI_SLICE_MAX_DEVICES && f->device[sdev].uuid[0])
+	if (o >= 0)
+		snprintf(out, cap, "GPU %d", o);
+	else if (f && sdev >= 0 && sdev < HAMI_SLICE_MAX_DEVICES && f->device[sdev].uuid[0])
 		snprintf(out, cap, "GPU %.*s", HAMI_SLICE_UUID_LEN - 1, f->device[sdev].uuid);
 	else
 		snprintf(out, cap, "GPU ?");

@@ -107,6 +107,7 @@ class RoomClient:
         self.pid = self.proc.pid
         self._events = queue.Queue()
         self._pending = {}  # name -> events read but not asked for yet
+        self.tickets = {}  # name -> the ticket of its OK (the grant in the room ledger)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -158,11 +159,19 @@ class RoomClient:
         return "closed" if event.get("closed") else event["line"]
 
     def final(self, name, timeout=DEFAULT_TIMEOUT):
-        """``(lines before, final answer)``: the BUSY lines, then OK/NO (or "closed")."""
+        """``(lines before, final answer)``: the BUSY lines, then OK/NO (or "closed").
+        An ``OK <made> <ticket>`` is given as ``OK <made>``: the ticket, which names
+        the room granted in the room ledger, is kept in :attr:`tickets`."""
         before = []
         while True:
             line = self.line(name, timeout)
             if not line.startswith("BUSY"):
+                if line.startswith("OK "):
+                    words = line.split(" ")
+                    assert len(words) == 3 and words[2].isdigit() and int(words[2]), \
+                        f"an OK names its grant's ticket: {line!r}"
+                    self.tickets[name] = int(words[2])
+                    line = " ".join(words[:2])
                 return before, line
             before.append(line)
 

@@ -8,7 +8,9 @@ stdin, one per line; every event is one JSON line on stdout:
 
     init DEV                          -> {"op": "init"}
     ask NAME SOCKET UUID BYTES SINCE  -> {"op": "ask", "name": NAME, "line": "BUSY 1"} per answer
-                                         line, then {"op": "ask", "name": NAME, "closed": true}
+                                         line, then {"op": "ask", "name": NAME, "closed": true}; after
+                                         a final line (OK or NO) the client closes the connection
+                                         itself, as the library does once it took the room granted
     close NAME                        -> the connection NAME is closed at once (a process that gives
                                          up, or is killed, mid-wait); {"op": "close", "name": NAME}
 """
@@ -42,11 +44,16 @@ def ask(name, path, uuid, size, since):
             if not chunk:
                 break
             buffered += chunk
+            final = False
             while b"\n" in buffered:
                 line, buffered = buffered.split(b"\n", 1)
                 say(op="ask", name=name, line=line.decode())
+                final = final or not line.startswith(b"BUSY")
+            if final:
+                break
     except OSError as e:
         say(op="ask", name=name, error=str(e))
+    conn.close()
     say(op="ask", name=name, closed=True)
 
 

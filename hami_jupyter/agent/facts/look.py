@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ...slice.layout import HAMI_PARK_RUNNING
 from ...slice.parking import ParkError, checkpoint_state
 from .activity import Activity
 from .attribution import Attributor
@@ -46,7 +47,10 @@ class Look:
     """The node at one moment. *reading*: NVML's (:class:`~.nvml.Reading`);
     *slices*: the :class:`~.slices.SliceSet`; *placed*: every GPU process with
     its facts and attribution; *unseen*: report entries of NVML processes the
-    agent's ``/proc`` does not show; *errors*: what could not be read."""
+    agent's ``/proc`` does not show; *errors*: what could not be read;
+    *driver_states*: the driver's word (``running``, ``locked``,
+    ``checkpointed``, ...) on each process whose slot says it is off the GPU
+    or on its way: a slot's word is checked against the driver's."""
 
     reading: object
     slices: object
@@ -54,6 +58,7 @@ class Look:
     unseen: list = field(default_factory=list)
     errors: list = field(default_factory=list)
     unix: float = 0.0
+    driver_states: dict = field(default_factory=dict)  # pid -> the driver's checkpoint state
 
     def on(self, uuid):
         """The placed processes on GPU *uuid*."""
@@ -108,16 +113,24 @@ class Node:
                                         "user": None, "why": NOT_SEEN})
                     continue
                 look.placed.append(Placed(gp.uuid, gp.used_bytes, facts, self.attributor.attribute(facts, slices)))
+            for p in look.placed:
+                slot = p.attribution.slot
+                if slot is not None and slot.park_state != HAMI_PARK_RUNNING:
+                    look.driver_states[p.facts.pid] = self.driver_state(p.facts.pid)
             self.procs.keep(facts_of)
             self.attributor.keep((f.pid, f.start_ticks) for f in facts_of.values() if f is not None)
             self.activity.observe(look.placed, set(reading.gpus), reading.busy, look.unix)
             self._latest = look
             return look
 
+    def memory(self, uuid, errors):
+        """``(total, free)`` bytes of GPU *uuid* now; None (the reason in *errors*) when NVML cannot say."""
+        with self._lock:
+            return self.reader.memory(uuid, errors)
+
     def free(self, uuid, errors):
         """Free bytes on GPU *uuid* now; None (the reason in *errors*) when NVML cannot say."""
-        with self._lock:
-            found = self.reader.memory(uuid, errors)
+        found = self.memory(uuid, errors)
         return None if found is None else found[1]
 
     def driver_state(self, pid):

@@ -125,14 +125,14 @@ def _registry(path, cache):
     return cache[path]
 
 
-def gather(look, uuid, activity, now, asking=frozenset(), acting=frozenset(), driver=None):
-    """The kernels on GPU *uuid* in *look* (a :class:`~hami_jupyter.agent.facts.look.Look`).
+def gather(look, uuid, activity, now, asking=frozenset(), acting=frozenset()):
+    """The kernels on GPU *uuid* in *look* (a :class:`~hami_jupyter.agent.facts.look.Look`,
+    whose ``driver_states`` hold the driver's word on processes whose slots say
+    they are off the GPU).
 
     *activity*: the agent's :class:`~hami_jupyter.agent.facts.activity.Activity`;
     *asking*: host PIDs that ask the agent for room now; *acting*: host PIDs the
-    actor is at work on; *driver*: the driver's word on a process (``pid ->
-    "running" | "locked" | "checkpointed" | ...``), asked only of a process whose
-    slot has said for a while that it is off the GPU.
+    actor is at work on.
     """
     groups = {}
     for p in look.on(uuid):
@@ -147,7 +147,7 @@ def gather(look, uuid, activity, now, asking=frozenset(), acting=frozenset(), dr
         entry = _registry(seen.path, cache).get(kernel_id) if kernel_id else None
         slots = [p.attribution.slot for p in procs]
         last = max(activity.last_active(p.facts, claimed_activity(p.attribution.slot, entry), now) for p in procs)
-        state = _stage(slots) if any(_away(p, activity, now, driver) for p in procs) else "running"
+        state = _stage(slots) if any(_away(p, activity, now, look.driver_states) for p in procs) else "running"
         if any(p.facts.pid in acting for p in procs):
             state = "parking"
         limits = seen.limits(uuid)
@@ -164,14 +164,14 @@ def gather(look, uuid, activity, now, asking=frozenset(), acting=frozenset(), dr
     return found
 
 
-def _away(p, activity, now, driver):
+def _away(p, activity, now, driver_states):
     """Whether process *p*'s slot, saying it is off the GPU while NVML lists its
     bytes, is believed: for :data:`AWAY_GRACE_S`, and after that only while the
     driver holds it locked or checkpointed."""
     away = activity.away_for(p.facts, now)
     if not away:
         return False
-    return away < AWAY_GRACE_S or (driver is not None and driver(p.facts.pid) in ("locked", "checkpointed"))
+    return away < AWAY_GRACE_S or driver_states.get(p.facts.pid) in ("locked", "checkpointed")
 
 
 @dataclass(frozen=True)
@@ -239,13 +239,17 @@ def coverable(eligible):
     return _take(eligible, float("inf"))[1]
 
 
-def why_none(eligible, skipped, failed_note=""):
+def why_none(eligible, skipped, failed_note="", need=None):
     """Why no kernel was parked, from what :func:`judge` found: how little the
-    kernels that may be parked could free (or that none may), *failed_note*,
-    then ``. Not parked: ...`` with each other kernel's reason. One line."""
+    kernels that may be parked could free against *need* (or that none may),
+    *failed_note*, then ``. Not parked: ...`` with each other kernel's reason.
+    One line; sizes that round alike are said in bytes too."""
     if eligible:
-        text = (f"the {len(eligible)} kernel(s) that may be parked could free only "
-                f"{format_size(coverable(eligible))}, so none was parked")
+        could = coverable(eligible)
+        said = format_size(could)
+        if need is not None and format_size(need) == said and need != could:
+            said = f"{said} ({could} bytes, {need} needed)"
+        text = f"the {len(eligible)} kernel(s) that may be parked could free only {said}, so none was parked"
     else:
         text = "no kernel may be parked"
     text += failed_note

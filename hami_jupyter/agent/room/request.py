@@ -106,6 +106,18 @@ class Request:
         except OSError:
             return False
 
+    def wait_closed(self, most_s, stop):
+        """Until the requester closes its end (it took the room granted to it),
+        at most *most_s* seconds, or the agent stops."""
+        deadline = time.monotonic() + most_s
+        while not stop.is_set() and time.monotonic() < deadline and self.alive():
+            poller = select.poll()
+            try:
+                poller.register(self.conn, select.POLLIN | select.POLLHUP)
+                poller.poll(200)
+            except (OSError, ValueError):
+                return
+
     def answer(self, line):
         """Send one answer line; False when the requester is gone."""
         try:
@@ -113,6 +125,26 @@ class Request:
             return True
         except OSError:
             return False
+
+
+@dataclass
+class ForHeadroom:
+    """The requester of a headroom park, as :class:`~hami_jupyter.agent.records.Records`
+    names requesters: no user, no slice; the GPU, the headroom and its free bytes."""
+
+    uuid: str
+    headroom: int
+    free: int
+    uid: int | None = None  # the audit record takes the agent's own
+
+    def who(self):
+        return (f"the {format_size(self.headroom)} headroom of GPU {self.uuid} "
+                f"({format_size(self.free)} free)")
+
+    def record(self):
+        return {"for": "headroom", "slice": None, "pid": None, "user": None, "kernel": None,
+                "bytes": max(0, self.headroom - self.free), "headroom_bytes": self.headroom,
+                "free_bytes": self.free}
 
 
 def admit(look, found, uid, user, room, heard_unix, started_unix, root):

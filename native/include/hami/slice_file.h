@@ -95,6 +95,12 @@
 #define HAMI_PARK_REASON_ROOM 3u  /* the memory broker: to make room for another user's work */
 #define HAMI_PARK_REASON_GUARD 4u /* the guard: over the cap outside the library */
 
+/* hami-park's own refusals, in its answer "error <code> <why>": what a slot
+ * says stands in the way, apart from the driver's CUresults (all below 1000) */
+#define HAMI_PARK_REFUSED_STATE 1001  /* the slot says the process is not running on the GPU */
+#define HAMI_PARK_REFUSED_PARKER 1002 /* another parker holds the slot */
+#define HAMI_PARK_REFUSED_HOST 1003   /* host memory too low for the slot's charge */
+
 struct hami_slice_header {
 	char magic[8];
 	uint32_t version_major;
@@ -227,6 +233,69 @@ struct hami_limits_file {
 	struct hami_slice_limits limits;
 };
 
+/*
+ * The room ledger (layout 1.0): what the node agent has made room for, and
+ * keeps free, on each GPU; docs/broker.md, "Room kept for its requester".
+ * NVML's free figure is everyone's, so room parked free for one waiting
+ * process is taken by whoever asks the driver first unless every taker
+ * looks here before: the agent (root) publishes it in "<the broker
+ * socket's folder>/HAMI_LEDGER_NAME", mode 0644, and every preload library
+ * and hami-park map it read-only. A ledger not owned by root (or by the
+ * reader's own user), writable by others, or not written for
+ * HAMI_LEDGER_STALE_NS (its agent is gone) is not believed.
+ *
+ * Each GPU entry is a seqlock: the agent makes seq odd, writes, makes it
+ * even; a reader copies the entry and copies again while seq was odd or
+ * moved. A take of GPU memory beyond its slice's guarantee, while turns is
+ * set, waits its turn through the agent when anyone waits there (waiting),
+ * and leaves reserve_bytes and others' grants untaken in any case.
+ */
+#define HAMI_LEDGER_MAGIC "HAMIROOM" /* 8 bytes, no terminator */
+#define HAMI_LEDGER_VERSION_MAJOR 1u
+#define HAMI_LEDGER_VERSION_MINOR 0u
+#define HAMI_LEDGER_NAME "room.ledger"
+#define HAMI_LEDGER_MAX_GPUS 16
+#define HAMI_LEDGER_MAX_GRANTS 16
+#define HAMI_LEDGER_STALE_NS 5000000000ull /* the agent writes every 0.5 s */
+
+/* Room made for one request: its until the requester's connection closes. */
+struct hami_room_grant {
+	uint64_t ticket;          /* nonzero while granted; the agent's "OK <made> <ticket>" names it */
+	uint64_t bytes;           /* free bytes kept for it */
+	uint64_t expires_unix_ns; /* it lapses then, whatever happens */
+	int32_t pid;              /* the requester, as the agent's PID namespace numbers it */
+	uint32_t reserved;
+};
+
+struct hami_ledger_gpu {
+	uint64_t seq;                 /* odd while the agent writes the entry */
+	char uuid[HAMI_SLICE_UUID_LEN]; /* empty: an unused entry */
+	uint64_t reserve_bytes;       /* kept free for parks: nothing through the library takes it */
+	uint64_t granted_bytes;       /* the sum of the live grants' bytes */
+	uint64_t free_bytes;          /* NVML's free figure at the agent's latest look */
+	uint64_t looked_unix_ns;      /* ... taken then */
+	uint64_t moving_until_unix_ns; /* a process's GPU state is moving to or from host memory */
+	uint32_t turns;               /* nonzero: the GPU is tight, takes beyond a guarantee look here */
+	uint32_t waiting;             /* requests for room queued or served now */
+	uint64_t reserved[4];
+	struct hami_room_grant grant[HAMI_LEDGER_MAX_GRANTS];
+};
+
+struct hami_room_ledger {
+	char magic[8];          /* HAMI_LEDGER_MAGIC */
+	uint32_t version_major; /* HAMI_LEDGER_VERSION_MAJOR: a reader refuses any other */
+	uint32_t version_minor;
+	uint64_t file_size;     /* sizeof(struct hami_room_ledger) */
+	uint64_t written_unix_ns; /* the agent's heartbeat */
+	int32_t agent_pid;
+	uint32_t reserved0;
+	uint8_t reserved[24];
+	struct hami_ledger_gpu gpu[HAMI_LEDGER_MAX_GPUS];
+};
+
+_Static_assert(sizeof(struct hami_room_grant) == 32, "room grant size");
+_Static_assert(sizeof(struct hami_ledger_gpu) == 648, "ledger gpu size");
+_Static_assert(sizeof(struct hami_room_ledger) == 64 + 16 * 648, "ledger size");
 _Static_assert(sizeof(struct hami_slice_header) == 256, "header size");
 _Static_assert(sizeof(struct hami_limits_file) == 1168, "limits file size");
 _Static_assert(sizeof(struct hami_device_limit) == 32, "device limit size");
