@@ -85,6 +85,7 @@ import os
 import queue
 import shutil
 import statistics
+import re
 import subprocess
 import sys
 import tempfile
@@ -454,9 +455,16 @@ def waits_by_call(sessions):
     counts = {}
     for s in sessions:
         for line in s.stderr().splitlines():
-            if line.startswith("hami:") and "now (" in line and "waiting up to" in line:
+            if not line.startswith("hami:"):
+                continue
+            if "now (" in line and "waiting up to" in line:  # the driver refused it
                 call = line.split("now (", 1)[1].split("): waiting", 1)[0]
-                counts[call] = counts.get(call, 0) + 1
+            else:  # the room ledger sent it to its turn
+                turn = re.search(r"\(([^()]*)\) waits its turn", line)
+                if turn is None:
+                    continue
+                call = turn.group(1)
+            counts[call] = counts.get(call, 0) + 1
     return counts
 
 
