@@ -17,8 +17,10 @@ The report (``version`` 1)::
      "broker_pid": 4242, "host": "gpu-node-1", "socket": "/run/hami-jupyter/broker.sock",
      "min_idle_seconds": 60, "host_memory_reserve": 2147483648,
      "headroom": 8589934592,                   # --headroom (0: off)
+     "reserve": 268435456,                     # --reserve: kept free for parks
      "errors": [],
      "gpus": {"GPU-...": {
+         "granted": [{"pid": 1234, "bytes": 8589934592}],  # room kept for requesters (the room ledger)
          "queue": [{"slice": "carol", "pid": 1234, "user": "carol", "kernel": "a1b2...",
                     "bytes": 8589934592, "since_unix_ns": 1764059990000000000,
                     "serving": true}],          # oldest wait first; the one served now first
@@ -37,7 +39,9 @@ The report (``version`` 1)::
 answered), ``refused`` (``NO`` answered, and why) and ``dropped`` (the
 requester went away before it was served: nothing more parked for it). A
 park for the headroom has ``"requester": {"for": "headroom", ...}`` (no user
-asked). Each GPU's ``headroom`` entry (only with a headroom set) says whether
+asked). ``granted`` lists the room the broker made and keeps for each
+requester it answered ``OK`` while that requester takes it (the room
+ledger's grants). Each GPU's ``headroom`` entry (with a headroom or a reserve) says whether
 the GPU has it free (``kept``), its free bytes at the last look, why not
 when it is not, since when it is (or is not) kept, and when it was last
 looked at (about every second).
