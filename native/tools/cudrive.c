@@ -48,6 +48,7 @@
  *                               processes [{pid, used}], count, version
  *   nvmlgraphics IDX [1|2|3]    the same of nvmlDeviceGetGraphicsRunningProcesses
  *   sleep MS | echo [WORD] | waitfile PATH [TIMEOUT_MS] | hold | exit [N] | stdin
+ *   handle INT|USR1|CHLD        a do-nothing handler (no SA_RESTART), as Python installs one
  *   child ... endchild          the commands in between in a fork()ed child; then
  *                               {"op":"child","child":PID,"status":N,"signal":N}
  *   worker NAME ... endworker   the commands in between on cudrive's worker thread NAME, made
@@ -945,7 +946,8 @@ static const char *const command_words[] = {
 	"unmapframe", "mapframe32", "unmapframe32", "reconfigure", "decodestatus", "parser", "unparser",
 	"ctxlock", "cuviddlsym", "write", "check", "ckpt", "freeasync", "capturemode", "ungraph", "graphupload",
 	"graphmem", "graphmemreset", "graphtrim", "nvmlgraphics", "internal", "graphics", "worker", "endworker",
-	"stream", "launchon", "streamsync", "streamquery", "waitvalue", "writevalue", "alternate", "events", NULL};
+	"stream", "launchon", "streamsync", "streamquery", "waitvalue", "writevalue", "alternate", "events", "handle",
+	NULL};
 
 static bool is_command_word(const char *w)
 {
@@ -4347,6 +4349,32 @@ static int cmd_waitfile(struct stream *s, struct result *r)
 	return 0;
 }
 
+static void ignore_signal(int sig)
+{
+	(void)sig;
+}
+
+/* handle SIGNAL (INT, USR1, CHLD): a handler that does nothing, installed
+ * without SA_RESTART, as a program (Python, a DataLoader) handles them: a
+ * sleep or poll of the library that the signal reaches returns EINTR. */
+static int cmd_handle(struct stream *s, struct result *r)
+{
+	ARG(name, "SIGNAL");
+	int sig = strcmp(name, "INT") == 0 ? SIGINT : strcmp(name, "USR1") == 0 ? SIGUSR1
+		  : strcmp(name, "CHLD") == 0 ? SIGCHLD : 0;
+	if (!sig) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad SIGNAL \"%s\" (INT, USR1, CHLD)", name);
+		return -1;
+	}
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = ignore_signal;
+	sigemptyset(&sa.sa_mask);
+	sigaction(sig, &sa, NULL);
+	res_str(r, "signal", name);
+	return 0;
+}
+
 static int cmd_echo(struct stream *s, struct result *r)
 {
 	const char *text = opt_arg(s);
@@ -4744,6 +4772,7 @@ static const struct {
 	{"writevalue", cmd_writevalue},
 	{"alternate", cmd_alternate},
 	{"events", cmd_events},
+	{"handle", cmd_handle},
 };
 
 static void run_stream(struct stream *s)
