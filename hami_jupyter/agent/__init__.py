@@ -26,11 +26,14 @@ The package reads like the design, from the ground up:
   (:mod:`.facts.activity`), and one look at all of it (:mod:`.facts.look`);
 - :mod:`.guard` and :mod:`.room`: the two policies, side by side, each deciding
   from a look and nothing else; neither imports the other;
-- :mod:`.actor` (parks, holds, kills: one action on a process at a time) and
-  :mod:`.records` (the one audit writer, rate-limited);
+- :mod:`.actor` (parks, holds, kills: one action on a process at a time),
+  :mod:`.records` (the one audit writer, rate-limited) and :mod:`.ledger`
+  (the room ledger every preload library reads before taking GPU memory on
+  a tight GPU: the reserve, the room granted to each requester, who waits);
 - :mod:`.watch` (every interval: look, judge by the guard's policy, act,
-  report), :mod:`.rooms` (a request for room, and the headroom:
-  look, plan by the room policy, act, answer) and :mod:`.headroom`;
+  report), :mod:`.rooms` (the room loop: a request for room, and a step of
+  the headroom's, each in one pass of facts, plan by the room policy, act,
+  record) and :mod:`.headroom` (which asks the room loop for its steps);
 - :mod:`.server` (the socket: who asks, from ``SO_PEERCRED``; each user's
   connections and requests bounded; every request timed out) with
   :mod:`.protocol` (the request and answer lines);
