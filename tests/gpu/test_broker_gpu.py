@@ -214,3 +214,52 @@ def test_a_session_starting_on_a_full_gpu_waits_in_set_up_and_runs(preload_lib, 
                 p.wait(30)
         log.close()
         print((tmp_path / "broker.log").read_text()[-3000:])
+
+
+def test_sessions_starting_while_a_kernel_is_parked_wait_for_the_move(preload_lib, tmp_path):
+    """Issue 38 on the real driver: while the agent checkpoints alice's idle
+    16 GiB kernel for the headroom, the driver refuses other processes' new
+    contexts and streams as busy (an H200 failed PyTorch's
+    initGlobalStreamState so). Three sessions start during that park: each
+    one's set-up waits for the move, and each runs."""
+    from hami_jupyter.slice.create import create_slice
+    from hami_jupyter.slice.file import read_snapshot
+    from hami_jupyter.slice.layout import HAMI_PARK_PARKING
+    from hami_jupyter.slice.limits import Limits
+
+    root = tmp_path / "slices"
+    root.mkdir(mode=0o700)
+    total = gpu_total()
+    create_slice(root / "alice.slice", "alice", Limits(memory_limit=20 * GiB, memory_guarantee=GiB))
+    for name in ("s1", "s2", "s3"):
+        create_slice(root / f"{name}.slice", name, Limits(memory_limit=4 * GiB, memory_guarantee=4 * GiB))
+    base, env = environments(preload_lib, root)
+    headroom = BROKER.replace("host_reserve=2 << 30)", f"host_reserve=2 << 30, headroom={total - 4 * GiB})")
+    alice = python(HOLDER.format(gib=16), env("alice"))
+    log = open(tmp_path / "broker.log", "w")
+    broker, starters = None, []
+    try:
+        assert alice.stdout.readline().strip() == "held"
+        time.sleep(3)  # idle past --min-idle-seconds 2
+        broker = subprocess.Popen([sys.executable, "-c", headroom, str(root)], env=base, stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            slots = [s for s in read_snapshot(root / "alice.slice").slots if s.pid == alice.pid]
+            if slots and slots[0].park_state == HAMI_PARK_PARKING:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("the agent never began to park alice's kernel")
+        starters = [python(STARTER, env(name), stderr=subprocess.PIPE) for name in ("s1", "s2", "s3")]
+        for s in starters:
+            said, stderr = s.communicate(timeout=180)
+            lines = [line for line in stderr.splitlines() if line.startswith("hami:")]
+            print("session:", said.strip(), *lines, sep="\n  ")
+            assert said.startswith("ran in"), stderr[-3000:]
+    finally:
+        for p in [alice, broker, *starters]:
+            if p is not None:
+                p.kill()
+                p.wait(30)
+        log.close()
+        print((tmp_path / "broker.log").read_text()[-3000:])
