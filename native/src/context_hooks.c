@@ -29,7 +29,6 @@ typedef CUresult (*create2_fn)(CUcontext *, unsigned int, CUdevice);
 typedef CUresult (*create3_fn)(CUcontext *, void *, int, unsigned int, CUdevice);
 typedef CUresult (*create4_fn)(CUcontext *, void *, unsigned int, CUdevice);
 typedef CUresult (*destroy_fn)(CUcontext);
-typedef nvmlReturn_t (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
 
 #define CONTEXT_GUESS (512ull << 20) /* PyTorch's context on an H100: about 500 MiB */
 
@@ -48,10 +47,8 @@ void hami_contexts_after_fork(void)
 
 static int nvml_device_used(int sdev, uint64_t *used)
 {
-	nvml_mem_fn mem = HAMI_REAL(nvml_mem_fn, "nvmlDeviceGetMemoryInfo");
-	nvmlDevice_t dev = hami_nvml_device(sdev);
 	nvmlMemory_t m;
-	if (!mem || !dev || mem(dev, &m) != NVML_SUCCESS)
+	if (hami_nvml_memory(sdev, &m) < 0)
 		return -1;
 	*used = m.used;
 	return 0;

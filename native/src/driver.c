@@ -102,3 +102,14 @@ nvmlDevice_t hami_nvml_device(int sdev)
 	__atomic_store_n(&handle[sdev], dev, __ATOMIC_RELEASE);
 	return dev;
 }
+
+typedef nvmlReturn_t (*nvml_memory_fn)(nvmlDevice_t, nvmlMemory_t *);
+
+/* The real NVML's memory figures of a slice GPU (the physical device, not the
+ * slice's view the hooks answer): 0, or -1 when NVML cannot say. */
+int hami_nvml_memory(int sdev, nvmlMemory_t *out)
+{
+	nvml_memory_fn mem = HAMI_REAL(nvml_memory_fn, "nvmlDeviceGetMemoryInfo");
+	nvmlDevice_t dev = hami_nvml_device(sdev);
+	return mem && dev && mem(dev, out) == NVML_SUCCESS ? 0 : -1;
+}

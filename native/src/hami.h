@@ -97,6 +97,7 @@ void *hami_cached_sym(void **cache, const char *name);
  * when the library has no such symbol (callers handle it). */
 #define HAMI_REAL(type, name) ({ static void *cache_; (type)hami_cached_sym(&cache_, name); })
 nvmlDevice_t hami_nvml_device(int sdev);
+int hami_nvml_memory(int sdev, nvmlMemory_t *out); /* the physical GPU's figures; -1: NVML cannot say */
 
 /* hooks.c: name <-> hook tables for dlsym and cuGetProcAddress */
 struct hami_hook {

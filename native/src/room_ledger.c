@@ -36,8 +36,6 @@
 #define REOPEN_NS 1000000000ull /* a missing or stale ledger is looked for again this often */
 #define LOOSE_SLACK (64ull << 20) /* what the agent's figure may be off by besides our own takes */
 
-typedef nvmlReturn_t (*nvml_mem_fn)(nvmlDevice_t, nvmlMemory_t *);
-
 static const struct hami_room_ledger *ledger; /* mapped, or NULL */
 /* What this process took on each slice device since the agent's look that the
  * ledger's free figure is from: a process that takes GiBs in the half second
@@ -170,10 +168,8 @@ int hami_within_guarantee(int sdev)
 
 static int free_bytes(int sdev, uint64_t *free)
 {
-	nvml_mem_fn mem = HAMI_REAL(nvml_mem_fn, "nvmlDeviceGetMemoryInfo");
-	nvmlDevice_t dev = hami_nvml_device(sdev);
 	nvmlMemory_t m;
-	if (!mem || !dev || mem(dev, &m) != NVML_SUCCESS)
+	if (hami_nvml_memory(sdev, &m) < 0)
 		return -1;
 	*free = m.free;
 	return 0;
