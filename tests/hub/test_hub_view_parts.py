@@ -3,6 +3,8 @@ history, Prometheus's targets, the actions' answers on Kubernetes, the
 service's registration in a config, and the charts."""
 
 import asyncio
+import html
+import re
 import logging
 from types import SimpleNamespace
 
@@ -16,6 +18,7 @@ from hami_jupyter.hubview.actions import ActionError, Actions
 from hami_jupyter.hubview.app import HamiHubService
 from hami_jupyter.hubview.history import History
 from hami_jupyter.hubview.metrics import targets
+from hami_jupyter.slice.status_html import MUTED_COLOUR
 
 MiB, GiB = 1 << 20, 1 << 30
 GPU = "GPU-aaaaaaaa-0000-4000-8000-00000000000a"
@@ -477,7 +480,7 @@ def test_each_gpu_sums_guarantees_and_caps_and_lists_who_waits():
     assert (gpu["memory_guarantees"], gpu["memory_limits"]) == (2 * GiB + 4 * GiB, 12 * GiB)
     assert (gpu["memory_used"], gpu["nvml_memory_used"]) == (150 * MiB, GiB)
     assert gpu["waiting"] == [{"slice": "bob", "user": "bob", "server": "", "kernel_id": "k2",
-                               "pid": 77, "bytes": 3 * GiB, "since_unix": 900.0}]
+                               "notebook": None, "pid": 77, "bytes": 3 * GiB, "since_unix": 900.0}]
     assert gpu["room_wait_bytes"] == 3 * GiB
     samples = {f.name: [s.value for s in f.samples]
                for f in metrics._families(lending_document())}
@@ -494,24 +497,24 @@ def test_the_hub_view_shows_guarantees_parked_kernels_and_waiters():
     document = lending_document({"node": "n1", "memory_oversubscription": 4.0})
     view = HubView(FakeClient(document), document)
     text = view.nodes.value
-    assert "caps 12.0 GiB (up to 64.0 GiB, 4 x the GPU, at a start), guaranteed 6.0 GiB, " \
-           "1.0 GiB on the GPU (NVML)" in text
+    shown = html.unescape(re.sub(r"<[^>]+>", "", text))  # what a reader sees
+    assert "caps 12.0 GiB (up to 64.0 GiB, 4 x the GPU, at a start) · guaranteed 6.0 GiB · " \
+           "1.0 GiB on the GPU (NVML)" in shown
     clock = time.strftime("%H:%M", time.localtime(900.0))
     assert "Waiting for room on this GPU: bob (" in text
     assert f"waiting for 3.0 GiB of GPU room since {clock}" in text
-    assert "8.0 GiB <span style='color: var(--jp-ui-font-color2, #757575)'>(2.0 GiB guaranteed)" \
-           in text
+    assert f"8.0 GiB <span style='color: {MUTED_COLOUR}'>(2.0 GiB guaranteed)" in text
     assert "parked to make room for another user&#x27;s work" in text
 
     form = view.slice_forms[("n1", "alice")]
-    assert form.guarantee.value == "default"  # the default entry: none of its own sent
+    assert form.guarantee.value == "whole cap"  # the default entry: none of its own sent
     form.device.value = GPU
     assert (form.memory.value, form.guarantee.value) == ("8.0 GiB", "2.0 GiB")
     form.guarantee.value = "3g"
     assert form.apply() is not None
     assert view.client.acts[-1] == {"action": "resize", "node": "n1", "slice": "alice",
                                     "device": GPU, "overcommit": False, "guarantee": "3g"}
-    assert view.slice_forms[("n1", "bob")].guarantee.value == "default"
+    assert view.slice_forms[("n1", "bob")].guarantee.value == "whole cap"
 
 
 def test_the_service_applies_a_guarantee_to_a_slice_of_its_node(tmp_path):
