@@ -63,6 +63,7 @@ REFRESH_RATE_MS = 500
 # slice of its own: what a slice over several GPUs shows.
 TWO_GPU_KERNEL = "hami-two-gpus"
 TWO_GPU_SLICE = "two-gpus"
+TWO_GPU_UUIDS = ("GPU-7e0a0000-0000-4000-8000-000000000000", "GPU-7e0a0000-0000-4000-8000-000000000001")
 
 LAB_EXTENSION = "hami-jupyter-labextension"
 SETTINGS = {
@@ -134,8 +135,11 @@ class Lab:
         share = Path(sys.prefix) / "share" / "jupyter" / "kernels" / "hami-python3"
         spec = json.loads((share / "kernel.json").read_text())
         spec["display_name"] = "Python 3 (HAMi vGPU, two GPUs)"
+        # UUIDs of their own: the server's NVML (the one-device simulated GPU)
+        # must not take them for its GPU 0 (the panel's whole GPU reads it).
         spec["env"] = {"HAMI_SIM_STATE": str(self.tmp / "sim-two-gpus" / "state"),
                        "HAMI_SIM_DEVICES": "2", "HAMI_SIM_MEMORY": "16g",
+                       "HAMI_SIM_UUIDS": ",".join(TWO_GPU_UUIDS),
                        "HAMI_SIM_CONTEXT_BYTES": "64m", "HAMI_SLICE": TWO_GPU_SLICE}
         folder = self.tmp / "data" / "kernels" / TWO_GPU_KERNEL
         folder.mkdir(parents=True, exist_ok=True)
