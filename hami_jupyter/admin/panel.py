@@ -7,13 +7,17 @@ instead, every node, GPU, user and kernel, with the same controls
 host, with a one-line note why. Everything below is that host view.
 
 ``AdminPanel()`` in a notebook shows the host's GPUs (NVML: name, memory,
-utilization, and how much memory slices are sure to keep on each: "kept for
-slices"), a table of each slice's memory per GPU, what the slice counts ("in
-use", with its parked memory beside it) beside what the guard reads from NVML
-("the guard sees"; "-" without a guard, and a note that says
-so), then one section per slice, headed by a notice while the guard sees the
-slice over its cap: its usage, kernels and their users (the same view as
-``%hami status``), and a form. The form edits one *entry* of the slice's
+utilization, and how much memory slices are sure to keep on each:
+"guaranteed to users"), a line per slice and GPU, what the slice counts ("in
+use", with its parked memory beside it) beside what the guard measures with
+NVML ("measured 1.5 GiB"; "not measured" without a guard, and a notice that
+says so in plain words, its technical note as the tooltip), then one section
+per slice, headed by a notice while the guard sees the slice over its cap:
+its usage, kernels (named by their notebooks) and their users (the same view
+as ``%hami status``), and a form. Everything is lines that wrap between their
+parts, so that a 270 px notebook scrolls nothing sideways; each plain word's
+meaning is its tooltip; the outermost box's class ``hami-admin`` gets
+JupyterLab's row height from the extension's stylesheet. The form edits one *entry* of the slice's
 limits, chosen in its first selector: the default entry (every GPU without
 limits of its own) or one GPU the slice has used. Apply checks the change
 (:mod:`.changes`, through :mod:`.actions`), writes it so that running
@@ -149,9 +153,9 @@ def _memory_lines(views, guard):
                 used += " " + _muted(f"+ {format_size(g['memory_parked'])} parked")
             cap = (f'<span title="{escape(CAP_TIP)}">cap {format_size(g["memory_limit"])}</span>'
                    if g["memory_limit"] else "no cap")
-            where = (f"<b>{escape(v.name)}</b> on GPU {g['index']} "
-                     + _muted(short_uuid(g["uuid"], uuids)))
-            lines.append(parts_line([where, used, cap, measured], "hami-slice-line"))
+            where = f"<b>{escape(v.name)}</b> on GPU {g['index']}"
+            lines.append(parts_line([where, _muted(short_uuid(g["uuid"], uuids)), used, cap, measured],
+                                    "hami-slice-line"))
     html = f'<div class="hami-slice-memory">{"".join(lines)}</div>' if lines else ""
     if guard:
         words, note = guard

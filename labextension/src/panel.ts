@@ -191,6 +191,24 @@ function setParts(node: HTMLElement, text: string): void {
   });
 }
 
+/**
+ * A notebook's path in `node`, free to wrap after each "/" (a <wbr> there), so
+ * that "work/analysis.ipynb" in a narrow panel goes "work/" then
+ * "analysis.ipynb", not "analysis.ipy" then "nb". The node's text is `path`.
+ */
+function setPath(node: HTMLElement, path: string): void {
+  if (node.textContent === path) {
+    return;
+  }
+  node.textContent = '';
+  path.split('/').forEach((part, i, all) => {
+    node.append(i < all.length - 1 ? `${part}/` : part);
+    if (i < all.length - 1) {
+      node.appendChild(document.createElement('wbr'));
+    }
+  });
+}
+
 export class SlicePanel extends Widget {
   constructor(options: SlicePanel.IOptions) {
     super();
@@ -518,7 +536,7 @@ export class SlicePanel extends Widget {
 
     // Named by its notebook, as JupyterLab's Running panel names it; the id in the tooltip.
     const name = kernelName(kernel);
-    parts.name.textContent = name;
+    setPath(parts.name, name);
     parts.name.title = kernelTitle(kernel);
     parts.charts.name = `Kernel ${name}`;
     const meta = [
