@@ -187,8 +187,9 @@ def test_panel_shows_gpus_slices_kernels_and_refreshes(hami_env, panels, charge)
 def memory_rows(panel):
     """The panel's lines of slices per GPU, each as the parts a reader sees (between " · ")."""
     lines = re.findall(r'<div class="hami-slice-line">(.*?)</div>', panel.memory_table.value)
-    return [[" ".join(p.split()) for p in html.unescape(re.sub(r"<[^>]+>", "", line)).split(" \u00b7 ")]
-            for line in lines]
+    parts = [[" ".join(p.split()) for p in html.unescape(re.sub(r"<[^>]+>", "", line)).split(" \u00b7 ")]
+             for line in lines]
+    return [[f"{p[0]} · {p[1]}", *p[2:]] for p in parts]  # the slice and GPU, then its figures
 
 
 def test_panel_shows_the_guards_real_memory_and_who_is_over(hami_env, panels, charge):
@@ -197,7 +198,7 @@ def test_panel_shows_the_guards_real_memory_and_who_is_over(hami_env, panels, ch
     charge(alice, 100)
     charge(bob, 200)
     uuid = sim_uuid(alice)
-    gpu = f"GPU 0 {uuid[:12]}\u2026"  # the UUID shortened as the JupyterLab panel does; whole in a tooltip
+    gpu = f"GPU 0 · {uuid[:12]}\u2026"  # the UUID shortened as the JupyterLab panel does; whole in a tooltip
 
     panel = panels(gpu_source=fake_gpus((uuid, "Fake H100", 16 * GiB)))  # no guard yet
     assert memory_rows(panel) == [[f"alice on {gpu}", "164.0 MiB in use", "cap 2.0 GiB", "not measured"],

@@ -21,7 +21,7 @@ import pytest
 
 from hami_jupyter import native
 from hami_jupyter.gpus import read_gpus_as
-from hami_jupyter.server import host, whole_gpu
+from hami_jupyter.server import host
 from hami_jupyter.slice import registry
 from hami_jupyter.slice.status import format_text, slice_status
 
@@ -131,6 +131,8 @@ class Holder:
 
 
 async def test_the_whole_gpu_beside_the_slice(start_kernel, get_json, slice_env, monkeypatch):
+    from hami_jupyter.server import whole_gpu
+
     # This server runs in the pytest process, which cannot load the simulated NVML
     # (LD_LIBRARY_PATH counts at process start): its GPUs are read in a child, the
     # way a server under the preload library reads them.
