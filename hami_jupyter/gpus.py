@@ -32,7 +32,9 @@ _child_cache = (0.0, None)
 class HostGpu:
     """One GPU of the host. *index* is NVML's (None for a GPU known only from
     a slice file); *memory_used* counts every process on it; *utilization* is
-    the percent of time a kernel ran (None where NVML does not say)."""
+    the percent of time a kernel ran, *power_w* and *power_limit_w* its draw
+    and enforced limit, *temperature_c* its core's temperature (each None
+    where NVML does not say)."""
 
     index: int | None
     uuid: str
@@ -40,6 +42,11 @@ class HostGpu:
     memory_total: int = 0
     memory_used: int | None = None
     utilization: int | None = None
+    # What the whole GPU draws and how warm it is (None where NVML does not say):
+    # watts now, the power limit the driver enforces, degrees Celsius.
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temperature_c: int | None = None
 
     @property
     def label(self):
@@ -76,15 +83,39 @@ def _nvml():
     return pynvml
 
 
+def _optional(pynvml, read, *args):
+    """``read(*args)``, or None where this GPU or NVML cannot say (MIG, some
+    vGPUs, an older library without the call)."""
+    try:
+        return read(*args)
+    except (pynvml.NVMLError, AttributeError):
+        return None
+
+
+def _temperature(pynvml, handle):
+    """The GPU core's temperature in degrees Celsius (None where unknown): NVML's
+    versioned call, else the older one it replaces."""
+    sensor = pynvml.NVML_TEMPERATURE_GPU
+    versioned = getattr(pynvml, "nvmlDeviceGetTemperatureV", None)
+    found = _optional(pynvml, versioned, handle, sensor) if versioned else None
+    return found if found is not None else _optional(pynvml, pynvml.nvmlDeviceGetTemperature,
+                                                     handle, sensor)
+
+
+def _watts(milliwatts):
+    return None if milliwatts is None else round(milliwatts / 1000, 1)
+
+
 def _one(pynvml, index):
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
     memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-    try:
-        utilization = pynvml.nvmlDeviceGetUtilizationRates(handle).gpu
-    except pynvml.NVMLError:  # not supported on this GPU (MIG, some vGPUs)
-        utilization = None
+    rates = _optional(pynvml, pynvml.nvmlDeviceGetUtilizationRates, handle)
     return HostGpu(index, _text(pynvml.nvmlDeviceGetUUID(handle)),
-                   _text(pynvml.nvmlDeviceGetName(handle)), memory.total, memory.used, utilization)
+                   _text(pynvml.nvmlDeviceGetName(handle)), memory.total, memory.used,
+                   None if rates is None else rates.gpu,
+                   _watts(_optional(pynvml, pynvml.nvmlDeviceGetPowerUsage, handle)),
+                   _watts(_optional(pynvml, pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)),
+                   _temperature(pynvml, handle))
 
 
 def host_gpus():

@@ -32,16 +32,15 @@ import ipywidgets as widgets
 
 from ..slice.size import format_size
 from ..slice.status import PARK_REASON_WORDS, room_wait_text
-from ..slice.status_html import LEVEL_COLOUR, short_id, short_uuid
+from ..slice.status_html import LEVEL_COLOUR, MUTED_COLOUR, kernel_label, parts_line, short_uuid
 from .hub_client import HubServiceError
 from .parked_rows import ParkedRow
 from .slice_form import (DEFAULT, FORM_BUTTON, FORM_ROW, LABEL_STYLE, LimitsForm, gpu_entry,
                          limit_texts, overcommit_box)
 from .sparkline import sparkline
 
-_MUTED_COLOUR = "var(--jp-ui-font-color2, #757575)"
+_MUTED_COLOUR = MUTED_COLOUR
 _MUTED = f"color: {_MUTED_COLOUR}"
-_CELL = "padding: 1px 10px 1px 0; text-align: left; vertical-align: top"
 
 
 def _cap(n):
@@ -58,20 +57,22 @@ def _idle(seconds):
     return f"{seconds / 3600:.1f} h"
 
 
-def _row(cells, tag="td"):
-    return "<tr>" + "".join(f'<{tag} style="{_CELL}">{c}</{tag}>' for c in cells) + "</tr>"
-
-
-def _table(cls, head, rows):
-    return (f'<table class="{cls}">' + _row(head, "th") + "".join(rows) + "</table>")
+MEASURED_TIP = ("what the GPU really holds, as the guard measures it with NVML; not measured: "
+                "no guard runs on that node")
 
 
 def _real(value, state):
-    text = "-" if value is None else format_size(value)
+    """What the guard measures, in words: "measured 1.5 GiB", "not measured"."""
+    if value is None:
+        return f'<span title="{escape(MEASURED_TIP)}" style="{_MUTED}">not measured</span>'
+    text = f"measured {format_size(value)}"
     if state == "over":
         return (f'<span class="hami-guard-over" style="font-weight: 600; color: '
-                f'{LEVEL_COLOUR["critical"]}">{text} over the cap</span>')
-    return text
+                f'{LEVEL_COLOUR["critical"]}">{text}, over the cap</span>')
+    return f'<span title="{escape(MEASURED_TIP)}">{text}</span>'
+
+
+
 
 
 def _kernel_label(k):
@@ -83,7 +84,7 @@ def _kernel_label(k):
               if k.get("park_state", "running") != "running" else "")
     room = room_wait_text(k.get("room_wait"))
     parked += f", {escape(room)}" if room else ""
-    return (f"{short_id(k['kernel_id'])} {where} "
+    return (f"{kernel_label(k)} {where} "
             f"<span style='{_MUTED}'>{escape(k.get('slice') or 'no slice')} on "
             f"{escape(k['node'])}: {format_size(k['memory_used'])}, SM {k['sm_util']} %, "
             f"{escape(state)}, idle {_idle(k.get('idle_seconds'))}{parked}</span>")
@@ -104,7 +105,7 @@ def _waiting_html(gpu):
         return ""
     who = "; ".join(
         f"{escape(w['user'] or w['slice'])}"
-        + (f" ({short_id(w['kernel_id'])})" if w.get("kernel_id") else f" (pid {w['pid']})")
+        + (f" ({kernel_label(w)})" if w.get("kernel_id") else f" (pid {w['pid']})")
         + f" {escape(room_wait_text(w))}" for w in waiting)
     return (f'<div class="hami-hub-waiting" style="color: {LEVEL_COLOUR["warning"]}">'
             f"Waiting for room on this GPU: {who}</div>")
@@ -112,41 +113,42 @@ def _waiting_html(gpu):
 
 def gpu_html(node, gpu, history, oversubscription=None):
     """One GPU of *node*: its facts, a chart, who waits for room on it, and its
-    slices with their kernels. *oversubscription*: the policy's factor, when
-    the hub admits starts by it (its caps' bound is then shown)."""
+    slices with their kernels, each a line that wraps between its parts (a
+    narrow notebook scrolls nothing sideways). *oversubscription*: the
+    policy's factor, when the hub admits starts by it (its caps' bound is then
+    shown)."""
     key = f"{node['node']}/{gpu['uuid']}"
     chart = sparkline(history.get("gpus", {}).get(key, []), label=f"GPU {gpu['uuid']}")
     name = escape(gpu.get("name") or "GPU")
     index = "" if gpu.get("index") is None else f"{gpu['index']} "
-    head = (f'<div class="hami-hub-gpu"><b>{index}{name}</b> <span style="{_MUTED}">'
-            f"{short_uuid(gpu['uuid'], [g['uuid'] for g in node.get('gpus', [])])}</span> &nbsp; {format_size(gpu['memory_used'])} of "
-            f"{format_size(gpu['memory_total']) if gpu['memory_total'] else '?'} used by slices"
-            f"{', ' + format_size(gpu['memory_parked']) + ' parked' if gpu['memory_parked'] else ''}"
-            f", caps {format_size(gpu['memory_limits'])}"
+    caps = (f"caps {format_size(gpu['memory_limits'])}"
             f"{' (+' + str(gpu['uncapped_slices']) + ' without a cap)' if gpu['uncapped_slices'] else ''}"
-            f"{_bound(gpu, oversubscription)}"
-            f", guaranteed {format_size(gpu.get('memory_guarantees', gpu['memory_limits']))}"
-            f"{_on_gpu(gpu)}"
-            f", the guard sees {_real(gpu['memory_real'], None)}, SM {gpu['sm_util']} % &nbsp; "
-            f"{chart}</div>") + _waiting_html(gpu)
-    rows = []
+            f"{_bound(gpu, oversubscription)}")
+    facts = [f"<b>{index}{name}</b>",
+             f'<span style="{_MUTED}">'
+             f"{short_uuid(gpu['uuid'], [g['uuid'] for g in node.get('gpus', [])])}</span>",
+             f"{format_size(gpu['memory_used'])} of "
+             f"{format_size(gpu['memory_total']) if gpu['memory_total'] else '?'} used by slices",
+             f"{format_size(gpu['memory_parked'])} parked" if gpu["memory_parked"] else "",
+             caps,
+             f"guaranteed {format_size(gpu.get('memory_guarantees', gpu['memory_limits']))}",
+             _on_gpu(gpu), _real(gpu["memory_real"], None), f"SM {gpu['sm_util']} %", chart]
+    head = parts_line(facts, "hami-hub-gpu") + _waiting_html(gpu)
+    lines = []
     for s in gpu["slices"]:
         level = s.get("memory_level") or "ok"
         colour = LEVEL_COLOUR.get(level, "inherit")
-        share = f"{s['sm_share']} % ({s['mode']})" if s["sm_share"] else "none"
-        rows.append(_row([
-            f"<b>{escape(s['slice'])}</b>", escape(", ".join(s["users"])),
-            f'<span style="color: {colour}">{format_size(s["memory_used"])}</span> / '
-            f"{_cap_cell(s)}",
-            format_size(s["memory_parked"]) if s["memory_parked"] else "-",
-            _real(s["memory_real"], s["guard_state"]), share, f"{s['sm_util']} %",
-            "<br>".join(_kernel_label(k) for k in s["kernels"]) or f"<span style='{_MUTED}'>-</span>",
-        ]))
-    table = _table("hami-hub-slices",
-                   ["slice", "users", "in use / cap (guarantee)", "parked", "the guard sees", "SM share",
-                    "SM use",
-                    "kernels (memory on this GPU, state, idle)"], rows) if rows else ""
-    return head + table
+        share = f"SM share {s['sm_share']} % ({s['mode']})" if s["sm_share"] else "no SM share"
+        parts = [f"<b>{escape(s['slice'])}</b>", escape(", ".join(s["users"])),
+                 f'<span style="color: {colour}">{format_size(s["memory_used"])}</span> in use of '
+                 f"{_cap_cell(s)}",
+                 f"{format_size(s['memory_parked'])} parked" if s["memory_parked"] else "",
+                 _real(s["memory_real"], s["guard_state"]), share, f"SM {s['sm_util']} % in use"]
+        kernels = "".join(f'<div class="hami-hub-kernel" style="padding-left: 1em">{_kernel_label(k)}</div>'
+                          for k in s["kernels"])
+        lines.append(f'<div class="hami-hub-slice">{parts_line(parts, "hami-hub-slice-line")}'
+                     f"{kernels}</div>")
+    return head + (f'<div class="hami-hub-slices">{"".join(lines)}</div>' if lines else "")
 
 
 def _bound(gpu, oversubscription):
@@ -158,9 +160,9 @@ def _bound(gpu, oversubscription):
 
 
 def _on_gpu(gpu):
-    """", 9.0 GiB on the GPU (NVML)": every process's bytes, where NVML told."""
+    """"9.0 GiB on the GPU (NVML)": every process's bytes, where NVML told."""
     used = gpu.get("nvml_memory_used")
-    return "" if used is None else f", {format_size(used)} on the GPU (NVML)"
+    return "" if used is None else f"{format_size(used)} on the GPU (NVML)"
 
 
 def node_html(node, history, oversubscription=None):
@@ -180,20 +182,20 @@ def node_html(node, history, oversubscription=None):
 
 
 def users_html(document):
+    """One wrapping line per user: servers, kernels, memory against the caps, a chart."""
     history = document.get("history", {}).get("users", {})
-    rows = []
+    lines = []
     for u in document["users"]:
-        rows.append(_row([
-            f"<b>{escape(u['user'])}</b>",
-            escape(", ".join(s or "(default)" for s in u["servers"])), str(u["kernels"]),
-            f"{format_size(u['memory_used'])} / {_cap(u['memory_limit'])}",
-            format_size(u["memory_parked"]) if u["memory_parked"] else "-", f"{u['sm_util']} %",
-            sparkline(history.get(u["user"], []), label=u["user"]),
-        ]))
-    if not rows:
+        servers = ", ".join(s or "(default)" for s in u["servers"])
+        lines.append(parts_line([
+            f"<b>{escape(u['user'])}</b>", f"server(s) {escape(servers)}", f"{u['kernels']} kernel(s)",
+            f"{format_size(u['memory_used'])} / {_cap(u['memory_limit'])} in use of the caps",
+            f"{format_size(u['memory_parked'])} parked" if u["memory_parked"] else "",
+            f"SM {u['sm_util']} %", sparkline(history.get(u["user"], []), label=u["user"]),
+        ], "hami-hub-user"))
+    if not lines:
         return "<div>No user has a server running.</div>"
-    return _table("hami-hub-users", ["user", "servers", "kernels", "memory used / caps", "parked",
-                                     "SM use", "last minutes"], rows)
+    return f'<div class="hami-hub-users">{"".join(lines)}</div>'
 
 
 def servers_html(document):
@@ -242,7 +244,7 @@ class KernelRow:
             self.buttons[action] = b
         self.park = widgets.Button(layout=widgets.Layout(width="auto"))
         self.park.on_click(lambda _b: self.act("park" if self.parked_verb() == "park" else "resume"))
-        self.box = widgets.HBox([*self.buttons.values(), self.park, self.label])
+        self.box = widgets.HBox([*self.buttons.values(), self.park, self.label], layout=FORM_ROW)
         self.update(kernel)
 
     def parked_verb(self):
@@ -274,7 +276,7 @@ class ServerRow:
                                      tooltip="ask the hub to stop this server (its kernels end)")
         self.button.on_click(lambda _b: self.stop())
         self.label = widgets.HTML()
-        self.box = widgets.HBox([self.button, self.label])
+        self.box = widgets.HBox([self.button, self.label], layout=FORM_ROW)
         self.update(server)
 
     def update(self, server):

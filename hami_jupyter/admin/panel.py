@@ -7,13 +7,17 @@ instead, every node, GPU, user and kernel, with the same controls
 host, with a one-line note why. Everything below is that host view.
 
 ``AdminPanel()`` in a notebook shows the host's GPUs (NVML: name, memory,
-utilization, and how much memory slices are sure to keep on each: "kept for
-slices"), a table of each slice's memory per GPU, what the slice counts ("in
-use", with its parked memory beside it) beside what the guard reads from NVML
-("the guard sees"; "-" without a guard, and a note that says
-so), then one section per slice, headed by a notice while the guard sees the
-slice over its cap: its usage, kernels and their users (the same view as
-``%hami status``), and a form. The form edits one *entry* of the slice's
+utilization, and how much memory slices are sure to keep on each:
+"guaranteed to users"), a line per slice and GPU, what the slice counts ("in
+use", with its parked memory beside it) beside what the guard measures with
+NVML ("measured 1.5 GiB"; "not measured" without a guard, and a notice that
+says so in plain words, its technical note as the tooltip), then one section
+per slice, headed by a notice while the guard sees the slice over its cap:
+its usage, kernels (named by their notebooks) and their users (the same view
+as ``%hami status``), and a form. Everything is lines that wrap between their
+parts, so that a 270 px notebook scrolls nothing sideways; each plain word's
+meaning is its tooltip; the outermost box's class ``hami-admin`` gets
+JupyterLab's row height from the extension's stylesheet. The form edits one *entry* of the slice's
 limits, chosen in its first selector: the default entry (every GPU without
 limits of its own) or one GPU the slice has used. Apply checks the change
 (:mod:`.changes`, through :mod:`.actions`), writes it so that running
@@ -60,17 +64,23 @@ from ..slice import parking
 from ..slice.paths import default_root
 from ..slice.limits import effective_guarantee
 from ..slice.size import format_size
-from ..slice.status_html import LEVEL_COLOUR, format_html, nowrap, short_id, short_uuid
+from ..slice.status_html import (LEVEL_COLOUR, MUTED_COLOUR, format_html, kernel_label, nowrap,
+                                 parts_line, short_uuid)
 from . import actions, changes, hub_client, marks
 from .changes import READ_ONLY
 from .hub_view import HubView
 from .parked_rows import ParkedRow
-from .slice_form import (DEFAULT, FORM_BUTTON, LimitsForm, gpu_entry, limit_texts,
+from .slice_form import (DEFAULT, FORM_BUTTON, FORM_ROW, LimitsForm, gpu_entry, limit_texts,
                          overcommit_box)
 
-_MUTED_COLOUR = "var(--jp-ui-font-color2, #757575)"
+_MUTED_COLOUR = MUTED_COLOUR
 _MUTED = f"color: {_MUTED_COLOUR}"
 _CELL = "padding: 1px 12px 1px 0; text-align: left"
+
+
+# The class of the panel's outermost box: the JupyterLab extension's stylesheet
+# gives what is under it JupyterLab's row height and wrapping text.
+ADMIN_CLASS = "hami-admin"
 
 
 def _muted(text):
@@ -81,27 +91,16 @@ def _lines(items, colour):
     return "".join(f'<div style="color: {colour}">{escape(t)}</div>' for t in items)
 
 
-# Column headings in plain words, the precise meaning as their tooltips.
-MEMORY_HEADS = (("slice", ""), ("GPU", ""),
-                ("in use", "what the slice's processes hold on the GPU, as the slice counts it"),
-                ("cap", "the most the slice may hold on this GPU"),
-                ("the guard sees", "what NVML shows the slice's processes holding, as the guard "
-                                   "reads it every half second; - while no guard runs"))
-GPU_HEADS = (("GPU", ""), ("name", ""), ("memory used", ""), ("utilization", ""),
-             ("kept for slices", "memory the slices are sure to keep on this GPU: their "
-                                 "guarantees, a hard slice's cap where it has none; more than "
-                                 "the GPU holds needs overcommit"))
-
-
-def _scrolls(table):
-    """*table* in a box that scrolls sideways where a narrow notebook (300 px,
-    beside the file browser and the slice panel) cannot hold it: never cut."""
-    return f'<div class="hami-scroll" style="overflow-x: auto; max-width: 100%">{table}</div>'
-
-
-def _heads(heads):
-    return "".join(f'<th style="{_CELL}"' + (f' title="{escape(tip)}"' if tip else "")
-                   + f">{h}</th>" for h, tip in heads)
+# What each figure means, for the tooltips: the words on screen stay plain.
+IN_USE_TIP = "what the slice's processes hold on the GPU, as the slice counts it"
+CAP_TIP = "the most the slice may hold on this GPU"
+MEASURED_TIP = ("what the GPU really holds for the slice's processes, as the guard measures it "
+                "with NVML every half second")
+NOT_MEASURED_TIP = "no guard is running here, so nothing measures what the GPU really holds"
+GUARANTEED_TIP = ("memory the users' slices are sure to keep on this GPU even when others need it: "
+                  "their guarantees (a slice in hard mode counts its whole cap where it has none). "
+                  "Promising more than the GPU holds needs the box below")
+BUSY_TIP = "the share of the last second in which the GPU ran work, as NVML says"
 
 
 def _note_html(note):
@@ -110,36 +109,60 @@ def _note_html(note):
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", text)
 
 
-def _memory_table(views, note):
-    """Each readable slice's memory per GPU: in use (what it counts; parked
-    memory beside it), cap, and what the guard sees ("-" unknown); *note*
-    (:func:`.actions.guard_note`) under it."""
-    head = _heads(MEMORY_HEADS)
-    rows = [f"<tr>{head}</tr>"]
+def _guard_words(root, now=None):
+    """``(plain words, the technical note)`` for a slice root without a running
+    guard (no report, a stale one, one that cannot be read); None while a guard
+    writes fresh reports. The words end in what to do, never in a file path:
+    the note (paths and all) is their tooltip."""
+    note = actions.guard_note(root, now)
+    if note is None:
+        return None
+    if note.startswith("the guard is not running: it last wrote"):
+        state = "The guard stopped reporting"
+    elif note.startswith("the guard is not running"):
+        state = "No guard is running"
+    else:
+        state = "The guard's report cannot be read"
+    words = (f"{state}: what the GPU really holds for each slice is not measured, and the caps "
+             "hold only for processes started with the library (every kernel is). To start it: "
+             "`hami-jupyter guard` (as root).")
+    return words, note
+
+
+def _memory_lines(views, guard):
+    """Each readable slice's memory per GPU, one wrapping line each: in use
+    (what it counts; parked memory beside it), its cap, what the guard
+    measures ("not measured" without a guard); *guard* (:func:`_guard_words`)
+    under them."""
+    lines = []
     uuids = [g["uuid"] for v in views if v.status for g in v.status["gpus"]]
     for v in views:
         if v.status is None:
             continue
         for g in v.status["gpus"]:
             real = g.get("memory_real")
-            over = g.get("guard_state") == "over"
-            real_cell = "-" if real is None else nowrap(format_size(real))
-            if over:
-                real_cell = (f'<span class="hami-guard-over" style="font-weight: 600; color: '
-                             f'{LEVEL_COLOUR["critical"]}">{real_cell} over the cap</span>')
-            used = nowrap(format_size(g["memory_used"]))
+            if real is None:
+                measured = f'<span title="{escape(NOT_MEASURED_TIP)}" style="{_MUTED}">not measured</span>'
+            else:
+                measured = f'<span title="{escape(MEASURED_TIP)}">measured {format_size(real)}</span>'
+            if g.get("guard_state") == "over":
+                measured = (f'<span class="hami-guard-over" style="font-weight: 600; color: '
+                            f'{LEVEL_COLOUR["critical"]}">measured {format_size(real)}, over the cap</span>')
+            used = f'<span title="{escape(IN_USE_TIP)}">{format_size(g["memory_used"])} in use</span>'
             if g.get("memory_parked"):  # a parked kernel's bytes are in host memory, not 0 B
-                used += " " + _muted(nowrap(f"+ {format_size(g['memory_parked'])} parked"))
-            cells = [escape(v.name), f'{g["index"]} <span style="{_MUTED}">{short_uuid(g["uuid"], uuids)}</span>',
-                     used,
-                     nowrap(format_size(g["memory_limit"])) if g["memory_limit"] else "none", real_cell]
-            rows.append("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in cells) + "</tr>")
-    table = (_scrolls(f'<table class="hami-slice-memory">{"".join(rows)}</table>') if len(rows) > 1
-             else "")
-    if note:
-        table += (f'<div class="hami-guard-note" style="color: {LEVEL_COLOUR["warning"]}">'
-                  f"{_note_html(note)}</div>")
-    return table
+                used += " " + _muted(f"+ {format_size(g['memory_parked'])} parked")
+            cap = (f'<span title="{escape(CAP_TIP)}">cap {format_size(g["memory_limit"])}</span>'
+                   if g["memory_limit"] else "no cap")
+            where = f"<b>{escape(v.name)}</b> on GPU {g['index']}"
+            lines.append(parts_line([where, _muted(short_uuid(g["uuid"], uuids)), used, cap, measured],
+                                    "hami-slice-line"))
+    html = f'<div class="hami-slice-memory">{"".join(lines)}</div>' if lines else ""
+    if guard:
+        words, note = guard
+        tooltip = note[0].upper() + note[1:].replace("`", "")
+        html += (f'<div class="hami-guard-note" title="{escape(tooltip)}" style="color: '
+                 f'{LEVEL_COLOUR["warning"]}">{_note_html(words)}</div>')
+    return html
 
 
 def _guard_notice(status):
@@ -160,37 +183,35 @@ def _guard_notice(status):
             f'{LEVEL_COLOUR["critical"]}">{escape(text)}</div>')
 
 
-def _gpu_table(gpus, message, promised):
-    """The host's GPUs; *promised* is :func:`.actions.commitments`."""
+def _gpu_lines(gpus, message, promised):
+    """The host's GPUs, one wrapping line each; *promised* is :func:`.actions.commitments`."""
     by_uuid = {g.uuid: g for g in gpus}
-    head = _heads(GPU_HEADS)
     uuids = [p["uuid"] for p in promised]
-    rows = [f"<tr>{head}</tr>"]
+    lines = []
     for p in promised:
         g = by_uuid.get(p["uuid"])
         used = g.memory_used if g else None
-        memory = f"{format_size(used)} / " if used is not None else ""
-        memory += format_size(p["memory_total"]) if p["memory_total"] else "?"
+        total = format_size(p["memory_total"]) if p["memory_total"] else "?"
+        memory = f"{format_size(used)} of {total} in use" if used is not None else f"{total} memory"
         util = g.utilization if g else None
         over = p["memory_total"] and p["promised"] > p["memory_total"]
-        style = f"; color: {LEVEL_COLOUR['critical']}" if over else ""
-        shares = " \u00b7 ".join(nowrap(f"{escape(name)}: {format_size(b)}")
-                                 for name, b in p["holders"].items())
-        promised_cell = f'<span style="{style}">{nowrap(format_size(p["promised"]))}</span>'
+        style = f' style="color: {LEVEL_COLOUR["critical"]}"' if over else ""
+        promise = (f'<span title="{escape(GUARANTEED_TIP)}"{style}>'
+                   f'{format_size(p["promised"])} guaranteed to users</span>')
+        parts = [f"<b>GPU {g.index}</b>" if g else "<b>GPU</b>",
+                 escape(p["name"] or "(from the slice files)"),
+                 _muted(short_uuid(p["uuid"], uuids)), memory,
+                 f'<span title="{escape(BUSY_TIP)}">{util} % busy</span>' if util is not None else "",
+                 promise]
         if p.get("lent"):  # guarantees below caps: the promises are the guarantees
-            promised_cell += f" guaranteed, caps {nowrap(format_size(p['capped']))}"
-        if shares:
-            promised_cell += f' <span style="{_MUTED}">({shares})</span>'
-        cells = [f'{g.index} <span style="{_MUTED}">{short_uuid(p["uuid"], uuids)}</span>'
-                 if g else short_uuid(p["uuid"], uuids),
-                 escape(p["name"] or "(from the slice files)"), nowrap(memory),
-                 nowrap(f"{util} %" if util is not None else "?"), promised_cell]
-        rows.append("<tr>" + "".join(f'<td style="{_CELL}">{c}</td>' for c in cells) + "</tr>")
-    table = (_scrolls(f'<table class="hami-gpus">{"".join(rows)}</table>') if promised
-             else "<div>No GPU known.</div>")
+            parts.append(f"caps {format_size(p['capped'])}")
+        parts += [_muted(f"{escape(name)} {format_size(b)}") for name, b in p["holders"].items()]
+        lines.append(parts_line(parts, "hami-gpu-line"))
+    html = (f'<div class="hami-gpus">{"".join(lines)}</div>' if promised
+            else "<div>No GPU known.</div>")
     note = (f'<div style="{_MUTED}">{escape(message)}; sizes come from the slice files</div>'
             if message else "")
-    return table + note
+    return html + note
 
 
 class SliceForm(LimitsForm):
@@ -331,7 +352,7 @@ class SliceForm(LimitsForm):
             state = k.get("park_state", "running")
             where = (f", {nowrap(format_size(k.get('memory_parked', 0)))} in host memory"
                      if state != "running" else "")
-            label = widgets.HTML(f"{short_id(k['kernel_id'])} "
+            label = widgets.HTML(f"{kernel_label(k)} "
                                  f"<span style='{_MUTED}'>{escape(state)}{where}</span>")
             verb = "Park" if state == "running" else "Resume"
             button = widgets.Button(description=verb, icon="pause" if verb == "Park" else "play",
@@ -339,7 +360,7 @@ class SliceForm(LimitsForm):
                                     layout=widgets.Layout(width="auto"),
                                     disabled=self.read_only or state in ("parking", "resuming"))
             button.on_click(lambda _b, kid=k["kernel_id"], v=verb: self.park_or_resume(kid, v))
-            rows.append(widgets.HBox([button, label]))
+            rows.append(widgets.HBox([button, label], layout=FORM_ROW))
         self.kernel_rows.children = rows
 
     def park_or_resume(self, kernel_id, verb):
@@ -397,12 +418,13 @@ class AdminPanel:
             # The service refreshes on its own clock: reading faster shows nothing new.
             self.interval = max(interval, float(self.hub.service.get("refresh_seconds") or 0) / 2)
             self.widget = widgets.VBox([self.hub.widget, self.footer])
+            self.widget.add_class(ADMIN_CLASS)
             self.refresh()
             if start:
                 self.start()
             return
-        self.title = widgets.HTML(f"<b>HAMi slices</b> <span style='{_MUTED}'>"
-                                  f"{escape(str(self.root))}</span>")
+        self.title = widgets.HTML(f"<b>HAMi slices</b> <span class='hami-path' style='{_MUTED}; "
+                                  f"overflow-wrap: anywhere'>{escape(str(self.root))}</span>")
         self.banner = widgets.HTML()
         self.overcommit = overcommit_box(overcommit)
         self.gpu_table = widgets.HTML()
@@ -420,6 +442,9 @@ class AdminPanel:
         self.widget = widgets.VBox([self.title, self.hub_notice, self.banner, self.parked,
                                     self.gpu_table, self.overcommit, self.memory_table, self.slices,
                                     self.footer])
+        # JupyterLab's density and wrapping lines instead of ipywidgets' 28 px rows
+        # (the extension's style/base.css, scoped to this class).
+        self.widget.add_class(ADMIN_CLASS)
         self.refresh()
         if start:
             self.start()
@@ -474,8 +499,8 @@ class AdminPanel:
             skipped = []
             views = actions.read_slices(self.root, skipped=skipped)
             self.gpus, self.gpu_message, self.skipped = gpus, message, skipped
-            self.gpu_table.value = _gpu_table(gpus, message, actions.commitments(views, gpus))
-            self.memory_table.value = _memory_table(views, actions.guard_note(self.root))
+            self.gpu_table.value = _gpu_lines(gpus, message, actions.commitments(views, gpus))
+            self.memory_table.value = _memory_lines(views, _guard_words(self.root))
             self._update_forms(views)
             self._update_parked()
             if not views and not skipped:

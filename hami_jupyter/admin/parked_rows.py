@@ -16,8 +16,9 @@ from html import escape
 import ipywidgets as widgets
 
 from ..slice.size import format_size
+from ..slice.status_html import MUTED_COLOUR
 
-_MUTED = "color: var(--jp-ui-font-color2, #666)"
+_MUTED = f"color: {MUTED_COLOUR}"
 
 
 def parked_label(record, node=None, now=None):
@@ -49,7 +50,8 @@ class ParkedRow:
                                   tooltip="end the process; its memory in host memory is freed")
         self.resume.on_click(lambda _b: self.act("resume"))
         self.end.on_click(lambda _b: self.act("end"))
-        self.box = widgets.HBox([self.resume, self.end, self.label])
+        self.box = widgets.HBox([self.resume, self.end, self.label],
+                                layout={"flex_flow": "row wrap", "align_items": "center"})
         self.update(record)
 
     def update(self, record):

@@ -5,8 +5,10 @@ are this one form, so both behave alike.
 The form edits the limits of all GPUs or of one GPU, picked in its first
 selector ("limits for"): "all GPUs" (:data:`DEFAULT`, the slice's default
 entry: every GPU without limits of its own) or "GPU 0". Its inputs are the
-memory cap, the guarantee (``default``: none, the cap is the guarantee), the
-SM share and the mode, then Apply. Sizes show as everything else shows them
+memory cap, the guarantee ("always kept": "whole cap" where none is set, the
+cap is the guarantee), the SM share ("compute %") and the mode ("above the
+share": never, hard; if the GPU is idle, elastic), then Apply: plain words,
+each explained in its tooltip. Sizes show as everything else shows them
 ("4.0 GiB"); an admin may type them so or as ``4g``. The rules both views
 keep:
 
@@ -44,6 +46,10 @@ DEFAULT_LABEL = "all GPUs"
 DEFAULT_TOOLTIP = "all GPUs: the limits of every GPU without limits of its own"
 FIELDS = ("memory", "guarantee", "sm", "mode")
 MODES = ("hard", "elastic")
+# The mode in plain words: may the slice's kernels go above their compute share?
+MODE_WORDS = (("never", "hard"), ("if the GPU is idle", "elastic"))
+# The guarantee input's word for "none set: the whole cap is kept".
+WHOLE_CAP = "whole cap"
 
 FORM_ROW = {"flex_flow": "row wrap", "align_items": "center"}
 FORM_BUTTON = {"width": "auto", "flex": "0 0 auto"}
@@ -66,15 +72,18 @@ def memory_text(n):
 
 def typed(text):
     """*text* as the size grammar reads it: "4.0 GiB" as "4.0GiB" (the grammar,
-    shared with the C library, has no spaces)."""
+    shared with the C library, has no spaces); the guarantee's "whole cap" as
+    ``default``."""
+    if text.strip().lower() in (WHOLE_CAP, f"the {WHOLE_CAP}"):
+        return DEFAULT_GUARANTEE
     return re.sub(r"(?<=[0-9.]) (?=[A-Za-z])", "", text)
 
 
 def guarantee_text(memory_limit, guarantee):
-    """The guarantee input's text: ``default`` where the guarantee in force
+    """The guarantee input's text: "whole cap" where the guarantee in force
     (*guarantee*, bytes; None: unknown) is the cap, else the size."""
     if not guarantee or guarantee == memory_limit:
-        return DEFAULT_GUARANTEE
+        return WHOLE_CAP
     return memory_text(guarantee)
 
 
@@ -127,23 +136,26 @@ class LimitsForm:
                                        tooltip=DEFAULT_TOOLTIP, style=LABEL_STYLE,
                                        layout=_input_layout("15em"))
         self.memory = widgets.Text(description="memory cap", placeholder="4 GiB or none",
-                                   tooltip="memory cap per GPU: 4 GiB, 4g, 4096m, bytes, or none",
+                                   tooltip="the most memory the slice may hold on each GPU: 4 GiB, "
+                                           "4g, 4096m, bytes, or none",
                                    continuous_update=False, style=LABEL_STYLE,
-                                   layout=_input_layout("13em"))
+                                   layout=_input_layout("12em"))
         self.guarantee = widgets.Text(
-            description="guaranteed", placeholder="2 GiB or default",
-            tooltip="memory the slice keeps whatever others need, at most the cap: 2 GiB, 2g, "
-                    "bytes, or default (the cap). Above it memory is lent: idle kernels may be "
-                    "parked to make room for others",
-            continuous_update=False, style=LABEL_STYLE, layout=_input_layout("12em"))
-        self.sm = widgets.Text(description="SM %", placeholder="1-100",
-                               tooltip="SM share of each GPU: a whole percent 1-100, or none",
+            description="always kept", placeholder="2 GiB or whole cap",
+            tooltip="memory the slice keeps on each GPU whatever others need, at most the cap: "
+                    "2 GiB, 2g, bytes, or whole cap (none set: the cap is kept). Above it memory "
+                    "is lent: idle kernels may be parked to make room for others",
+            continuous_update=False, style=LABEL_STYLE, layout=_input_layout("13em"))
+        self.sm = widgets.Text(description="compute %", placeholder="1-100",
+                               tooltip="the slice's share of each GPU's compute (its SMs, the "
+                                       "streaming multiprocessors): a whole percent 1-100, or none",
                                continuous_update=False, style=LABEL_STYLE,
-                               layout=_input_layout("8em"))
-        self.mode = widgets.Dropdown(description="mode", options=list(MODES),
-                                     tooltip="hard: never above the share; elastic: idle GPU "
-                                             "time may be used",
-                                     style=LABEL_STYLE, layout=_input_layout("9.5em"))
+                               layout=_input_layout("8.5em"))
+        self.mode = widgets.Dropdown(description="above the share", options=list(MODE_WORDS),
+                                     tooltip="may the slice's kernels use more compute than their "
+                                             "share? never (hard), or while the GPU is otherwise "
+                                             "idle (elastic)",
+                                     style=LABEL_STYLE, layout=_input_layout("16em"))
         self.apply_button = widgets.Button(description="Apply", icon="check",
                                            button_style="primary", layout=FORM_BUTTON,
                                            tooltip="check and apply the edited fields now")
@@ -259,12 +271,14 @@ def _lines(items, colour):
     return "".join(f'<div style="color: {colour}">{escape(t)}</div>' for t in items)
 
 
-OVERCOMMIT_TOOLTIP = ("allow memory overcommit: slices may then be promised (hard caps, "
-                      "guarantees) more memory than a GPU has (a warning instead of a refusal)")
+OVERCOMMIT_LABEL = "allow promising more memory than a GPU has"
+OVERCOMMIT_TOOLTIP = ("memory overcommit: a change may then promise the slices of a GPU (their "
+                      "guarantees, a hard slice's whole cap) more memory than the GPU has; it is "
+                      "applied with a warning instead of refused")
 
 
 def overcommit_box(value=False):
-    """The "allow memory overcommit" box both views put above their forms: a
-    short label, the whole rule as its tooltip, as wide as its words."""
-    return widgets.Checkbox(value=value, indent=False, description="allow memory overcommit",
+    """The memory overcommit box both views put above their forms: plain words,
+    the whole rule as its tooltip, as wide as its words."""
+    return widgets.Checkbox(value=value, indent=False, description=OVERCOMMIT_LABEL,
                             tooltip=OVERCOMMIT_TOOLTIP, layout=widgets.Layout(width="auto"))

@@ -20,6 +20,10 @@ they become::
      "servers": [{"user", "server", "url", "state", "node", "error", ...}],
      "users": [{"user", "servers", "memory_used", "memory_limit", ...}]}
 
+Every kernel carries ``notebook``, the path of the notebook it serves (as its
+server's sessions, or its registry entry, name it; None when unknown): people
+tell kernels apart by it.
+
 A kernel is listed under every GPU it holds memory on, with its numbers on
 that GPU; a kernel that holds none yet is in its node's
 ``kernels_without_gpu``, so every kernel of every server is somewhere. Two
@@ -108,8 +112,8 @@ def _kernel_entry(k, node, slice_name, owner, activity, uuid=None):
         memory = _per_gpu(k, "memory_used", uuid)
         parked = _per_gpu(k, "parked", uuid)
         sm = _per_gpu(k, "sm_util", uuid)
-    return {"kernel_id": k["kernel_id"], "user": user, "server": server, "node": node,
-            "slice": slice_name, "kernelspec": k.get("kernelspec"),
+    return {"kernel_id": k["kernel_id"], "notebook": k.get("notebook"), "user": user,
+            "server": server, "node": node, "slice": slice_name, "kernelspec": k.get("kernelspec"),
             "memory_used": memory, "memory_parked": parked, "sm_util": sm,
             "park_state": k.get("park_state", "running"),
             "park_reason": k.get("park_reason"),
@@ -143,7 +147,7 @@ def _gather(readings):
             continue
         node = nodes.setdefault(body.get("node") or "?", {
             **_new_node(body.get("node") or "?"), "slices": {}, "owners": {}, "activity": {},
-            "reporters": {}, "parked": {}})
+            "reporters": {}, "parked": {}, "notebooks": {}})
         node["servers"].append(r.ref.key)
         for g in body.get("host_gpus") or []:
             gpu = node["gpus"].setdefault(g["uuid"], _new_gpu(g["uuid"]))
@@ -154,6 +158,7 @@ def _gather(readings):
             node["gpu_facts_error"] = body["host_gpus_error"]
         for kernel_id in body.get("kernels") or {}:
             node["owners"][kernel_id] = (r.ref.user, r.ref.name)
+        node["notebooks"].update({k: v for k, v in (body.get("notebooks") or {}).items() if v})
         node["activity"].update(body.get("kernel_activity") or {})
         for s in body.get("slices") or []:
             key = s.get("path") or s.get("slice")
@@ -200,7 +205,8 @@ def _waiters(status, node):
         user, server = node["owners"].get(k["kernel_id"], (None, None)) if k else (None, None)
         found.setdefault(wait["uuid"], []).append({
             "slice": status["slice"], "user": user or (k or {}).get("user"), "server": server,
-            "kernel_id": k["kernel_id"] if k else None, "pid": p.get("pid"),
+            "kernel_id": k["kernel_id"] if k else None, "notebook": (k or {}).get("notebook"),
+            "pid": p.get("pid"),
             "bytes": wait.get("bytes") or 0, "since_unix": wait.get("since_unix")})
     return found
 
@@ -253,7 +259,8 @@ def _nodes(gathered):
             if kernel_id not in placed:
                 act = node["activity"].get(kernel_id) or {}
                 node["kernels_without_gpu"].append({
-                    "kernel_id": kernel_id, "user": user, "server": server, "node": name,
+                    "kernel_id": kernel_id, "notebook": node["notebooks"].get(kernel_id),
+                    "user": user, "server": server, "node": name,
                     "slice": None, "kernelspec": None, "memory_used": 0, "memory_parked": 0,
                     "sm_util": 0, "park_state": "running",
                     "execution_state": act.get("execution_state"),

@@ -426,7 +426,16 @@ class HamiProvisioner(LocalProvisioner):
         env["HAMI_KERNEL_ID"] = str(self.kernel_id)
         env.pop("CUDA_DEVICE_MEMORY_SHARED_CACHE", None)  # HAMI_SLICE says it now
         self._slice_path = path
+        # The notebook the kernel starts for (jupyter_server's session), named
+        # as the server's file browser names it: every list of kernels shows it.
+        self._notebook = registry.notebook_of(env.get("JPY_SESSION_NAME"), self._server_root())
         return kwargs
+
+    def _server_root(self):
+        """The Jupyter server's root folder (its kernels' manager knows it), or None."""
+        manager = getattr(self.parent, "parent", None)
+        root = getattr(manager, "root_dir", None)
+        return root if isinstance(root, str) and root else None
 
     async def launch_kernel(self, cmd, **kwargs):
         info = await super().launch_kernel(cmd, **kwargs)
@@ -434,7 +443,7 @@ class HamiProvisioner(LocalProvisioner):
             registry.register(self._slice_path, registry.new_entry(
                 self._slice_path, str(self.kernel_id),
                 os.environ.get("JUPYTERHUB_USER") or getpass.getuser(),
-                self._kernelspec_name(), self.pid))
+                self._kernelspec_name(), self.pid, getattr(self, "_notebook", "")))
         except OSError as e:  # the kernel runs in its slice either way
             self.log.warning("hami-jupyter: cannot record kernel %s in %s: %s",
                              self.kernel_id, self._slice_path, e)

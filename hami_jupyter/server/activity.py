@@ -10,7 +10,9 @@ and ``execution_state`` (``busy`` while a cell runs). So once a second, for
 each kernel of this server in a slice, it writes both into the kernel's
 registry entry (:func:`hami_jupyter.slice.registry.record_activity`:
 replaced whole, atomically) when they changed: at most one write a second
-per kernel, none while nothing happens.
+per kernel, none while nothing happens. The same write keeps the entry's
+notebook current (its session's path, :mod:`.sessions`): a notebook renamed
+after its kernel started is listed under its new name everywhere.
 """
 
 from datetime import timezone
@@ -18,6 +20,7 @@ from datetime import timezone
 from ..provisioning.provisioner import HamiProvisioner
 from ..slice import registry
 from .periodic import Periodic
+from .sessions import kernel_notebooks
 
 INTERVAL_S = 1.0
 
@@ -30,7 +33,7 @@ class ActivityPublisher(Periodic):
 
     def __init__(self, serverapp):
         super().__init__(serverapp)
-        self._written = {}  # kernel id -> (last_activity_unix, busy) last written
+        self._written = {}  # kernel id -> (last_activity_unix, busy, notebook) last written
         self._failed = set()  # kernels whose entry could not be written: said once
 
     def _activity(self, kernel):
@@ -48,6 +51,7 @@ class ActivityPublisher(Periodic):
         """One look at every kernel; writes what changed."""
         manager = self.serverapp.kernel_manager
         ids = set(manager.list_kernel_ids())
+        notebooks = kernel_notebooks(getattr(self.serverapp, "session_manager", None))
         for kernel_id in sorted(ids):
             try:
                 kernel = manager.get_kernel(kernel_id)
@@ -57,7 +61,7 @@ class ActivityPublisher(Periodic):
             path = provisioner.slice_path if isinstance(provisioner, HamiProvisioner) else None
             if path is None:
                 continue  # not in a slice: nothing the broker parks
-            now = self._activity(kernel)
+            now = (*self._activity(kernel), notebooks.get(kernel_id))
             if self._written.get(kernel_id) == now:
                 continue
             try:

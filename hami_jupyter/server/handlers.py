@@ -15,6 +15,7 @@ from tornado import web
 
 from ..slice.parking import ParkError, ResumeTimeout
 from .kernel_slices import UnknownKernel, kernel_body, kernel_slice_path, slices_body
+from .sessions import kernel_notebooks
 
 AUTH_RESOURCE = "kernels"
 
@@ -27,6 +28,11 @@ class _SliceAPIHandler(APIHandler):
         """The memory levels' thresholds the server is configured with."""
         return self.settings["hami_fractions"]
 
+    @property
+    def notebooks(self):
+        """``{kernel_id: notebook path}`` of this server's sessions."""
+        return kernel_notebooks(self.settings.get("session_manager"))
+
 
 class SlicesHandler(_SliceAPIHandler):
     """``GET hami/v1/slices``: every slice of this server's kernels."""
@@ -34,7 +40,7 @@ class SlicesHandler(_SliceAPIHandler):
     @web.authenticated
     @authorized
     def get(self):
-        self.finish(json.dumps(slices_body(self.kernel_manager, self.fractions)))
+        self.finish(json.dumps(slices_body(self.kernel_manager, self.fractions, self.notebooks)))
 
 
 class KernelHandler(_SliceAPIHandler):
@@ -44,7 +50,7 @@ class KernelHandler(_SliceAPIHandler):
     @authorized
     def get(self, kernel_id):
         try:
-            body = kernel_body(self.kernel_manager, kernel_id, self.fractions)
+            body = kernel_body(self.kernel_manager, kernel_id, self.fractions, self.notebooks)
         except UnknownKernel:
             raise web.HTTPError(404, f"no kernel with id {kernel_id}") from None
         self.finish(json.dumps(body))
@@ -67,7 +73,7 @@ class KernelHistoryHandler(_SliceAPIHandler):
         except ValueError:
             raise web.HTTPError(400, "minutes must be a whole number") from None
         body = {"kernel_id": kernel_id, "in_slice": path is not None,
-                "interval_s": recorder.interval, "gpus": {}, "kernels": {}}
+                "interval_s": recorder.interval, "gpus": {}, "kernels": {}, "whole": {}}
         if path is not None:
             body.update(path=str(path), **recorder.history.samples(path, max(1, minutes)))
         self.finish(json.dumps(body))

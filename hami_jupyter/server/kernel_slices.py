@@ -15,6 +15,11 @@ The answer of ``hami/v1/slices`` also says where the server runs (``node``),
 that host's GPUs (``host_gpus``) and how idle each kernel is
 (``kernel_activity``), from :mod:`.host`: what the hub service needs to place
 this server's slices among the hub's nodes and GPUs.
+Each kernel answer carries the whole GPU beside the slice's own figures
+(``whole_gpus``, ``whole_gpus_error``: :mod:`.whole_gpu`).
+Every kernel record carries ``notebook``, the path of the notebook it serves:
+this server's kernels by their Jupyter sessions (:mod:`.sessions`), others
+as their registry entries claim.
 A slice file that cannot be read is one line of advice
 (:mod:`hami_jupyter.advice`), never an error of the whole answer: the other
 slices and kernels still show.
@@ -30,6 +35,7 @@ from ..slice.limits import effective_guarantee
 from ..slice.paths import SliceNameError, slice_name, slice_path
 from ..slice.status import CRITICAL_FRACTION, WARNING_FRACTION, slice_status
 from . import host
+from .whole_gpu import whole_gpus
 
 NOT_HAMI = ("the kernel was not started by the HAMi provisioner (its kernelspec does not "
             "use hami-provisioner), so no GPU slice limits it")
@@ -84,10 +90,14 @@ def server_slices(kernel_manager):
     return by_kernel, list(unique.values())
 
 
-def read_slice(path, server_kernels, fractions=(WARNING_FRACTION, CRITICAL_FRACTION)):
+def read_slice(path, server_kernels, fractions=(WARNING_FRACTION, CRITICAL_FRACTION),
+               notebooks=None):
     """``slice_status`` of *path* (memory levels by *fractions*: warning,
     critical) with each kernel flagged ``this_server``, or the ``{"slice",
-    "path", "error"}`` advice when the file cannot be read."""
+    "path", "error"}`` advice when the file cannot be read. *notebooks*
+    (``{kernel_id: path}``, :func:`.sessions.kernel_notebooks`) names this
+    server's kernels by their sessions, which this server knows first hand;
+    other kernels keep the name their registry entry gives."""
     try:
         status = slice_status(path, *fractions)
     except (OSError, SliceFileError) as e:
@@ -95,16 +105,20 @@ def read_slice(path, server_kernels, fractions=(WARNING_FRACTION, CRITICAL_FRACT
                 "error": f"hami: {advice(e, path)}"}
     for k in status["kernels"]:
         k["this_server"] = k["kernel_id"] in server_kernels
+        if k["this_server"] and (notebooks or {}).get(k["kernel_id"]):
+            k["notebook"] = notebooks[k["kernel_id"]]
     return status
 
 
-def slices_body(kernel_manager, fractions=(WARNING_FRACTION, CRITICAL_FRACTION)):
-    """The body of ``GET hami/v1/slices``."""
+def slices_body(kernel_manager, fractions=(WARNING_FRACTION, CRITICAL_FRACTION), notebooks=None):
+    """The body of ``GET hami/v1/slices``; *notebooks* as :func:`read_slice`'s."""
     by_kernel, paths = server_slices(kernel_manager)
     gpus, gpu_message = host.host_gpus()
     return {
-        "slices": [read_slice(p, set(by_kernel), fractions) for p in paths],
+        "slices": [read_slice(p, set(by_kernel), fractions, notebooks) for p in paths],
         "kernels": {k: (slice_name(p) if p is not None else None) for k, p in by_kernel.items()},
+        # Each kernel's notebook (its session's path); None for a kernel without a session.
+        "notebooks": {k: (notebooks or {}).get(k) for k in by_kernel},
         "node": host.node_name(),
         "read_unix": time.time(),
         "host_gpus": gpus,
@@ -188,18 +202,22 @@ def summary(status, kernel_id):
     }
 
 
-def kernel_body(kernel_manager, kernel_id, fractions=(WARNING_FRACTION, CRITICAL_FRACTION)):
-    """The body of ``GET hami/v1/kernels/<kernel_id>``; raises :class:`UnknownKernel`."""
+def kernel_body(kernel_manager, kernel_id, fractions=(WARNING_FRACTION, CRITICAL_FRACTION),
+                notebooks=None):
+    """The body of ``GET hami/v1/kernels/<kernel_id>``; raises :class:`UnknownKernel`.
+    *notebooks* as :func:`read_slice`'s; the kernel's own is ``notebook``."""
     provisioner = _provisioner(kernel_manager, kernel_id)
     path = provisioner.slice_path if isinstance(provisioner, HamiProvisioner) else None
+    notebook = (notebooks or {}).get(kernel_id)
     if path is None:
         reason = NOT_LAUNCHED if isinstance(provisioner, HamiProvisioner) else NOT_HAMI
-        return {"kernel_id": kernel_id, "in_slice": False, "reason": reason}
-    status = read_slice(path, set(kernel_manager.list_kernel_ids()), fractions)
-    body = {"kernel_id": kernel_id, "in_slice": True,
+        return {"kernel_id": kernel_id, "notebook": notebook, "in_slice": False, "reason": reason}
+    status = read_slice(path, set(kernel_manager.list_kernel_ids()), fractions, notebooks)
+    body = {"kernel_id": kernel_id, "notebook": notebook, "in_slice": True,
             "slice": status["slice"], "path": status["path"]}
     if "error" in status:
         body["error"] = status["error"]
     else:
         body.update(summary(status, kernel_id))
+        body["whole_gpus"], body["whole_gpus_error"] = whole_gpus(status)
     return body

@@ -61,6 +61,12 @@ class KernelEntry:
     # the kernel runs, for the memory broker, which parks only idle kernels:
     last_activity_unix: float = 0.0  # its last message or cell (0: not published)
     busy: bool = False  # a cell runs now
+    # The notebook (or console) the kernel serves: its Jupyter session's path,
+    # relative to the server's root where it lies under it; "" when unknown.
+    # Written by the provisioner at launch (JPY_SESSION_NAME) and kept current
+    # by the kernel's server (renames). A claim of the slice's user: shown to
+    # people, never a reason for root to act.
+    notebook: str = ""
 
 
 class BadEntry(ValueError):
@@ -137,7 +143,8 @@ def entry_from_json(data, kernel_id=None):
     1..4194304; started_unix: a number of seconds, finite, not negative;
     pid_start: a whole number 0..2**63-1 (0: unknown), 0 when missing;
     last_activity_unix: a number of seconds, finite, not negative (0 when
-    missing); busy: true or false (false when missing). Keys beyond these
+    missing); busy: true or false (false when missing); notebook: a string
+    of at most 4096 printable characters ("" when missing). Keys beyond these
     are ignored.
     """
     if not isinstance(data, dict):
@@ -165,6 +172,7 @@ def entry_from_json(data, kernel_id=None):
         pid_start=_whole(data, "pid_start", 0, 2**63 - 1) if "pid_start" in data else 0,
         last_activity_unix=_seconds(data, "last_activity_unix") if "last_activity_unix" in data else 0.0,
         busy=busy,
+        notebook=_text(data, "notebook", MAX_PATH_LEN) if "notebook" in data else "",
     )
 
 
@@ -207,6 +215,12 @@ def _read_entry(d, dst, name):
 # ---- writing ------------------------------------------------------------------------
 
 
+def _entry_bytes(entry):
+    # UTF-8 as it is (no \uXXXX escapes): the preload library reads the notebook's
+    # name out of an entry for its out-of-memory line, with no JSON decoder.
+    return json.dumps(asdict(entry), ensure_ascii=False).encode()
+
+
 def register(slice_path, entry: KernelEntry):
     """Record *entry* (replacing an older record of the same kernel).
 
@@ -230,14 +244,16 @@ def register(slice_path, entry: KernelEntry):
     _checked_dir(slice_path)
     # 0644 whatever the umask: readable by administrators the registry folder
     # lets in, never writable by other users (readers would refuse it).
-    replace_file(target, json.dumps(asdict(entry)).encode(), 0o644)
+    replace_file(target, _entry_bytes(entry), 0o644)
 
 
-def record_activity(slice_path, kernel_id, last_activity_unix, busy):
+def record_activity(slice_path, kernel_id, last_activity_unix, busy, notebook=None):
     """Write the kernel's last activity and whether a cell runs into its entry
-    (replaced whole, atomically). False when the kernel has no entry (never
-    registered, or unregistered meanwhile): an entry is only ever made by
-    :func:`register`. OSError (UntrustedPath included) as :func:`register`."""
+    (replaced whole, atomically), and its notebook's path when *notebook* is
+    given (the session's path now: a notebook renamed since the launch). False
+    when the kernel has no entry (never registered, or unregistered
+    meanwhile): an entry is only ever made by :func:`register`. OSError
+    (UntrustedPath included) as :func:`register`."""
     d, dst = _checked_dir(slice_path)
     try:
         entry = _read_entry(d, dst, _entry_path(slice_path, kernel_id).name)
@@ -248,7 +264,9 @@ def record_activity(slice_path, kernel_id, last_activity_unix, busy):
         return False
     entry.last_activity_unix = float(last_activity_unix)
     entry.busy = bool(busy)
-    replace_file(_entry_path(slice_path, kernel_id), json.dumps(asdict(entry)).encode(), 0o644)
+    if notebook is not None:
+        entry.notebook = notebook_text(notebook)
+    replace_file(_entry_path(slice_path, kernel_id), _entry_bytes(entry), 0o644)
     return True
 
 
@@ -319,6 +337,33 @@ def kernels(slice_path, include_dead=False):
     return out
 
 
-def new_entry(slice_path, kernel_id, user, kernelspec, pid):
+def notebook_text(path):
+    """*path* as an entry's ``notebook``: "" for None, and for a path readers
+    would refuse (too long, control characters), so the rest of the entry is
+    still written."""
+    if not isinstance(path, str) or len(path) > MAX_PATH_LEN or not path.isprintable():
+        return ""
+    return path
+
+
+def notebook_of(session_name, root=None):
+    """The notebook a kernel starts for, from ``JPY_SESSION_NAME`` (jupyter_server
+    puts the session's file path there: the server's folder for it joined with
+    its name): relative to the server's *root* folder when it lies under it, as
+    JupyterLab names it; "" without one."""
+    if not session_name:
+        return ""
+    if root:
+        try:
+            relative = os.path.relpath(session_name, root)
+        except ValueError:
+            relative = None
+        if relative and not relative.startswith(".."):
+            return notebook_text(relative)
+    return notebook_text(session_name)
+
+
+def new_entry(slice_path, kernel_id, user, kernelspec, pid, notebook=""):
     return KernelEntry(kernel_id=kernel_id, user=user, kernelspec=kernelspec, pid=pid,
-                       started_unix=time.time(), slice=str(slice_path), pid_start=process_start(pid))
+                       started_unix=time.time(), slice=str(slice_path), pid_start=process_start(pid),
+                       notebook=notebook_text(notebook))

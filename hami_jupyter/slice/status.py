@@ -18,6 +18,11 @@ use, and the slice's next allocation at the cap returns it to the counter.
 Memory of a parked kernel (docs/parking.md) is in host memory: it is
 ``memory_parked``, never ``memory_used``.
 
+Each kernel carries ``notebook``: the path of the notebook it serves, as its
+registry entry says (the provisioner records it at launch, the kernel's server
+keeps it current); None when unknown. A claim of the slice's user, for people
+to read.
+
 The guard (``hami-jupyter guard``) reads every GPU process's real memory from
 NVML and publishes what it saw in ``guard.json`` in the slice root
 (:mod:`.guard_report`); the slice root is the slice file's folder. Beside the
@@ -183,6 +188,25 @@ def over_cap_since(used, limit, changed_unix):
     return changed_unix if limit and used > limit else None
 
 
+def _live_used(snap):
+    """``{device index: bytes in use}`` of a snapshot: a dead process's memory
+    still in the counter (its slot not yet reclaimed) left out."""
+    stale = {}
+    for s in snap.stale_slots:
+        for d, used in s.memory_used.items():
+            stale[d] = stale.get(d, 0) + used
+    return {d.index: max(0, d.memory_used - stale.get(d.index, 0)) for d in snap.devices}
+
+
+def gpu_use(path):
+    """``{GPU UUID: bytes the slice at *path* has in use there}``: the memory
+    figures of :func:`slice_status` alone (no registry, no guard), for a view
+    of many slices at once. Raises what :func:`slice_status` raises."""
+    snap = read_snapshot(path)
+    used = _live_used(snap)
+    return {d.uuid: used[d.index] for d in snap.devices}
+
+
 def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
     """The slice at *path* now, as a dict (see the module docstring); memory
     levels by the fractions of the cap *warning* and *critical*.
@@ -191,10 +215,7 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
     unsupported version) unchanged: callers turn them into advice.
     """
     snap = read_snapshot(path)
-    stale_by_device = {}
-    for s in snap.stale_slots:
-        for d, used in s.memory_used.items():
-            stale_by_device[d] = stale_by_device.get(d, 0) + used
+    live_used = _live_used(snap)
 
     parked_by_device = {}
     for s in snap.slots:
@@ -210,7 +231,7 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
 
     gpus = []
     for d in snap.devices:
-        used = max(0, d.memory_used - stale_by_device.get(d.index, 0))
+        used = live_used[d.index]
         limit = d.limit.memory_limit
         cap = min(limit, d.memory_total) if limit and d.memory_total else (limit or d.memory_total)
         gpus.append({
@@ -278,6 +299,7 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
             entry = registered.get(s.kernel_id)
             k = kernels[s.kernel_id] = {
                 "kernel_id": s.kernel_id,
+                "notebook": (entry.notebook or None) if entry else None,
                 "user": entry.user if entry else None,
                 "kernelspec": entry.kernelspec if entry else None,
                 "pid": entry.pid if entry else None,
@@ -287,9 +309,9 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
     for kernel_id, entry in registered.items():
         # A kernel that has not touched the GPU yet has no slot: still show it.
         if kernel_id not in kernels:
-            kernels[kernel_id] = {"kernel_id": kernel_id, "user": entry.user,
-                                  "kernelspec": entry.kernelspec, "pid": entry.pid,
-                                  "processes": []}
+            kernels[kernel_id] = {"kernel_id": kernel_id, "notebook": entry.notebook or None,
+                                  "user": entry.user, "kernelspec": entry.kernelspec,
+                                  "pid": entry.pid, "processes": []}
     for k in kernels.values():
         k["memory_used"] = sum(sum(p["memory_used"].values()) for p in k["processes"])
         k["sm_util"] = sum(sum(p["sm_util"].values()) for p in k["processes"])
@@ -320,6 +342,12 @@ def slice_status(path, warning=WARNING_FRACTION, critical=CRITICAL_FRACTION):
         "dead_processes": len(snap.stale_slots),
         "guard": guard,
     }
+
+
+def kernel_name(kernel):
+    """What people call a kernel (an entry of ``kernels``): its notebook's path
+    (its Jupyter session's, as JupyterLab names it), else its id."""
+    return kernel.get("notebook") or kernel["kernel_id"]
 
 
 def _bar(fraction, width=20):
@@ -543,8 +571,9 @@ def format_text(status):
     if status["kernels"]:
         lines.append("  kernels:")
     for k in status["kernels"]:
-        who = ", ".join(x for x in (k["user"], k["kernelspec"]) if x)
-        lines.append(f"    {k['kernel_id']}{'  (' + who + ')' if who else ''}: "
+        who = ", ".join(x for x in (k.get("notebook") and k["kernel_id"], k["user"],
+                                    k["kernelspec"]) if x)
+        lines.append(f"    {kernel_name(k)}{'  (' + who + ')' if who else ''}: "
                      f"{format_size(k['memory_used'])}, SM {k['sm_util']} %{parking_text(k)}")
         for p in k["processes"]:
             lines.append(f"      pid {p['pid']} {p['comm']}: "

@@ -17,7 +17,9 @@ with the whole id as a tooltip (:func:`short_id`, :func:`short_uuid`). The
 heading "hami slice NAME" stays on one line and the path after it wraps
 anywhere rather than be cut; a usage bar lies above its figures and shrinks
 with the cell; the kernels' table has three columns (a kernel's user and
-kernelspec under its id). Only the prose of a notice wraps freely.
+kernelspec under its name). A kernel is named by its notebook's path, the
+kernel id its tooltip (:func:`kernel_label`). Only the prose of a notice
+wraps freely.
 """
 
 import re
@@ -33,8 +35,11 @@ LEVEL_COLOUR = {
     "critical": "var(--hami-error-fg, #c62828)",
 }
 _UNCAPPED_COLOUR = "var(--jp-brand-color1, #1976d2)"
-_MUTED = "color: var(--jp-ui-font-color2, #757575)"
-_CELL = "padding: 1px 12px 1px 0; text-align: left; vertical-align: top"
+# Details in grey: the extension's muted colour, which reads at 4.5:1 or more on
+# JupyterLab's shaded table rows too (the theme's font-color2 was 4.496:1 there).
+MUTED_COLOUR = "var(--hami-muted-fg, #616161)"
+_MUTED = f"color: {MUTED_COLOUR}"
+_CELL = "padding: 1px 8px 1px 0; text-align: left; vertical-align: top"
 _TABLE = "border-collapse: collapse; margin: 2px 0 8px 0"
 NOWRAP = "white-space: nowrap"
 # The space between a figure and its unit, in text this module writes.
@@ -48,6 +53,15 @@ def nowrap(html):
     return f'<span style="{NOWRAP}">{html}</span>'
 
 
+def parts_line(parts, cls="", title=None):
+    """A line of *parts* (HTML, escaped) for a narrow output: each part on one
+    line, the line wrapping between them (at " · "), never inside one, so a
+    300 px notebook scrolls nothing sideways and cuts nothing."""
+    inner = " \u00b7 ".join(nowrap(p) for p in parts if p)
+    tip = f' title="{escape(title)}"' if title else ""
+    return f'<div class="{cls}"{tip}>{inner}</div>'
+
+
 def _figures(text):
     """*text* escaped, each figure bound to its unit by a no-break space."""
     return _FIGURE_UNIT.sub("\\1&nbsp;\\2", escape(text))
@@ -58,6 +72,18 @@ def short_id(kernel_id):
     as the tooltip, never broken across lines."""
     return (f'<code title="{escape(kernel_id)}" style="{NOWRAP}">'
             f"{escape(kernel_id[:ID_CHARS])}</code>")
+
+
+def kernel_label(kernel):
+    """A kernel as people name it: its notebook's path (wrapping after a "/"
+    in a narrow cell, never cut), the whole kernel id as the tooltip; a kernel
+    without a known notebook by its short id (:func:`short_id`)."""
+    notebook = kernel.get("notebook")
+    if not notebook:
+        return short_id(kernel["kernel_id"])
+    path = "/<wbr>".join(escape(part) for part in notebook.split("/"))
+    return (f'<span class="hami-kernel-notebook" title="kernel {escape(kernel["kernel_id"])}" '
+            f'style="overflow-wrap: anywhere">{path}</span>')
 
 
 def uuid_text(uuid, among=()):
@@ -116,8 +142,8 @@ def _memory_cell(gpu):
     used, limit, total = gpu["memory_used"], gpu["memory_limit"], gpu["memory_total"]
     if limit:
         cell = (_bar(used / limit, LEVEL_COLOUR[gpu["memory_level"]])
-                + nowrap(f"{format_size(used)} / {format_size(limit)} "
-                          f"({100 * used / limit:.0f} %)"))
+                + nowrap(f"{format_size(used)} / {format_size(limit)}") + " "
+                + nowrap(f"({100 * used / limit:.0f} %)"))
     # No cap: the bar shows the whole GPU, in a colour that is not a level.
     elif total:
         cell = (_bar(used / total, _UNCAPPED_COLOUR)
@@ -188,7 +214,8 @@ def _usage(values, gpu_index):
 def _process_row(p, gpu_index, indent):
     memory, memory_split = _usage(p["memory_used"], gpu_index)
     sm = sum(p["sm_util"].values())
-    name = nowrap(f"pid {p['pid']} {escape(p['comm'])}")
+    # The pid and the command each whole; in a very narrow cell the command goes under.
+    name = nowrap(f"pid {p['pid']}") + " " + nowrap(escape(p["comm"]))
     return (f"<tr>{_td(name, f'; padding-left: {indent}em')}"
             f"{_td(nowrap(format_size(memory)) + memory_split)}{_td(nowrap(f'{sm} %'))}</tr>")
 
@@ -200,7 +227,7 @@ def _processes_table(status, current_kernel):
     head = "".join(f'<th style="{_CELL}">{h}</th>' for h in ("kernel / process", "memory", "SM"))
     rows = [f"<tr>{head}</tr>"]
     for k in status["kernels"]:
-        label = short_id(k["kernel_id"])
+        label = kernel_label(k)
         if current_kernel and k["kernel_id"] == current_kernel:
             label += " " + _muted(nowrap("(this kernel)"))
         who = [nowrap(escape(x)) for x in (k["user"], k["kernelspec"]) if x]
@@ -210,11 +237,11 @@ def _processes_table(status, current_kernel):
         memory = (nowrap(format_size(k["memory_used"]))
                   + (" " + _muted(_figures(parked[2:])) if parked else ""))
         rows.append(f"<tr>{_td(label)}{_td(memory)}{_td(nowrap(str(k['sm_util']) + ' %'))}</tr>")
-        rows.extend(_process_row(p, gpu_index, 1.5) for p in k["processes"])
+        rows.extend(_process_row(p, gpu_index, 1) for p in k["processes"])
     if status["other_processes"]:
         rows.append(f'<tr><td colspan="3" style="{_CELL}">'
                     + _muted("other processes (not started by a kernel)") + "</td></tr>")
-        rows.extend(_process_row(p, gpu_index, 1.5) for p in status["other_processes"])
+        rows.extend(_process_row(p, gpu_index, 1) for p in status["other_processes"])
     return f'<table class="hami-processes" style="{_TABLE}">{"".join(rows)}</table>'
 
 

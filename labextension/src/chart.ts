@@ -8,8 +8,8 @@
  * into SVG elements.
  */
 
-import { formatBytes, formatPercent, MIB } from './format';
-import { ISample } from './history';
+import { clockText, formatBytes, formatPercent, GIB, MIB } from './format';
+import { ISample, ITimed, IWholeSample } from './history';
 
 /** The drawing area of a chart, in the units of its viewBox, and the time it spans. */
 export interface IChartFrame {
@@ -30,8 +30,40 @@ export interface IChartFrame {
 export const CHART_WIDTH = 300;
 export const CHART_HEIGHT = 40;
 
-/** Room above the highest value (or the cap), as a fraction of it: the cap line stays inside. */
-export const HEADROOM = 0.1;
+/**
+ * Room above the highest value (or the cap), as a fraction of it, before the
+ * scale's top is rounded up to a round figure (niceMax): the cap line stays
+ * inside.
+ */
+export const HEADROOM = 0.05;
+
+/** The round figures a scale tops at, per power of ten: 1.2 GiB, 2.5 GiB, 800 MiB, 100 %. */
+const NICE_STEPS = [1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10];
+
+/**
+ * `value` rounded up to a round figure in `unit` (1, 1.2, 1.5, 2, 2.5, 3, 4,
+ * 5, 6 or 8 times a power of ten of it): a scale reads "0–2.5 GiB" for a
+ * 2.0 GiB cap, never "0–2.2 GiB". 0 and less: 0.
+ */
+export function niceCeil(value: number, unit = 1): number {
+  if (!(value > 0) || !Number.isFinite(value)) {
+    return 0;
+  }
+  const v = value / unit;
+  const power = Math.pow(10, Math.floor(Math.log10(v)));
+  for (const step of NICE_STEPS) {
+    // A hair of slack: 2.0000001 is 2, not the next step.
+    if (step * power >= v * (1 - 1e-9)) {
+      return Number((step * power * unit).toPrecision(12));
+    }
+  }
+  return 10 * power * unit;
+}
+
+/** A memory scale's round top: in GiB from 1 GiB on, else in MiB. */
+function niceBytes(bytes: number): number {
+  return niceCeil(bytes, bytes * (1 - 1e-9) >= GIB / (1 + HEADROOM) ? GIB : MIB);
+}
 
 /** The smallest top of a memory chart's scale: an idle slice without a cap is no flat line at the top. */
 export const MIN_MEMORY_MAX = 64 * MIB;
@@ -79,7 +111,7 @@ export function memoryMax(samples: readonly ISample[]): number {
   const top = largest(
     samples.flatMap(s => (s.gap ? [] : [s.used, s.real, s.parked, s.cap]))
   );
-  return Math.max(MIN_MEMORY_MAX, top * (1 + HEADROOM));
+  return Math.max(MIN_MEMORY_MAX, niceBytes(top * (1 + HEADROOM)));
 }
 
 /**
@@ -88,11 +120,11 @@ export function memoryMax(samples: readonly ISample[]): number {
  */
 export function smMax(samples: readonly ISample[]): number {
   const top = largest(samples.flatMap(s => (s.gap ? [] : [s.sm, s.share])));
-  return top > SM_MAX ? top * (1 + HEADROOM) : SM_MAX;
+  return top > SM_MAX ? niceCeil(top * (1 + HEADROOM)) : SM_MAX;
 }
 
 /** Samples inside the frame, plus the last one before it (where a line enters from the left edge). */
-export function visible(samples: readonly ISample[], frame: IChartFrame): ISample[] {
+export function visible<T extends ITimed>(samples: readonly T[], frame: IChartFrame): T[] {
   const start = frame.now - frame.windowMs;
   let first = 0;
   while (first + 1 < samples.length && samples[first + 1].t <= start) {
@@ -108,14 +140,14 @@ export function visible(samples: readonly ISample[], frame: IChartFrame): ISampl
  * breaks is a zero-length segment (`"M x y L x y"`), drawn as a dot by round
  * line caps. Empty when there is nothing to draw.
  */
-export function linePath(
-  samples: readonly ISample[],
-  value: (sample: ISample) => number | null,
+export function linePath<T extends ITimed>(
+  samples: readonly T[],
+  value: (sample: T) => number | null,
   max: number,
   frame: IChartFrame
 ): string {
   const parts: string[] = [];
-  let previous: ISample | null = null;
+  let previous: T | null = null;
   let runLength = 0;
   let lastPoint = '';
   const closeRun = (): void => {
@@ -153,9 +185,9 @@ export function linePath(
  * limit does not change with an unanswered poll. Where the limit is 0 (none)
  * there is no line. Empty when no sample has a limit.
  */
-export function limitPath(
-  samples: readonly ISample[],
-  limit: (sample: ISample) => number,
+export function limitPath<T extends ITimed>(
+  samples: readonly T[],
+  limit: (sample: T) => number,
   max: number,
   frame: IChartFrame
 ): string {
@@ -184,7 +216,7 @@ export function limitPath(
 }
 
 /** The latest limit of the samples (the last reading's), 0 when none. */
-export function latestLimit(samples: readonly ISample[], limit: (sample: ISample) => number): number {
+export function latestLimit<T extends ITimed>(samples: readonly T[], limit: (sample: T) => number): number {
   const reading = lastReading(samples);
   return reading ? limit(reading) : 0;
 }
@@ -241,7 +273,7 @@ export function smValue(sample: ISample): number | null {
 }
 
 /** The newest sample that is a reading (no gap); `null` when none. */
-export function lastReading(samples: readonly ISample[]): ISample | null {
+export function lastReading<T extends ITimed>(samples: readonly T[]): T | null {
   for (let i = samples.length - 1; i >= 0; i--) {
     if (!samples[i].gap) {
       return samples[i];
@@ -297,13 +329,13 @@ export function formatWindow(ms: number): string {
 }
 
 /** The readings within the window (gaps left out). */
-function readingsIn(samples: readonly ISample[], frame: Pick<IChartFrame, 'now' | 'windowMs'>): ISample[] {
+function readingsIn<T extends ITimed>(samples: readonly T[], frame: Pick<IChartFrame, 'now' | 'windowMs'>): T[] {
   const start = frame.now - frame.windowMs;
   return samples.filter(s => !s.gap && s.t >= start && s.t <= frame.now);
 }
 
 /** The start of a label: what the server said last, when the newest poll got no answer. */
-function staleNote(samples: readonly ISample[]): string {
+function staleNote(samples: readonly ITimed[]): string {
   const newest = samples[samples.length - 1];
   return newest?.gap ? 'no answer from the server at the last reading; before that ' : '';
 }
@@ -328,8 +360,11 @@ export function memoryLabel(
   }
   const parts: string[] = [];
   const used = latest.used ?? 0;
+  const split = latest.split ?? [];
   if (latest.state !== null && isParked(latest)) {
     parts.push(`${latest.state}, ${formatBytes(latest.parked)} in host memory`);
+  } else if (split.length > 1) {
+    parts.push(splitText(used, latest.cap, split));
   } else if (latest.cap > 0) {
     parts.push(
       `${formatBytes(used)} in use of the ${formatBytes(latest.cap)} cap (${formatPercent((used / latest.cap) * 100)})`
@@ -345,6 +380,32 @@ export function memoryLabel(
   }
   parts.push(`highest ${formatBytes(largest(readings.map(s => s.used)))}`);
   return head + staleNote(samples) + parts.join('; ');
+}
+
+/** `"GPU 0 and GPU 1"`, `"GPU 0, GPU 1 and GPU 2"`. */
+function gpuList(indices: readonly number[]): string {
+  const names = indices.map(i => `GPU ${i}`);
+  return names.length > 1 ? `${names.slice(0, -1).join(', ')} and ${names[names.length - 1]}` : names.join('');
+}
+
+/**
+ * A kernel's memory on several GPUs in words: the sum against the sum of
+ * their caps, then each GPU against its own: `"2.6 GiB in use on GPU 0 and
+ * GPU 1, of their 4.0 GiB of caps (65 %): GPU 0 800 MiB of its 2.0 GiB cap
+ * (39 %), GPU 1 1.8 GiB of its 2.0 GiB cap (91 %)"`.
+ */
+export function splitText(used: number, cap: number, split: ReadonlyArray<{ gpu: number; used: number; cap: number }>): string {
+  const where = gpuList(split.map(s => s.gpu));
+  const whole =
+    cap > 0
+      ? `${formatBytes(used)} in use on ${where}, of their ${formatBytes(cap)} of caps (${formatPercent((used / cap) * 100)})`
+      : `${formatBytes(used)} in use on ${where}`;
+  const each = split.map(s =>
+    s.cap > 0
+      ? `GPU ${s.gpu} ${formatBytes(s.used)} of its ${formatBytes(s.cap)} cap (${formatPercent((s.used / s.cap) * 100)})`
+      : `GPU ${s.gpu} ${formatBytes(s.used)}, no cap`
+  );
+  return `${whole}: ${each.join(', ')}`;
 }
 
 /**
@@ -365,4 +426,165 @@ export function smLabel(
   const sm = formatPercent(latest.sm ?? 0);
   const now = latest.share > 0 ? `${sm} in use of a ${formatPercent(latest.share)} share` : `${sm} in use, no SM limit`;
   return `${head}${staleNote(samples)}${now}; highest ${formatPercent(largest(readings.map(s => s.sm)))}`;
+}
+
+/* The time axis and the reading under the pointer. */
+
+/**
+ * The time axis under a chart: a tick at each end, where along the width
+ * (0..1) and what it says: `"−5 min"`, `"now"` (a chart in a narrow panel is
+ * about 100 px wide: room for two).
+ */
+export function timeTicks(windowMs: number): Array<{ at: number; text: string }> {
+  return [
+    { at: 0, text: `\u2212${formatWindow(windowMs)}` },
+    { at: 1, text: 'now' }
+  ];
+}
+
+/**
+ * The reading nearest time `t` (a pointer over the chart), within `maxGapMs`
+ * of it: `null` where there is none (a gap, before the first reading).
+ */
+export function readingAt<T extends ITimed>(samples: readonly T[], t: number, maxGapMs: number): T | null {
+  let best: T | null = null;
+  for (const sample of samples) {
+    if (sample.gap) {
+      continue;
+    }
+    if (best === null || Math.abs(sample.t - t) < Math.abs(best.t - t)) {
+      best = sample;
+    }
+  }
+  return best !== null && Math.abs(best.t - t) <= maxGapMs ? best : null;
+}
+
+/** `"14:02:31"`: the local time of ms since the epoch, with seconds. */
+export function clockSeconds(ms: number): string {
+  const when = new Date(ms);
+  return `${clockText(ms / 1000)}:${String(when.getSeconds()).padStart(2, '0')}`;
+}
+
+/**
+ * A memory chart's reading under the pointer: `"14:02:31 · 864 MiB of the
+ * 1.0 GiB cap"` (`"… · parked, 800 MiB in host memory"`, `"… · 864 MiB, no
+ * cap"`).
+ */
+export function memoryReadout(sample: ISample): string {
+  const when = clockSeconds(sample.t);
+  if (sample.state !== null && isParked(sample)) {
+    return `${when} · ${sample.state}, ${formatBytes(sample.parked)} in host memory`;
+  }
+  const used = formatBytes(sample.used ?? 0);
+  const split = sample.split ?? [];
+  if (split.length > 1) {
+    return `${when} · ${used}: ` + split.map(s => `GPU ${s.gpu} ${formatBytes(s.used)}`).join(', ');
+  }
+  return sample.cap > 0 ? `${when} · ${used} of the ${formatBytes(sample.cap)} cap` : `${when} · ${used}, no cap`;
+}
+
+/** An SM chart's reading under the pointer: `"14:02:31 · SM 20 % of a 25 % share"`. */
+export function smReadout(sample: ISample): string {
+  const sm = formatPercent(sample.sm ?? 0);
+  return `${clockSeconds(sample.t)} · SM ${sm}` + (sample.share > 0 ? ` of a ${formatPercent(sample.share)} share` : '');
+}
+
+/* The whole GPU's charts (nvdashboard's figures): utilization, memory, power, temperature. */
+
+export type WholeKind = 'util' | 'memory' | 'power' | 'temp';
+
+/** What a whole-GPU chart draws of its samples: its line, its limit line, its scale, its words. */
+export interface IWholeSpec {
+  /** The line. */
+  value: (s: IWholeSample) => number | null;
+  /** A second line (the memory chart: this slice's bytes); none elsewhere. */
+  second?: (s: IWholeSample) => number | null;
+  /** The limit line (the GPU's memory, the power limit); 0 or missing: none. */
+  limit?: (s: IWholeSample) => number;
+  /** The top of the scale for these samples. */
+  max: (samples: readonly IWholeSample[]) => number;
+  /** A figure in words: `"45 %"`, `"40.1 GiB"`, `"312 W"`, `"61 °C"`. */
+  text: (value: number) => string;
+  /** What the chart is of, in words. */
+  what: string;
+}
+
+/** The largest figure of the readings (value and limit), 0 for none. */
+function wholeLargest(samples: readonly IWholeSample[], ...values: Array<(s: IWholeSample) => number | null>): number {
+  return largest(samples.flatMap(s => (s.gap ? [] : values.map(v => v(s)))));
+}
+
+const watts = (w: number): string => `${Math.round(w)} W`;
+const degrees = (c: number): string => `${Math.round(c)} °C`;
+
+export const WHOLE_SPECS: Readonly<Record<WholeKind, IWholeSpec>> = Object.freeze({
+  util: {
+    value: s => s.util,
+    max: () => 100,
+    text: formatPercent,
+    what: 'utilization'
+  },
+  memory: {
+    value: s => s.used,
+    second: s => s.slice,
+    // The scale tops at the GPU's memory: the top edge is "full".
+    max: samples => Math.max(MIN_MEMORY_MAX, wholeLargest(samples, s => s.used, s => s.total)),
+    text: formatBytes,
+    what: 'memory'
+  },
+  power: {
+    value: s => s.power,
+    limit: s => s.power_limit ?? 0,
+    max: samples => niceCeil(Math.max(1, wholeLargest(samples, s => s.power, s => s.power_limit)) * (1 + HEADROOM)),
+    text: watts,
+    what: 'power'
+  },
+  temp: {
+    value: s => s.temp,
+    // Degrees from 0 up to a round figure above the warmest reading (at least 100 °C).
+    max: samples => Math.max(100, niceCeil(wholeLargest(samples, s => s.temp) * (1 + HEADROOM))),
+    text: degrees,
+    what: 'temperature'
+  }
+});
+
+/**
+ * A whole-GPU chart's label in words, e.g. `"GPU 0 as a whole, power, last
+ * 5 min: 312 W of its 700 W limit; highest 420 W"`; the memory chart adds
+ * this slice's share: `"…: 40.1 GiB in use of 80.0 GiB, this slice 3.5 GiB;
+ * highest 41.0 GiB"`.
+ */
+export function wholeLabel(
+  name: string,
+  kind: WholeKind,
+  samples: readonly IWholeSample[],
+  frame: Pick<IChartFrame, 'now' | 'windowMs'>
+): string {
+  const spec = WHOLE_SPECS[kind];
+  const head = `${name} as a whole, ${spec.what}, last ${formatWindow(frame.windowMs)}: `;
+  const readings = readingsIn(samples, frame).filter(s => spec.value(s) !== null);
+  const latest = readings[readings.length - 1];
+  if (!latest) {
+    return `${head}no readings from NVML yet`;
+  }
+  const value = spec.value(latest) ?? 0;
+  const limit = spec.limit?.(latest) ?? 0;
+  let now = spec.text(value);
+  if (kind === 'memory') {
+    now += ` in use of ${formatBytes(latest.total ?? 0)}` + (latest.slice !== null ? `, this slice ${formatBytes(latest.slice)}` : '');
+  } else if (kind === 'power' && limit > 0) {
+    now += ` of its ${watts(limit)} limit`;
+  } else if (kind === 'util') {
+    now += ' busy';
+  }
+  return `${head}${staleNote(samples)}${now}; highest ${spec.text(largest(readings.map(s => spec.value(s))))}`;
+}
+
+/** A whole-GPU chart's reading under the pointer: `"14:02:31 · 312 W"` (memory: `"… · 40.1 GiB, this slice 3.5 GiB"`). */
+export function wholeReadout(kind: WholeKind, sample: IWholeSample): string {
+  const spec = WHOLE_SPECS[kind];
+  const value = spec.value(sample);
+  const text = value === null ? 'no figure' : spec.text(value);
+  const slice = kind === 'memory' && sample.slice !== null ? `, this slice ${formatBytes(sample.slice)}` : '';
+  return `${clockSeconds(sample.t)} · ${text}${slice}`;
 }

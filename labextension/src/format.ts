@@ -15,6 +15,7 @@ import {
   IRoomWait,
   ISliceKernel,
   IThresholds,
+  IWholeGpu,
   Level,
   ParkState
 } from './types';
@@ -103,6 +104,26 @@ export function formatBytes(bytes: number): string {
 /** The first characters of a kernel id, enough to tell kernels apart. */
 export function shortId(kernelId: string): string {
   return kernelId.slice(0, 8);
+}
+
+/** A kernel's notebook (its session's path), or `null` when the server does not know it. */
+export function kernelNotebook(kernel: { notebook?: string | null } | null | undefined): string | null {
+  const notebook = kernel?.notebook;
+  return typeof notebook === 'string' && notebook.trim() !== '' ? notebook : null;
+}
+
+/**
+ * A kernel as people name it, as JupyterLab's Running panel does: its
+ * notebook's path (`"work/analysis.ipynb"`); without one, its short id.
+ */
+export function kernelName(kernel: { kernel_id: string; notebook?: string | null }): string {
+  return kernelNotebook(kernel) ?? shortId(kernel.kernel_id);
+}
+
+/** A kernel's tooltip: `"kernel 0123…cdef: work/analysis.ipynb"` (the whole id, and its notebook). */
+export function kernelTitle(kernel: { kernel_id: string; notebook?: string | null }): string {
+  const notebook = kernelNotebook(kernel);
+  return `kernel ${kernel.kernel_id}` + (notebook !== null ? `: ${notebook}` : '');
 }
 
 /**
@@ -554,8 +575,34 @@ export function gpuText(gpu: IGpuStatus): string {
 }
 
 /**
- * The status bar item's tooltip: the slice, its GPUs, the guard's line for
- * each GPU it sees over its cap (guardOverLines), this kernel's share.
+ * One line per GPU of the status whose use is over its cap (a cap lowered
+ * below what the slice holds): `"Over the cap on GPU 0: 864 MiB in use of the
+ * 512 MiB cap; new allocations are refused until use falls below it"`. Empty
+ * when no GPU is over (at the cap is not over it), outside a slice and for an
+ * unreadable slice file.
+ */
+export function overCapLines(status: IKernelSliceStatus | null): string[] {
+  if (!status || !status.in_slice || status.error !== undefined) {
+    return [];
+  }
+  const lines: string[] = [];
+  for (const gpu of status.gpus ?? []) {
+    const used = count(gpu.memory_used);
+    const limit = count(gpu.memory_limit);
+    if (limit > 0 && used > limit) {
+      lines.push(
+        `Over the cap on GPU ${gpu.index}: ${formatBytes(used)} in use of the ${formatBytes(limit)} cap; ` +
+          'new allocations are refused until use falls below it'
+      );
+    }
+  }
+  return lines;
+}
+
+/**
+ * The status bar item's tooltip: the slice, its GPUs, a line for each GPU
+ * over its cap (overCapLines), the guard's line for each GPU it sees over
+ * its cap (guardOverLines), this kernel's share.
  */
 export function tooltipText(status: IKernelSliceStatus | null): string {
   if (!status || !status.in_slice) {
@@ -568,6 +615,7 @@ export function tooltipText(status: IKernelSliceStatus | null): string {
     for (const gpu of status.gpus ?? []) {
       lines.push(gpuText(gpu));
     }
+    lines.push(...overCapLines(status));
     lines.push(...guardOverLines(status));
     if (status.kernel) {
       const park = parkInfo(status.kernel);
@@ -624,6 +672,26 @@ export function kernelGpu(kernel: ISliceKernel, status: IKernelSliceStatus | nul
   return best;
 }
 
+/**
+ * The GPUs of the status where `kernel` holds memory, with its bytes on each,
+ * in the status's order; empty while it holds none (or from an older server
+ * without per-process figures).
+ */
+export function kernelSplit(
+  kernel: ISliceKernel,
+  status: IKernelSliceStatus | null
+): Array<{ gpu: IGpuStatus; used: number }> {
+  const bytes = kernelGpuBytes(kernel);
+  const found: Array<{ gpu: IGpuStatus; used: number }> = [];
+  for (const gpu of status?.gpus ?? []) {
+    const used = gpu.uuid !== undefined ? (bytes.get(gpu.uuid) ?? 0) : 0;
+    if (used > 0) {
+      found.push({ gpu, used });
+    }
+  }
+  return found;
+}
+
 /** What a kernel's memory cell of the panel shows beside its figure (kernelMemoryView). */
 export interface IKernelMemoryView {
   /** Its level against the cap of its GPU, by the status's thresholds: a colour only from warning on. */
@@ -639,6 +707,20 @@ export interface IKernelMemoryView {
  * the tooltip naming that GPU where the slice has several.
  */
 export function kernelMemoryView(kernel: ISliceKernel, status: IKernelSliceStatus | null): IKernelMemoryView {
+  const split = kernelSplit(kernel, status);
+  if (split.length > 1) {
+    // On several GPUs: each against its own cap, the level the worst of them.
+    let level: Level = 'ok';
+    const parts = split.map(({ gpu, used }) => {
+      const fraction = memoryFraction(used, gpuCap(gpu));
+      if (fraction === null) {
+        return `GPU ${gpu.index}: ${formatBytes(used)}, no cap`;
+      }
+      level = worseLevel(level, memoryLevel(used, gpuCap(gpu), statusThresholds(status)));
+      return `GPU ${gpu.index}: ${formatBytes(used)}, ${formatPercent(fraction * 100)} of its cap`;
+    });
+    return { level, title: parts.join(' · ') };
+  }
   const own = kernelGpu(kernel, status);
   const headline = memoryHeadline(status);
   const gpuCount = status?.gpus?.length ?? 0;
@@ -878,26 +960,86 @@ function formatSeconds(seconds: number): string {
   return `${count(seconds).toFixed(1)} s`;
 }
 
-/** The panel's notice after a park: `"Parked 01234567: 8.0 GiB moved to host memory in 1.2 s"`. */
-export function parkResultText(result: IParkResult): string {
+/**
+ * The panel's notice after a park: `"Parked analysis.ipynb: 8.0 GiB moved to
+ * host memory in 1.2 s"`; *name* is the kernel's (kernelName), its short id
+ * without one.
+ */
+export function parkResultText(result: IParkResult, name?: string): string {
   return (
-    `Parked ${shortId(result.kernel_id)}: ${formatBytes(result.parked_bytes)}` +
+    `Parked ${name ?? shortId(result.kernel_id)}: ${formatBytes(result.parked_bytes)}` +
     ` moved to host memory in ${formatSeconds(result.seconds)}`
   );
 }
 
-/** The panel's notice after a resume: `"Resumed 01234567: 8.0 GiB back on the GPU in 0.8 s"`. */
-export function resumeResultText(result: IResumeResult): string {
+/** The panel's notice after a resume: `"Resumed analysis.ipynb: 8.0 GiB back on the GPU in 0.8 s"`. */
+export function resumeResultText(result: IResumeResult, name?: string): string {
   return (
-    `Resumed ${shortId(result.kernel_id)}: ${formatBytes(result.restored_bytes)}` +
+    `Resumed ${name ?? shortId(result.kernel_id)}: ${formatBytes(result.restored_bytes)}` +
     ` back on the GPU in ${formatSeconds(result.seconds)}`
   );
 }
 
-/** The panel's notice when a park or resume fails: `"Cannot park 01234567: <the server's message>"`. */
-export function parkErrorText(action: ParkAction, kernelId: string, message: string): string {
+/** The panel's notice when a park or resume fails: `"Cannot park analysis.ipynb: <the server's message>"`. */
+export function parkErrorText(action: ParkAction, kernelId: string, message: string, name?: string): string {
   const why = message.trim();
-  return `Cannot ${action} ${shortId(kernelId)}` + (why ? `: ${why}` : '');
+  return `Cannot ${action} ${name ?? shortId(kernelId)}` + (why ? `: ${why}` : '');
+}
+
+/* The whole GPU (nvdashboard's figures), beside the slice's own. */
+
+/** Watts as people read them: `"312 W"`; `null` when unknown. */
+function watts(value: unknown): string | null {
+  return typeof value === 'number' && Number.isFinite(value) && value >= 0 ? `${Math.round(value)} W` : null;
+}
+
+/**
+ * A whole GPU's line: `"Whole GPU 0 · 45 % busy · 40.1 / 140.0 GiB · 312 /
+ * 700 W · 61 °C"`, each figure left out where NVML does not say it (the
+ * GPU's name is in wholeGpuTitle).
+ */
+export function wholeGpuText(gpu: IWholeGpu): string {
+  const parts: string[] = [];
+  if (typeof gpu.utilization === 'number') {
+    parts.push(`${formatPercent(gpu.utilization)} busy`);
+  }
+  if (typeof gpu.memory_used === 'number') {
+    parts.push(formatMemory(gpu.memory_used, count(gpu.memory_total)));
+  }
+  const power = watts(gpu.power_w);
+  if (power !== null) {
+    const limit = watts(gpu.power_limit_w);
+    parts.push(limit !== null ? `${power.slice(0, -2)} / ${limit}` : power);
+  }
+  if (typeof gpu.temperature_c === 'number' && Number.isFinite(gpu.temperature_c)) {
+    parts.push(`${Math.round(gpu.temperature_c)} °C`);
+  }
+  return `Whole GPU ${gpu.index} · ` + (parts.length > 0 ? parts.join(' · ') : 'no figures from NVML');
+}
+
+/** A whole GPU's tooltip: `"GPU 0, NVIDIA H200 (GPU-5a1f…): as NVML sees it, every process on it"`. */
+export function wholeGpuTitle(gpu: IWholeGpu): string {
+  const name = typeof gpu.name === 'string' && gpu.name.trim() !== '' ? `, ${gpu.name.trim()}` : '';
+  return `GPU ${gpu.index}${name} (${gpu.uuid}): as NVML sees it, every process on it`;
+}
+
+/**
+ * Who holds a whole GPU's memory: `"this slice 3.5 GiB · bob 1.2 GiB · others
+ * 36.6 GiB"`: this slice, each other slice the server's user may read (an
+ * administrator: every user's, by name), and the rest NVML sees as one total
+ * (other users, processes outside slices, the driver).
+ */
+export function wholeGpuHolders(gpu: IWholeGpu): string {
+  const parts = [`this slice ${formatBytes(count(gpu.slice_used))}`];
+  for (const other of Array.isArray(gpu.slices) ? gpu.slices : []) {
+    if (other && typeof other.slice === 'string') {
+      parts.push(`${other.slice} ${formatBytes(count(other.memory_used))}`);
+    }
+  }
+  if (typeof gpu.others_used === 'number') {
+    parts.push(`others ${formatBytes(gpu.others_used)}`);
+  }
+  return parts.join(' · ');
 }
 
 function isObject(value: unknown): value is Record<string, unknown> {
@@ -922,6 +1064,13 @@ export function parseKernelStatus(json: unknown): IKernelSliceStatus | null {
       ? (json.kernels.filter(
           k => isObject(k) && typeof k.kernel_id === 'string'
         ) as unknown as ISliceKernel[])
+      : [];
+  }
+  if (json.whole_gpus !== undefined) {
+    status.whole_gpus = Array.isArray(json.whole_gpus)
+      ? (json.whole_gpus.filter(
+          w => isObject(w) && typeof w.index === 'number' && typeof w.uuid === 'string'
+        ) as unknown as IWholeGpu[])
       : [];
   }
   if (json.error !== undefined && typeof json.error !== 'string') {

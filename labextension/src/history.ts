@@ -9,8 +9,8 @@
  * here, so the unit tests run in plain Node.
  */
 
-import { kernelGpu, memoryHeadline } from './format';
-import { IGpuStatus, IKernelSliceStatus, ISliceKernel, ParkState } from './types';
+import { kernelSplit, memoryHeadline } from './format';
+import { IGpuStatus, IKernelSliceStatus, ISliceKernel, IWholeGpu, ParkState } from './types';
 
 /**
  * A fixed number of items, oldest first; pushing onto a full buffer drops the
@@ -130,10 +130,18 @@ export interface ISample {
   /** Percent of the GPU's SMs in use (a kernel's summed over its GPUs); null in a gap. */
   sm: number | null;
   /**
-   * The memory cap drawn with it, bytes: the GPU's; for a kernel that of the
-   * slice's fullest GPU (a cap holds per GPU, never their sum). 0: no cap.
+   * The memory cap drawn with it, bytes: the GPU's; for a kernel, the caps of
+   * the GPUs it holds memory on, added up as its bytes are (on one GPU that
+   * GPU's cap; before it holds any, the slice's fullest GPU's): 2.6 GiB on two
+   * GPUs of 2.0 GiB caps is 2.6 of 4.0 GiB, never over one cap no GPU is
+   * over. 0: no cap.
    */
   cap: number;
+  /**
+   * A kernel on several GPUs: its bytes and the cap on each, in the slice's
+   * order (the chart's label says them); null or missing otherwise.
+   */
+  split?: ISplit[] | null;
   /** The SM share drawn with it, percent; 0: no SM limit. */
   share: number;
   /** The guard's real bytes on the GPU (its memory_real); null without a guard, and for kernels. */
@@ -142,6 +150,37 @@ export interface ISample {
   parked: number;
   /** A kernel's parking state; null for GPUs. */
   state: ParkState | null;
+}
+
+/** A kernel's memory on one of its GPUs, against that GPU's cap. */
+export interface ISplit {
+  /** The GPU's index in the slice. */
+  gpu: number;
+  used: number;
+  /** Bytes; 0: no cap. */
+  cap: number;
+}
+
+/**
+ * One reading of a GPU as a whole (the status's `whole_gpus`, NVML's
+ * figures); each null where NVML did not say, all of them in a gap.
+ */
+export interface IWholeSample {
+  t: number;
+  gap: boolean;
+  /** Percent of the time a kernel ran on the GPU. */
+  util: number | null;
+  /** Bytes in use on the GPU, every process's. */
+  used: number | null;
+  /** The GPU's memory, bytes. */
+  total: number | null;
+  /** This slice's bytes on it. */
+  slice: number | null;
+  /** Watts drawn, and the limit. */
+  power: number | null;
+  power_limit: number | null;
+  /** Degrees Celsius. */
+  temp: number | null;
 }
 
 /** The default of the chart history setting (schema/plugin.json says the same). */
@@ -200,23 +239,60 @@ export function gpuSample(gpu: IGpuStatus, t: number): ISample {
 
 /**
  * The sample of one kernel in an answer: its own bytes and SM use, against
- * the cap of the GPU it holds the most on (kernelGpu; else the slice's
- * fullest GPU, memoryHeadline) and the slice's share.
+ * the caps of the GPUs it holds memory on, added up (kernelSplit: one GPU's
+ * cap on one GPU; no cap line when one of them has none; else the slice's
+ * fullest GPU's, memoryHeadline) and the slice's share. On several GPUs,
+ * `split` says each.
  */
 export function kernelSample(kernel: ISliceKernel, status: IKernelSliceStatus, t: number): ISample {
   const state = kernel.park_state;
-  const own = kernelGpu(kernel, status);
+  const held = kernelSplit(kernel, status);
+  const caps = held.map(({ gpu }) => count(gpu.memory_limit));
+  const cap =
+    held.length === 0
+      ? (memoryHeadline(status)?.limit ?? 0)
+      : caps.every(c => c > 0)
+        ? caps.reduce((a, b) => a + b, 0)
+        : 0;
   return {
     t,
     gap: false,
     used: count(kernel.memory_used),
     sm: count(kernel.sm_util),
-    cap: own !== null ? count(own.memory_limit) : (memoryHeadline(status)?.limit ?? 0),
+    cap,
     share: count(status.sm_share),
     real: null,
+    split:
+      held.length > 1
+        ? held.map(({ gpu, used }) => ({ gpu: gpu.index, used, cap: count(gpu.memory_limit) }))
+        : null,
     parked: count(kernel.memory_parked),
     state: typeof state === 'string' && PARK_STATES.includes(state) ? state : 'running'
   };
+}
+
+/** A number NVML gave, else null. */
+function figure(value: unknown): number | null {
+  return typeof value === 'number' && Number.isFinite(value) && value >= 0 ? value : null;
+}
+
+/** The sample of a whole GPU in an answer (its `whole_gpus` entry). */
+export function wholeSample(gpu: IWholeGpu, t: number): IWholeSample {
+  return {
+    t,
+    gap: false,
+    util: figure(gpu.utilization),
+    used: figure(gpu.memory_used),
+    total: figure(gpu.memory_total),
+    slice: figure(gpu.slice_used),
+    power: figure(gpu.power_w),
+    power_limit: figure(gpu.power_limit_w),
+    temp: figure(gpu.temperature_c)
+  };
+}
+
+function wholeGap(t: number): IWholeSample {
+  return { t, gap: true, util: null, used: null, total: null, slice: null, power: null, power_limit: null, temp: null };
 }
 
 /** The key of a GPU's series: its index in the slice. */
@@ -294,8 +370,15 @@ export class SliceHistory {
       seenKernels.add(kernel.kernel_id);
       this._series(this._kernels, kernel.kernel_id).push(kernelSample(kernel, status, t));
     }
+    const seenWhole = new Set<string>();
+    for (const gpu of status.whole_gpus ?? []) {
+      const key = String(gpu.index);
+      seenWhole.add(key);
+      this._series(this._whole, key).push(wholeSample(gpu, t));
+    }
     this._gapExcept(this._gpus, seenGpus, t);
     this._gapExcept(this._kernels, seenKernels, t);
+    this._gapExcept(this._whole, seenWhole, t, wholeGap);
     this._prune(t);
   }
 
@@ -312,8 +395,9 @@ export class SliceHistory {
     let added = 0;
     for (const [map, series] of [
       [this._gpus, kept.gpus],
-      [this._kernels, kept.kernels]
-    ] as const) {
+      [this._kernels, kept.kernels],
+      [this._whole, kept.whole]
+    ] as Array<[Map<string, RingBuffer<ITimed>>, Record<string, unknown> | undefined]>) {
       for (const [key, samples] of Object.entries(series ?? {})) {
         const earlier = (Array.isArray(samples) ? samples : []).filter(isSample);
         const buffer = this._series(map, key);
@@ -337,6 +421,7 @@ export class SliceHistory {
   recordGap(t: number): void {
     this._gapExcept(this._gpus, new Set(), t);
     this._gapExcept(this._kernels, new Set(), t);
+    this._gapExcept(this._whole, new Set(), t, wholeGap);
     this._prune(t);
   }
 
@@ -360,9 +445,15 @@ export class SliceHistory {
     return this._kernels.get(kernelId)?.toArray() ?? [];
   }
 
+  /** The samples of GPU `key` (its index) as a whole, oldest first; empty when unknown. */
+  whole(key: string): IWholeSample[] {
+    return this._whole.get(key)?.toArray() ?? [];
+  }
+
   clear(): void {
     this._gpus.clear();
     this._kernels.clear();
+    this._whole.clear();
     this._slice = null;
   }
 
@@ -370,20 +461,25 @@ export class SliceHistory {
     return historyCapacity(this._windowMs, this._minIntervalMs);
   }
 
-  private _series(map: Map<string, RingBuffer<ISample>>, key: string): RingBuffer<ISample> {
+  private _series<T extends ITimed>(map: Map<string, RingBuffer<T>>, key: string): RingBuffer<T> {
     let buffer = map.get(key);
     if (!buffer) {
-      buffer = new RingBuffer<ISample>(this._capacity());
+      buffer = new RingBuffer<T>(this._capacity());
       map.set(key, buffer);
     }
     return buffer;
   }
 
-  private _gapExcept(map: Map<string, RingBuffer<ISample>>, seen: Set<string>, t: number): void {
+  private _gapExcept<T extends ITimed>(
+    map: Map<string, RingBuffer<T>>,
+    seen: Set<string>,
+    t: number,
+    gap: (t: number) => T = gapSample as unknown as (t: number) => T
+  ): void {
     for (const [key, buffer] of map) {
       // One gap sample is enough to break a line: no run of them.
       if (!seen.has(key) && !buffer.last()?.gap) {
-        buffer.push(gapSample(t));
+        buffer.push(gap(t));
       }
     }
   }
@@ -391,10 +487,10 @@ export class SliceHistory {
   /** Drops what is older than the window, keeping the last reading before it; forgets empty series. */
   private _prune(now: number): void {
     const start = now - this._windowMs;
-    for (const map of [this._gpus, this._kernels]) {
+    for (const map of [this._gpus, this._kernels, this._whole] as Array<Map<string, RingBuffer<ITimed>>>) {
       for (const [key, buffer] of map) {
         // The oldest goes while the next one is still before the window.
-        while (buffer.length > 1 && (buffer.at(1) as ISample).t <= start) {
+        while (buffer.length > 1 && (buffer.at(1) as ITimed).t <= start) {
           buffer.shift();
         }
         const readings = buffer.toArray().some(s => !s.gap && s.t >= start);
@@ -417,15 +513,24 @@ export class SliceHistory {
   private readonly _minIntervalMs: number;
   private _gpus = new Map<string, RingBuffer<ISample>>();
   private _kernels = new Map<string, RingBuffer<ISample>>();
+  private _whole = new Map<string, RingBuffer<IWholeSample>>();
 }
 
 /** The server's history of a slice (`GET hami/v1/kernels/<id>/history`), by GPU key and kernel id. */
 export interface IKeptHistory {
   gpus?: Record<string, unknown>;
   kernels?: Record<string, unknown>;
+  /** The whole GPUs' samples, by GPU key (older servers: none). */
+  whole?: Record<string, unknown>;
 }
 
-/** Whether `value` is a sample as the server keeps them (ISample's fields, `t` a number). */
+/** What every sample has: when, and whether it is a reading. */
+export interface ITimed {
+  t: number;
+  gap: boolean;
+}
+
+/** Whether `value` is a sample as the server keeps them (`t` a number, `gap` true or false). */
 export function isSample(value: unknown): value is ISample {
   if (typeof value !== 'object' || value === null) {
     return false;

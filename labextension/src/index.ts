@@ -24,7 +24,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
 
-import { normalizeRefreshRate, shortId } from './format';
+import { kernelName, normalizeRefreshRate } from './format';
 import { normalizeHistoryMinutes } from './history';
 import { gpuIcon } from './icon';
 import { SliceModel } from './model';
@@ -111,7 +111,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     const panel = new SlicePanel({
       model,
-      onAction: (kernel, action) => runKernelAction(app, kernel, action)
+      onAction: (kernel, action) => runKernelAction(app, kernel, action),
+      onShow: () => requestAnimationFrame(() => makeRoom(labShell))
     });
 
     app.commands.addCommand(CommandIDs.openSlicePanel, {
@@ -139,6 +140,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
         item,
         align: 'left',
         rank: 50,
+        // Above 0: the status bar hides priority-0 items in a window under 630 px,
+        // and this item is where a narrow-screen user sees the cap.
+        priority: 2,
         isActive: () => model.inSlice,
         activeStateChanged: model.changed
       });
@@ -168,6 +172,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
+/**
+ * In a window too narrow for both side areas and the panel (a phone, 320 to
+ * 600 px), the left one (the file browser) closes when the panel opens, as a
+ * narrow screen shows one side panel at a time: otherwise the page grows
+ * wider than the window, and the right tab bar, whose tab closes the panel,
+ * lies off-screen.
+ */
+function makeRoom(labShell: ILabShell | null): void {
+  if (labShell && !labShell.leftCollapsed && document.documentElement.scrollWidth > window.innerWidth) {
+    labShell.collapseLeft();
+  }
+}
+
 /** Interrupts, restarts or shuts down a kernel of this server; the last two after asking. */
 async function runKernelAction(
   app: JupyterFrontEnd,
@@ -176,7 +193,7 @@ async function runKernelAction(
 ): Promise<void> {
   const id = kernel.kernel_id;
   const settings = app.serviceManager.serverSettings;
-  const name = shortId(id) + (kernel.kernelspec ? ` (${kernel.kernelspec})` : '');
+  const name = kernelName(kernel) + (kernel.kernelspec ? ` (${kernel.kernelspec})` : '');
   try {
     if (action === 'interrupt') {
       await KernelAPI.interruptKernel(id, settings);

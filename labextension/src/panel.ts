@@ -28,6 +28,16 @@
  * since 14:02, held before the change"), and
  * such a GPU's line `.hami-panel-gpu.hami-guard-over`. The GPU lines carry the
  * guard's real figure beside the reported one where they differ.
+ *
+ * A kernel is named by its notebook (`.hami-kernel-name`, the kernel id in its
+ * tooltip), as JupyterLab's Running panel names it. Each GPU of the slice is
+ * shown as a whole too (`.hami-panel-whole[data-gpu]`: its line
+ * `.hami-panel-whole-text`, who holds its memory `.hami-panel-whole-holders`,
+ * and four charts: utilization, memory, power, temperature; chartview.ts),
+ * from NVML through the server, so a user sees whether the GPU is busy.
+ *
+ * The panel fits any window from 320 px: it is no wider than JupyterLab's own
+ * side panels, and its rows wrap between their parts (style/base.css).
  */
 
 import {
@@ -43,7 +53,7 @@ import { Widget } from '@lumino/widgets';
 
 import { parkKernel, resumeKernel } from './api';
 import { formatWindow, ILegendEntries, legendEntries } from './chart';
-import { ChartPair, ChartTime } from './chartview';
+import { ChartPair, ChartTime, WholeCharts } from './chartview';
 import {
   formatBytes,
   formatPercent,
@@ -53,6 +63,8 @@ import {
   gpuText,
   guardOverLines,
   kernelMemoryView,
+  kernelName,
+  kernelTitle,
   guardParkedLines,
   guaranteeText,
   heldLines,
@@ -70,14 +82,16 @@ import {
   parkInfo,
   parkResultText,
   resumeResultText,
-  shortId,
   sortKernels,
-  statusParkClass
+  statusParkClass,
+  wholeGpuHolders,
+  wholeGpuText,
+  wholeGpuTitle
 } from './format';
 import { gpuKey } from './history';
 import { gpuIcon } from './icon';
 import { SliceModel } from './model';
-import { IGpuStatus, ISliceKernel } from './types';
+import { IGpuStatus, ISliceKernel, IWholeGpu } from './types';
 
 export const PANEL_ID = 'hami-slice-panel';
 
@@ -134,11 +148,15 @@ interface IRow {
   thisServer: boolean | null;
 }
 
-/** The DOM of one GPU's line and charts, kept across refreshes. */
+/** The DOM of one GPU's line and charts, and of the GPU as a whole, kept across refreshes. */
 interface IGpuItem {
   item: HTMLLIElement;
   text: HTMLElement;
   charts: ChartPair;
+  whole: HTMLElement;
+  wholeText: HTMLElement;
+  wholeHolders: HTMLElement;
+  wholeCharts: WholeCharts;
 }
 
 function element<K extends keyof HTMLElementTagNameMap>(
@@ -173,11 +191,30 @@ function setParts(node: HTMLElement, text: string): void {
   });
 }
 
+/**
+ * A notebook's path in `node`, free to wrap after each "/" (a <wbr> there), so
+ * that "work/analysis.ipynb" in a narrow panel goes "work/" then
+ * "analysis.ipynb", not "analysis.ipy" then "nb". The node's text is `path`.
+ */
+function setPath(node: HTMLElement, path: string): void {
+  if (node.textContent === path) {
+    return;
+  }
+  node.textContent = '';
+  path.split('/').forEach((part, i, all) => {
+    node.append(i < all.length - 1 ? `${part}/` : part);
+    if (i < all.length - 1) {
+      node.appendChild(document.createElement('wbr'));
+    }
+  });
+}
+
 export class SlicePanel extends Widget {
   constructor(options: SlicePanel.IOptions) {
     super();
     this._model = options.model;
     this._onAction = options.onAction;
+    this._onShow = options.onShow;
     this.id = PANEL_ID;
     this.addClass('hami-slice-panel');
     this.title.icon = gpuIcon;
@@ -218,6 +255,8 @@ export class SlicePanel extends Widget {
     this._legend = this._createLegend();
     this._summary.appendChild(this._legend);
     this._gpus = element('ul', 'hami-panel-gpus', this._summary);
+    this._wholeError = element('div', 'hami-panel-whole-error', this._summary);
+    this._wholeError.hidden = true;
 
     this._table = element('table', 'hami-kernel-table', this.node);
     const headRow = element('tr', '', element('thead', '', this._table));
@@ -265,6 +304,7 @@ export class SlicePanel extends Widget {
   protected onAfterShow(msg: Message): void {
     super.onAfterShow(msg);
     void this._model.refresh();
+    this._onShow?.();
   }
 
   /** Renders the model now (on each of its `changed`). */
@@ -328,7 +368,11 @@ export class SlicePanel extends Widget {
 
     const gpus = status.gpus ?? [];
     this._renderLegend();
-    this._renderGpus(gpus);
+    this._renderGpus(gpus, status.whole_gpus ?? []);
+    const wholeError = status.whole_gpus_error;
+    this._wholeError.textContent =
+      typeof wholeError === 'string' && wholeError !== '' ? `The whole GPU: ${wholeError}` : '';
+    this._wholeError.hidden = this._wholeError.textContent === '';
     this._renderKernels(sortKernels(status.kernels ?? []));
   }
 
@@ -358,6 +402,11 @@ export class SlicePanel extends Widget {
         this._legendEntries.set(key, entry);
       }
     }
+    // The whole GPU's memory chart draws this slice's bytes beside everyone's.
+    this._legendSlice = element('span', 'hami-legend-entry hami-legend-slice', legend);
+    element('span', 'hami-legend-swatch', this._legendSlice);
+    this._legendSlice.append('this slice (whole GPU)');
+    this._legendSlice.hidden = true;
     return legend;
   }
 
@@ -373,10 +422,11 @@ export class SlicePanel extends Widget {
     for (const [key, entry] of this._legendEntries) {
       entry.hidden = !shown[key];
     }
+    this._legendSlice.hidden = (this._model.status?.whole_gpus ?? []).length === 0;
   }
 
   /** The GPUs' lines and charts, in the order of the answer. */
-  private _renderGpus(gpus: readonly IGpuStatus[]): void {
+  private _renderGpus(gpus: readonly IGpuStatus[], wholes: readonly IWholeGpu[] = []): void {
     const model = this._model;
     const time = this._chartTime();
     const seen = new Set<string>();
@@ -390,8 +440,27 @@ export class SlicePanel extends Widget {
         const text = element('div', 'hami-panel-gpu-text', item);
         const charts = new ChartPair(`GPU ${gpu.index}`, `gpu-${key}`);
         item.appendChild(charts.node);
-        parts = { item, text, charts };
+        // The GPU as a whole, beside the slice's share of it: is it busy?
+        const whole = element('div', 'hami-panel-whole', item);
+        whole.dataset.gpu = key;
+        const wholeText = element('div', 'hami-panel-whole-text', whole);
+        const wholeHolders = element('div', 'hami-panel-whole-holders', whole);
+        wholeHolders.title =
+          "Who holds the GPU's memory: this slice; other slices you may see (an administrator sees " +
+          "every user's by name); everything else, one total (other users, processes outside " +
+          "slices, the driver)";
+        const wholeCharts = new WholeCharts(`GPU ${gpu.index}`, `whole-${key}`);
+        whole.appendChild(wholeCharts.node);
+        parts = { item, text, charts, whole, wholeText, wholeHolders, wholeCharts };
         this._gpuItems.set(key, parts);
+      }
+      const whole = wholes.find(w => w.index === gpu.index) ?? null;
+      parts.whole.hidden = whole === null;
+      if (whole !== null) {
+        setParts(parts.wholeText, wholeGpuText(whole));
+        parts.wholeText.title = wholeGpuTitle(whole);
+        setParts(parts.wholeHolders, wholeGpuHolders(whole));
+        parts.wholeCharts.update(model.history.whole(key), time);
       }
       parts.item.classList.remove(...LEVEL_CLASSES);
       parts.item.classList.add(levelClass(gpuLevel(gpu, model.thresholds)));
@@ -455,7 +524,7 @@ export class SlicePanel extends Widget {
     const actions = element('td', 'hami-kernel-actions', row);
     const chartCell = element('td', 'hami-kernel-charts-cell', element('tr', 'hami-kernel-charts', body));
     chartCell.colSpan = COLUMNS.length;
-    const charts = new ChartPair(`Kernel ${shortId(kernelId)}`, `kernel-${kernelId}`);
+    const charts = new ChartPair(`Kernel ${kernelId.slice(0, 8)}`, `kernel-${kernelId}`);
     chartCell.appendChild(charts.node);
     return { body, row, charts, name, meta, park, memory, sm, actions, buttons: new Map(), thisServer: null };
   }
@@ -465,8 +534,11 @@ export class SlicePanel extends Widget {
     parts.row.classList.toggle('hami-kernel-current', current);
     parts.row.classList.toggle('hami-kernel-other-server', !kernel.this_server);
 
-    parts.name.textContent = shortId(kernel.kernel_id);
-    parts.name.title = kernel.kernel_id;
+    // Named by its notebook, as JupyterLab's Running panel names it; the id in the tooltip.
+    const name = kernelName(kernel);
+    setPath(parts.name, name);
+    parts.name.title = kernelTitle(kernel);
+    parts.charts.name = `Kernel ${name}`;
     const meta = [
       current ? 'this notebook' : undefined,
       kernel.kernelspec,
@@ -506,7 +578,7 @@ export class SlicePanel extends Widget {
           button.type = 'button';
           button.dataset.action = action;
           button.title = label;
-          button.setAttribute('aria-label', label);
+          button.setAttribute('aria-label', `${label} (${name})`);
           button.appendChild(icon.element({ tag: 'span', elementPosition: 'center', height: '16px', width: '16px' }));
           parts.buttons.set(action, button);
         }
@@ -532,18 +604,19 @@ export class SlicePanel extends Widget {
       this._setNotice(null);
     }
     this.render();
+    const name = kernelName(kernel);
     try {
       if (action === 'park') {
-        this._setNotice(parkResultText(await parkKernel(this._model.serverSettings, id)), false);
+        this._setNotice(parkResultText(await parkKernel(this._model.serverSettings, id), name), false);
       } else if (action === 'resume') {
-        this._setNotice(resumeResultText(await resumeKernel(this._model.serverSettings, id)), false);
+        this._setNotice(resumeResultText(await resumeKernel(this._model.serverSettings, id), name), false);
       } else {
         await this._onAction(kernel, action);
       }
     } catch (reason) {
       if (action === 'park' || action === 'resume') {
         const message = reason instanceof Error ? reason.message : String(reason);
-        this._setNotice(parkErrorText(action, id, message), true);
+        this._setNotice(parkErrorText(action, id, message, name), true);
       } else {
         console.error(`hami-jupyter: ${action} of kernel ${id} failed`, reason);
       }
@@ -574,6 +647,7 @@ export class SlicePanel extends Widget {
 
   private _model: SliceModel;
   private _onAction: SlicePanel.ActionHandler;
+  private _onShow?: () => void;
   private _sliceName: HTMLElement;
   private _message: HTMLElement;
   private _notice: HTMLElement;
@@ -588,7 +662,9 @@ export class SlicePanel extends Widget {
   private _legend: HTMLElement;
   private _legendWindow!: HTMLElement;
   private _legendEntries = new Map<keyof ILegendEntries, HTMLElement>();
+  private _legendSlice!: HTMLElement;
   private _gpus: HTMLUListElement;
+  private _wholeError: HTMLElement;
   private _gpuItems = new Map<string, IGpuItem>();
   private _table: HTMLTableElement;
   private _rows = new Map<string, IRow>();
@@ -604,5 +680,7 @@ export namespace SlicePanel {
   export interface IOptions {
     model: SliceModel;
     onAction: ActionHandler;
+    /** Called each time the panel is shown (the plugin makes room for it in a narrow window). */
+    onShow?: () => void;
   }
 }

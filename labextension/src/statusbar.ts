@@ -42,6 +42,13 @@ export class SliceStatusItem extends Widget {
     this.addClass('jp-StatusBar-GroupItem');
     this._text = document.createElement('span');
     this._text.className = 'hami-statusbar-text jp-StatusBar-TextItem';
+    // The memory and the rest apart: a window under 630 px shows the memory
+    // alone, so that the item fits beside JupyterLab's own (style/base.css).
+    this._memory = document.createElement('span');
+    this._memory.className = 'hami-statusbar-memory';
+    this._rest = document.createElement('span');
+    this._rest.className = 'hami-statusbar-rest';
+    this._text.append(this._memory, this._rest);
     this.node.appendChild(this._text);
     this.node.setAttribute('role', 'button');
     this._model.changed.connect(this.render, this);
@@ -74,8 +81,10 @@ export class SliceStatusItem extends Widget {
   render(): void {
     const model = this._model;
     const status = model.status;
-    const text = statusText(status);
-    this._text.textContent = text ?? '';
+    const text = statusText(status) ?? '';
+    const cut = text.indexOf(' · SM ');
+    this._memory.textContent = cut >= 0 ? text.slice(0, cut) : text;
+    this._rest.textContent = cut >= 0 ? text.slice(cut) : '';
     for (const cls of [...LEVEL_CLASSES, ...PARK_CLASSES]) {
       this.removeClass(cls);
     }
@@ -84,19 +93,19 @@ export class SliceStatusItem extends Widget {
     if (parkClass !== null) {
       // The text is about the kernel's parked memory, not the slice's level.
       this.addClass(parkClass);
-    } else if (text !== null && level !== null) {
+    } else if (text !== '' && level !== null) {
       this.addClass(levelClass(level));
     }
     // The guard's verdict is its own class: the memory level is what the slice
     // counts, the guard reads what the GPU really holds.
     const guardClass = statusGuardClass(status);
-    this.toggleClass(GUARD_OVER_CLASS, guardClass !== null && text !== null);
+    this.toggleClass(GUARD_OVER_CLASS, guardClass !== null && text !== '');
     if (guardClass !== null) {
       this.node.dataset.guard = 'over';
     } else {
       delete this.node.dataset.guard;
     }
-    this.toggleClass(STALE_CLASS, model.error !== null && text !== null);
+    this.toggleClass(STALE_CLASS, model.error !== null && text !== '');
     let title = tooltipText(status);
     if (model.error !== null) {
       title = `${title}\n(not updated: ${model.error})`;
@@ -117,6 +126,8 @@ export class SliceStatusItem extends Widget {
   private _model: SliceModel;
   private _onClick?: () => void;
   private _text: HTMLSpanElement;
+  private _memory: HTMLSpanElement;
+  private _rest: HTMLSpanElement;
 }
 
 export namespace SliceStatusItem {

@@ -145,6 +145,13 @@ export interface IGpuStatus extends IGuardGpuFields {
 /** One kernel of the slice (of this server or of another one), with its parking fields. */
 export interface ISliceKernel extends IParkFields {
   kernel_id: string;
+  /**
+   * The notebook it serves: its Jupyter session's path, as JupyterLab's file
+   * browser names it (this server's kernels by their sessions, others as
+   * their registry entries say); null or missing: unknown (an older server,
+   * a kernel without a session). People tell kernels apart by it.
+   */
+  notebook?: string | null;
   user?: string;
   kernelspec?: string;
   pid?: number | null;
@@ -162,9 +169,37 @@ export interface IKernelUsage extends IParkFields {
   processes?: unknown[];
 }
 
+/**
+ * A GPU of the slice as a whole, as NVML sees it (nvdashboard's figures): every
+ * process's memory, utilization, power, temperature; who holds the memory. Each
+ * figure null where NVML does not say.
+ */
+export interface IWholeGpu {
+  /** The slice's index of the GPU (as in `gpus`). */
+  index: number;
+  uuid: string;
+  name?: string;
+  memory_total?: number;
+  /** Bytes in use on the GPU, every process's. */
+  memory_used?: number | null;
+  /** Percent of the time a kernel ran on it. */
+  utilization?: number | null;
+  power_w?: number | null;
+  power_limit_w?: number | null;
+  temperature_c?: number | null;
+  /** This slice's bytes there. */
+  slice_used?: number;
+  /** Other slices this user may read (an administrator: everyone's), by name. */
+  slices?: Array<{ slice: string; memory_used: number }>;
+  /** Everything else NVML sees there, one total: other users, processes outside slices, the driver. */
+  others_used?: number | null;
+}
+
 /** The answer for one kernel. */
 export interface IKernelSliceStatus {
   kernel_id: string;
+  /** The notebook this kernel serves (its session's path); null or missing: unknown. */
+  notebook?: string | null;
   in_slice: boolean;
   /** Why the kernel is not in a slice (in_slice false). */
   reason?: string;
@@ -213,6 +248,10 @@ export interface IKernelSliceStatus {
   guard_state?: GuardState | null;
   /** Whether a guard runs, and its action; missing (older servers): no guard. */
   guard?: IGuardInfo | null;
+  /** The whole GPUs of the slice (NVML's figures); missing (older servers): not shown. */
+  whole_gpus?: IWholeGpu[];
+  /** Why NVML cannot tell of them; null or missing: nothing to say. */
+  whole_gpus_error?: string | null;
   /** Present instead of the usage fields when the slice file cannot be read. */
   error?: string;
 }

@@ -3,6 +3,7 @@ import {
   CHART_HEIGHT,
   CHART_WIDTH,
   formatWindow,
+  niceCeil,
   HEADROOM,
   IChartFrame,
   isParked,
@@ -74,26 +75,39 @@ describe('the scales', () => {
     expect(valueY(1, 3, 40)).toBe(26.67);
   });
 
-  it('tops a memory chart at the cap plus headroom while the use stays below it', () => {
+  it('tops a memory chart at a round figure above the cap while the use stays below it', () => {
+    // Issue 41, item 6: a 2.0 GiB cap gave a scale of "0–2.2 GiB"; it reads 2.5 GiB now.
+    expect(memoryMax([gpu(0, 300 * MIB, { cap: 2 * GIB })])).toBe(2.5 * GIB);
     const max = memoryMax([gpu(0, 300 * MIB), gpu(1, 600 * MIB)]);
-    expect(max).toBeCloseTo(GIB * (1 + HEADROOM));
-    // The cap line then lies at 1 / 1.1 of the height, whatever the chart's size.
-    expect(valueY(GIB, max, CHART_HEIGHT)).toBeCloseTo(CHART_HEIGHT * (1 - 1 / (1 + HEADROOM)), 1);
-    expect(valueY(GIB, max, 40)).toBe(3.64);
+    expect(max).toBe(1.2 * GIB);
+    expect(max).toBeGreaterThanOrEqual(GIB * (1 + HEADROOM));
+    // The cap line then lies at 1 / 1.2 of the height, inside the chart.
+    expect(valueY(GIB, max, 40)).toBe(6.67);
+    expect(valueY(GIB, max, CHART_HEIGHT)).toBeCloseTo(CHART_HEIGHT * (1 - 1 / 1.2), 1);
   });
 
   it('tops it at the highest of used, parked and the guard bytes once one passes the cap', () => {
-    expect(memoryMax([gpu(0, 300 * MIB, { real: 2 * GIB })])).toBeCloseTo(2 * GIB * 1.1);
-    expect(memoryMax([gpu(0, 0, { parked: 3 * GIB })])).toBeCloseTo(3 * GIB * 1.1);
-    expect(memoryMax([gpu(0, 4 * GIB, { cap: 0 })])).toBeCloseTo(4 * GIB * 1.1);
+    expect(memoryMax([gpu(0, 300 * MIB, { real: 2 * GIB })])).toBe(2.5 * GIB);
+    expect(memoryMax([gpu(0, 0, { parked: 3 * GIB })])).toBe(4 * GIB);
+    expect(memoryMax([gpu(0, 4 * GIB, { cap: 0 })])).toBe(5 * GIB);
+    // Below a GiB in MiB: 700 MiB of use without a cap, a scale of 800 MiB.
+    expect(memoryMax([gpu(0, 700 * MIB, { cap: 0 })])).toBe(800 * MIB);
     // Gaps count for nothing; an idle slice without a cap gets the smallest scale.
     expect(memoryMax([gap(0), gpu(1, 0, { cap: 0 })])).toBe(MIN_MEMORY_MAX);
     expect(memoryMax([])).toBe(MIN_MEMORY_MAX);
   });
 
+  it('rounds a scale up to 1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten', () => {
+    expect([0.9, 1, 1.05, 1.3, 2.1, 2.6, 3.5, 4.2, 5.5, 7, 9, 11, 2000.5].map(v => niceCeil(v))).toEqual([
+      1, 1, 1.2, 1.5, 2.5, 3, 4, 5, 6, 8, 10, 12, 2500
+    ]);
+    expect(niceCeil(2 * GIB, GIB)).toBe(2 * GIB);
+    expect(niceCeil(0)).toBe(0);
+  });
+
   it('tops an SM chart at the whole GPU unless something goes beyond it', () => {
     expect(smMax([gpu(0, 0, { sm: 30 })])).toBe(100);
-    expect(smMax([gpu(0, 0, { sm: 150 })])).toBeCloseTo(165);
+    expect(smMax([gpu(0, 0, { sm: 150 })])).toBe(200);
     expect(smMax([])).toBe(100);
   });
 });
@@ -162,7 +176,7 @@ describe('the cap and share lines', () => {
     const max = memoryMax(samples);
     const y = valueY(GIB, max, FRAME.height);
     expect(limitPath(samples, s => s.cap, max, FRAME)).toBe(`M0 ${y}H100`);
-    expect(y).toBe(3.64);
+    expect(y).toBe(6.67);
   });
 
   it('lies at the share on an SM chart', () => {

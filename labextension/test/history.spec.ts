@@ -177,7 +177,7 @@ describe('SliceHistory', () => {
     ]);
     // A kernel is drawn against the slice's cap and share.
     expect(h.kernel('k2')).toEqual([
-      { t: T0, gap: false, used: 100 * MIB, sm: 7, cap: GIB, share: 25, real: null, parked: 0, state: 'running' }
+      { t: T0, gap: false, used: 100 * MIB, sm: 7, cap: GIB, share: 25, real: null, split: null, parked: 0, state: 'running' }
     ]);
     expect(h.kernel('nobody')).toEqual([]);
     expect(h.gpu('9')).toEqual([]);
@@ -311,5 +311,93 @@ describe('SliceHistory', () => {
     expect(h.slice).toBeNull();
     expect(h.gpuKeys()).toEqual([]);
     expect(h.kernelIds()).toEqual([]);
+  });
+});
+
+// Issue 41, item 2: a kernel on two GPUs with 2.0 GiB caps, 2.6 GiB in all
+// (0.8 GiB on GPU 0, 1.8 GiB on GPU 1), was drawn against one GPU's cap: 131 %.
+describe('a kernel on several GPUs', () => {
+  const UUIDS = ['GPU-a', 'GPU-b'];
+  const twoGpus = (limits = [2 * GIB, 2 * GIB]): IKernelSliceStatus =>
+    answer(0, [], {
+      gpus: [
+        { index: 0, uuid: UUIDS[0], memory_used: 0.8 * GIB, memory_limit: limits[0], sm_share: 25, sm_util: 0 },
+        { index: 1, uuid: UUIDS[1], memory_used: 1.8 * GIB, memory_limit: limits[1], sm_share: 25, sm_util: 0 }
+      ]
+    });
+  const onBoth = kernel('k1', 2.6 * GIB, {
+    processes: [{ pid: 1, memory_used: { [UUIDS[0]]: 0.8 * GIB, [UUIDS[1]]: 1.8 * GIB } }]
+  });
+
+  it('is drawn against the caps of the GPUs it holds memory on, added up as its bytes are', () => {
+    const h = history();
+    const status = twoGpus();
+    status.kernels = [onBoth];
+    h.record(status, T0);
+    const [sample] = h.kernel('k1');
+    expect(sample.used).toBe(2.6 * GIB);
+    expect(sample.cap).toBe(4 * GIB);
+    expect(sample.used! / sample.cap).toBeLessThan(1);
+    expect(sample.split).toEqual([
+      { gpu: 0, used: 0.8 * GIB, cap: 2 * GIB },
+      { gpu: 1, used: 1.8 * GIB, cap: 2 * GIB }
+    ]);
+  });
+
+  it('on one GPU of several, against that GPU alone', () => {
+    const h = history();
+    const status = twoGpus();
+    status.kernels = [kernel('k1', 1.8 * GIB, { processes: [{ pid: 1, memory_used: { [UUIDS[1]]: 1.8 * GIB } }] })];
+    h.record(status, T0);
+    expect(h.kernel('k1')[0]).toMatchObject({ cap: 2 * GIB, split: null });
+  });
+
+  it('has no cap line where one of its GPUs has no cap', () => {
+    const h = history();
+    const status = twoGpus([2 * GIB, 0]);
+    status.kernels = [onBoth];
+    h.record(status, T0);
+    expect(h.kernel('k1')[0].cap).toBe(0);
+  });
+});
+
+// Issue 41, item 7: the GPU as a whole, beside the slice.
+describe('the whole GPU', () => {
+  const whole = (util: number | null, extra = {}) => ({
+    index: 0,
+    uuid: 'GPU-a',
+    name: 'HAMi Simulated GPU',
+    memory_total: 16 * GIB,
+    memory_used: 5 * GIB,
+    utilization: util,
+    power_w: 320,
+    power_limit_w: 700,
+    temperature_c: 55,
+    slice_used: GIB,
+    slices: [],
+    others_used: 4 * GIB,
+    ...extra
+  });
+
+  it('keeps a series per GPU of every answer, NVML\'s figures and this slice\'s bytes', () => {
+    const h = history();
+    h.record(answer(GIB, [], { whole_gpus: [whole(45)] }), T0);
+    h.record(answer(GIB, [], { whole_gpus: [whole(null, { power_w: null })] }), T0 + 1000);
+    expect(h.whole('0')).toEqual([
+      { t: T0, gap: false, util: 45, used: 5 * GIB, total: 16 * GIB, slice: GIB, power: 320, power_limit: 700, temp: 55 },
+      { t: T0 + 1000, gap: false, util: null, used: 5 * GIB, total: 16 * GIB, slice: GIB, power: null, power_limit: 700, temp: 55 }
+    ]);
+  });
+
+  it('breaks where the server gave none, and takes the server\'s earlier samples in front', () => {
+    const h = history();
+    h.record(answer(GIB, [], { whole_gpus: [whole(45)] }), T0);
+    h.record(answer(GIB, []), T0 + 1000);
+    expect(h.whole('0').map(s => s.gap)).toEqual([false, true]);
+    h.recordGap(T0 + 2000);
+    expect(h.whole('0')).toHaveLength(2); // one gap is enough
+    const kept = { t: T0 - 5000, gap: false, util: 10, used: GIB, total: 16 * GIB, slice: 0, power: 80, power_limit: 700, temp: 33 };
+    expect(h.seed('/run/hami/slices/alice.slice', { whole: { '0': [kept] } })).toBe(1);
+    expect(h.whole('0')[0]).toEqual(kept);
   });
 });

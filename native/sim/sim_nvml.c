@@ -401,6 +401,89 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
 	return NVML_SUCCESS;
 }
 
+/* ---- power and temperature ------------------------------------------------ */
+
+/* What a whole-GPU view reads beside utilization (nvdashboard's figures). The
+ * sim has no sensors: both follow the device's utilization over the last
+ * complete period, as a real GPU's do, within an H100 SXM's range. */
+#define SIM_POWER_IDLE_MW 70000u
+#define SIM_POWER_LIMIT_MW 700000u
+#define SIM_TEMPERATURE_IDLE_C 31u
+
+typedef struct {
+	unsigned int version;
+	int sensorType;
+	int temperature;
+} sim_nvmlTemperature_v1_t;
+#define SIM_NVML_TEMPERATURE_GPU 0
+#define SIM_NVML_TEMPERATURE_V1 (unsigned int)(sizeof(sim_nvmlTemperature_v1_t) | (1u << 24))
+
+static unsigned device_util(unsigned i)
+{
+	return sim_sample_pct(sim_st()->dev[i].util, sim_sample_end(sim_now_ns()));
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!power)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*power = SIM_POWER_IDLE_MW + (SIM_POWER_LIMIT_MW - SIM_POWER_IDLE_MW) / 100u * device_util(i);
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit)
+{
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!limit)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*limit = SIM_POWER_LIMIT_MW;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit)
+{
+	return nvmlDeviceGetEnforcedPowerLimit(device, limit);
+}
+
+static nvmlReturn_t temperature(nvmlDevice_t device, int sensor, unsigned int *out)
+{
+	unsigned i;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!out)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (sensor != SIM_NVML_TEMPERATURE_GPU)
+		return NVML_ERROR_NOT_SUPPORTED;
+	*out = SIM_TEMPERATURE_IDLE_C + device_util(i) * 45u / 100u;
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device, int sensorType, unsigned int *temp)
+{
+	return temperature(device, sensorType, temp);
+}
+
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, sim_nvmlTemperature_v1_t *temp)
+{
+	if (!temp)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (temp->version != SIM_NVML_TEMPERATURE_V1)
+		return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+	unsigned int c;
+	nvmlReturn_t r = temperature(device, temp->sensorType, &c);
+	if (!r)
+		temp->temperature = (int)c;
+	return r;
+}
+
 /* ---- processes ---------------------------------------------------------- */
 
 /* HAMI_SIM_PROCESS_LIST_NS: how long a process-list call takes; the list is

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "hami.h"
+#include "oom_words.h"
 
 #define OOM_REPORT_INTERVAL_NS 1000000000ull
 
@@ -22,10 +23,6 @@ static int oom_report_due(void)
 {
 	return hami_report_due(&last_oom_report, OOM_REPORT_INTERVAL_NS);
 }
-
-/* What a person can do about it, the same words in every out-of-memory line. */
-#define OOM_WHAT_TO_DO "To go on: free tensors you no longer need (del, then %%hami release in a notebook " \
-		       "gives the framework's cached memory back), or ask for a bigger size."
 
 /*
  * Who set the cap, when that matters: a cap below what the slice holds was
@@ -50,20 +47,29 @@ static void cap_note(uint64_t used, uint64_t limit, char *out, size_t cap)
 		snprintf(out, cap, " An administrator set this cap%s.", when);
 }
 
-/* what NULL: a quiet charge (a resume that waits for room is no error). */
+/*
+ * what NULL: a quiet charge (a resume that waits for room is no error).
+ * People read these lines: plain words first (what is full, who else holds
+ * it, what to do, whom to ask: oom_words.c), then the technical line, sizes
+ * in units only, the contexts' share saying why less than the cap fits as data.
+ */
 static void report_oom(int sdev, uint64_t want, uint64_t used, uint64_t limit, const char *what)
 {
 	if (!what || !oom_report_due())
 		return;
 	char gpu[HAMI_SLICE_UUID_LEN + 8], a[32], b[32], c[32], note[192];
+	struct hami_oom_words words;
 	hami_gpu_name(sdev, gpu, sizeof(gpu));
 	cap_note(used, limit, note, sizeof(note));
-	/* People read this: sizes in units only; the contexts' share explains why less
-	 * than the cap fits as data. */
-	hami_log(HAMI_LOG_ERROR,
-		 "out of memory on %s: %s asked for %s; slice \"%s\" has %s of its %s cap in use "
-		 "(CUDA contexts included).%s " OOM_WHAT_TO_DO,
-		 gpu, what, hami_human(want, a), hami_slice_name(), hami_human(used, b), hami_human(limit, c), note);
+	hami_oom_words(sdev, &words);
+	hami_human(want, a);
+	hami_human(used, b);
+	hami_human(limit, c);
+	hami_log(HAMI_LOG_ERROR, "not enough GPU memory: this notebook's slice \"%s\" holds %s of its %s "
+		 "cap on %s%s, and %s more do not fit.%s", hami_slice_name(), b, c, gpu, words.held, a, note);
+	hami_oom_advice(&words);
+	hami_log(HAMI_LOG_ERROR, "out of memory on %s: %s asked for %s; slice \"%s\" has %s of its %s cap "
+		 "in use (CUDA contexts included).", gpu, what, a, hami_slice_name(), b, c);
 }
 
 /* A size that no counter holds: a garbage or wrapped request, refused whatever the cap. */
@@ -83,12 +89,21 @@ static void report_process_oom(int sdev, uint64_t want, uint64_t held, const cha
 	if (!what || !oom_report_due())
 		return;
 	char gpu[HAMI_SLICE_UUID_LEN + 8], a[32], b[32], c[32];
+	struct hami_oom_words words;
 	hami_gpu_name(sdev, gpu, sizeof(gpu));
+	hami_oom_words(sdev, &words);
+	words.free_more[0] = 0; /* the other kernels hold none of this process's own cap */
+	hami_human(want, a);
+	hami_human(held, b);
+	hami_human(hami_process_limit(), c);
+	hami_log(HAMI_LOG_ERROR, "not enough GPU memory: this kernel holds %s of its own %s cap on %s (its "
+		 "kernelspec sets it, inside slice \"%s\"'s), and %s more do not fit.", b, c, gpu,
+		 hami_slice_name(), a);
+	hami_oom_advice(&words);
 	hami_log(HAMI_LOG_ERROR,
 		 "out of memory on %s: %s asked for %s; this process has %s of its own %s cap in use "
-		 "(HAMI_PROCESS_MEMORY_LIMIT, from its kernelspec, inside slice \"%s\"'s cap). " OOM_WHAT_TO_DO,
-		 gpu, what, hami_human(want, a), hami_human(held, b), hami_human(hami_process_limit(), c),
-		 hami_slice_name());
+		 "(HAMI_PROCESS_MEMORY_LIMIT, from its kernelspec, inside slice \"%s\"'s cap).",
+		 gpu, what, a, b, c, hami_slice_name());
 }
 
 uint64_t hami_device_limit_bytes(int sdev)

@@ -19,6 +19,7 @@
  * another process's state moves waits for the move (gpu_busy.c).
  */
 #include "hami.h"
+#include "oom_words.h"
 
 #define FIRST_ASK (256ull << 20) /* the driver's own needs: code, local memory, pools */
 #define REPORT_INTERVAL_NS 1000000000ull
@@ -30,11 +31,19 @@ static void report_no_room(int sdev, const char *what, uint64_t used, uint64_t l
 	if (!hami_report_due(&last_report, REPORT_INTERVAL_NS))
 		return;
 	char gpu[HAMI_SLICE_UUID_LEN + 8], a[32], b[32];
+	struct hami_oom_words words;
 	hami_gpu_name(sdev, gpu, sizeof(gpu));
+	hami_oom_words(sdev, &words);
+	hami_human(used, a);
+	hami_human(limit, b);
+	/* Plain words first (oom_words.c), the technical line after. */
+	hami_log(HAMI_LOG_ERROR, "not enough GPU memory: this notebook's slice \"%s\" holds %s of its %s "
+		 "cap on %s%s, and the CUDA driver needs more to go on (for code it loads and memory it "
+		 "works in).", hami_slice_name(), a, b, gpu, words.held);
+	hami_oom_advice(&words);
 	hami_log(HAMI_LOG_ERROR, "out of memory on %s: no room in the slice for what the driver needs for "
-		 "%s; slice \"%s\" has %s of its %s cap in use (CUDA contexts included). To go on: free "
-		 "tensors you no longer need (del, then %%hami release in a notebook), or ask for a bigger size.",
-		 gpu, what, hami_slice_name(), hami_human(used, a), hami_human(limit, b));
+		 "%s; slice \"%s\" has %s of its %s cap in use (CUDA contexts included).",
+		 gpu, what, hami_slice_name(), a, b);
 }
 
 static void report_still_refused(int sdev, const char *what, uint64_t made)

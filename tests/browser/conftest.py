@@ -63,6 +63,7 @@ REFRESH_RATE_MS = 500
 # slice of its own: what a slice over several GPUs shows.
 TWO_GPU_KERNEL = "hami-two-gpus"
 TWO_GPU_SLICE = "two-gpus"
+TWO_GPU_UUIDS = ("GPU-7e0a0000-0000-4000-8000-000000000000", "GPU-7e0a0000-0000-4000-8000-000000000001")
 
 LAB_EXTENSION = "hami-jupyter-labextension"
 SETTINGS = {
@@ -80,9 +81,13 @@ SETTINGS = {
 
 
 class Lab:
-    def __init__(self, tmp, tag):
+    def __init__(self, tmp, tag, kernel_stderr=False):
         self.tmp = tmp
         self.tag = tag
+        # True: the kernels forward what their processes write to stderr (the preload
+        # library's lines) to the notebook, as they do outside pytest; ipykernel does
+        # not while PYTEST_CURRENT_TEST is in its environment.
+        self.kernel_stderr = kernel_stderr
         self.root = tmp / "root"
         self.slice_root = tmp / "slices"
         self.settings_dir = tmp / "lab-settings"
@@ -98,7 +103,8 @@ class Lab:
         # None of the limits, slices or Jupyter folders of the shell running the tests.
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith(("HAMI_", "CUDA_", "JUPYTER", "JPY_", "IPYTHON"))
-                and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
+                and k not in ("LD_PRELOAD", "LD_LIBRARY_PATH")
+                and not (self.kernel_stderr and k.startswith("PYTEST_"))}
         env = native.sim_env(self.tmp / "sim-state", base=base,
                              HAMI_SIM_DEVICES="1", HAMI_SIM_MEMORY="16g",
                              HAMI_SIM_CONTEXT_BYTES="64m")
@@ -134,8 +140,11 @@ class Lab:
         share = Path(sys.prefix) / "share" / "jupyter" / "kernels" / "hami-python3"
         spec = json.loads((share / "kernel.json").read_text())
         spec["display_name"] = "Python 3 (HAMi vGPU, two GPUs)"
+        # UUIDs of their own: the server's NVML (the one-device simulated GPU)
+        # must not take them for its GPU 0 (the panel's whole GPU reads it).
         spec["env"] = {"HAMI_SIM_STATE": str(self.tmp / "sim-two-gpus" / "state"),
                        "HAMI_SIM_DEVICES": "2", "HAMI_SIM_MEMORY": "16g",
+                       "HAMI_SIM_UUIDS": ",".join(TWO_GPU_UUIDS),
                        "HAMI_SIM_CONTEXT_BYTES": "64m", "HAMI_SLICE": TWO_GPU_SLICE}
         folder = self.tmp / "data" / "kernels" / TWO_GPU_KERNEL
         folder.mkdir(parents=True, exist_ok=True)
@@ -150,7 +159,10 @@ class Lab:
         cmd = [sys.executable, "-m", "jupyterlab", "--no-browser",
                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
                "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
-               f"--ServerApp.root_dir={self.root}"]
+               f"--ServerApp.root_dir={self.root}",
+               # window.jupyterapp: the tests switch the theme by JupyterLab's own
+               # command, without a reload that would lose the notebooks' outputs.
+               "--LabApp.expose_app_in_browser=True"]
         if os.geteuid() == 0:
             cmd.append("--allow-root")
         with open(self.log_path, "wb") as log:
@@ -301,9 +313,10 @@ def run_tag():
     return uuid.uuid4().hex
 
 
-@pytest.fixture(scope="module")
-def lab(chromium, run_tag, tmp_path_factory):
-    server = Lab(tmp_path_factory.mktemp("jupyterlab"), run_tag)
+def running_lab(run_tag, tmp_path_factory, **options):
+    """A started Lab (*options*: Lab's), stopped after; fails the run if any of its
+    processes outlived the server. A generator for the ``lab`` fixtures."""
+    server = Lab(tmp_path_factory.mktemp("jupyterlab"), run_tag, **options)
     try:
         server.start()
         yield server
@@ -312,6 +325,11 @@ def lab(chromium, run_tag, tmp_path_factory):
     if left:
         pytest.fail("processes of the JupyterLab run outlived the server and were ended: "
                     + "; ".join(f"{pid}: {cmd}" for pid, cmd in left), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def lab(chromium, run_tag, tmp_path_factory):
+    yield from running_lab(run_tag, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

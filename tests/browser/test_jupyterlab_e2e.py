@@ -59,7 +59,8 @@ STEPS_TOTAL = 64 * (1 << 20) + 12 * 50 * (1 << 20)  # the context and the buffer
 # chartview.ts / chart.ts: every chart's viewBox, and how far apart two samples of a line are taken.
 CHART_HEIGHT = 40
 # style/base.css: the panel's minimum width; it may be dragged wider (issue 35, item 3).
-PANEL_MIN_WIDTH = 320
+# Issue 41, item 3: as wide as JupyterLab's own side panels (--jp-sidebar-min-width).
+PANEL_MIN_WIDTH = 250
 SAMPLE_GAP_MS = 2_500
 
 # statusText() in labextension/src/format.ts: GiB with one decimal, SM in whole percent.
@@ -287,7 +288,7 @@ def limit_y(locator, since_x=0.0):
 # than its box), and every piece that must stay on one line (a part of a row
 # between its " · ", a figure, a caption, a name), with the number of line
 # boxes it lays out in; the panel's width and minimum width and whether it
-# scrolls sideways. A row may wrap between its parts at 320 px, never inside one.
+# scrolls sideways. A row may wrap between its parts at 250 px, never inside one.
 ROWS_JS = """
 panel => {
   const selectors = ['.hami-panel-title', '.hami-panel-usage', '.hami-panel-gpu-text',
@@ -415,7 +416,7 @@ def test_panel_charts_draw_move_and_rows_fit(page, lab):
     svg = kernel_memory.locator("svg.hami-chart-svg")
     label = svg.get_attribute("aria-label")
     assert svg.get_attribute("role") == "img"
-    assert label.startswith(f"Kernel {kernel_id[:8]} memory, last 5 min: 664 MiB in use of the "
+    assert label.startswith(f"Kernel {name} memory, last 5 min: 664 MiB in use of the "
                             "1.0 GiB cap (65 %)"), label
     assert svg.locator("title").text_content() == label
     sm_label = chart(panel, "gpu-0", "sm").locator("svg").get_attribute("aria-label")
@@ -523,22 +524,23 @@ const splitFigures = root => {
 """
 
 # `%hami status` laid out: every figure and its unit on one line (notices' prose aside),
-# the names of the kernels' table whole, its kernel ids short with the whole id as title.
+# the names of the kernels' table whole, a kernel named by its notebook (or its short id)
+# with the whole id in the tooltip.
 STATUS_TABLE_JS = "out => {" + LINES_JS + """
   const root = out.querySelector('.hami-status');
   const [split, figures] = splitFigures(root);
-  // Whole: a kernel's id, user and kernelspec; a process's "pid 123 python".
+  // Whole: a kernel's name, user and kernelspec; a process's pid and command.
   const names = [];
   for (const row of root.querySelectorAll('table.hami-processes tr')) {
     const cells = row.querySelectorAll('td');
     if (cells.length < 3) continue;
-    const id = cells[0].querySelector('code');
+    const id = cells[0].querySelector('code, .hami-kernel-notebook');
     const who = [...cells[0].querySelectorAll('.hami-kernel-who > span')];
-    for (const node of id ? [id, ...who] : [cells[0]]) {
+    for (const node of id ? [id, ...who] : [...cells[0].querySelectorAll(':scope > span')]) {
       if (node.textContent.trim()) names.push({text: node.textContent, lines: nodeLines(node)});
     }
   }
-  const ids = [...root.querySelectorAll('table.hami-processes code')]
+  const ids = [...root.querySelectorAll('table.hami-processes code, table.hami-processes .hami-kernel-notebook')]
     .map(c => ({text: c.textContent, title: c.title}));
   return {split, figures, names, ids, width: out.getBoundingClientRect().width};
 }
@@ -638,13 +640,13 @@ def test_two_gpu_slice_shows_its_fullest_gpu_and_its_tables_fit(page, lab):
         assert caption and line and not boxes_overlap(caption, line), (caption, line)
 
     # `%hami status` beside the open panel: no figure parts from its unit, names whole,
-    # kernel ids 8 characters with the whole id as the tooltip.
+    # the kernel named by its notebook with the whole id as the tooltip (issue 41, item 1).
     run_cell(page, lab, 1, f"hami slice {TWO_GPU_SLICE}")
     cells = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-CodeCell")
     table = cells.nth(1).locator(".jp-OutputArea-output").first.evaluate(STATUS_TABLE_JS)
     assert table["figures"] >= 6 and not table["split"], table
     assert not [n for n in table["names"] if n["lines"] != 1], table
-    assert {"text": kernel_id[:8], "title": kernel_id} in table["ids"], table
+    assert {"text": name, "title": f"kernel {kernel_id}"} in table["ids"], table
 
     # AdminPanel() in the notebook at JupyterLab's default layout (the slice panel closed
     # again): nothing cut, Apply on its form's row, ids as short as the panel's.
@@ -661,7 +663,7 @@ def test_two_gpu_slice_shows_its_fullest_gpu_and_its_tables_fit(page, lab):
     for row in layout["rows"]:
         assert all(abs(middle - row["apply"]) < 4 for middle in row["inputs"]), row
         assert row["right"] <= layout["right"] + 1, row
-    assert kernel_id not in layout["text"] and kernel_id[:8] in layout["text"]
+    assert kernel_id not in layout["text"] and name in layout["text"]
     assert g0["uuid"] not in layout["text"]
 
     page.mouse.move(700, 450)
@@ -789,7 +791,7 @@ CONTRAST_JS = """
     <span style="color: var(--hami-ok-fg, #1b5e20)" data-check="%hami status ok">ok</span>
     <span style="color: var(--hami-warn-fg, #a84300)" data-check="%hami status warning">Warning</span>
     <span style="color: var(--hami-error-fg, #c62828)" data-check="%hami status critical">Critical</span>
-    <span style="color: var(--jp-ui-font-color2, #757575)" data-check="%hami status muted">/run/hami</span>`;
+    <span style="color: var(--hami-muted-fg, #616161)" data-check="%hami status muted">/run/hami</span>`;
   notebook.appendChild(out);
   made.push(out);
 
@@ -957,7 +959,8 @@ NARROW_ADMIN_JS = "out => {" + LINES_JS + """
 def test_the_panel_and_outputs_work_at_320_px(browser, lab):
     """Issue 35, item 3: at 1024x700 with the file browser open, the 500 px panel left
     the notebook 190 px: `%hami status` broke "hami slice root" over three lines, cut
-    the path and the bars; AdminPanel cut "defaul[t]". The panel works from 320 px and
+    the path and the bars; AdminPanel cut "defaul[t]". The panel works from 250 px (issue
+    41: JupyterLab's own side panels' width) and
     is resized like JupyterLab's other side panels; beside it the outputs fit."""
     expect = _expect()
     context = browser.new_context(viewport=NARROW)

@@ -194,12 +194,14 @@ def test_an_admins_click_resizes_a_slice_and_the_running_kernel_follows(view_hub
                                                                  timeout=TIMEOUT_MS)
     expect(output).not_to_contain_text("VBox(")
     expect(output).not_to_contain_text("Error displaying widget")
-    # Kernel ids as the JupyterLab panel shows them: 8 characters, GPU UUIDs "GPU-" and 8
-    # (the whole id a tooltip).
+    # A kernel named by its notebook (ada's, started for this notebook), the whole id a
+    # tooltip (issue 41, item 1); one started over the REST API, without a notebook, by its
+    # id as the JupyterLab panel shows it: 8 characters; GPU UUIDs "GPU-" and 8.
     for text in ("node node-a", "node node-b", NODES["node-a"][:12], NODES["node-b"][:12],
-                 alice[:8], carol[:8], ada[:8], f"as {ADMIN}"):
+                 alice[:8], carol[:8], NOTEBOOK, f"as {ADMIN}"):
         expect(output.first).to_contain_text(text)
     expect(output.first.locator(f'code[title="{alice}"]').first).to_have_text(alice[:8])
+    expect(output.first.locator(f'.hami-kernel-notebook[title="kernel {ada}"]').first).to_have_text(NOTEBOOK)
 
     # alice's slice form: 1 GiB; ada types 2 GiB and clicks Apply.
     form = output.locator(".widget-vbox").filter(
@@ -213,7 +215,7 @@ def test_an_admins_click_resizes_a_slice_and_the_running_kernel_follows(view_hub
     apply = form.locator("button", has_text="Apply")
     for name, box in (("Apply", apply.bounding_box()),
                       ("mode", form.locator(".widget-dropdown", has=page.locator(
-                          "label", has_text="mode")).locator("select").bounding_box())):
+                          "label", has_text="above the share")).locator("select").bounding_box())):
         assert box["x"] >= area["x"] and box["x"] + box["width"] <= area["x"] + area["width"] + 1, \
             f"{name} of alice's form at {box} sticks out of the output {area}"
     memory.click()

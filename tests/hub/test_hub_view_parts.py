@@ -3,6 +3,8 @@ history, Prometheus's targets, the actions' answers on Kubernetes, the
 service's registration in a config, and the charts."""
 
 import asyncio
+import html
+import re
 import logging
 from types import SimpleNamespace
 
@@ -477,7 +479,7 @@ def test_each_gpu_sums_guarantees_and_caps_and_lists_who_waits():
     assert (gpu["memory_guarantees"], gpu["memory_limits"]) == (2 * GiB + 4 * GiB, 12 * GiB)
     assert (gpu["memory_used"], gpu["nvml_memory_used"]) == (150 * MiB, GiB)
     assert gpu["waiting"] == [{"slice": "bob", "user": "bob", "server": "", "kernel_id": "k2",
-                               "pid": 77, "bytes": 3 * GiB, "since_unix": 900.0}]
+                               "notebook": None, "pid": 77, "bytes": 3 * GiB, "since_unix": 900.0}]
     assert gpu["room_wait_bytes"] == 3 * GiB
     samples = {f.name: [s.value for s in f.samples]
                for f in metrics._families(lending_document())}
@@ -494,24 +496,26 @@ def test_the_hub_view_shows_guarantees_parked_kernels_and_waiters():
     document = lending_document({"node": "n1", "memory_oversubscription": 4.0})
     view = HubView(FakeClient(document), document)
     text = view.nodes.value
-    assert "caps 12.0 GiB (up to 64.0 GiB, 4 x the GPU, at a start), guaranteed 6.0 GiB, " \
-           "1.0 GiB on the GPU (NVML)" in text
+    shown = html.unescape(re.sub(r"<[^>]+>", "", text))  # what a reader sees
+    assert "caps 12.0 GiB (up to 64.0 GiB, 4 x the GPU, at a start) · guaranteed 6.0 GiB · " \
+           "1.0 GiB on the GPU (NVML)" in shown
     clock = time.strftime("%H:%M", time.localtime(900.0))
     assert "Waiting for room on this GPU: bob (" in text
     assert f"waiting for 3.0 GiB of GPU room since {clock}" in text
-    assert "8.0 GiB <span style='color: var(--jp-ui-font-color2, #757575)'>(2.0 GiB guaranteed)" \
-           in text
+    from hami_jupyter.slice.status_html import MUTED_COLOUR
+
+    assert f"8.0 GiB <span style='color: {MUTED_COLOUR}'>(2.0 GiB guaranteed)" in text
     assert "parked to make room for another user&#x27;s work" in text
 
     form = view.slice_forms[("n1", "alice")]
-    assert form.guarantee.value == "default"  # the default entry: none of its own sent
+    assert form.guarantee.value == "whole cap"  # the default entry: none of its own sent
     form.device.value = GPU
     assert (form.memory.value, form.guarantee.value) == ("8.0 GiB", "2.0 GiB")
     form.guarantee.value = "3g"
     assert form.apply() is not None
     assert view.client.acts[-1] == {"action": "resize", "node": "n1", "slice": "alice",
                                     "device": GPU, "overcommit": False, "guarantee": "3g"}
-    assert view.slice_forms[("n1", "bob")].guarantee.value == "default"
+    assert view.slice_forms[("n1", "bob")].guarantee.value == "whole cap"
 
 
 def test_the_service_applies_a_guarantee_to_a_slice_of_its_node(tmp_path):
@@ -546,3 +550,36 @@ def test_registering_the_service_tells_it_the_policys_oversubscription():
         given = [a.split("=", 1)[1] for a in command
                  if a.startswith("--HamiHubService.memory_oversubscription=")]
         assert given == ([expected] if expected else [])
+
+
+# ---- issue 41: kernels named by their notebooks, lines that wrap ----------------------------------
+
+def test_the_hub_view_names_kernels_by_their_notebooks():
+    """Item 1: the hub view listed kernels by 8-character ids. A kernel whose server
+    names its notebook is listed by it (the id on hover), in its slice's line, in who
+    waits for room, and in the kernels' rows; one without a notebook by its short id."""
+    from hami_jupyter.admin.hub_view import HubView
+
+    alice = status("alice", [kernel("k1-alice-0000", "alice", 100)], used=100 * MiB, limit=8 * GiB)
+    alice["kernels"][0]["notebook"] = "work/analysis.ipynb"
+    bob = status("bob", [waiting_kernel("k2-bob-000000", "bob", 50, 3, 900.0)], used=50 * MiB,
+                 limit=4 * GiB)
+    bob["kernels"][0]["notebook"] = "train.ipynb"
+    carol = status("carol", [kernel("k3-carol-0000", "carol", 10)], used=10 * MiB, limit=GiB)
+    readings = [doc.Reading(doc.ServerRef(user, "", f"/user/{user}/"), answer("n1", [s], {kid: user}))
+                for user, s, kid in (("alice", alice, "k1-alice-0000"), ("bob", bob, "k2-bob-000000"),
+                                     ("carol", carol, "k3-carol-0000"))]
+    document = {**doc.build(readings, 1000.0), "service": {"node": "n1"}}
+    (gpu,) = document["nodes"][0]["gpus"]
+    assert {k["kernel_id"]: k["notebook"] for s in gpu["slices"] for k in s["kernels"]} == \
+        {"k1-alice-0000": "work/analysis.ipynb", "k2-bob-000000": "train.ipynb", "k3-carol-0000": None}
+    assert gpu["waiting"][0]["notebook"] == "train.ipynb"
+    view = HubView(FakeClient(document), document)
+    text = view.nodes.value
+    assert 'title="kernel k1-alice-0000"' in text and "work/<wbr>analysis.ipynb" in text
+    assert "bob (<span class=\"hami-kernel-notebook\" title=\"kernel k2-bob-000000\"" in text
+    assert '<code title="k3-carol-0000"' in text and ">k3-carol<" in text  # no notebook: the short id
+    assert "train.ipynb" in view.kernel_rows["k2-bob-000000"].label.value
+    # Lines that wrap between their parts: no table to scroll sideways.
+    assert "<table" not in text and "<table" not in view.users.value
+    assert 'class="hami-hub-slice-line"' in text and 'class="hami-hub-user"' in view.users.value

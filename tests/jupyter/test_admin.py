@@ -154,9 +154,10 @@ def test_panel_shows_gpus_slices_kernels_and_refreshes(hami_env, panels, charge)
 
     panel = panels(gpu_source=fake_gpus((uuid, "Fake H100", 16 * GiB)))
     table = panel.gpu_table.value
-    assert "Fake H100" in table and uuid in table and "1.0 GiB / 16.0 GiB" in table and "7 %" in table
-    shown = re.sub(r"<[^>]+>", "", table)  # the text a reader sees
-    assert "(alice: 2.0 GiB)" in shown and "bob" not in table  # elastic slices promise nothing
+    assert "Fake H100" in table and f'title="{uuid}"' in table  # the whole UUID a tooltip
+    shown = html.unescape(re.sub(r"<[^>]+>", "", table))  # the text a reader sees
+    assert "1.0 GiB of 16.0 GiB in use · 7 % busy" in shown, shown
+    assert "2.0 GiB guaranteed to users · alice 2.0 GiB" in shown and "bob" not in table  # elastic slices promise nothing
     assert list(panel.forms) == ["alice", "bob"]
     a, b = panel.forms["alice"], panel.forms["bob"]
     assert "alice-user" in a.status.value and "k-alice" in a.status.value
@@ -184,24 +185,11 @@ def test_panel_shows_gpus_slices_kernels_and_refreshes(hami_env, panels, charge)
 
 
 def memory_rows(panel):
-    """The panel's table of slices per GPU, as rows of cell texts."""
-    from html.parser import HTMLParser
-
-    rows = []
-
-    class Cells(HTMLParser):
-        def handle_starttag(self, tag, attrs):
-            if tag == "tr":
-                rows.append([])
-            elif tag in ("td", "th"):
-                rows[-1].append("")
-
-        def handle_data(self, data):
-            if rows and rows[-1]:
-                rows[-1][-1] += data
-
-    Cells().feed(panel.memory_table.value.split('<div class="hami-guard-note"')[0])
-    return [[" ".join(c.split()) for c in r] for r in rows]
+    """The panel's lines of slices per GPU, each as the parts a reader sees (between " · ")."""
+    lines = re.findall(r'<div class="hami-slice-line">(.*?)</div>', panel.memory_table.value)
+    parts = [[" ".join(p.split()) for p in html.unescape(re.sub(r"<[^>]+>", "", line)).split(" \u00b7 ")]
+             for line in lines]
+    return [[f"{p[0]} · {p[1]}", *p[2:]] for p in parts]  # the slice and GPU, then its figures
 
 
 def test_panel_shows_the_guards_real_memory_and_who_is_over(hami_env, panels, charge):
@@ -210,23 +198,29 @@ def test_panel_shows_the_guards_real_memory_and_who_is_over(hami_env, panels, ch
     charge(alice, 100)
     charge(bob, 200)
     uuid = sim_uuid(alice)
-    head = ["slice", "GPU", "in use", "cap", "the guard sees"]
-    gpu = f"0 {uuid[:12]}\u2026"  # the UUID shortened as the JupyterLab panel does; whole in a tooltip
+    gpu = f"GPU 0 · {uuid[:12]}\u2026"  # the UUID shortened as the JupyterLab panel does; whole in a tooltip
 
     panel = panels(gpu_source=fake_gpus((uuid, "Fake H100", 16 * GiB)))  # no guard yet
-    assert memory_rows(panel) == [head, ["alice", gpu, "164.0 MiB", "2.0 GiB", "-"],
-                                  ["bob", gpu, "264.0 MiB", "1.0 GiB", "-"]]
-    assert ('<div class="hami-guard-note"' in panel.memory_table.value
-            and "The guard is not running (no " in panel.memory_table.value
-            and "memory caps are enforced only cooperatively" in panel.memory_table.value)
+    assert memory_rows(panel) == [[f"alice on {gpu}", "164.0 MiB in use", "cap 2.0 GiB", "not measured"],
+                                  [f"bob on {gpu}", "264.0 MiB in use", "cap 1.0 GiB", "not measured"]]
+    note = re.search(r'<div class="hami-guard-note" title="([^"]*)"[^>]*>(.*?)</div>',
+                     panel.memory_table.value)
+    assert note, panel.memory_table.value
+    # Plain words that end in what to do; the technical note (paths and all) its tooltip.
+    words = html.unescape(re.sub(r"<[^>]+>", "", note.group(2)))
+    assert words.startswith("No guard is running: what the GPU really holds for each slice is not "
+                            "measured") and words.endswith("To start it: hami-jupyter guard (as root)."), words
+    assert "/" not in words
+    tooltip = html.unescape(note.group(1))
+    assert "The guard is not running (no " in tooltip and "memory caps are enforced only cooperatively" in tooltip
     assert all(f.guard_notice.value == "" for f in panel.forms.values())
 
     write_guard(hami_env.root, {"alice": {uuid: seen(170 * MiB, 164 * MiB, 2 * GiB)},
                                 "bob": {uuid: seen(1536 * MiB, 264 * MiB, GiB)}}, interval=5.0)
     panel.refresh()
-    assert memory_rows(panel) == [head, ["alice", gpu, "164.0 MiB", "2.0 GiB", "170.0 MiB"],
-                                  ["bob", gpu, "264.0 MiB", "1.0 GiB",
-                                   "1.5 GiB over the cap"]]
+    assert memory_rows(panel) == [[f"alice on {gpu}", "164.0 MiB in use", "cap 2.0 GiB", "measured 170.0 MiB"],
+                                  [f"bob on {gpu}", "264.0 MiB in use", "cap 1.0 GiB",
+                                   "measured 1.5 GiB, over the cap"]]
     assert "hami-guard-note" not in panel.memory_table.value
     a, b = panel.forms["alice"], panel.forms["bob"]
     assert a.guard_notice.value == ""
@@ -243,17 +237,29 @@ def test_the_panel_speaks_plainly(hami_env, panels):
     precise meaning is their tooltip), a parked kernel's memory shown as parked
     rather than as 0 B, sizes as everything else shows them and typed so too,
     and two GPUs whose UUIDs begin alike told apart."""
-    from hami_jupyter.admin.panel import _gpu_table, _memory_table
+    from hami_jupyter.admin.panel import _gpu_lines, _memory_lines
     from hami_jupyter.slice.status_html import uuid_text
 
     make_slice(hami_env.root, "alice", memory_limit="2g")
     panel = panels()
     text = html.unescape(panel.memory_table.value + panel.gpu_table.value)
     assert "`" not in text and "<code>hami-jupyter guard</code>" in panel.memory_table.value
-    for jargon in ("used (reported)", "real (guard)", "promised to hard slices", ">entry<"):
-        assert jargon not in text, jargon
+    shown = re.sub(r"<[^>]+>", "", text)
+    # Issue 41, item 4: words that needed a manual ("kept for slices", "the guard sees -").
+    for jargon in ("used (reported)", "real (guard)", "promised to hard slices", ">entry<",
+                   "kept for slices", "the guard sees", " - ", "overcommit"):
+        assert jargon not in shown, jargon
     form = panel.forms["alice"]
     assert form.device.description == "limits for" and form.memory.value == "2.0 GiB"
+    assert (form.guarantee.description, form.guarantee.value) == ("always kept", "whole cap")
+    assert form.sm.description == "compute %"
+    assert (form.mode.description, [label for label, _ in form.mode.options]) == \
+        ("above the share", ["never", "if the GPU is idle"])
+    assert panel.overcommit.description == "allow promising more memory than a GPU has"
+    # Each plain word explained on hover.
+    for widget in (form.guarantee, form.sm, form.mode, panel.overcommit):
+        assert len(widget.tooltip) > 40, widget.description
+    assert 'title="memory the users' in panel.gpu_table.value  # "guaranteed to users"
     form.memory.value = "3 GiB"  # typed as it is shown
     assert form.pending() == {"memory": "3GiB"} and form.apply() is not None, form.errors
     assert read_snapshot(form.path).fallback_limit.memory_limit == 3 * GiB
@@ -265,13 +271,13 @@ def test_the_panel_speaks_plainly(hami_env, panels):
              "memory_limit": 4 * GiB, "memory_real": None, "guard_state": None}
             for i, u in enumerate(twins)]
     view = type("View", (), {"name": "bob", "status": {"gpus": gpus}})()
-    table = re.sub(r"<[^>]+>", "", html.unescape(_memory_table([view], None)))
-    assert "0 B + 3.5 GiB parked" in table, table
+    table = re.sub(r"<[^>]+>", "", html.unescape(_memory_lines([view], None)))
+    assert "0 B in use + 3.5 GiB parked" in table, table
     assert {uuid_text(u, twins) for u in twins} == {"GPU-5a1f0000\u20260000", "GPU-5a1f0000\u20260001"}
     assert uuid_text(twins[0]) == uuid_text(twins[0], [twins[0], "GPU-77770000-1"]) == "GPU-5a1f0000\u2026"
     promised = [{"uuid": u, "name": "sim", "memory_total": 16 * GiB, "promised": 0, "holders": {}}
                 for u in twins]
-    assert html.unescape(_gpu_table([], None, promised)).count("GPU-5a1f0000\u20260001") == 1
+    assert html.unescape(_gpu_lines([], None, promised)).count("GPU-5a1f0000\u20260001") == 1
 
 
 def test_refresh_keeps_what_an_admin_is_typing(hami_env, panels):

@@ -132,7 +132,8 @@ def test_the_panel_form_shows_and_sets_the_guarantee(hami_env):
     panel = AdminPanel(hami_env.root, gpu_source=lambda: ONE_GPU, start=False)
     try:
         form = panel.forms["alice"]
-        assert form.guarantee.value == "default"  # none set: the cap is the guarantee
+        assert form.guarantee.value == "whole cap"  # none set: the cap is the guarantee
+        assert form.guarantee.description == "always kept"  # issue 41, item 4: plain words
         form.guarantee.value = "12g"
         assert "a guarantee of 12.0 GiB is above the memory cap of 8.0 GiB" in html.unescape(
             form.message.value)  # checked before Apply
@@ -145,6 +146,11 @@ def test_the_panel_form_shows_and_sets_the_guarantee(hami_env):
         assert 'class="hami-guarantee"' not in form.status.value  # no GPU yet: no GPU's row
         assert "each GPU gets: 8.0&nbsp;GiB (guaranteed 2.0&nbsp;GiB of the 8.0&nbsp;GiB cap)" \
             in form.status.value
+        # Back to none, in the words the form shows it.
+        form.guarantee.value = "whole cap"
+        assert form.pending() == {"guarantee": "default"}
+        assert form.apply() is not None, form.errors
+        assert fallback(path).memory_guarantee == 0 and form.guarantee.value == "whole cap"
     finally:
         panel.stop()
 

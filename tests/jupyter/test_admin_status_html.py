@@ -97,7 +97,8 @@ def test_no_figure_parts_from_its_unit():
 
 def test_names_stay_whole_and_ids_are_shortened_with_the_whole_id_as_tooltip():
     reader = read(format_html(two_gpu_status(), current_kernel=KERNEL))
-    for name in ("hami-python3", "alice", "pid 4242 python3", KERNEL[:8], "(this kernel)"):
+    # A process's pid and command each stay whole (in a very narrow cell the command goes under).
+    for name in ("hami-python3", "alice", "pid 4242", "python3", KERNEL[:8], "(this kernel)"):
         assert (name, True) in reader.pieces, f"{name} may break: {reader.pieces}"
     text = reader.visible()
     # 8 characters of a kernel id, as the JupyterLab panel; the 36 only in tooltips.

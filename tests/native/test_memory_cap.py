@@ -7,6 +7,8 @@ import pytest
 
 from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, GiB, MiB, SIM_CONTEXT, SIM_MEMORY, mentions_size
 
+from hami_jupyter.slice import registry
+
 
 def test_four_quarters_fit_a_1g_slice_without_context_overhead(cudrive, make_slice, gpu):
     s = make_slice(limit="1g", overhead="0")
@@ -100,6 +102,18 @@ def _oom_lines(stderr):
     return [line for line in stderr.splitlines() if "out of memory" in line and "hami:" in line]
 
 
+def _refusal(stderr):
+    """The lines of one refusal, in the order a person reads them (issue 41, item 5):
+    plain words (what does not fit, who else holds the slice's memory), what to do
+    and whom to ask, then the technical line."""
+    lines = [line for line in stderr.splitlines() if line.startswith("hami: ")]
+    start = next(i for i, line in enumerate(lines) if line.startswith("hami: not enough GPU memory"))
+    plain, advice, technical = lines[start:start + 3]
+    assert advice.startswith("hami: To go on: "), lines
+    assert technical.startswith("hami: out of memory on "), lines
+    return plain, advice, technical
+
+
 def test_out_of_memory_message_names_slice_and_limit(cudrive, make_slice):
     s = make_slice(name="alice", limit="1g", overhead="0")
     res = cudrive.run("init ctx 0 alloc 768m alloc 512m", s.env)
@@ -121,10 +135,18 @@ def test_out_of_memory_message_says_which_gpu_how_much_and_what_to_do(cudrive, m
     (line,) = _oom_lines(res.stderr)
     assert line.startswith('hami: out of memory on GPU 0: cuMemAlloc asked for 512.0 MiB; '
                            'slice "alice" has 768.0 MiB of its 1.0 GiB cap in use'), line
-    assert "free tensors you no longer need" in line and "%hami release" in line, line
-    assert "ask for a bigger size" in line, line
-    assert "limit" not in line and "GPU-" not in line, line
-    assert "administrator" not in line and "lowered" not in line, line  # nobody changed the cap
+    plain, advice, technical = _refusal(res.stderr)
+    assert technical == line
+    # Plain words first: no driver call, no "CUDA contexts" before the technical line.
+    assert plain == ('hami: not enough GPU memory: this notebook\'s slice "alice" holds 768.0 MiB '
+                     'of its 1.0 GiB cap on GPU 0, and 512.0 MiB more do not fit.'), plain
+    assert "free tensors you no longer need" in advice and "%hami release" in advice, advice
+    # Whom to ask for a bigger cap, and how (no hub here: the administrator, or the command).
+    assert 'For a bigger cap, ask your administrator (on your own machine: hami-jupyter slice set ' \
+           'alice --memory SIZE).' in advice, advice
+    for said in (plain, advice, technical):
+        assert "limit" not in said and "GPU-" not in said, said
+        assert "administrator set" not in said and "lowered" not in said, said  # nobody changed the cap
 
 
 def test_out_of_memory_message_names_the_gpu_as_the_program_numbers_it(cudrive, make_slice, gpu):
@@ -149,9 +171,10 @@ def test_out_of_memory_after_the_cap_was_lowered_says_so(cudrive, make_slice, gp
     p.close()
     (line,) = _oom_lines(p.stderr())
     assert 'slice "alice" has 768.0 MiB of its 512.0 MiB cap in use' in line, line
+    plain, advice, _ = _refusal(p.stderr())
     assert re.search(r"The cap was lowered at \d\d:\d\d, below what the slice already holds: "
-                     r"new memory is refused until its use falls under the cap\.", line), line
-    assert "administrator" not in line, line  # no hub marker: the slice's own
+                     r"new memory is refused until its use falls under the cap\.", plain), plain
+    assert "administrator set" not in plain + advice, plain  # no hub marker: the slice's own
 
 
 def test_out_of_memory_under_an_administrators_cap_says_who_set_it(cudrive, make_slice):
@@ -167,11 +190,12 @@ def test_out_of_memory_under_an_administrators_cap_says_who_set_it(cudrive, make
     os.chmod(admin_mark_path(s.path), 0o644)
     res = cudrive.run("init ctx 0 alloc 2g", s.env)
     assert res.rcs("alloc") == [CUDA_ERROR_OUT_OF_MEMORY], res.describe()
-    (line,) = _oom_lines(res.stderr)
+    plain, advice, _ = _refusal(res.stderr)
     if os.geteuid() == 0:
-        assert re.search(r"An administrator set this cap at \d\d:\d\d\.", line), line
+        assert re.search(r"An administrator set this cap at \d\d:\d\d\.", plain), plain
+        assert "For a bigger cap, ask the administrator who set this one." in advice, advice
     else:  # only root's marker is believed
-        assert "administrator" not in line, line
+        assert "administrator set" not in plain + advice, plain
 
 
 def test_out_of_memory_message_uses_hami_slice_name(cudrive, make_slice):
@@ -205,3 +229,44 @@ def test_raised_limit_applies_to_a_running_process(cudrive, make_slice, gpu):
     p.ok("alloc 1536m")
     assert p.ok("meminfo")["total"] == 2 * GiB
     assert s.used(0) == 1536 * MiB
+
+
+def test_out_of_memory_names_the_other_kernel_that_holds_the_slices_memory(cudrive, make_slice):
+    """Issue 41, item 5: a refusal says that another kernel of the same slice holds
+    memory, how much, and which notebook it serves (its registry entry), and that
+    parking or shutting it down makes room."""
+    s = make_slice(name="alice", limit="1g", overhead="0")
+    other_id = "0f3c2a9e-1111-2222-3333-444455556666"
+    other = cudrive.start({**s.env, "HAMI_KERNEL_ID": other_id})
+    other.ok("init")
+    other.ok("ctx 0")
+    other.ok("alloc 600m")
+    registry.register(s.path, registry.new_entry(s.path, other_id, "alice", "hami-python3", other.pid,
+                                                 "work/analysis \u00e9t\u00e9.ipynb"))
+    res = cudrive.run("init ctx 0 alloc 300m alloc 200m", {**s.env, "HAMI_KERNEL_ID": "mine"})
+    assert res.rcs("alloc") == [0, CUDA_ERROR_OUT_OF_MEMORY], res.describe()
+    plain, advice, technical = _refusal(res.stderr)
+    assert plain == ('hami: not enough GPU memory: this notebook\'s slice "alice" holds 900.0 MiB '
+                     'of its 1.0 GiB cap on GPU 0; 600.0 MiB of it by another kernel of the slice: '
+                     'work/analysis \u00e9t\u00e9.ipynb, and 200.0 MiB more do not fit.'), plain
+    assert "or shut down or park work/analysis \u00e9t\u00e9.ipynb's kernel" in advice, advice
+    assert 'slice "alice" has 900.0 MiB of its 1.0 GiB cap in use' in technical, technical
+
+    # Without a registry entry (a kernel started outside Jupyter): named by its id.
+    registry.unregister(s.path, other_id)
+    res = cudrive.run("init ctx 0 alloc 300m alloc 200m", {**s.env, "HAMI_KERNEL_ID": "mine"})
+    plain, advice, _ = _refusal(res.stderr)
+    assert "600.0 MiB of it by another kernel of the slice: kernel 0f3c2a9e," in plain, plain
+    other.close()
+
+
+def test_out_of_memory_under_a_hub_says_where_to_pick_a_bigger_size(cudrive, make_slice):
+    """Issue 41, item 5: under JupyterHub (its variables are in every kernel's
+    environment) a bigger cap is a larger size from the hub's list at the next
+    start of the server, or the administrator's."""
+    s = make_slice(name="alice", limit="1g", overhead="0")
+    res = cudrive.run("init ctx 0 alloc 2g", {**s.env, "JUPYTERHUB_API_URL": "http://hub:8081/hub/api"})
+    assert res.rcs("alloc") == [CUDA_ERROR_OUT_OF_MEMORY], res.describe()
+    _, advice, _ = _refusal(res.stderr)
+    assert ("For a bigger cap, stop your server (File > Hub Control Panel > Stop My Server) and start "
+            "it again with a larger size from the hub's list, or ask your administrator.") in advice, advice

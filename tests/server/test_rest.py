@@ -16,9 +16,10 @@ MiB = 1 << 20
 CONTEXT = 64 * MiB  # the simulated GPU's context
 USER = "alice"
 
-SUMMARY_KEYS = {"kernel_id", "in_slice", "slice", "path", "memory_used", "memory_limit",
+SUMMARY_KEYS = {"kernel_id", "notebook", "in_slice", "slice", "path", "memory_used", "memory_limit",
                 "memory_gpu", "memory_guarantee", "memory_level", "sm_share", "sm_util", "kernel", "gpus", "kernels",
-                "warning_fraction", "critical_fraction", "memory_real", "guard_state", "guard"}
+                "warning_fraction", "critical_fraction", "memory_real", "guard_state", "guard",
+                "whole_gpus", "whole_gpus_error"}
 NO_GUARD = {"running": False, "action": None, "written_unix": None, "error": None, "elsewhere": [], "parked": []}
 
 
@@ -142,8 +143,8 @@ async def test_the_guards_figures_beside_the_slices(start_kernel, get_json, slic
 async def test_kernel_outside_a_slice(start_kernel, get_json):
     k = await start_kernel("python3")
     body = await get_json("hami", "v1", "kernels", k.id)
-    assert set(body) == {"kernel_id", "in_slice", "reason"}
-    assert (body["kernel_id"], body["in_slice"]) == (k.id, False)
+    assert set(body) == {"kernel_id", "notebook", "in_slice", "reason"}
+    assert (body["kernel_id"], body["notebook"], body["in_slice"]) == (k.id, None, False)
     assert "HAMi provisioner" in body["reason"]
     body = await get_json("hami", "v1", "slices")
     assert (body["slices"], body["kernels"]) == ([], {k.id: None})
@@ -234,7 +235,7 @@ async def test_damaged_slice_file_is_advice(start_kernel, get_json, jp_fetch, sl
     path = slice_env.root / f"{USER}.slice"
     path.write_bytes(b"junk" * 2048)
     body = await get_json("hami", "v1", "kernels", k.id)
-    assert set(body) == {"kernel_id", "in_slice", "slice", "path", "error"}
+    assert set(body) == {"kernel_id", "notebook", "in_slice", "slice", "path", "error"}
     assert (body["in_slice"], body["slice"], body["path"]) == (True, USER, str(path))
     assert body["error"].startswith("hami: ") and "damaged" in body["error"]
     assert "\n" not in body["error"]
