@@ -18,7 +18,8 @@ A request the socket read (:mod:`.server`) goes through :meth:`Rooms.serve`:
    **record** (:mod:`.records`); again until the room is there;
 4. **the answer**: ``OK <made> <ticket>`` with the room granted in the ledger
    (kept for the requester while its connection stays open, at most
-   :data:`LEASE_S`), or ``NO <why>``.
+   :data:`LEASE_S`; its turn lasts as long, so that the next request finds
+   that room taken, not counted twice), or ``NO <why>``.
 
 The headroom keeper (:mod:`.headroom`) asks :meth:`Rooms.keep_free` for one
 step toward its free bytes on a GPU; :meth:`Rooms.publish` writes the ledger
@@ -50,7 +51,10 @@ LEASE_S = 60.0  # a grant is kept while its requester takes the room; a restore 
 OKS_KEPT = 4096  # waits whose OKs are remembered; older than OKS_FORGET_S are forgotten beyond
 OKS_FORGET_S = 600.0
 ASKS_AGAIN_S = 2.0  # a wait answered NO asks again within a second: its kernel is not idle meanwhile
-ADMIT_LOOK_S = 0.25  # a look this fresh serves a request's admission (no look per connection)
+# A look this fresh serves a request's admission (the watch looks every 0.5 s):
+# no connection makes the agent look at the node for it, but for a process
+# that just took its slot (FRESH_LOOK_S).
+ADMIT_LOOK_S = 1.0
 FRESH_LOOK_S = 1.0  # a process without a slot in the latest look gets a fresh one at most this often
 # A kernel whose park failed is not tried again for any request for this long:
 # on an H100 every checkpoint failed once the GPU was full, and waiting requests,
@@ -207,13 +211,16 @@ class Rooms:
             answer, ticket = self._turn(request)
             if answer is not None:
                 request.answer(answer)
+            if ticket is not None:
+                # Its turn lasts until it took the room granted (it closes its end):
+                # the next request's facts then show that room taken, never twice.
+                request.wait_closed(LEASE_S, self.stop)
         finally:
+            if ticket is not None:
+                self.ledger.revoke(request.uuid, ticket)
             self.queues.done(request)
             self.changed.set()
             self.served.set()
-        if ticket is not None:
-            request.wait_closed(LEASE_S, self.stop)
-            self.ledger.revoke(request.uuid, ticket)
 
     def _turn(self, request):
         """The requester's turn: ``(answer line, ticket)``; the answer is None when

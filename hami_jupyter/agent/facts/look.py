@@ -10,9 +10,13 @@ they need to; each look is also an observation of activity
 (:mod:`.activity`), so that the agent's record of who used the GPU is built
 from every look it takes.
 
-One lock covers the caches: the watch, the requests and the headroom keeper
-run in threads of their own, and NVML's restart after a driver reload, the
-slice files' cache and the attribution cache are not for two at once.
+The watch, the requests and the headroom keeper run in threads of their
+own. A look is taken by one thread at a time (the slice files' and the
+process table's caches are not for two at once); NVML's reader and the
+attribution cache have locks of their own, held for one call at a time, so
+that a request's admission or free-memory read never waits for a whole look
+(a look of a busy node takes hundreds of milliseconds), and a look that is
+fresh enough is handed out without any lock.
 """
 
 from __future__ import annotations
@@ -83,23 +87,30 @@ class Node:
         self.attributor = Attributor(proc)
         self.activity = Activity()
         self.own_ns = pid_namespace("self", proc)
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # one look at a time
+        self._nvml_lock = threading.Lock()  # the reader: one NVML call sequence at a time
+        self._attr_lock = threading.Lock()  # the attribution cache
         self._latest = None
 
     def start(self):
         """Start NVML (NvmlUnavailable, with the reason, when it cannot)."""
-        with self._lock:
+        with self._nvml_lock:
             self.reader.start()
 
     def look(self, within=0.0):
         """A :class:`Look` of now, or the latest one when it is at most *within*
         seconds old (a request's admission may use one the watch just took);
         never raises for what it cannot read."""
+        latest = self._latest
+        if within and latest is not None and time.time() - latest.unix <= within:
+            return latest
         with self._lock:
-            if within and self._latest is not None and time.time() - self._latest.unix <= within:
-                return self._latest
+            latest = self._latest  # another thread's look, taken while this one waited
+            if within and latest is not None and time.time() - latest.unix <= within:
+                return latest
             errors = []
-            reading = self.reader.read()
+            with self._nvml_lock:
+                reading = self.reader.read()
             errors.extend(reading.errors)
             slices = self.slice_files.read(errors)
             look = Look(reading, slices, errors=errors, unix=time.time())
@@ -112,20 +123,23 @@ class Node:
                     look.unseen.append({"pid": gp.pid, "uuid": gp.uuid, "real_bytes": gp.used_bytes,
                                         "user": None, "why": NOT_SEEN})
                     continue
-                look.placed.append(Placed(gp.uuid, gp.used_bytes, facts, self.attributor.attribute(facts, slices)))
+                with self._attr_lock:
+                    attribution = self.attributor.attribute(facts, slices)
+                look.placed.append(Placed(gp.uuid, gp.used_bytes, facts, attribution))
             for p in look.placed:
                 slot = p.attribution.slot
                 if slot is not None and slot.park_state != HAMI_PARK_RUNNING:
                     look.driver_states[p.facts.pid] = self.driver_state(p.facts.pid)
             self.procs.keep(facts_of)
-            self.attributor.keep((f.pid, f.start_ticks) for f in facts_of.values() if f is not None)
+            with self._attr_lock:
+                self.attributor.keep((f.pid, f.start_ticks) for f in facts_of.values() if f is not None)
             self.activity.observe(look.placed, set(reading.gpus), reading.busy, look.unix)
             self._latest = look
             return look
 
     def memory(self, uuid, errors):
         """``(total, free)`` bytes of GPU *uuid* now; None (the reason in *errors*) when NVML cannot say."""
-        with self._lock:
+        with self._nvml_lock:
             return self.reader.memory(uuid, errors)
 
     def free(self, uuid, errors):
@@ -147,7 +161,7 @@ class Node:
         facts = read_facts(pid, proc=self.proc)
         if facts is None:
             return None
-        with self._lock:
+        with self._attr_lock:
             return facts, self.attributor.attribute(facts, slices)
 
     def close(self):
