@@ -235,12 +235,9 @@ CUresult hami_room_turn(struct hami_room *w, int sdev, uint64_t bytes)
 	const char *why = hami_ledger_refusal(&g, w->ticket, within, free, bytes);
 	if (!why)
 		return CUDA_SUCCESS;
-	snprintf(w->turn, sizeof(w->turn), "%s", why);
+	/* Waiting behind others is said as such; room that is short is said as
+	 * the driver's refusal would be (the broker's answer says what is kept). */
+	if (!within && g.waiting && !hami_ledger_granted(&g, w->ticket))
+		snprintf(w->turn, sizeof(w->turn), "%s", why);
 	return CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-/* How a take that the ledger refused reads in the wait's first line. */
-const char *hami_room_turn_why(const struct hami_room *w)
-{
-	return w->turn[0] ? w->turn : NULL;
 }

@@ -125,7 +125,7 @@ def test_the_library_leaves_the_reserve_free_so_a_park_can_run(slices, holder, c
     [park] = audit_of(root, "broker-park")
     assert park["kernel"] == "k-alice" and park["requester"]["pid"] == carol.pid
     assert not audit_of(root, "broker-park-failed")
-    assert any(f"GPU 0 is tight" in line for line in carol.hami_lines()), carol.hami_lines()
+    assert any("kept for parks" in line for line in carol.hami_lines()), carol.hami_lines()  # why it stopped
 
 
 def test_a_park_the_driver_refuses_for_device_memory_is_tried_again_and_never_held(slices, holder, cudrive,
