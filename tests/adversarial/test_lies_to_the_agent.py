@@ -215,7 +215,8 @@ def test_a_claimed_past_moves_no_request_ahead(slices, holder, client, start_bro
     honest = client(slices.env("dave", kernel="k-dave"))
     liar = client(slices.env("carol", kernel="k-carol"))
     _put(liar.slice, _field(slot(liar.slice, liar.pid).index, "started_unix_ns"), 1)
-    folder, go, began = held_park_tool(tmp_path, idlest.pid)
+    held = held_park_tool(tmp_path, idlest.pid)
+    folder, go, began = held
     broker = start_broker("--min-idle-seconds", "1", env=broker_env(gpu, HAMI_NATIVE_DIR=folder))
     try:
         time.sleep(11)  # the agent has run a while: a wait it never heard of cannot be old
@@ -231,7 +232,7 @@ def test_a_claimed_past_moves_no_request_ahead(slices, holder, client, start_bro
         assert [q["pid"] for q in queue] == [first.pid, honest.pid, liar.pid], queue
         assert queue[2]["since_unix_ns"] > queue[1]["since_unix_ns"]  # not 1970, not before dave's
     finally:
-        go.touch()  # the held park goes on: no stand-in hami-park left waiting
+        held.release()  # the held park goes on: no stand-in hami-park left waiting
 
 
 def _socket_folder():

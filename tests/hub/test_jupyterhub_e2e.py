@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TAG_ENV, Hub, _require_jupyterhub
+from leftovers import marker_env
 from unix_users import RUNUSER, UnixUsers, require_root_users, shared_tmpdir, user_python
 
 from hami_jupyter import native
@@ -147,7 +148,7 @@ class RealUsersHub(Hub):
         self.make_sim_state()
         sim = native.sim_env(self.sim_state, base={}, HAMI_SIM_DEVICES="2",
                              HAMI_SIM_MEMORY="80g", HAMI_SIM_CONTEXT_BYTES="64m")
-        extra = {**sim, TAG_ENV: self.tag, "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+        extra = {**sim, **marker_env(), TAG_ENV: self.tag, "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
         config = textwrap.dedent(f"""\
             # Written by tests/hub/test_jupyterhub_e2e.py: the example, then test plumbing.
             c = get_config()  # noqa: F821
