@@ -314,3 +314,22 @@ def test_asking_again_and_again_makes_no_more_room_than_the_slice_may_hold(slice
     assert running(idle.slice, idle.pid)
     assert not audit_of(root, "broker-park")
     assert len(audit_of(root, "broker-served")) <= 2
+
+
+def test_requests_that_go_away_at_once_fill_no_log(slices, client, start_broker, socket_path, gpu, root):
+    """Issue 39, row 4: alice connects, sends a request and closes, in a loop.
+    Each left a ``broker-dropped`` record and a warning in the agent's log
+    (6,543 in 15 s on a hub). One record a minute now, counting the rest."""
+    uuid = gpu.uuid(0)
+    slices.make("alice", "16g", "1g")
+    alice = client(slices.env("alice", kernel="k-alice"))
+    broker = start_broker()
+    sent = alice.churn(socket_path, uuid, 1 << 20, 4)
+    assert sent > 20, sent
+    wait_for(lambda: audit_of(root, "broker-dropped"), 30, what="a record of the requests that went away")
+    time.sleep(2)  # what the agent had still to read of the loop
+    dropped = audit_of(root, "broker-dropped")
+    assert len(dropped) == 1, f"{len(dropped)} records for {sent} requests"
+    assert dropped[0]["requester"]["pid"] == alice.pid and dropped[0]["times"] == 1
+    warnings = [line for line in broker.log().splitlines() if "went away" in line]
+    assert len(warnings) == 1, warnings[:5]

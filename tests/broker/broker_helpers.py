@@ -170,6 +170,11 @@ class RoomClient:
         self.send(f"close {name}")
         self._next("close", DEFAULT_TIMEOUT)
 
+    def churn(self, socket_path, uuid, size, seconds):
+        """Connect, send a request and close at once, for *seconds*; how many were sent."""
+        self.send(f"churn {socket_path} {uuid} {size} {seconds}")
+        return self._next("churn", seconds + DEFAULT_TIMEOUT)["count"]
+
     def teardown(self):
         try:
             os.killpg(self.pid, signal.SIGKILL)

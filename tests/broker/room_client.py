@@ -11,12 +11,15 @@ stdin, one per line; every event is one JSON line on stdout:
                                          line, then {"op": "ask", "name": NAME, "closed": true}
     close NAME                        -> the connection NAME is closed at once (a process that gives
                                          up, or is killed, mid-wait); {"op": "close", "name": NAME}
+    churn SOCKET UUID BYTES SECONDS   -> connect, send a request (a new since each), close at once,
+                                         again and again for SECONDS; {"op": "churn", "count": N}
 """
 
 import json
 import socket
 import sys
 import threading
+import time
 
 from hami_jupyter import driver_memory
 
@@ -50,6 +53,22 @@ def ask(name, path, uuid, size, since):
     say(op="ask", name=name, closed=True)
 
 
+def churn(path, uuid, size, seconds):
+    """A hostile user's loop (issue 39): requests that go away at once."""
+    count, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(path)
+            conn.sendall(f"ROOM {uuid} {size} {time.time_ns()}\n".encode())
+            count += 1
+        except OSError:
+            time.sleep(0.01)
+        finally:
+            conn.close()
+    say(op="churn", count=count)
+
+
 for command in sys.stdin:
     words = command.split()
     if not words:
@@ -60,6 +79,8 @@ for command in sys.stdin:
     elif words[0] == "ask":
         name, path, uuid, size, since = words[1:6]
         threading.Thread(target=ask, args=(name, path, uuid, int(size), int(since)), daemon=True).start()
+    elif words[0] == "churn":
+        churn(words[1], words[2], int(words[3]), float(words[4]))
     elif words[0] == "close":
         conn = connections.get(words[1])
         if conn is not None:
