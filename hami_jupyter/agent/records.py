@@ -60,7 +60,15 @@ broker_log = logging.getLogger("hami_jupyter.broker")
 
 
 def _preload(p):
-    return "under the preload library" if p.preload else "without the preload library"
+    """What is true of *p* (a :class:`~.guard.policy.ProcessUse`) and the library: a
+    process under it was charged less than the driver says it holds (its slice's
+    counters were changed, or it took memory past what the library let through)."""
+    if not p.preload:
+        return "without the preload library"
+    if p.charged_bytes is None:
+        return "under the preload library"
+    return (f"under the preload library, which charged it {_size(p.charged_bytes)} of the "
+            f"{_size(p.real_bytes)} the driver lists")
 
 
 class Records:

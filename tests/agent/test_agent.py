@@ -124,3 +124,22 @@ def test_the_actor_takes_one_action_on_a_process_at_a_time():
     t.join(10)
     assert release == [0.0] and not actor.busy(me) and me in actor.held
 
+
+
+def test_the_guards_hold_checks_host_memory_as_a_kernels_park_does(monkeypatch):
+    """Issue 39, item 13: Actor.hold moved a process's GPU state to host memory
+    without asking whether the host had room for it (park_kernel asked). A
+    hold that would leave less than the reserve is refused before the driver
+    is called, with how much was needed and available."""
+    from hami_jupyter.slice import parking
+
+    holds = []
+    actor = Actor(host_reserve=2 * GiB, hold=lambda pid: holds.append(pid) or 0.0)
+    monkeypatch.setattr(parking, "host_available", lambda: 10 * GiB)
+    me = os.getpid()
+    ticks = start_ticks(me)
+    with pytest.raises(parking.ParkError, match="host memory too low .* needs 9.0 GiB plus 2.0 GiB kept free"):
+        actor.hold(me, ticks, {"why": "over its cap", "process_bytes": 9 * GiB})
+    assert holds == [] and me not in actor.held
+    assert actor.hold(me, ticks, {"why": "over its cap", "process_bytes": 7 * GiB}) == 0.0
+    assert holds == [me] and me in actor.held
