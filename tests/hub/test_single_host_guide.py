@@ -79,3 +79,16 @@ def test_hub_deps_checks_that_the_proxy_starts_under_this_node(tmp_path):
                          env={"PATH": f"{fake}:/usr/bin:/bin"})
     assert old.returncode != 0 and "node v18.20.0 is too old" in old.stderr, old.stderr
     assert "Node.js >= 20" in old.stderr
+
+
+def test_the_users_the_guide_adds_get_homes_only_they_may_enter():
+    """Issue 39: `useradd -m` made 0755 homes on Debian 12 (its login.defs
+    leaves HOME_MODE unset and UMASK at 022): every user read every other's
+    notebooks. Every user the guide adds gets a 0700 home, as the root hub
+    test's users do (tests/hub/unix_users.py, which checks it)."""
+    step = GUIDE.read_text().split("## 5.")[1].split("## 6.")[0]
+    adds = [line for line in step.splitlines() if line.startswith("useradd ")]
+    assert adds and all(" -m -K HOME_MODE=0700 " in line for line in adds), adds
+    assert "chmod 0700 /home/alice" in step
+    users = (REPO / "tests" / "hub" / "unix_users.py").read_text()
+    assert '"-K", "HOME_MODE=0700"' in users
