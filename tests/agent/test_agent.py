@@ -143,3 +143,20 @@ def test_the_guards_hold_checks_host_memory_as_a_kernels_park_does(monkeypatch):
     assert holds == [] and me not in actor.held
     assert actor.hold(me, ticks, {"why": "over its cap", "process_bytes": 7 * GiB}) == 0.0
     assert holds == [me] and me in actor.held
+
+
+def test_the_guards_reason_says_what_is_true_of_a_process_under_the_library():
+    """Issue 39, row 6: a process under the library whose slice's counters its
+    user zeroed was parked, and its user read that it held memory "outside the
+    library". The reason says what it charged of what the driver lists."""
+    from hami_jupyter.agent.guard.policy import Kill, ProcessUse, SliceGpu
+    from hami_jupyter.slice.status import guard_parked_text
+
+    under = ProcessUse(42, 1, 10 * GiB, True, "slot", 1000, "alice", charged_bytes=0, allowed_bytes=5 * GiB)
+    gpu = SliceGpu("alice", "/r/alice.slice", "GPU-0", 0, 10 * GiB, 0, 8 * GiB, 64 * MiB, [under])
+    why = records_module.Records(None).guard_why(Kill(gpu, under, 10 * GiB))
+    assert "under the preload library, which charged it 0 B of the 10.0 GiB the driver lists" in why
+    record = {"pid": 42, "command": "python", "process_bytes": 10 * GiB, "unix": 0, "preload": True}
+    text = guard_parked_text(record, now=60)
+    assert "outside" not in text and "under the preload library, more than the library had charged it" in text
+    assert "outside the preload library" in guard_parked_text(dict(record, preload=False), now=60)

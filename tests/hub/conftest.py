@@ -248,7 +248,7 @@ class Hub:
     def spawn(self, user, options=None, expect=(201, 202)):
         """Create *user* and ask for their server (not waiting for it); the
         spawn request's ``(status, reply)``."""
-        self.api("POST", f"users/{user}", expect={201})
+        self.api("POST", f"users/{user}", expect={201, 409})  # 409: made already (an allowed user)
         self.users.append(user)
         status, reply = self.request("POST", f"{self.url}/hub/api/users/{user}/server",
                                      options or {})
