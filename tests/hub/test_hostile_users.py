@@ -153,10 +153,6 @@ def records(node, action, **match):
             if r["action"] == action and all(r.get(k) == v for k, v in match.items())]
 
 
-def test_the_example_says_who_may_log_in(node):
-    assert "No allow config found" not in node.hub.log_path.read_text(errors="replace")
-
-
 # ---- row 7: the reports name no one else's processes -----------------------------------------
 
 READ_REPORTS = """
