@@ -330,6 +330,7 @@ def test_requests_that_go_away_at_once_fill_no_log(slices, client, start_broker,
     time.sleep(2)  # what the agent had still to read of the loop
     dropped = audit_of(root, "broker-dropped")
     assert len(dropped) == 1, f"{len(dropped)} records for {sent} requests"
-    assert dropped[0]["requester"]["pid"] == alice.pid and dropped[0]["times"] == 1
+    # It counts itself, and the others that went away before it was written (requests are served side by side).
+    assert dropped[0]["requester"]["pid"] == alice.pid and 1 <= dropped[0]["times"] <= sent
     warnings = [line for line in broker.log().splitlines() if "went away" in line]
     assert len(warnings) == 1, warnings[:5]
