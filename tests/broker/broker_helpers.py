@@ -243,9 +243,10 @@ class HeldPark:
 
     def release(self, timeout=30.0):
         """Touch ``go``, then wait for the stand-ins that were holding (each
-        says its PID in ``held-pids``) to end: a test's folder is removed
-        right after it passes, and a stand-in that had not seen ``go`` by
-        then would find it gone. One still there after *timeout* is killed."""
+        says its PID in ``held-pids``) to end, so that none outlives its test
+        (one whose agent was killed has no parent to end it; a passed test's
+        folder, ``go`` included, is removed at its teardown). One still there
+        after *timeout* is killed."""
         self.go.touch()
         try:
             pids = [int(p) for p in self._pids.read_text().split()]
