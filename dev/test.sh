@@ -4,14 +4,17 @@
 #     extras, native/ built (release, native/build),
 #   - dev/hub-deps.sh: configurable-http-proxy from npm, for tests/hub,
 #   - dev/browser-deps.sh: Debian's headless Chromium, for tests/browser,
-#   - native/ built again with ASan+UBSan (native/build-asan) and with
-#     ThreadSanitizer (native/build-tsan; the TSan runtime, Debian's libtsan2,
-#     is installed when missing and we may),
-#   - for a full run, the JupyterLab extension's TypeScript unit tests (jest),
-#   - pytest -ra over tests/ (arguments are passed on to pytest; tests/adversarial,
-#     the attack suite, is part of it), then, for a full run, tests/native and
-#     tests/adversarial again against the ASan+UBSan build and the TSan build
-#     (less the SM share's timing tests, which only the release build measures).
+# then the passes, each run whatever the one before it did:
+#   - jest: for a full run, the JupyterLab extension's TypeScript unit tests,
+#   - release: pytest -ra over tests/ (arguments are passed on to pytest;
+#     tests/adversarial, the attack suite, is part of it),
+#   - asan, tsan: for a full run, native/ built again with ASan+UBSan
+#     (native/build-asan) and with ThreadSanitizer (native/build-tsan; the TSan
+#     runtime, Debian's libtsan2, is installed when missing and we may), and
+#     tests/native and tests/adversarial run against each build (less the SM
+#     share's timing tests, which only the release build measures).
+# At the end each pass's summary is printed; the exit status is nonzero when
+# any pass failed (a failing pass never hides the ones after it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source dev/setup.sh test
@@ -26,21 +29,9 @@ export HAMI_REQUIRE_KUBESPAWNER=1
 # which must run here, never skip.
 bash dev/browser-deps.sh
 export HAMI_REQUIRE_BROWSER_E2E=1
-make -C native -j"$(nproc 2>/dev/null || echo 2)" BUILD=asan all sim tools
-# ThreadSanitizer needs its runtime (gcc: libtsan2, normally there with build-essential).
-tsan_probe=$(mktemp -d)
-if ! echo 'int main(void) { return 0; }' | cc -x c -fsanitize=thread -o "$tsan_probe/probe" - >/dev/null 2>&1; then
-    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "dev/test.sh: installing the ThreadSanitizer runtime (libtsan2)"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtsan2
-    else
-        echo "dev/test.sh: cc -fsanitize=thread does not link: install the ThreadSanitizer runtime (Debian: libtsan2)" >&2
-        exit 1
-    fi
-fi
-rm -rf "$tsan_probe"
-make -C native -j"$(nproc 2>/dev/null || echo 2)" BUILD=tsan all sim tools
+
+jobs=$(nproc 2>/dev/null || echo 2)
+source dev/passes.sh
 
 # pytest exit 5 means it collected nothing: a failure here, never a pass.
 run_pytest() {
@@ -54,18 +45,51 @@ run_pytest() {
 }
 
 # The JupyterLab extension's TypeScript unit tests (formatting, thresholds).
-if [ "$#" -eq 0 ]; then
-    (cd labextension && ../.venv/bin/jlpm install --immutable >/dev/null && ../.venv/bin/jlpm test)
-fi
-run_pytest "$@"
+jest_pass() {
+    cd labextension
+    ../.venv/bin/jlpm install --immutable >/dev/null
+    ../.venv/bin/jlpm test
+}
+
 # The C code again, under AddressSanitizer and UndefinedBehaviorSanitizer, then
 # under ThreadSanitizer (every data race in the library fails the test that met it;
 # tests/adversarial brings the threads racing into every hook and the kill storm).
-# What an SM share comes to in GPU time is measured by the release pass above:
+# What an SM share comes to in GPU time is measured by the release pass:
 # under a sanitizer every launch costs many times more, so those timing tests
 # would measure the sanitizer (share_accuracy); the launch paths still run
 # under it in the other SM-share tests.
-if [ "$#" -eq 0 ]; then
+asan_pass() {
+    make -C native -j"$jobs" BUILD=asan all sim tools
     HAMI_TEST_BUILD=asan run_pytest -m "not share_accuracy" tests/native tests/adversarial
+}
+
+# ThreadSanitizer needs its runtime (gcc: libtsan2, normally there with build-essential).
+tsan_pass() {
+    local probe
+    probe=$(mktemp -d)
+    if ! echo 'int main(void) { return 0; }' | cc -x c -fsanitize=thread -o "$probe/probe" - >/dev/null 2>&1; then
+        if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+            echo "dev/test.sh: installing the ThreadSanitizer runtime (libtsan2)"
+            apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtsan2
+        else
+            echo "dev/test.sh: cc -fsanitize=thread does not link: install the ThreadSanitizer runtime (Debian: libtsan2)" >&2
+            rm -rf "$probe"
+            return 1
+        fi
+    fi
+    rm -rf "$probe"
+    make -C native -j"$jobs" BUILD=tsan all sim tools
     HAMI_TEST_BUILD=tsan run_pytest -m "not share_accuracy" tests/native tests/adversarial
+}
+
+if [ "$#" -eq 0 ]; then
+    run_pass jest jest_pass
 fi
+run_pass release run_pytest "$@"
+if [ "$#" -eq 0 ]; then
+    run_pass asan asan_pass
+    run_pass tsan tsan_pass
+fi
+
+passes_summary

@@ -25,6 +25,11 @@ c = get_config()  # noqa: F821 (provided by JupyterHub)
 
 c.JupyterHub.spawner_class = "jupyterhub.spawner.LocalProcessSpawner"  # or SystemdSpawner
 c.Spawner.default_url = "/lab"
+# Who may log in (PAM, JupyterHub's default authenticator, checks the Unix
+# password): these users of the host; c.LocalAuthenticator.allowed_groups
+# admits a Unix group instead. Without any allow setting JupyterHub 5 warns
+# "No allow config found" at every start.
+c.Authenticator.allowed_users = {"alice", "bob", "carol"}
 
 # The users' servers run from the hub's own environment (sys.prefix: the venv
 # whose jupyterhub runs this file). LocalProcessSpawner would otherwise look

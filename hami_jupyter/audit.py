@@ -33,7 +33,11 @@ inserted line, or a log cut short, is reported.
 
 The file is only ever appended to: it is opened with ``O_APPEND`` and each
 record is a single ``write(2)`` of one whole line, so records of concurrent
-writers never interleave, even if one of them ignored the lock below.
+writers never interleave, even if one of them ignored the lock below. An
+append reads the log's last line and the head, not the whole log: when the
+head names that line, its count plus one is the new count (a log of millions
+of lines costs each append what an empty one does); only a head that does not
+match is recounted from the log.
 
 The log doubles as the writers' lock. :class:`AuditLog` holds an OFD write
 lock on the log while a change is checked and applied, so two admins (or an
@@ -185,18 +189,37 @@ class AuditLog:
     def append(self, record):
         """Write *record* as one line, in one ``write(2)``, chained to the line before."""
         last = _last_line(self._fd)
+        before = self._lines_before(last)
         record = dict(record, prev=line_hash(last) if last else GENESIS)
         text = json.dumps(record, sort_keys=True)
         line = (text + "\n").encode()
         written = os.write(self._fd, line)
         if written != len(line):  # a full disk; a regular file never writes short otherwise
             raise AuditLogError(f"{self.path}: only {written} of {len(line)} bytes of a record were written")
-        self._write_head(line_hash(text))
+        self._write_head(line_hash(text), None if before is None else before + 1)
         return record
 
-    def _write_head(self, last_hash):
-        """``audit.log.head``: line count and last hash, so that a log cut short shows."""
-        lines = sum(chunk.count(b"\n") for chunk in _chunks(self._fd))
+    def _lines_before(self, last):
+        """The log's line count before this append, from the head when the head
+        names *last* (the log's last line now) as its last: then it describes
+        the log as it is, and nothing need be counted. None otherwise (no head,
+        an unreadable one, or one that does not match: counted in full)."""
+        try:
+            head = json.loads(head_path(self.path).read_bytes())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(head, dict) or not isinstance(head.get("lines"), int):
+            return None
+        if head["lines"] == 0 and not last:
+            return 0
+        return head["lines"] if last and head.get("last") == line_hash(last) else None
+
+    def _write_head(self, last_hash, lines=None):
+        """``audit.log.head``: line count and last hash, so that a log cut short
+        shows. *lines*: the count when known (the head before this append
+        matched the log), else the log is counted."""
+        if lines is None:
+            lines = sum(chunk.count(b"\n") for chunk in _chunks(self._fd))
         st = os.fstat(self._fd)  # the head is owned and readable as the log is
         replace_file(head_path(self.path), json.dumps({"lines": lines, "last": last_hash}).encode() + b"\n",
                      st.st_mode & 0o644, (st.st_uid, st.st_gid) if os.geteuid() == 0 else None)

@@ -1,4 +1,5 @@
-"""Shared test set-up: tests marked ``gpu`` run only beside a real NVIDIA driver.
+"""Shared test set-up: tests marked ``gpu`` run only beside a real NVIDIA driver, and no
+test may leave a process behind (leftovers.py: the session fails naming the test files).
 
 The native build and the simulated GPU fixtures live in tests/native/conftest.py."""
 
@@ -6,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from leftovers import pytest_runtest_protocol, pytest_sessionfinish, pytest_sessionstart  # noqa: F401 (hooks)
 
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
 

@@ -25,6 +25,8 @@ charged to.
   driver that fails undoes what was parked of the kernel.
 - :meth:`Actor.hold`: the guard's park of one process, with or without the
   preload library (``hami-park hold``): only an administrator brings it back.
+  Host memory is checked first, as for a kernel: NVML's bytes of the process
+  plus the reserve must fit in what the host has available.
 - :meth:`Actor.kill`: SIGKILL through a pidfd, if the PID still names the
   process looked at.
 
@@ -113,10 +115,12 @@ class Actor:
     def hold(self, pid, ticks, record):
         """Park process *pid* (started at *ticks*) off the GPU until an
         administrator brings it back; seconds taken. *record*: what the report
-        keeps of it while it is held. ParkedElsewhere when the driver holds it
-        for someone else already; Busy; ParkError."""
+        keeps of it while it is held (its ``process_bytes``, NVML's, are what
+        host memory must hold). ParkedElsewhere when the driver holds it for
+        someone else already; Busy; ParkError (host memory too low included)."""
         with self._on([pid], record.get("why", "a park")):
             self._same(pid, ticks)
+            self._host_room(record.get("process_bytes") or 0, f"process {pid}")
             try:
                 seconds = self._hold(pid)
             except parking.ParkError as e:
@@ -151,12 +155,7 @@ class Actor:
         with the kernel left running, when it cannot be parked."""
         pids = [pid for pid, _ in kernel.processes]
         with self._on(pids, f"a park of {kernel.label}"):
-            available = parking.host_available()
-            if available and kernel.bytes + self.host_reserve > available:
-                raise parking.ParkError(
-                    f"host memory too low to hold {kernel.label}'s GPU state: it needs "
-                    f"{format_size(kernel.bytes)} plus {format_size(self.host_reserve)} kept free, and "
-                    f"{format_size(available)} is available: not parked")
+            self._host_room(kernel.bytes, kernel.label)
             started, parked, held, moved = time.monotonic(), [], [], 0
             try:
                 for (pid, ticks), index in zip(kernel.processes, kernel.slots):
@@ -165,7 +164,7 @@ class Actor:
                         moved += self._park_one(kernel.path, pid, parking.LOCK_TIMEOUT_MS, reason)[0]
                         parked.append(index)
                     except parking.ParkError as e:
-                        if e.code not in CLAIM_REFUSALS or "belongs to uid" in str(e):
+                        if e.code not in CLAIM_REFUSALS:
                             raise
                         log.warning("agent: %s of slice %s: its slot refuses a park (%s) while it holds "
                                     "idle memory on the GPU: held instead", kernel.label, kernel.slice, e)
@@ -179,6 +178,16 @@ class Actor:
                 raise parking.ParkError(f"{kernel.label} was not parked: {e}", e.code) from None
             return parking.ParkResult(kernel.kernel_id, moved, time.monotonic() - started, tuple(pids),
                                       tuple(held))
+
+    def _host_room(self, needed, label):
+        """ParkError unless host memory can take *needed* bytes of *label*'s GPU
+        state with the reserve left over."""
+        available = parking.host_available()
+        if available and needed + self.host_reserve > available:
+            raise parking.ParkError(
+                f"host memory too low to hold {label}'s GPU state: it needs "
+                f"{format_size(needed)} plus {format_size(self.host_reserve)} kept free, and "
+                f"{format_size(available)} is available: not parked")
 
     def _undo(self, kernel, parked, held):
         if parked:

@@ -16,13 +16,21 @@ through this one writer, for both policies:
 A park for the headroom is a ``broker-park`` like any other, but no user
 asked for it: its ``requester`` is ``{"for": "headroom", ...}``.
 
-No user can fill the log: every record a user's requests cause is
-rate-limited. A refusal repeated for the same wait is recorded once, and the
-next record of that wait says how many times it was asked; refusals of
-requests that are no requests (a process without a slot, a malformed line),
-and ``OK`` answers that parked nothing (the GPU had the room), are recorded
-at most once a minute per user and reason, with the count of those left
-out. What costs another user something (a park) is always recorded.
+No user can fill the log: every record a user's requests or processes cause
+is rate-limited, and so is its line in the agent's log (one connect, send and
+close loop left 6,543 ``broker-dropped`` records in 15 s, issue 39). A
+refusal repeated for the same wait is recorded once, and the next record of
+that wait says how many times it was asked; beyond that, refusals by one rule,
+requests that went away before they were served with nothing parked for
+them, refusals of requests that are no requests (a process without a slot, a
+malformed line), and ``OK`` answers that parked nothing (the GPU had the
+room) are recorded at most once a minute per user (and rule), each record
+counting those left out since the one before (``asked``, ``times``). The
+guard's parks and ends of one slice's processes are recorded one by one up to
+:data:`GUARD_BURST` a minute; beyond that they are counted into the next
+record of that slice (``unrecorded_acts``), and kept in the guard's report.
+What costs another user something (a park made for a request) is always
+recorded.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ BROKER_WHO = "hami-jupyter broker"
 PARK, PARK_FAILED, SERVED, REFUSED, DROPPED = "park", "park-failed", "served", "refused", "dropped"
 WARN, KILL = "warn", "kill"
 USER_WINDOW_S = 60.0  # a user's requests cause at most one record of a kind in this long
+GUARD_BURST = 10  # the guard's acts on one slice recorded one by one in USER_WINDOW_S; the rest counted
 RETURN_WINDOW_S = 600  # the same command line ended again within this is a return, not a new story
 MAX_REMEMBERED = 4096  # repeats remembered for the count; older than FORGET_AFTER_S are forgotten beyond
 FORGET_AFTER_S = 3600.0
@@ -51,7 +60,15 @@ broker_log = logging.getLogger("hami_jupyter.broker")
 
 
 def _preload(p):
-    return "under the preload library" if p.preload else "without the preload library"
+    """What is true of *p* (a :class:`~.guard.policy.ProcessUse`) and the library: a
+    process under it was charged less than the driver says it holds (its slice's
+    counters were changed, or it took memory past what the library let through)."""
+    if not p.preload:
+        return "without the preload library"
+    if p.charged_bytes is None:
+        return "under the preload library"
+    return (f"under the preload library, which charged it {_size(p.charged_bytes)} of the "
+            f"{_size(p.real_bytes)} the driver lists")
 
 
 class Records:
@@ -67,6 +84,7 @@ class Records:
         self.errors = collections.deque(maxlen=10)  # audit writes that failed, for the reports
         self.returns = {}  # (slice, command) -> {"first_unix", "last_unix", "count", "pids"} of ended ones
         self._refused_kills = set()  # (pid, start) whose kill was refused: said once
+        self._guard_acts = {}  # slice -> [monotonic times of its recent recorded acts, acts not recorded]
 
     def _append(self, slice_name, path, device, uuid, who, action, fields, uid=None):
         if self.audit_path is None:
@@ -121,14 +139,33 @@ class Records:
                 "held_bytes": gpu.held_bytes, "preload": p.preload, "attributed_by": p.attributed_by,
                 "command": p.command}
 
+    def _guard_turn(self, slice_name):
+        """Whether an act of the guard on *slice_name* is recorded now (at most
+        :data:`GUARD_BURST` in :data:`USER_WINDOW_S`), and how many acts on it
+        were not recorded since its last record."""
+        now = time.monotonic()
+        with self._lock:
+            recent, skipped = self._guard_acts.get(slice_name, ([], 0))
+            recent = [t for t in recent if now - t < USER_WINDOW_S]
+            if len(recent) >= GUARD_BURST:
+                self._guard_acts[slice_name] = (recent, skipped + 1)
+                return False, 0
+            self._guard_acts[slice_name] = (recent + [now], 0)
+            return True, skipped
+
     def guard_park(self, planned, seconds, now=None):
         """The guard parked *planned*'s process: logged and audited; the report's record."""
         gpu, p = planned.gpu, planned.process
         now = time.time() if now is None else now
         why = self.guard_why(planned)
-        guard_log.warning("guard: PARK pid %d (user %s) in %.1f s: %s", p.pid, p.user or p.uid, seconds, why)
-        self._append(gpu.slice, gpu.path, gpu.device, gpu.uuid, GUARD_WHO, "guard-park",
-                     dict(self._fields(planned), park_seconds=round(seconds, 3)))
+        turn, skipped = self._guard_turn(gpu.slice)
+        if turn:
+            guard_log.warning("guard: PARK pid %d (user %s) in %.1f s: %s", p.pid, p.user or p.uid, seconds, why)
+            self._append(gpu.slice, gpu.path, gpu.device, gpu.uuid, GUARD_WHO, "guard-park",
+                         dict(self._fields(planned), park_seconds=round(seconds, 3), unrecorded_acts=skipped))
+        else:
+            guard_log.debug("guard: PARK pid %d (user %s) in %.1f s (not audited: more than %d acts on slice "
+                            "%s within a minute)", p.pid, p.user or p.uid, seconds, GUARD_BURST, gpu.slice)
         return dict(_common(gpu, now), action="park", pid=p.pid, start_ticks=p.start_ticks, user=p.user,
                     real_bytes=planned.real_before, process_bytes=p.real_bytes, preload=p.preload,
                     command=p.command, why=why)
@@ -158,8 +195,14 @@ class Records:
                                        "counted in the guard's report, not logged one by one"))
         else:
             self.returns[key] = {"first_unix": now, "last_unix": now, "count": 1, "pids": [p.pid]}
-            guard_log.warning("guard: KILL pid %d (user %s): %s", p.pid, p.user or p.uid, why)
-            self._append(gpu.slice, gpu.path, gpu.device, gpu.uuid, GUARD_WHO, "guard-kill", self._fields(planned))
+            turn, skipped = self._guard_turn(gpu.slice)
+            if turn:
+                guard_log.warning("guard: KILL pid %d (user %s): %s", p.pid, p.user or p.uid, why)
+                self._append(gpu.slice, gpu.path, gpu.device, gpu.uuid, GUARD_WHO, "guard-kill",
+                             dict(self._fields(planned), unrecorded_acts=skipped))
+            else:
+                guard_log.debug("guard: KILL pid %d (user %s) (not audited: more than %d acts on slice %s "
+                                "within a minute)", p.pid, p.user or p.uid, GUARD_BURST, gpu.slice)
         return dict(_common(gpu, now), action=KILL, pid=p.pid, user=p.user, real_bytes=planned.real_before,
                     process_bytes=p.real_bytes, preload=p.preload, command=p.command, why=why,
                     repeat=bool(again))
@@ -228,13 +271,20 @@ class Records:
 
     def refused(self, request, why, kind):
         """``NO`` to a request from a process with a slot; *kind*: the rule that
-        refused it (a wait refused again by the same rule is not recorded again)."""
+        refused it (a wait refused again by the same rule is not recorded again,
+        and one user's waits refused by one rule at most once a minute)."""
         key = ("wait", request.pid, request.since_ns, request.uuid)
         if not self._first(key, kind, None):
             broker_log.debug("broker: NO again to %s: %s", request.who(), why)
             return
+        user_key = ("refused", request.uid, kind)
+        if not self._first(user_key, kind, USER_WINDOW_S):
+            broker_log.debug("broker: NO to %s (not recorded: refused by this rule within a minute): %s",
+                             request.who(), why)
+            return
         broker_log.info("broker: NO to %s: %s", request.who(), why)
-        fields = dict(requester=request.record(), asked=self._take_count(key), why=why)
+        fields = dict(requester=request.record(), asked=self._take_count(key), times=self._take_count(user_key),
+                      why=why)
         self._room(REFUSED, request.uuid, request.slice, request.path, request.uid, fields)
 
     def refused_stranger(self, root, pid, uid, user, uuid, why, kind):
@@ -251,11 +301,20 @@ class Records:
                 self._latest[uuid].append(dict(fields, action=REFUSED, unix=time.time()))
 
     def dropped(self, request, parked):
+        """*request* went away before it was served. Recorded whenever kernels
+        were parked for it (someone paid for it); otherwise at most once a
+        minute per user, counting the others (``times``)."""
         why = (f"{request.who()} went away before it was served; nothing more is parked for it"
                + (f" ({len(parked)} kernel(s) were parked for it already)" if parked else ""))
+        asked = self._settle(request)
+        key = ("dropped", request.uid)
+        if not self._first(key, DROPPED, USER_WINDOW_S) and not parked:
+            broker_log.debug("broker: %s (not recorded: another of this user's requests went away within a "
+                             "minute)", why)
+            return
         broker_log.warning("broker: %s", why)
-        fields = dict(requester=request.record(), parked=[k.record() for k in parked], asked=self._settle(request),
-                      why=why)
+        fields = dict(requester=request.record(), parked=[k.record() for k in parked], asked=asked,
+                      times=self._take_count(key), why=why)
         self._room(DROPPED, request.uuid, request.slice, request.path, request.uid, fields)
 
     def _first(self, key, kind, window):
@@ -264,7 +323,11 @@ class Records:
         now = time.monotonic()
         with self._lock:
             if len(self._repeats) > MAX_REMEMBERED:
-                self._repeats = {k: v for k, v in self._repeats.items() if now - v[1] < FORGET_AFTER_S}
+                kept = {k: v for k, v in self._repeats.items() if now - v[1] < FORGET_AFTER_S}
+                if len(kept) > MAX_REMEMBERED // 2:  # many new keys lately (new waits): the newest half stays
+                    newest = sorted(kept.items(), key=lambda kv: kv[1][1])[-(MAX_REMEMBERED // 2):]
+                    kept = dict(newest)
+                self._repeats = kept
             seen = self._repeats.get(key)
             if seen is None or seen[2] != kind or (window is not None and now - seen[1] >= window):
                 self._repeats[key] = [(seen[0] if seen else 0) + 1, now, kind]

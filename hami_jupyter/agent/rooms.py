@@ -66,6 +66,11 @@ FAILED_FOR_ROOM_RETRY_S = 3.0
 FAILED_PARK_FORGET_S = 600.0
 CUDA_ERROR_OUT_OF_MEMORY = 2
 MOVING_HOLD_S = 2.0  # after a process's state was seen moving, calls refused as busy still wait this long
+# A slice over its cap on the GPU (memory no limit allowed, a bypass) is the
+# guard's to take back, within two of its looks and a park: a request waits
+# for that, at most this long, before anyone within a cap is parked for it.
+OVER_CAP_WAIT_S = 10.0
+OVER_CAP_POLL_S = 0.5
 TIGHT_MIN = 4 << 30  # a GPU with less than reserve + max(this, 10 % of it) free is tight
 
 log = logging.getLogger("hami_jupyter.broker")
@@ -88,16 +93,20 @@ class Rooms:
     writer; *min_idle*: seconds a kernel must be idle to be parked;
     *cannot_park*: why this driver cannot park processes (None: it can);
     *ledger*: the room ledger (:class:`~.ledger.Ledger`; None: none is kept);
-    *reserve*: bytes kept free on each GPU for parks.
+    *reserve*: bytes kept free on each GPU for parks; *over_tolerance*: the
+    guard's tolerance when it runs (None: no guard takes an excess back, and
+    no request waits for it).
     """
 
-    def __init__(self, root, node, actor, records, *, min_idle, cannot_park=None, ledger=None, reserve=0):
+    def __init__(self, root, node, actor, records, *, min_idle, cannot_park=None, ledger=None, reserve=0,
+                 over_tolerance=None):
         self.root = root
         self.node, self.actor, self.records = node, actor, records
         self.min_idle = min_idle
         self.cannot_park = cannot_park
         self.ledger = ledger
         self.reserve = reserve
+        self.over_tolerance = over_tolerance
         self.stop = threading.Event()
         self.changed = threading.Event()  # a queue changed: the report and the ledger are written sooner
         self.served = threading.Event()  # a request was answered: the headroom is looked at sooner
@@ -242,6 +251,7 @@ class Rooms:
         want = self._wanted(request)
         parked, made = [], 0
         tried = {}  # kernel key -> why it is not tried again for this request
+        over_deadline = None  # when this request stops waiting for the guard (set once a slice is seen over)
         while True:
             if self.stop.is_set():
                 return None, None
@@ -259,6 +269,14 @@ class Rooms:
             if request.uuid not in look.reading.gpus:
                 return self._no(request, "the agent cannot read the GPU's processes: "
                                 f"{'; '.join(look.errors) or 'NVML lists no such GPU'}", "nvml"), None
+            over = self._over_caps(look, request.uuid, request.slice)
+            if over and over_deadline is None:
+                over_deadline = time.monotonic() + OVER_CAP_WAIT_S
+            if over and time.monotonic() < over_deadline:
+                # The guard takes that excess back: parking a kernel within its
+                # cap for this request would make another user pay for it.
+                time.sleep(OVER_CAP_POLL_S)
+                continue
             now = time.time()
             kernels = gather(look, request.uuid, self.node.activity, now,
                              self.asking(request.uuid) - {request.pid}, self.actor.acting())
@@ -275,6 +293,23 @@ class Rooms:
             made += step.kernel.bytes
             request.expires = time.monotonic() + REQUEST_TIMEOUT_S  # room is being made: no time-out
             self._await_freed(request.uuid, facts.free)
+
+    def _over_caps(self, look, uuid, but):
+        """The slices (but the requester's *but*) holding more than their trusted
+        cap plus the guard's tolerance on GPU *uuid*, by NVML: ``{name: excess}``."""
+        if self.over_tolerance is None:
+            return {}
+        held = {}
+        for p in look.on(uuid):
+            seen = p.attribution.seen
+            if seen is not None and seen.name != but and seen.limits_trusted:
+                held[seen.name] = (seen, held.get(seen.name, (seen, 0))[1] + p.used_bytes)
+        over = {}
+        for name, (seen, nbytes) in held.items():
+            limit = seen.limit_bytes(uuid)
+            if limit and nbytes > limit + self.over_tolerance:
+                over[name] = nbytes - limit
+        return over
 
     def _facts(self, uuid):
         errors = []

@@ -193,7 +193,7 @@ def main(root, *, guard=True, room=True, interval=DEFAULT_INTERVAL, action=PARK,
             node.close()
             raise AgentStartError(str(e)) from None
         rooms = Rooms(root, node, actor, records, min_idle=min_idle, cannot_park=cannot_park, ledger=ledger,
-                      reserve=reserve)
+                      reserve=reserve, over_tolerance=tolerance if guard else None)
         stop = rooms.stop
 
     def stopping(signum, frame):

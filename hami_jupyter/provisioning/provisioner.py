@@ -58,7 +58,7 @@ from ..slice import registry
 from ..slice.create import ensure_slice
 from ..slice.file import SliceFileError, read_snapshot
 from ..slice.limits import LimitError, parse_decoders
-from ..slice.paths import SliceNameError, check_name, slice_name, slice_path, user_slice_name
+from ..slice.paths import SliceNameError, check_name, own_root, slice_name, slice_path, user_slice_name
 from ..slice.settings import AskedLimits, resolve_limits
 from . import hub_slice
 
@@ -127,8 +127,10 @@ class HamiProvisioner(LocalProvisioner):
     )
     slice_root = Unicode(
         None, allow_none=True, config=True,
-        help="""Folder of named slices. Unset: HAMI_SLICE_ROOT, /run/hami-jupyter
-        when it exists, $XDG_RUNTIME_DIR/hami-jupyter, /tmp/hami-jupyter-<uid>.""",
+        help="""Folder of named slices. Unset: HAMI_SLICE_ROOT, else
+        $XDG_RUNTIME_DIR/hami-jupyter, else /tmp/hami-jupyter-<uid>; never the
+        hub's /run/hami-jupyter, where only servers the hub started (HAMI_HUB_SLICE)
+        run kernels.""",
     )
 
     # ---- where limits come from ---------------------------------------------------
@@ -209,7 +211,8 @@ class HamiProvisioner(LocalProvisioner):
                 ref = user_slice_name(env)
                 if self._kernelspec_sets_limits(env):
                     ref = check_name(f"{ref}-{self._kernelspec_name()}"[:63])
-            path = slice_path(ref, root=self.slice_root or None, env=env)
+            # Not the hub's folder: this server is no server of the hub's (paths.own_root).
+            path = slice_path(ref, root=self.slice_root or own_root(env), env=env)
         except SliceNameError as e:
             raise SliceSetupError(f"hami-jupyter: {e}") from None
         return path.absolute()

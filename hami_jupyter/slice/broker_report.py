@@ -7,9 +7,14 @@ on which GPU and what the broker did lately; it is here, beside the guard's
 report, so that they need nothing of the broker itself.
 
 Like ``guard.json`` it lies in the slice root, root's, replaced atomically
-(every second, and at once when a queue changes), readable by everyone. It
-is not the broker's memory: a restarted broker rebuilds its queue from the
-requests its clients ask again and from the slots' ``room_wait_*`` fields.
+(every second, and at once when a queue changes), read whole by root and the
+administrators; each user who owns a slice file there reads a view of it
+(:func:`user_view`, :mod:`.node_report`): her own requests in the queues and
+how many others wait, the decisions about her requests and her kernels
+(another user's processes, kernels and reasons left out), the headroom, her
+held processes. It is not the broker's memory: a restarted broker rebuilds
+its queue from the requests its clients ask again and from the slots'
+``room_wait_*`` fields.
 
 The report (``version`` 1)::
 
@@ -74,10 +79,62 @@ def report_path(root=None):
 
 
 def write_report(report, root=None):
-    """Replace the report atomically, readable by every user (it names slices,
-    users and kernel ids, which every user of the node sees in ``nvidia-smi``'s
-    process list and the hub's view anyway)."""
-    node_report.write(report_path(root), report, VERSION)
+    """Replace the report atomically, and each slice owner's view of it (it
+    names other users' processes and kernels: no user's to read)."""
+    node_report.write(report_path(root), report, VERSION, user_view)
+
+
+_KERNEL_FIELDS = ("slice", "kernel", "pids", "user", "bytes")  # a decision's kernel (Kernel.record)
+
+
+def _decision_view(decision, names):
+    """*decision* as the owner of *names* may read it, or None when it is none
+    of hers: her requester's or her kernel's, the other party named by its
+    user and slice only, and its reason kept only when it names nothing else."""
+    if not isinstance(decision, dict):
+        return None
+    requester = decision.get("requester") if isinstance(decision.get("requester"), dict) else {}
+    asked = requester.get("slice") in names
+    kernel = decision.get("slice") in names
+    if not asked and not kernel:
+        return None
+    view = {k: v for k, v in decision.items() if k not in ("requester", "why", "error", "parked")}
+    view["requester"] = requester if asked else {k: requester.get(k) for k in ("user", "slice", "for")
+                                                 if k in requester}
+    if not kernel and "slice" in decision:
+        for k in ("kernel", "pids"):
+            view.pop(k, None)
+    if "parked" in decision:  # what was parked for her request: other users' kernels by slice only
+        view["parked"] = [p if isinstance(p, dict) and p.get("slice") in names else
+                          {"slice": p.get("slice"), "user": p.get("user"), "bytes": p.get("bytes")}
+                          for p in decision.get("parked") or [] if isinstance(p, dict)]
+    if asked and decision.get("action") in ("served", "dropped") or (asked and kernel):
+        view["why"] = decision.get("why")
+    return view
+
+
+def user_view(report, names, uid):
+    """What user *uid*, who owns the slices *names*, may read of the broker's
+    *report*: the same format, her part of it."""
+    from .guard_report import mentions_only
+
+    names = set(names)
+    view = {k: report.get(k) for k in ("written_unix", "running", "broker_pid", "host", "socket",
+                                       "min_idle_seconds", "host_memory_reserve", "headroom")
+            if k in report}
+    gpus = {}
+    for uuid, entry in (report.get("gpus") or {}).items():
+        entry = entry if isinstance(entry, dict) else {}
+        queue = [q for q in entry.get("queue") or [] if isinstance(q, dict)]
+        mine = [q for q in queue if q.get("slice") in names]
+        decisions = [d for d in (_decision_view(d, names) for d in entry.get("decisions") or []) if d]
+        gpus[uuid] = dict(queue=mine, others_waiting=len(queue) - len(mine), decisions=decisions)
+        if "headroom" in entry:
+            gpus[uuid]["headroom"] = entry["headroom"]
+    view.update(gpus=gpus, errors=[e for e in report.get("errors") or [] if mentions_only(e, names)],
+                held=[h for h in report.get("held") or [] if isinstance(h, dict) and h.get("slice") in names],
+                view={"uid": uid, "slices": sorted(names)})
+    return view
 
 
 def read_report(root=None, now=None):

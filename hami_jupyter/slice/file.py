@@ -201,9 +201,114 @@ class SliceSnapshot:
     limits_file: str | None = None  # the hub-owned limits file in force, if any
 
 
-# ---- reader -----------------------------------------------------------------
+# ---- limits ------------------------------------------------------------------
 
 _LIMIT_READ_ATTEMPTS = 64
+
+
+def map_limits_file(slice_path):
+    """``(read-only mmap, path)`` of the hub-owned limits file beside the slice
+    at *slice_path*, or None when there is none.
+
+    Fails closed, as the preload library does: a limits file that cannot even
+    be looked for (its path too long, a folder we may not search, a dangling
+    link, any error but "absent") is an error, never a reason to fall back on
+    the user-owned block in the slice file. It must be root's or ours
+    (UntrustedPath otherwise).
+    """
+    path = limits_file_path(slice_path)
+    try:
+        fd, st, _ = open_trusted(path, os.O_RDONLY, "limits file", owner_only=True)
+    except FileNotFoundError:
+        return None
+    except UntrustedPath:
+        raise
+    except OSError as e:
+        raise limits_lookup_error(path, e) from None
+    try:
+        head = HamiLimitsFile.from_buffer_copy(
+            os.pread(fd, LIMITS_FILE_SIZE, 0).ljust(LIMITS_FILE_SIZE, b"\0"))
+        if head.magic != HAMI_LIMITS_MAGIC:
+            raise SliceFileError(f"{path}: not a hami limits file; ask whoever manages "
+                                 "the slices to recreate it")
+        if head.version_major != HAMI_LIMITS_VERSION_MAJOR:
+            raise UnsupportedVersion(
+                f"{path}: limits file layout version {head.version_major}.{head.version_minor} "
+                f"is not supported; this hami-jupyter reads version {HAMI_LIMITS_VERSION_MAJOR}.x")
+        if st.st_size < LIMITS_FILE_SIZE or head.file_size < LIMITS_FILE_SIZE:
+            raise TruncatedSliceFile(f"{path}: truncated limits file: {st.st_size} bytes, "
+                                     f"needs {LIMITS_FILE_SIZE}")
+        return mmap.mmap(fd, LIMITS_FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ), path
+    finally:
+        os.close(fd)  # the mapping keeps the file
+
+
+def read_limit_set(u64, copy_of, path):
+    """``(generation, changed_unix_ns, HamiLimitSet)`` of the copy in force of a
+    limits block (a slice file's, or a limits file's). *u64* reads one field of
+    the block (its offset in ``HamiSliceLimits``); *copy_of* gives copy 0 or 1.
+
+    Reads generation g, copies ``copy[g & 1]``, re-reads the generation and
+    keeps the copy only if it did not move; a writer that dies half-way
+    never published its copy, so this settles unless writers keep racing.
+    Bounded: raises :class:`LimitsBusy` instead of spinning forever.
+    """
+    gen_at = HamiSliceLimits.generation.offset
+    for _ in range(_LIMIT_READ_ATTEMPTS):
+        generation = u64(gen_at)
+        copy = copy_of(generation & 1)
+        changed = u64(HamiSliceLimits.changed_unix_ns.offset)
+        if u64(gen_at) == generation:
+            return generation, changed, copy
+    raise LimitsBusy(f"{os.fspath(path)}: limits changed on each of {_LIMIT_READ_ATTEMPTS} reads; try again")
+
+
+def _limit_set_reader(buffer, base):
+    """``(u64, copy_of)`` of :func:`read_limit_set` for the block at *base* of *buffer*."""
+    copy_at = base + HamiSliceLimits.copy.offset
+    set_size = ctypes.sizeof(HamiLimitSet)
+    return (lambda at: struct.unpack_from("=Q", buffer, base + at)[0],
+            lambda i: HamiLimitSet.from_buffer_copy(buffer, copy_at + i * set_size))
+
+
+@dataclass
+class LimitsFileReading:
+    """What a limits file says on its own, without its slice file: *fallback*
+    (the default entry) and *devices* (``{slice device index: Limits}`` of the
+    entries set). Which GPU an index is, only the slice file says."""
+
+    path: str
+    fallback: Limits
+    devices: dict
+
+    def strictest(self):
+        """The least memory cap among its entries (0, none, only when none sets
+        one), with the fallback's other limits: the cap to hold a slice to
+        when its slice file cannot be read (which GPU an entry is for is then
+        unknown, and no GPU may get more than the hub gave any)."""
+        caps = [l.memory_limit for l in (self.fallback, *self.devices.values()) if l.memory_limit]
+        if not caps:
+            return self.fallback
+        return dataclasses.replace(self.fallback, memory_limit=min(caps),
+                                   memory_guarantee=min(self.fallback.memory_guarantee, min(caps)))
+
+
+def read_limits_file(slice_path):
+    """The :class:`LimitsFileReading` of the limits file beside *slice_path*, or
+    None when it has none. The errors of :func:`map_limits_file`."""
+    found = map_limits_file(slice_path)
+    if found is None:
+        return None
+    buffer, path = found
+    try:
+        _, _, limits = read_limit_set(*_limit_set_reader(buffer, LIMITS_FILE_BLOCK_OFFSET), path)
+    finally:
+        buffer.close()
+    devices = {i: Limits.of_entry(e) for i, e in enumerate(limits.device) if e.flags & HAMI_LIMIT_SET}
+    return LimitsFileReading(path, Limits.of_entry(limits.fallback), devices)
+
+
+# ---- reader -----------------------------------------------------------------
 
 
 def _text(raw):
@@ -242,40 +347,12 @@ class SliceFile:
             raise
 
     def _open_limits_file(self):
-        """Map the hub-owned companion limits file, when the slice has one.
-
-        Fails closed, as the preload library does: a limits file that cannot
-        even be looked for (its path too long, a folder we may not search, a
-        dangling link, any error but "absent") is an error, never a reason to
-        fall back on the user-owned block in the slice file.
-        """
-        path = limits_file_path(self.path)
-        try:
-            fd, st, _ = open_trusted(path, os.O_RDONLY, "limits file", owner_only=True)
-        except FileNotFoundError:
-            return
-        except UntrustedPath:
-            raise
-        except OSError as e:
-            raise limits_lookup_error(path, e) from None
-        try:
-            head = HamiLimitsFile.from_buffer_copy(
-                os.pread(fd, LIMITS_FILE_SIZE, 0).ljust(LIMITS_FILE_SIZE, b"\0"))
-            if head.magic != HAMI_LIMITS_MAGIC:
-                raise SliceFileError(f"{path}: not a hami limits file; ask whoever manages "
-                                     "the slices to recreate it")
-            if head.version_major != HAMI_LIMITS_VERSION_MAJOR:
-                raise UnsupportedVersion(
-                    f"{path}: limits file layout version {head.version_major}.{head.version_minor} "
-                    f"is not supported; this hami-jupyter reads version {HAMI_LIMITS_VERSION_MAJOR}.x")
-            if st.st_size < LIMITS_FILE_SIZE or head.file_size < LIMITS_FILE_SIZE:
-                raise TruncatedSliceFile(f"{path}: truncated limits file: {st.st_size} bytes, "
-                                         f"needs {LIMITS_FILE_SIZE}")
-            self._limits_map = mmap.mmap(fd, LIMITS_FILE_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
-        finally:
-            os.close(fd)  # the mapping keeps the file
-        self._limits_base = LIMITS_FILE_BLOCK_OFFSET
-        self.limits_path = path
+        """Map the hub-owned companion limits file, when the slice has one
+        (:func:`map_limits_file`: fails closed, as the preload library does)."""
+        found = map_limits_file(self.path)
+        if found is not None:
+            self._limits_map, self.limits_path = found
+            self._limits_base = LIMITS_FILE_BLOCK_OFFSET
 
     # -- validation --
 
@@ -332,25 +409,10 @@ class SliceFile:
         return struct.unpack_from("=Q", self._limits_map, self._limits_base + field_offset)[0]
 
     def read_limits(self):
-        """``(generation, changed_unix_ns, HamiLimitSet)`` of the copy in force.
-
-        Reads generation g, copies ``copy[g & 1]``, re-reads the generation and
-        keeps the copy only if it did not move; a writer that dies half-way
-        never published its copy, so this settles unless writers keep racing.
-        Bounded: raises :class:`LimitsBusy` instead of spinning forever.
-        """
-        set_size = ctypes.sizeof(HamiLimitSet)
-        gen_at = HamiSliceLimits.generation.offset
-        copy_at = self._limits_base + HamiSliceLimits.copy.offset
-        for _ in range(_LIMIT_READ_ATTEMPTS):
-            generation = self._limits_u64(gen_at)
-            copy = HamiLimitSet.from_buffer_copy(self._limits_map, copy_at + (generation & 1) * set_size)
-            changed = self._limits_u64(HamiSliceLimits.changed_unix_ns.offset)
-            if self._limits_u64(gen_at) == generation:
-                return generation, changed, copy
-        raise LimitsBusy(
-            f"{self.path}: limits changed on each of {_LIMIT_READ_ATTEMPTS} reads; try again"
-        )
+        """``(generation, changed_unix_ns, HamiLimitSet)`` of the copy in force
+        (:func:`read_limit_set`)."""
+        copy_of = _limit_set_reader(self._limits_map, self._limits_base)[1]
+        return read_limit_set(self._limits_u64, copy_of, self.path)
 
     def snapshot(self):
         """Return a :class:`SliceSnapshot` of the file as it is now."""

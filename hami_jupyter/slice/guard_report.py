@@ -38,6 +38,13 @@ The report (``version`` 1)::
                   "reported_bytes": 1073741824, "limit_bytes": 1073741824,
                   "why": "..."}]}                   # the latest, newest last
 
+Who may read it (:mod:`.node_report`): the full report is root's and the
+administrators' (0640); each user who owns a slice file in the root reads a
+view of it, :func:`user_view`: her slices, her processes, the actions on and
+parks of her slices, the errors that name only her slices. :func:`read_report`
+gives each reader what it may read, so every view of a slice works alike for
+its user and for an administrator.
+
 ``attributed_by`` is ``"environ"`` (``HAMI_SLICE`` in the process's
 environment), ``"slot"`` (a slot of the slice file holds its pid) or
 ``"user"`` (a process of the slice's user that the library does not count:
@@ -51,6 +58,7 @@ slot refused its park) until they are gone or back.
 """
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -73,17 +81,52 @@ def report_path(root=None):
 
 
 def write_report(report, root=None):
-    """Replace the report atomically (readable by every user: the figures are
-    the users' own slices', which they may see anyway)."""
+    """Replace the report atomically, and each slice owner's view of it (see
+    the module: other users' processes are no user's to read)."""
     report = dict(report)
     report["actions"] = list(report.get("actions", []))[-MAX_ACTIONS:]
-    node_report.write(report_path(root), report, VERSION)
+    node_report.write(report_path(root), report, VERSION, user_view)
+
+
+_SLICE_NAMED = re.compile(r"\bslice ([A-Za-z0-9][A-Za-z0-9._@+-]*[A-Za-z0-9_@+-]|[A-Za-z0-9])")
+
+
+def mentions_only(text, names):
+    """Whether the line *text* names slices of *names* only, and a process only
+    in such a line: an error about another user's slice or process is not hers."""
+    named = set(_SLICE_NAMED.findall(str(text)))
+    if named:
+        return named <= set(names)
+    return "pid " not in str(text)
+
+
+def user_view(report, names, uid):
+    """What user *uid*, who owns the slices *names*, may read of the guard's
+    *report*: the same format, her part of it."""
+    names = set(names)
+
+    def hers(record):
+        return isinstance(record, dict) and record.get("slice") in names
+
+    view = {k: report.get(k) for k in ("written_unix", "interval", "action", "guard_pid", "host")}
+    view.update(
+        errors=[e for e in report.get("errors") or [] if mentions_only(e, names)],
+        slices={n: v for n, v in (report.get("slices") or {}).items() if n in names},
+        unattributed=[u for u in report.get("unattributed") or []
+                      if isinstance(u, dict) and u.get("uid") == uid],
+        actions=[a for a in report.get("actions") or [] if hers(a)],
+        parked=[p for p in report.get("parked") or [] if hers(p)],
+        returns=[r for r in report.get("returns") or [] if hers(r)],
+        view={"uid": uid, "slices": sorted(names)})
+    return view
 
 
 def read_report(root=None, now=None):
     """The report as a dict with ``"stale"`` added (True when the guard has not
     written it for a while: it is not running, or stuck), or None when there is
-    none. GuardReportError when it cannot be read."""
+    none: the full report for root and the administrators, else the reader's
+    own view of it (None for a user with no slice in the root).
+    GuardReportError when it cannot be read."""
     report = node_report.read(report_path(root), VERSION, "the guard", GuardReportError)
     if report is None:
         return None

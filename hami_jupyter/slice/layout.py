@@ -63,7 +63,7 @@ HAMI_PARK_REASON_NONE = 0  # hami_slot.park_reason (1.7): not parked, or no reas
 HAMI_PARK_REASON_IDLE = 1  # the Jupyter server's idle policy
 HAMI_PARK_REASON_ASKED = 2  # a user or administrator asked (REST, CLI, panel)
 HAMI_PARK_REASON_ROOM = 3  # the memory broker: to make room for another user's work
-HAMI_PARK_REASON_GUARD = 4  # the guard: over the cap outside the library
+HAMI_PARK_REASON_GUARD = 4  # the guard: over the cap by the driver's figures
 
 # hami-park's own refusals ("error <code> <why>"), apart from the driver's CUresults (below 1000)
 HAMI_PARK_REFUSED_STATE = 1001  # the slot says the process is not running on the GPU

@@ -83,11 +83,23 @@ class UntrustedPath(PermissionError):
 def default_root(env=None):
     """The slice root for this environment (see the module docstring)."""
     env = os.environ if env is None else env
+    if not env.get(ROOT_VARIABLE) and HUB_ROOT.is_dir():
+        return HUB_ROOT
+    return own_root(env)
+
+
+def own_root(env=None):
+    """Where a Jupyter server the hub did not start makes its kernels' slices:
+    ``$HAMI_SLICE_ROOT``, else the user's own folder (3 and 4 of the module's
+    order), never the hub's ``/run/hami-jupyter``. That folder's slices are
+    the hub's: only servers it started (marked ``HAMI_HUB_SLICE``) run
+    kernels there. A root JupyterLab started on the host by hand once put its
+    kernels there (issue 39), where the hub's tools, the guard and the broker
+    took them for a hub user's."""
+    env = os.environ if env is None else env
     root = env.get(ROOT_VARIABLE)
     if root:
         return Path(root)
-    if HUB_ROOT.is_dir():
-        return HUB_ROOT
     xdg = env.get("XDG_RUNTIME_DIR")
     if xdg:
         return Path(xdg) / HAMI_SLICE_ROOT_SUBDIR

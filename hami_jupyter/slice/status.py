@@ -76,7 +76,7 @@ PARK_REASONS = {HAMI_PARK_REASON_IDLE: "idle", HAMI_PARK_REASON_ASKED: "asked",
 PARK_REASON_WORDS = {"idle": "while idle",
                      "asked": "on request",
                      "room": "to make room for another user's work",
-                     "guard": "by the guard (over the cap outside the library)"}
+                     "guard": "by the guard (over the cap by the driver's figures)"}
 
 WARNING_FRACTION = 0.80  # of the memory cap: a warning, unless configured otherwise
 CRITICAL_FRACTION = 0.95  # of the memory cap: nearly out
@@ -178,7 +178,7 @@ def _guard_parked(report, names):
     for record in (report or {}).get("parked") or []:
         if isinstance(record, dict) and record.get("slice") in names and isinstance(record.get("pid"), int):
             found.append({k: record.get(k) for k in ("pid", "user", "command", "uuid", "process_bytes",
-                                                      "real_bytes", "unix", "why")})
+                                                      "real_bytes", "unix", "why", "preload", "for")})
     return found
 
 
@@ -447,10 +447,17 @@ def guard_parked_text(record, now=None):
     now = time.time() if now is None else now
     ago = max(0, int(now - (record.get("unix") or now)))
     held = format_size(record.get("process_bytes") or 0)
+    safe = "its memory is safe in host memory and it waits until an administrator"
+    if record.get("for") == "room":  # the memory broker's, its slot refusing a park
+        return (f"pid {record['pid']} ({record.get('command') or '?'}) held off the GPU {ago // 60} min ago "
+                f"to make room for another user's work (its slot refused a park); {safe} resumes or ends it")
+    # What is true of it: without the library, or under it and charged less than it held.
+    how = ("under the preload library, more than the library had charged it (the slice's counters were "
+           "changed, or it took memory past what the library let through)" if record.get("preload")
+           else "outside the preload library")
     return (f"pid {record['pid']} ({record.get('command') or '?'}) parked by the guard "
-            f"{ago // 60} min ago: it held {held} past the slice's cap outside the library; its memory "
-            "is safe in host memory and it waits until an administrator resumes it (after raising "
-            "the cap) or ends it")
+            f"{ago // 60} min ago: it held {held} past the slice's cap, {how}; {safe} resumes it "
+            "(after raising the cap) or ends it")
 
 
 def level_words(level, status, gpu=None):

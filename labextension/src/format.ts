@@ -816,7 +816,7 @@ export const PARK_REASON_WORDS: Readonly<Record<string, string>> = Object.freeze
   idle: 'while idle',
   asked: 'on request',
   room: "to make room for another user's work",
-  guard: 'by the guard (over the cap outside the library)'
+  guard: "by the guard (over the cap by the driver's figures)"
 });
 
 /**

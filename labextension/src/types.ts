@@ -35,7 +35,7 @@ export interface IParkFields {
   /**
    * Why the kernel was parked: `idle` (the server's idle policy), `asked`
    * (a user or an administrator), `room` (the memory broker, to make room
-   * for another user's work), `guard` (over the cap outside the library);
+   * for another user's work), `guard` (over the cap by the driver's figures);
    * null or missing while not parked, or unknown.
    */
   park_reason?: string | null;

@@ -16,13 +16,17 @@
  *   hami-park state PID                               the driver's word on PID
  *
  * It runs without the preload library, as the user of the target process (or
- * root). Park acts only on a process whose owner (its real uid) owns the slice
- * file, through the slot that names it in its own PID namespace: the file is
- * written by its user, so a slot naming another user's process is refused. It
- * answers with one line on stdout: "ok ..." or "error <code> <why>", the code
- * the driver's CUresult, or one of HAMI_PARK_REFUSED_* (slice_file.h) when what
- * the slot says stands in the way; the exit status is 0 or 1. A park that fails half-way is undone: the
- * target is never left locked.
+ * root), and every verb acts only for them: run by anyone else it refuses
+ * before it reaches the driver (the binary is world-executable, and "hold" of
+ * another user's kernel would freeze it). The driver has a rule of its own
+ * (docs/parking.md, "Who may park whom"); this one does not lean on it. Park
+ * also acts only on a process whose owner (its real uid) owns the slice file,
+ * through the slot that names it in its own PID namespace: the file is written
+ * by its user, so a slot naming another user's process is refused. It answers
+ * with one line on stdout: "ok ..." or "error <code> <why>", the code the
+ * driver's CUresult, or one of HAMI_PARK_REFUSED_* (slice_file.h) when what
+ * the slot says stands in the way; the exit status is 0 or 1. A park that
+ * fails half-way is undone: the target is never left locked.
  *
  * Park writes the target's slot: park_state from RUNNING to PARKING (compare
  * and swap), then PARKED, holding an OFD lock on park_state's first byte all
@@ -196,6 +200,22 @@ static int process_uid(int pid, uid_t *uid)
 	if (f)
 		fclose(f);
 	return found;
+}
+
+/*
+ * Whether the caller may act on PID: root may act on any process, anyone else
+ * only on their own (the target's real uid is the caller's real and
+ * effective uid). 0, or -1 after saying why.
+ */
+static int may_act_on(int pid)
+{
+	uid_t owner;
+	if (process_uid(pid, &owner) < 0)
+		return fail(CUDA_ERROR_INVALID_VALUE, "process %d is gone", pid), -1;
+	if (geteuid() == 0 || (owner == getuid() && owner == geteuid()))
+		return 0;
+	return fail(CUDA_ERROR_NOT_PERMITTED, "process %d belongs to uid %u; uid %u may act only on its own "
+		    "processes (root on any): nothing done", pid, (unsigned)owner, (unsigned)getuid()), -1;
 }
 
 static uint64_t host_available(void)
@@ -502,22 +522,22 @@ int main(int argc, char **argv)
 		if (parse_pid(argv[3], &pid) < 0 || (end && *end) || timeout > 3600000 ||
 		    reason == HAMI_PARK_REASON_NONE)
 			return usage();
-		return park(argv[2], pid, (unsigned)timeout, reason);
+		return may_act_on(pid) < 0 ? 1 : park(argv[2], pid, (unsigned)timeout, reason);
 	}
 	if (argc >= 3 && argc <= 4 && strcmp(argv[1], "hold") == 0) {
 		char *end = NULL;
 		unsigned long timeout = argc == 4 ? strtoul(argv[3], &end, 10) : DEFAULT_LOCK_TIMEOUT_MS;
 		if (parse_pid(argv[2], &pid) < 0 || (end && *end) || timeout > 3600000)
 			return usage();
-		return hold(pid, (unsigned)timeout);
+		return may_act_on(pid) < 0 ? 1 : hold(pid, (unsigned)timeout);
 	}
 	if (argc >= 3 && strcmp(argv[1], "restore") == 0 && parse_pid(argv[2], &pid) == 0)
-		return restore(pid, argc - 3, argv + 3);
+		return may_act_on(pid) < 0 ? 1 : restore(pid, argc - 3, argv + 3);
 	if (argc != 3 || parse_pid(argv[2], &pid) < 0)
 		return usage();
 	if (strcmp(argv[1], "recover") == 0)
-		return recover(pid);
+		return may_act_on(pid) < 0 ? 1 : recover(pid);
 	if (strcmp(argv[1], "state") == 0)
-		return state(pid);
+		return may_act_on(pid) < 0 ? 1 : state(pid);
 	return usage();
 }

@@ -4049,13 +4049,16 @@ int hamiSimGraphicsProcess(int graphics)
 /* Another process's GPU state to host memory and back (sim_mem.c does the
  * work). A pid that names no live CUDA process of this simulated GPU is
  * CUDA_ERROR_INVALID_VALUE; a call in the wrong state CUDA_ERROR_ILLEGAL_STATE,
- * and changes nothing. The argument structs may be NULL; only the lock's
- * timeoutMs is read. */
+ * and changes nothing. A caller that is neither root nor the target's own
+ * user is refused with CUDA_ERROR_OPERATING_SYSTEM, as the real driver
+ * answered a checkpoint run without root's rights (docs/parking.md). The
+ * argument structs may be NULL; only the lock's timeoutMs is read. */
 static CUresult ckpt_result(int r)
 {
 	switch (r) {
 	case SIM_OK: return CUDA_SUCCESS;
 	case SIM_ENOENT: return CUDA_ERROR_INVALID_VALUE;
+	case SIM_EPERM: return CUDA_ERROR_OPERATING_SYSTEM;
 	case SIM_ESTATE: return CUDA_ERROR_ILLEGAL_STATE;
 	case SIM_ETIMEDOUT: return CUDA_ERROR_TIMEOUT;
 	case SIM_ENOMEM: return CUDA_ERROR_OUT_OF_MEMORY;

@@ -17,6 +17,13 @@
  * valid and read zeros, as a bug that reads device memory while checkpointed
  * should. A restore copies the data back and removes the host copy. The
  * device charges move with them (sim_park, sim_unpark).
+ *
+ * Who may call them on whom is the real driver's rule as far as it is known
+ * (docs/parking.md, "Who may park whom"): the driver reaches its target
+ * through /proc, so the kernel's rule for looking into another process
+ * holds: the caller acts on a process of its own user (the target's real,
+ * effective and saved uids and gids are all the caller's), or is root.
+ * Anything else is refused (SIM_EPERM) and changes nothing.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -346,6 +353,42 @@ static int load(unsigned e)
 	return rc;
 }
 
+/* Two ids of a "Uid:" or "Gid:" line of /proc/PID/status: real, effective, saved. */
+static int ids_of(const char *line, unsigned long ids[3])
+{
+	return sscanf(line, "%*s %lu %lu %lu", &ids[0], &ids[1], &ids[2]) == 3 ? 0 : -1;
+}
+
+/* SIM_OK when this process may act on PID (see the top of this file);
+ * SIM_EPERM when not; SIM_OK too when /proc does not show PID, so that the
+ * call itself says there is no such process. */
+static int permitted(int pid)
+{
+	if (geteuid() == 0)
+		return SIM_OK;
+	char path[64], line[256];
+	snprintf(path, sizeof(path), "/proc/%d/status", pid);
+	FILE *f = fopen(path, "re");
+	if (!f)
+		return SIM_OK;
+	unsigned long uids[3], gids[3];
+	int have = 0;
+	while (fgets(line, sizeof(line), f)) {
+		if (strncmp(line, "Uid:", 4) == 0 && ids_of(line, uids) == 0)
+			have |= 1;
+		else if (strncmp(line, "Gid:", 4) == 0 && ids_of(line, gids) == 0)
+			have |= 2;
+	}
+	fclose(f);
+	if (have != 3)
+		return SIM_EPERM;
+	unsigned long uid = geteuid(), gid = getegid();
+	for (int i = 0; i < 3; i++)
+		if (uids[i] != uid || gids[i] != gid)
+			return SIM_EPERM;
+	return SIM_OK;
+}
+
 /* From FROM to TO, or SIM_ESTATE. */
 static int step(struct sim_proc *p, uint32_t from, uint32_t to)
 {
@@ -355,7 +398,10 @@ static int step(struct sim_proc *p, uint32_t from, uint32_t to)
 int sim_ckpt_lock(int pid, uint64_t timeout_ms)
 {
 	struct sim_target t;
-	int r = sim_target_open(pid, &t);
+	int r = permitted(pid);
+	if (r != SIM_OK)
+		return r;
+	r = sim_target_open(pid, &t);
 	if (r != SIM_OK)
 		return r;
 	struct sim_proc *p = &sim_st()->proc[t.entry];
@@ -424,7 +470,10 @@ static void move_time(const struct sim_proc *p)
 int sim_ckpt_checkpoint(int pid)
 {
 	struct sim_target t;
-	int r = sim_target_open(pid, &t);
+	int r = permitted(pid);
+	if (r != SIM_OK)
+		return r;
+	r = sim_target_open(pid, &t);
 	if (r != SIM_OK)
 		return r;
 	struct sim_proc *p = &sim_st()->proc[t.entry];
@@ -446,7 +495,10 @@ int sim_ckpt_checkpoint(int pid)
 int sim_ckpt_restore(int pid)
 {
 	struct sim_target t;
-	int r = sim_target_open(pid, &t);
+	int r = permitted(pid);
+	if (r != SIM_OK)
+		return r;
+	r = sim_target_open(pid, &t);
 	if (r != SIM_OK)
 		return r;
 	struct sim_proc *p = &sim_st()->proc[t.entry];
@@ -469,7 +521,10 @@ out:
 int sim_ckpt_unlock(int pid)
 {
 	struct sim_target t;
-	int r = sim_target_open(pid, &t);
+	int r = permitted(pid);
+	if (r != SIM_OK)
+		return r;
+	r = sim_target_open(pid, &t);
 	if (r != SIM_OK)
 		return r;
 	struct sim_proc *p = &sim_st()->proc[t.entry];
@@ -485,7 +540,10 @@ int sim_ckpt_unlock(int pid)
 int sim_ckpt_state(int pid, unsigned *state)
 {
 	struct sim_target t;
-	int r = sim_target_open(pid, &t);
+	int r = permitted(pid);
+	if (r != SIM_OK)
+		return r;
+	r = sim_target_open(pid, &t);
 	if (r != SIM_OK)
 		return r;
 	_Atomic uint32_t *ck = &sim_st()->proc[t.entry].ckpt;

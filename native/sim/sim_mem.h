@@ -21,7 +21,8 @@ SIM_HIDDEN void sim_mem_release(uint64_t off, uint64_t size, void *host, int dir
 SIM_HIDDEN void sim_mem_forget(void);
 
 /* The checkpoint calls on process PID: SIM_OK, SIM_ENOENT (no such CUDA
- * process), SIM_ESTATE (not in the state the call needs; nothing changed),
+ * process), SIM_EPERM (the caller may not act on it: sim_mem.c says who may),
+ * SIM_ESTATE (not in the state the call needs; nothing changed),
  * SIM_ETIMEDOUT (lock), SIM_ENOMEM (restore: no room on a device) or SIM_EIO. */
 SIM_HIDDEN int sim_ckpt_lock(int pid, uint64_t timeout_ms); /* 0: no timeout */
 SIM_HIDDEN int sim_ckpt_checkpoint(int pid);

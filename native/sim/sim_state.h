@@ -168,7 +168,8 @@ enum {
 	SIM_EFULL = -4,   /* no free process entry (already printed) */
 	SIM_ENOENT = -5,  /* no such CUDA process */
 	SIM_ESTATE = -6,  /* the process is not in the state the call needs */
-	SIM_ETIMEDOUT = -7
+	SIM_ETIMEDOUT = -7,
+	SIM_EPERM = -8    /* the caller may not act on that process */
 };
 
 SIM_HIDDEN int sim_parse_size(const char *s, uint64_t *out);

@@ -584,7 +584,20 @@ static int quiet_slots(struct hami_slice_file *f, uint64_t changes[HAMI_SLICE_MA
  * it, comes off: the compare-and-swap lands on the counter as we read it
  * (charges after our look that cancel out may have come and gone: their
  * slots' shares moved with them, so the excess is still there to take).
+ *
+ * A counter below the sum is never left by the library (a charge raises the
+ * counter before the slot, a credit and a reclaim lower the slot first): its
+ * user wrote it (issue 39: she zeroed it, and it stayed 0 B against 5 GiB
+ * really held until her kernel was replaced). Seen so for UNDER_CONFIRM_NS in
+ * this process's recounts, it is raised back to the sum: the slots' shares
+ * are what each process charged, and the true-up keeps each of them at least
+ * what the driver says the process holds (true_up.c), so the counter comes
+ * back to the driver's figures. A slot zeroed as well is raised by the
+ * true-up first, and the counter follows at the next recount.
  */
+#define UNDER_CONFIRM_NS 1000000000ull
+static uint64_t under_since[HAMI_SLICE_MAX_DEVICES]; /* under slot_lock: since when we see it low, or 0 */
+
 static void recount(struct hami_slice_file *f)
 {
 	uint64_t before[HAMI_SLICE_MAX_SLOTS], after[HAMI_SLICE_MAX_SLOTS];
@@ -603,6 +616,24 @@ static void recount(struct hami_slice_file *f)
 			hami_log(HAMI_LOG_INFO, "slice \"%s\" GPU %s: %llu bytes left by a process killed "
 				 "half-way returned", f->header.name, f->device[d].uuid,
 				 (unsigned long long)(total - sum));
+		if (total >= sum) {
+			under_since[d] = 0;
+			continue;
+		}
+		uint64_t now = hami_monotonic_ns();
+		if (!under_since[d]) {
+			under_since[d] = now;
+			continue;
+		}
+		if (now - under_since[d] < UNDER_CONFIRM_NS)
+			continue;
+		under_since[d] = 0;
+		if (__atomic_compare_exchange_n(&f->device[d].memory_used, &total, sum, 0, __ATOMIC_SEQ_CST,
+						__ATOMIC_SEQ_CST))
+			hami_log(HAMI_LOG_WARN, "slice \"%s\" GPU %s: its usage counter said %llu bytes, its "
+				 "processes hold %llu: set back to what they hold (the slice file was changed by "
+				 "hand)", f->header.name, f->device[d].uuid, (unsigned long long)total,
+				 (unsigned long long)sum);
 	}
 }
 
@@ -817,6 +848,7 @@ void hami_slice_after_fork(void)
 {
 	housekeeper_running = 0;
 	slot_index = -1;
+	memset(under_since, 0, sizeof(under_since));
 	if (map_fd >= 0) {
 		int fd = reopen(map_fd, map_writable);
 		close(map_fd);

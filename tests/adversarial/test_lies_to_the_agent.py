@@ -215,7 +215,8 @@ def test_a_claimed_past_moves_no_request_ahead(slices, holder, client, start_bro
     honest = client(slices.env("dave", kernel="k-dave"))
     liar = client(slices.env("carol", kernel="k-carol"))
     _put(liar.slice, _field(slot(liar.slice, liar.pid).index, "started_unix_ns"), 1)
-    folder, go, began = held_park_tool(tmp_path, idlest.pid)
+    held = held_park_tool(tmp_path, idlest.pid)
+    folder, go, began = held
     broker = start_broker("--min-idle-seconds", "1", env=broker_env(gpu, HAMI_NATIVE_DIR=folder))
     try:
         time.sleep(11)  # the agent has run a while: a wait it never heard of cannot be old
@@ -231,7 +232,7 @@ def test_a_claimed_past_moves_no_request_ahead(slices, holder, client, start_bro
         assert [q["pid"] for q in queue] == [first.pid, honest.pid, liar.pid], queue
         assert queue[2]["since_unix_ns"] > queue[1]["since_unix_ns"]  # not 1970, not before dave's
     finally:
-        go.touch()  # the held park goes on: no stand-in hami-park left waiting
+        held.release()  # the held park goes on: no stand-in hami-park left waiting
 
 
 def _socket_folder():
@@ -313,3 +314,23 @@ def test_asking_again_and_again_makes_no_more_room_than_the_slice_may_hold(slice
     assert running(idle.slice, idle.pid)
     assert not audit_of(root, "broker-park")
     assert len(audit_of(root, "broker-served")) <= 2
+
+
+def test_requests_that_go_away_at_once_fill_no_log(slices, client, start_broker, socket_path, gpu, root):
+    """Issue 39, row 4: alice connects, sends a request and closes, in a loop.
+    Each left a ``broker-dropped`` record and a warning in the agent's log
+    (6,543 in 15 s on a hub). One record a minute now, counting the rest."""
+    uuid = gpu.uuid(0)
+    slices.make("alice", "16g", "1g")
+    alice = client(slices.env("alice", kernel="k-alice"))
+    broker = start_broker()
+    sent = alice.churn(socket_path, uuid, 1 << 20, 4)
+    assert sent > 20, sent
+    wait_for(lambda: audit_of(root, "broker-dropped"), 30, what="a record of the requests that went away")
+    time.sleep(2)  # what the agent had still to read of the loop
+    dropped = audit_of(root, "broker-dropped")
+    assert len(dropped) == 1, f"{len(dropped)} records for {sent} requests"
+    # It counts itself, and the others that went away before it was written (requests are served side by side).
+    assert dropped[0]["requester"]["pid"] == alice.pid and 1 <= dropped[0]["times"] <= sent
+    warnings = [line for line in broker.log().splitlines() if "went away" in line]
+    assert len(warnings) == 1, warnings[:5]

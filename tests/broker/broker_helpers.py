@@ -179,6 +179,11 @@ class RoomClient:
         self.send(f"close {name}")
         self._next("close", DEFAULT_TIMEOUT)
 
+    def churn(self, socket_path, uuid, size, seconds):
+        """Connect, send a request and close at once, for *seconds*; how many were sent."""
+        self.send(f"churn {socket_path} {uuid} {size} {seconds}")
+        return self._next("churn", seconds + DEFAULT_TIMEOUT)["count"]
+
     def teardown(self):
         try:
             os.killpg(self.pid, signal.SIGKILL)
@@ -234,11 +239,54 @@ def audit_of(root, *actions):
     return [r for r in found if not actions or r.get("action") in actions]
 
 
+class HeldPark:
+    """What :func:`held_park_tool` made: ``folder`` (HAMI_NATIVE_DIR), the files
+    ``go`` and ``began``; unpacks as ``folder, go, began``. :meth:`release` lets
+    every held park go on and waits until each stand-in it held has ended."""
+
+    def __init__(self, folder, go, began, pids):
+        self.folder, self.go, self.began, self._pids = folder, go, began, pids
+
+    def __iter__(self):
+        return iter((self.folder, self.go, self.began))
+
+    def release(self, timeout=30.0):
+        """Touch ``go``, then wait for the stand-ins that were holding (each
+        says its PID in ``held-pids``) to end, so that none outlives its test
+        (one whose agent was killed has no parent to end it; a passed test's
+        folder, ``go`` included, is removed at its teardown). One still there
+        after *timeout* is killed."""
+        self.go.touch()
+        try:
+            pids = [int(p) for p in self._pids.read_text().split()]
+        except FileNotFoundError:
+            return
+        deadline = time.monotonic() + timeout
+        for pid in pids:
+            while _runs_stand_in(pid, self.folder):
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    break
+                time.sleep(0.02)
+
+
+def _runs_stand_in(pid, folder):
+    """Whether *pid* is still the stand-in hami-park of *folder* (not ended, not another program now)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return str(folder).encode() in f.read()
+    except OSError:
+        return False
+
+
 def held_park_tool(tmp_path, pid, once=False):
     """A folder laid out like native/build/ (HAMI_NATIVE_DIR) whose hami-park
     holds a park of process *pid* until the file ``go`` is there (it says it
     began with the file ``began``): a park that takes as long as the test needs.
-    *once*: only the first park of *pid* is held; later ones go at once."""
+    *once*: only the first park of *pid* is held; later ones go at once.
+    A :class:`HeldPark`; call its ``release()`` when done. A stand-in also
+    gives up (failing its park) once its folder is gone or after
+    :data:`HELD_AT_MOST_S`, so that none is ever left looping."""
     import shlex
 
     from hami_jupyter import native
@@ -247,18 +295,27 @@ def held_park_tool(tmp_path, pid, once=False):
     folder.mkdir()
     real = native.park_tool_path()
     tool = folder / "hami-park"
-    go, began, first = tmp_path / "go", tmp_path / "began", tmp_path / "first-park"
+    go, began, first, pids = tmp_path / "go", tmp_path / "began", tmp_path / "first-park", folder / "held-pids"
     q = lambda p: shlex.quote(str(p))  # noqa: E731
+    rounds = int(HELD_AT_MOST_S / 0.02)
     tool.write_text(
         "#!/bin/sh\n"
         f'if [ "$1" = park ] && [ "$3" = {pid} ]' + (f" && [ ! -e {q(first)} ]" if once else "") + "; then\n"
+        f"  echo $$ >> {q(pids)}\n"
         f"  : > {q(first)}\n"
         f"  : > {q(began)}\n"
-        f"  while [ ! -e {q(go)} ]; do sleep 0.02; done\n"
+        "  n=0\n"
+        f"  while [ ! -e {q(go)} ]; do\n"
+        f"    [ -d {q(folder)} ] && [ $n -lt {rounds} ] || {{ echo 'error 999 the test let this park go'; exit 1; }}\n"
+        "    n=$((n + 1)); sleep 0.02\n"
+        "  done\n"
         "fi\n"
         f'exec {q(real)} "$@"\n')
     tool.chmod(0o755)
-    return folder, go, began
+    return HeldPark(folder, go, began, pids)
+
+
+HELD_AT_MOST_S = 180.0  # a held park no test lets go of ends by itself after this
 
 
 def failing_park_tool(tmp_path, pid):

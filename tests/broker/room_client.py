@@ -13,12 +13,15 @@ stdin, one per line; every event is one JSON line on stdout:
                                          itself, as the library does once it took the room granted
     close NAME                        -> the connection NAME is closed at once (a process that gives
                                          up, or is killed, mid-wait); {"op": "close", "name": NAME}
+    churn SOCKET UUID BYTES SECONDS   -> connect, send a request (a new since each), close at once,
+                                         again and again for SECONDS; {"op": "churn", "count": N}
 """
 
 import json
 import socket
 import sys
 import threading
+import time
 
 from hami_jupyter import driver_memory
 
@@ -44,17 +47,40 @@ def ask(name, path, uuid, size, since):
             if not chunk:
                 break
             buffered += chunk
-            final = False
-            while b"\n" in buffered:
+            final = None
+            while b"\n" in buffered and final is None:
                 line, buffered = buffered.split(b"\n", 1)
-                say(op="ask", name=name, line=line.decode())
-                final = final or not line.startswith(b"BUSY")
-            if final:
+                if line.startswith(b"BUSY"):
+                    say(op="ask", name=name, line=line.decode())
+                else:
+                    final = line
+            if final is not None:
+                # The room is taken (the library's retry) and the connection
+                # closed before the answer is told: the agent's next turn
+                # finds this one over.
+                conn.close()
+                say(op="ask", name=name, line=final.decode())
                 break
     except OSError as e:
         say(op="ask", name=name, error=str(e))
     conn.close()
     say(op="ask", name=name, closed=True)
+
+
+def churn(path, uuid, size, seconds):
+    """A hostile user's loop (issue 39): requests that go away at once."""
+    count, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(path)
+            conn.sendall(f"ROOM {uuid} {size} {time.time_ns()}\n".encode())
+            count += 1
+        except OSError:
+            time.sleep(0.01)
+        finally:
+            conn.close()
+    say(op="churn", count=count)
 
 
 for command in sys.stdin:
@@ -67,6 +93,8 @@ for command in sys.stdin:
     elif words[0] == "ask":
         name, path, uuid, size, since = words[1:6]
         threading.Thread(target=ask, args=(name, path, uuid, int(size), int(since)), daemon=True).start()
+    elif words[0] == "churn":
+        churn(words[1], words[2], int(words[3]), float(words[4]))
     elif words[0] == "close":
         conn = connections.get(words[1])
         if conn is not None:

@@ -129,7 +129,8 @@ def test_a_request_is_served_before_any_further_headroom_park(slices, holder, cl
     third = holder(slices.env("dave", kernel="k-dave"), "4g", age_s=HOUR)
     free = 16 * GiB - gpu.used(0)
     assert free == 4 * GiB - 4 * CONTEXT
-    folder, go, began = held_park_tool(tmp_path, idlest.pid)
+    held = held_park_tool(tmp_path, idlest.pid)
+    folder, go, began = held
     # 8 GiB: alice's kernel is not enough, so the keeper would park bob's next.
     broker = start_broker("--headroom", "8g", env=broker_env(gpu, HAMI_NATIVE_DIR=folder))
     wait_for(began.exists, WAIT_S, what="the headroom's park of alice's kernel under way")
@@ -138,7 +139,7 @@ def test_a_request_is_served_before_any_further_headroom_park(slices, holder, cl
     broker.wait_report(lambda r: any(q["pid"] == asker.pid and q["serving"]
                                      for q in r["gpus"].get(uuid, {}).get("queue", [])),
                        timeout=WAIT_S, what="carol's request being served")
-    go.touch()
+    held.release()
     # alice's park finishes; the room carol still misses is hers to make: bob's kernel is parked for her.
     assert asker.final("w") == ([], f"OK {4 * GiB + CONTEXT}")
     assert parked(idlest.slice, idlest.pid) and parked(second.slice, second.pid)

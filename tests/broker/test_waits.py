@@ -60,10 +60,11 @@ def gpu_of_five(slices, holder, client, tmp_path, gpu, start_broker):
         active=holder(slices.env("erin", kernel="k-erin"), "1g"),
         idlest=holder(slices.env("alice", kernel="k-alice"), "4g", age_s=2 * HOUR),
         idle=holder(slices.env("bob", kernel="k-bob"), "4g", age_s=HOUR))
-    folder, g.go, g.began = held_park_tool(tmp_path, g.idlest.pid, once=True)
-    g.start = lambda: start_broker(env=broker_env(gpu, HAMI_NATIVE_DIR=folder))
+    held = held_park_tool(tmp_path, g.idlest.pid, once=True)
+    g.go, g.began = held.go, held.began
+    g.start = lambda: start_broker(env=broker_env(gpu, HAMI_NATIVE_DIR=held.folder))
     yield g
-    g.go.touch()  # a held park whose agent was killed goes on, and ends, instead of waiting forever
+    held.release()  # a held park whose agent was killed goes on, and ends, before its folder goes
 
 
 def test_two_waiters_are_served_in_the_order_their_waits_began(gpu_of_five, socket_path, gpu, root):

@@ -79,3 +79,55 @@ def test_frameworks_meet_no_entry_point_the_library_refuses(slice_env, framework
     print(proc.stdout, proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "does not know" not in proc.stderr
+
+
+def test_who_the_real_driver_lets_checkpoint_whom(tmp_path):
+    """docs/parking.md, "Who may park whom": what the driver answers a user's
+    checkpoint call on root's process (the simulated GPU answers 304 and
+    changes nothing), and that the user's own process is hers to lock. Prints
+    the codes for the issue note; asserts only that another user's lock did
+    not take, and that hami-park refuses before the driver is asked."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: it runs a process as another user")
+    nobody = 65534
+
+    def as_nobody():
+        os.setgroups([])
+        os.setgid(nobody)
+        os.setuid(nobody)
+
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("HAMI_")}
+    target = subprocess.Popen([str(CUDRIVE), "stdin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=env)
+    own = subprocess.Popen([str(CUDRIVE), "stdin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                           env=env, cwd="/", preexec_fn=as_nobody)
+    try:
+        for p in (target, own):
+            for line in ("init", "ctx 0", "alloc 64m a"):
+                p.stdin.write(line + "\n")
+                p.stdin.flush()
+                assert json.loads(p.stdout.readline())["rc"] == 0, line
+
+        def ckpt(step, pid, user):
+            done = subprocess.run([str(CUDRIVE), "init", "ckpt", step, str(pid)], env=env, cwd="/",
+                                  capture_output=True, text=True, timeout=120,
+                                  preexec_fn=as_nobody if user == nobody else None)
+            rec = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")][-1]
+            print(f"uid {user}: ckpt {step} {pid}: {rec}")
+            return rec
+
+        other = ckpt("lock", target.pid, nobody)
+        assert other["rc"] != 0, f"the driver let uid {nobody} lock root's process: {other}"
+        assert ckpt("state", target.pid, 0)["state"] == 0  # running
+        mine = ckpt("lock", own.pid, nobody)
+        if mine["rc"] == 0:
+            assert ckpt("unlock", own.pid, nobody)["rc"] == 0
+        park = subprocess.run([str(REPO / "native" / "build" / "hami-park"), "hold", str(target.pid)], env=env,
+                              cwd="/", capture_output=True, text=True, timeout=60, preexec_fn=as_nobody)
+        assert park.returncode == 1 and park.stdout.startswith("error 800 "), park.stdout
+    finally:
+        for p in (target, own):
+            p.kill()
+            p.wait()

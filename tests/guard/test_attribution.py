@@ -157,8 +157,9 @@ def test_the_facts_of_a_real_process(tmp_path):
     try:
         wait_exec(child, "sleep")
         found = read_facts(child.pid)
-        assert found.slice_ref == "alice" and found.context_overhead == 128 * MiB
-        assert "SECRET" not in found.environ
+        assert found.slice_ref == "alice"
+        # Only what finds the slice: nothing else of its user's environment (issue 39).
+        assert "SECRET" not in found.environ and "HAMI_CONTEXT_OVERHEAD" not in found.environ
         assert (found.uid, found.pid_ns, found.ns_pid) == (os.getuid(), MY_NS, child.pid)
         table = ProcessTable()
         assert table.facts(child.pid) is table.facts(child.pid)  # cached
@@ -193,3 +194,65 @@ def test_an_environment_not_readable_yet_is_read_again(tmp_path):
     (proc / "6" / "environ").write_bytes(b"PATH=/bin\0HAMI_SLICE=alice\0")
     assert table.facts(6).slice_ref == "alice"
     assert table.facts(6) is table.facts(6)  # and now it is kept
+
+
+# ---- a slice file the agent cannot read or trust (issue 39, row 1) ------------------------
+
+
+def _broken(root, how):
+    """alice's slice file made untrustworthy as a user can make her own."""
+    path = root / "alice.slice"
+    if how == "writable by all":
+        path.chmod(0o666)
+    else:
+        with open(path, "r+b") as f:
+            f.write(b"junk in its header")
+    return path
+
+
+@pytest.mark.parametrize("how", ["writable by all", "junk in its header"])
+def test_a_broken_slice_with_a_limits_file_holds_its_users_processes_to_that_cap(root, how):
+    from hami_jupyter.agent.guard.policy import OVER, measure
+    from hami_jupyter.agent.facts.look import Placed
+    from hami_jupyter.slice.create import create_limits_file
+    from hami_jupyter.slice.limits import Limits
+
+    create_limits_file(root / "alice.slice", Limits(memory_limit=1 << 30), mode=0o644)
+    _broken(root, how)
+    errors = []
+    slices = SliceFiles(root).read(errors)
+    assert any(e.startswith("slice alice: cannot be read") and "held to the cap of its limits file" in e
+               for e in errors), errors
+    assert "alice" not in slices.readable and "alice" in slices.enforced
+    for environ, by in (({"HAMI_SLICE": "alice", "HAMI_SLICE_ROOT": str(root)}, ENVIRON), (None, USER)):
+        got = Attributor().attribute(facts(environ, user="alice"), slices)
+        assert (got.seen.name, got.by, got.preload) == ("alice", by, False)
+    # A process of another user is no process of hers.
+    assert Attributor().attribute(facts(None, uid=os.getuid() + 4242, user="alice"), slices).seen is None
+    kernel = Placed("GPU-0", 700 * MiB, facts({"HAMI_SLICE": "alice", "HAMI_SLICE_ROOT": str(root)},
+                                             user="alice"), None)
+    kernel = Placed(kernel.uuid, kernel.used_bytes, kernel.facts, Attributor().attribute(kernel.facts, slices))
+    measured, unattributed = measure({"GPU-0"}, [kernel, Placed("GPU-0", 600 * MiB, kernel.facts, kernel.attribution)],
+                                     slices)
+    g = measured["alice"]["GPU-0"]
+    assert (g.limit_bytes, g.state, unattributed) == (1 << 30, OVER, [])
+
+
+def test_a_limit_only_its_user_wrote_is_no_cap_the_guard_holds_her_to(root):
+    """Item 13: without a limits file, a slice file of hers says what she
+    wrote (the agent, as root, does not own it): the guard enforces no cap."""
+    from hami_jupyter.agent.facts.look import Placed
+    from hami_jupyter.agent.guard.policy import OK, measure
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the slice file is given to another user")
+    os.chown(root / "alice.slice", 4242, 4242)
+    slices = read(root)
+    assert not slices.readable["alice"].limits_trusted
+    mine = facts(None, uid=4242, user="alice")
+    placed = [Placed("GPU-0", 3 << 30, mine, Attributor().attribute(mine, slices))]
+    assert placed[0].attribution.seen.name == "alice"
+    measured, _ = measure({"GPU-0"}, placed, slices)
+    g = measured["alice"]["GPU-0"]
+    assert (g.limit_bytes, g.limits_trusted, g.state) == (0, False, OK)
+    assert g.as_report()["limits_trusted"] is False

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 from cell_result import run_over_websocket
+from leftovers import marker_env
 from local_servers import end_tagged, free_ports, log_tail, request_json
 
 from hami_jupyter import native
@@ -114,6 +115,7 @@ class Hub:
         sim = self.sim_env({})
         environment = {
             **sim,
+            **marker_env(),  # the session's check finds what outlives the test (tests/leftovers.py)
             TAG_ENV: self.tag,
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             "PYDEVD_DISABLE_FILE_VALIDATION": "1",
@@ -246,7 +248,7 @@ class Hub:
     def spawn(self, user, options=None, expect=(201, 202)):
         """Create *user* and ask for their server (not waiting for it); the
         spawn request's ``(status, reply)``."""
-        self.api("POST", f"users/{user}", expect={201})
+        self.api("POST", f"users/{user}", expect={201, 409})  # 409: made already (an allowed user)
         self.users.append(user)
         status, reply = self.request("POST", f"{self.url}/hub/api/users/{user}/server",
                                      options or {})

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SERVICE, SIZES, TAG_ENV, Hub, _require_jupyterhub
+from leftovers import marker_env
 from local_servers import free_ports, request_json
 
 from hami_jupyter import native
@@ -66,7 +67,7 @@ class HubViewHub(Hub):
                                                HAMI_SIM_MEMORY="16g", HAMI_SIM_CONTEXT_BYTES="64m")}
         path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         environment = {TAG_ENV: self.tag, "PATH": path, "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-                       **self.extra_environment}
+                       **marker_env(), **self.extra_environment}
         roots = {n: str(r) for n, r in self.roots.items()}
         config = textwrap.dedent("""\
             # Written by tests/hub/hub_view_hub.py for one test run.

@@ -38,6 +38,16 @@ def test_single_host_example(monkeypatch):
     assert "Large: 24 GiB" in c.Spawner.options_form(user("dave", "research"))
 
 
+def test_the_single_host_example_says_who_may_log_in(monkeypatch):
+    """Issue 39: the hub warned "No allow config found" at every start."""
+    from jupyterhub.auth import Authenticator
+
+    c = run_config(EXAMPLES / "jupyterhub_config.py", monkeypatch)
+    authenticator = Authenticator(config=c)
+    assert authenticator.any_allow_config
+    assert authenticator.allowed_users == {"alice", "bob", "carol"}
+
+
 def test_the_examples_park_idle_kernels(monkeypatch):
     from traitlets.config.loader import KVArgParseConfigLoader
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import TAG_ENV, Hub, _require_jupyterhub
+from leftovers import marker_env
 from unix_users import RUNUSER, UnixUsers, require_root_users, shared_tmpdir, user_python
 
 from hami_jupyter import native
@@ -121,7 +122,10 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "jupyterhub_config.
 
 class RealUsersHub(Hub):
     """The example config, loaded unchanged, then pointed at loopback ports,
-    a private database, the dummy authenticator and the simulated GPU."""
+    a private database, the dummy authenticator and the simulated GPU (the
+    guide's: *sim_devices* of *sim_memory* each)."""
+
+    sim_devices, sim_memory = "2", "80g"
 
     def __init__(self, tmp, shared, python):
         super().__init__(tmp)
@@ -134,7 +138,7 @@ class RealUsersHub(Hub):
         # (the simulated GPU creates it with 0666 less the umask).
         self.sim_state.parent.mkdir(mode=0o755)
         env = native.sim_env(self.sim_state, base={"PATH": "/usr/bin:/bin"},
-                             HAMI_SIM_DEVICES="2", HAMI_SIM_MEMORY="80g",
+                             HAMI_SIM_DEVICES=self.sim_devices, HAMI_SIM_MEMORY=self.sim_memory,
                              HAMI_SIM_CONTEXT_BYTES="64m")
         old = os.umask(0)
         try:
@@ -145,9 +149,9 @@ class RealUsersHub(Hub):
 
     def write_config(self, chp):
         self.make_sim_state()
-        sim = native.sim_env(self.sim_state, base={}, HAMI_SIM_DEVICES="2",
-                             HAMI_SIM_MEMORY="80g", HAMI_SIM_CONTEXT_BYTES="64m")
-        extra = {**sim, TAG_ENV: self.tag, "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+        sim = native.sim_env(self.sim_state, base={}, HAMI_SIM_DEVICES=self.sim_devices,
+                             HAMI_SIM_MEMORY=self.sim_memory, HAMI_SIM_CONTEXT_BYTES="64m")
+        extra = {**sim, **marker_env(), TAG_ENV: self.tag, "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
         config = textwrap.dedent(f"""\
             # Written by tests/hub/test_jupyterhub_e2e.py: the example, then test plumbing.
             c = get_config()  # noqa: F821

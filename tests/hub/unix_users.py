@@ -19,7 +19,9 @@ Why: ``.venv/bin/python`` here is often a link to ``/root/.pyenv/...``, and
 """
 
 import os
+import pwd
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -58,11 +60,17 @@ class UnixUsers:
             self.made_group = True
         for name in USERS:
             if not _exists("passwd", name):
-                cmd = ["useradd", "-m", "-s", "/bin/bash"]
+                # As docs/single-host.md adds them: a home only its user may enter
+                # (a plain -m made it 0755 on Debian 12).
+                cmd = ["useradd", "-m", "-K", "HOME_MODE=0700", "-s", "/bin/bash"]
                 if name in ADMINS:
                     cmd += ["-G", ADMIN_GROUP]
                 subprocess.run(cmd + [name], check=True)
                 self.made_users.append(name)
+                home = Path(pwd.getpwnam(name).pw_dir)
+                if stat.S_IMODE(home.stat().st_mode) != 0o700:
+                    raise RuntimeError(f"useradd made {home} mode {stat.S_IMODE(home.stat().st_mode):o}, "
+                                       "not 0700, with -K HOME_MODE=0700")
         return self
 
     def remove(self):

@@ -432,3 +432,24 @@ def test_provisioner_info_round_trips_the_slice(hami_env, start_kernel):
     km, kc = start_kernel(env={"HAMI_MEMORY_LIMIT": "1g"})
     info = asyncio.run(km.provisioner.get_provisioner_info())
     assert info["hami_slice"] == str(hami_env.root / f"{USER}.slice")
+
+
+def test_a_server_the_hub_did_not_start_never_puts_kernels_in_the_hubs_folder(tmp_path, monkeypatch):
+    """Issue 39: once /run/hami-jupyter existed, a root JupyterLab started on the
+    host by hand put its kernels' slices there, among the hub users'. Only a
+    server the hub started (HAMI_HUB_SLICE) runs kernels in the hub's folder;
+    any other uses HAMI_SLICE_ROOT, else the user's own folder."""
+    from hami_jupyter.provisioning.provisioner import HamiProvisioner
+    from hami_jupyter.slice import paths
+
+    hub_root = tmp_path / "run-hami-jupyter"
+    hub_root.mkdir()
+    monkeypatch.setattr(paths, "HUB_ROOT", hub_root)
+    env = {"XDG_RUNTIME_DIR": str(tmp_path / "xdg"), "JUPYTERHUB_USER": "root"}
+    assert paths.default_root(env) == hub_root  # what the host's tools read stays the hub's
+    path = HamiProvisioner().resolve_slice(env)
+    assert path == tmp_path / "xdg" / "hami-jupyter" / "root.slice"
+    explicit = HamiProvisioner().resolve_slice(dict(env, HAMI_SLICE_ROOT=str(tmp_path / "mine")))
+    assert explicit == tmp_path / "mine" / "root.slice"
+    hub = hub_root / "alice.slice"
+    assert HamiProvisioner().resolve_slice(env, hub=hub) == hub

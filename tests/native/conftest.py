@@ -19,4 +19,4 @@
 Helpers shared by the tests live in native_helpers.py.
 """
 
-from native_fixtures import cudrive, gpu, hami_build, make_slice  # noqa: F401 (fixtures)
+from native_fixtures import cudrive, gpu, hami_build, make_slice, shared_gpu  # noqa: F401 (fixtures)

@@ -2,8 +2,14 @@
 
 A conftest imports them (``from native_fixtures import ...``), which makes
 them fixtures there: ``hami_build``, ``gpu``, ``make_slice``, ``cudrive``,
-and ``root``, a slice root for the node agent's tests.
+``root``, a slice root for the node agent's tests, and ``shared_gpu``, a
+simulated GPU that processes of other users can use too (root only).
 """
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +24,25 @@ def hami_build():
 @pytest.fixture
 def gpu(hami_build, tmp_path):
     return SimGpu(hami_build, tmp_path / "sim-state")
+
+
+@pytest.fixture
+def shared_gpu(hami_build):
+    """A simulated GPU whose processes may be any user's: its state made by root,
+    0666 (its side folders 1777), in a folder under /tmp that every user can
+    search (a test's tmp_path is root's, 0700). Skips unless the tests run as root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: it runs processes as another user")
+    folder = Path(tempfile.mkdtemp(prefix="hami-sim-shared-", dir="/tmp"))
+    folder.chmod(0o755)
+    shared = SimGpu(hami_build, folder / "state")
+    old = os.umask(0)
+    try:
+        shared.simctl("status")
+    finally:
+        os.umask(old)
+    yield shared
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

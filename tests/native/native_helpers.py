@@ -371,10 +371,24 @@ def check_sanitizers(stderr, what):
         assert mark not in stderr, f"{what}: sanitizer report on stderr:\n{stderr[-6000:]}"
 
 
-class Interactive:
-    """cudrive reading commands from its standard input, one line at a time."""
+def as_uid(uid):
+    """A ``preexec_fn`` that runs the child as *uid* (its own group too, no others); None for None."""
+    if uid is None:
+        return None
 
-    def __init__(self, path, env, stderr_path):
+    def drop():
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+
+    return drop
+
+
+class Interactive:
+    """cudrive reading commands from its standard input, one line at a time
+    (as user *uid*, when given: the test must run as root)."""
+
+    def __init__(self, path, env, stderr_path, uid=None):
         self.stderr_path = stderr_path
         self._stderr = open(stderr_path, "wb")
         self.proc = subprocess.Popen(
@@ -384,6 +398,7 @@ class Interactive:
             stderr=self._stderr,
             env=env,
             start_new_session=True,  # teardown kills forked children too
+            preexec_fn=as_uid(uid),
         )
         self.pid = self.proc.pid
         self._buf = b""
@@ -516,8 +531,8 @@ class CudriveRunner:
     def path(self):
         return self.build.cudrive
 
-    def run(self, args, env, timeout=DEFAULT_TIMEOUT, input=None, check_sanitizers_=True):
-        """Run cudrive with *args* (a list or a string); returns a Result."""
+    def run(self, args, env, timeout=DEFAULT_TIMEOUT, input=None, check_sanitizers_=True, uid=None):
+        """Run cudrive with *args* (a list or a string), as user *uid* when given; returns a Result."""
         if isinstance(args, str):
             args = args.split()
         args = [str(a) for a in args]
@@ -529,6 +544,7 @@ class CudriveRunner:
             stderr=subprocess.PIPE,
             env=env,
             start_new_session=True,
+            preexec_fn=as_uid(uid),
         )
         try:
             out, err = proc.communicate(input=input.encode() if input is not None else None, timeout=timeout)
@@ -545,17 +561,17 @@ class CudriveRunner:
             check_sanitizers(res.stderr, res.describe())
         return res
 
-    def start(self, env):
-        """Start ``cudrive stdin``; returns an Interactive (killed at teardown)."""
+    def start(self, env, uid=None):
+        """Start ``cudrive stdin`` (as user *uid* when given); returns an Interactive (killed at teardown)."""
         self._count += 1
-        it = Interactive(self.path, env, self.tmp_path / f"cudrive-{self._count}.stderr")
+        it = Interactive(self.path, env, self.tmp_path / f"cudrive-{self._count}.stderr", uid)
         self.started.append(it)
         return it
 
-    def with_context(self, env, *lines):
+    def with_context(self, env, *lines, uid=None):
         """An interactive CUDA process with a context on device 0 that ran LINES
-        (each must succeed)."""
-        p = self.start(env)
+        (each must succeed), as user *uid* when given."""
+        p = self.start(env, uid)
         for line in ("init", "ctx 0", *lines):
             p.ok(line)
         return p

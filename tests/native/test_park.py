@@ -30,6 +30,7 @@ from hami_jupyter.slice.layout import (
 )
 from hami_jupyter.slice.locks import F_OFD_SETLK, flock_bytes
 from hami_jupyter.slice.status import format_text, slice_status
+import native_helpers
 from native_helpers import (
     CUDA_ERROR_OUT_OF_MEMORY,
     GiB,
@@ -346,3 +347,36 @@ def test_hami_park_parks_no_process_a_forged_slot_names(forgery, cudrive, make_s
         assert gpu.process_used(victim.pid, 0) == 512 * MiB + SIM_CONTEXT
     finally:
         os.close(fd)
+
+
+NOBODY = 65534
+
+
+def test_every_verb_of_hami_park_acts_only_for_the_targets_owner_or_root(cudrive, shared_gpu, hami_build):
+    """Issue 39, item 3: ``hami-park hold BOBS_PID`` run by alice said "ok" and froze
+    bob's kernel (park checked the owner, hold did not). Every verb refuses
+    a caller who is neither the target's user nor root, before the driver is
+    reached: the target runs on, untouched."""
+    gpu = shared_gpu
+    victim = cudrive.with_context(gpu.env(), "alloc 512m a", "write a 90")  # root's process
+    tool = park_tool(hami_build)
+    env = {k: v for k, v in gpu.env().items() if k != "LD_PRELOAD"}
+    for args in (["park", "/nonexistent.slice", victim.pid, 1000, "room"], ["hold", victim.pid],
+                 ["hold", victim.pid, 1000], ["restore", victim.pid], ["recover", victim.pid],
+                 ["state", victim.pid]):
+        done = subprocess.run([tool, *map(str, args)], env=env, capture_output=True, text=True, timeout=60,
+                              preexec_fn=native_helpers.as_uid(NOBODY))
+        assert done.returncode == 1, (args, done.stdout)
+        assert done.stdout.startswith("error 800 ") and "belongs to uid 0" in done.stdout, (args, done.stdout)
+    rc, answer = run_park(hami_build, gpu.env(), "state", victim.pid)
+    assert (rc, answer) == (0, "ok running")
+    assert victim.ok("check a 90")["equal"]
+    assert gpu.process_used(victim.pid, 0) == 512 * MiB + SIM_CONTEXT
+    # A user's own process is hers to hold and restore; root may act on anyone's.
+    own = cudrive.with_context(gpu.env(), "alloc 256m b", "write b 165", uid=NOBODY)
+    for user in (NOBODY, 0):
+        for verb in ("hold", "restore"):
+            done = subprocess.run([tool, verb, str(own.pid)], env=env, capture_output=True, text=True,
+                                  timeout=60, preexec_fn=native_helpers.as_uid(NOBODY if user else None))
+            assert done.returncode == 0 and done.stdout.startswith("ok"), (user, verb, done.stdout)
+    assert own.ok("check b 165")["equal"]

@@ -415,3 +415,32 @@ def test_the_entry_points_resolve_through_cuGetProcAddress_from_12_8(cudrive, gp
     p = _target(cudrive, gpu)
     res = cudrive.run(f"init resolve procaddr 12080 ckpt state {p.pid}", gpu.env())
     assert res.one("ckpt")["rc"] == CUDA_SUCCESS and res.one("ckpt")["state"] == RUNNING, res.describe()
+
+
+# ---- who may checkpoint whom (issue 39, item 3) ---------------------------------------
+
+NOBODY = 65534
+CUDA_ERROR_OPERATING_SYSTEM = 304
+
+
+def test_only_root_and_the_targets_own_user_may_checkpoint_it(cudrive, shared_gpu):
+    """The real driver reaches its target through /proc, so the kernel's rule for
+    looking into another process holds (docs/parking.md, "Who may park whom"):
+    another user's every checkpoint call is refused and changes nothing; the
+    target's own user and root may."""
+    gpu = shared_gpu
+    roots = _target(cudrive, gpu, "alloc 1m a", "write a 90")
+    for step in ("state", "lock", "checkpoint", "restore", "unlock"):
+        rec = cudrive.run(["init", "ckpt", step, roots.pid], gpu.env(), uid=NOBODY).one("ckpt")
+        assert rec["rc"] == CUDA_ERROR_OPERATING_SYSTEM, (step, rec)
+    assert _state(cudrive, gpu, roots.pid) == RUNNING
+    assert roots.ok("check a 90")["equal"]  # not locked: it answers at once
+    # Its own user may, and so may root.
+    own = cudrive.with_context(gpu.env(), "alloc 1m b", "write b 165", uid=NOBODY)
+    for step in ("lock", "checkpoint"):
+        rec = cudrive.run(["init", "ckpt", step, own.pid], gpu.env(), uid=NOBODY).one("ckpt")
+        assert rec["rc"] == CUDA_SUCCESS, (step, rec)
+    assert _state(cudrive, gpu, own.pid) == CHECKPOINTED  # root asks
+    _ok(cudrive, gpu, "restore", own.pid)
+    _ok(cudrive, gpu, "unlock", own.pid)
+    assert own.ok("check b 165")["equal"]

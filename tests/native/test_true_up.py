@@ -10,6 +10,8 @@ any hook. The housekeeper reads NVML about once a second.
 import threading
 import time
 
+import pytest
+
 from native_helpers import CUDA_ERROR_OUT_OF_MEMORY, MiB, SIM_CONTEXT, slice_device, slot_of, wait_for
 
 READING = 1.0  # the housekeeper's NVML reading, about once a second
@@ -153,3 +155,42 @@ def test_allocations_and_frees_during_a_reading_do_not_move_the_driver_memory(cu
     assert took >= 4 * READING, f"the race took {took:.1f} s: too short for two readings in a row to agree"
     assert seen == {32 * MiB}, f"the driver's 32 MiB were charged as {sorted(b // MiB for b in seen)} MiB"
     assert slice_device(s.snapshot(), gpu.uuid(0)).memory_peak <= 1 << 30
+
+
+def _zero(s, pid, slot_too):
+    """What a user can do to her own slice file: zero the slice's usage counter on
+    GPU 0, and her process's slot's charge there too."""
+    import ctypes
+    import struct
+
+    from hami_jupyter.slice import layout
+
+    snap = s.snapshot()
+    device = slice_device(snap, snap.devices[0].uuid)
+    with open(s.path, "r+b") as f:
+        f.seek(layout.DEVICES_OFFSET + device.index * ctypes.sizeof(layout.HamiSliceDevice)
+               + layout.HamiSliceDevice.memory_used.offset)
+        f.write(struct.pack("=Q", 0))
+        if slot_too:
+            f.seek(layout.slot_offset(slot_of(snap, pid).index) + layout.HamiSlot.memory_used.offset
+                   + 8 * device.index)
+            f.write(struct.pack("=Q", 0))
+
+
+@pytest.mark.parametrize("slot_too", [False, True], ids=["the slice's counter", "and the slot's"])
+def test_a_counter_its_user_zeroed_comes_back_to_what_the_driver_says(cudrive, gpu, make_slice, slot_too):
+    """Issue 39, row 6: alice zeroed her slice's counters while her kernel held
+    5 GiB; the counter said 0 B against 5.1 GiB really held until her kernel
+    was replaced. The slice's counter is set back to what its processes hold
+    (a counter below their slots' charges is never the library's), and a slot
+    zeroed too is charged again from NVML's figure by the true-up first."""
+    s = make_slice(limit="1g", overhead="64m")
+    p = cudrive.with_context(s.env, "alloc 600m")
+    real = gpu.process_used(p.pid, 0)
+    assert s.used() == real == SIM_CONTEXT + 600 * MiB
+    _zero(s, p.pid, slot_too)
+    assert s.used() == 0
+    wait_for(lambda: s.used() >= real, 2 * WAIT, what="the slice's counter set back")
+    assert s.used() == real
+    rec = p.cmd("alloc 600m")  # the cap holds again
+    assert rec["rc"] == CUDA_ERROR_OUT_OF_MEMORY, rec

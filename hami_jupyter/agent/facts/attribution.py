@@ -26,6 +26,13 @@ rules, in order:
 
 Otherwise the process is *unattributed*: listed in the report, never acted on.
 
+A slice file the agent cannot read or trust (:mod:`.slices`) names no slot,
+but rules 1 and 3 still find it: when a limits file holds it to a cap, the
+process is charged to it as one without the preload library (its user broke
+the file, so nothing in it is believed, and her processes are more
+enforced, never less). Without a limits file it stays unattributed, and why
+says so.
+
 Every rule also needs the process to belong to the slice file's owner (its
 real uid is the file's ``st_uid``). A slice file under the hub's root is its
 user's, and only that user's processes can open it for writing, so this
@@ -105,6 +112,15 @@ def _owns(seen, facts):
     return facts.uid is not None and facts.uid == seen.owner_uid
 
 
+def _limits_only(seen, by):
+    """The attribution to *seen*, a slice file that cannot be read or trusted:
+    to it without the preload library when its limits file holds it to a cap
+    (see the module), else none."""
+    if seen.hub_limits is not None:
+        return Attribution(seen, by, False, why=f"its slice {seen.name} cannot be read: held to its limits file")
+    return Attribution(why=f"its slice {seen.name} cannot be read")
+
+
 class Attributor:
     """Applies the rules; remembers per ``(pid, start time)`` which file a
     process's environment names, so that each interval costs no ``stat``
@@ -154,14 +170,14 @@ class Attributor:
             return Attribution(slot[0], SLOT, True, slot[1])
         if named is not None:
             if named.snapshot is None:
-                return Attribution(why=f"its slice {named.name} cannot be read")
+                return _limits_only(named, ENVIRON)
             return Attribution(named, ENVIRON, slot is not None, slot[1] if slot is not None else None)
         user = facts.user
         if user and valid_name(user):
             seen = slices.by_name.get(user)
             if seen is not None and _owns(seen, facts):
                 if seen.snapshot is None:
-                    return Attribution(why=f"its slice {seen.name} cannot be read")
+                    return _limits_only(seen, USER)
                 return Attribution(seen, USER, False)
         return Attribution(why="no slice names it, and its user has none")
 

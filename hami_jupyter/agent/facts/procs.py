@@ -27,10 +27,12 @@ import pwd
 from dataclasses import dataclass
 
 from ...processes import start_ticks
-from ...slice.size import parse_size
 
 SLICE_VARIABLES = ("HAMI_SLICE", "CUDA_DEVICE_MEMORY_SHARED_CACHE")  # in the library's order
-WANTED = frozenset(SLICE_VARIABLES + ("HAMI_SLICE_ROOT", "XDG_RUNTIME_DIR", "HAMI_CONTEXT_OVERHEAD"))
+# Only what finds the slice file the library opens (attribution): nothing else of
+# a process's environment, its user's to set, is read (issue 39: a
+# HAMI_CONTEXT_OVERHEAD of hers once raised the guard's tolerance).
+WANTED = frozenset(SLICE_VARIABLES + ("HAMI_SLICE_ROOT", "XDG_RUNTIME_DIR"))
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,6 @@ class ProcessFacts:
     *uid*: its real user id; *pid_ns*: the inode of its PID namespace and
     *ns_pid* its PID there (the last field of ``NSpid``); *environ*: the
     variables of :data:`WANTED` that it started with (None: not readable);
-    *context_overhead*: ``HAMI_CONTEXT_OVERHEAD`` in bytes, when set and valid;
     *command*: its command line (what comes back after a kill, when a restarter
     starts it again).
     """
@@ -53,7 +54,6 @@ class ProcessFacts:
     pid_ns: int | None
     ns_pid: int | None
     environ: dict | None
-    context_overhead: int | None = None
     command: str | None = None  # its command line, spaces between the arguments (cut at 512 characters)
 
     @property
@@ -163,14 +163,8 @@ def read_facts(pid, ticks=None, proc="/proc"):
         return None
     uid, ns_pid = _status(pid, proc)
     environ = _environ(pid, proc)
-    overhead = None
-    if environ and environ.get("HAMI_CONTEXT_OVERHEAD"):
-        try:
-            overhead = parse_size(environ["HAMI_CONTEXT_OVERHEAD"].strip())
-        except ValueError:
-            overhead = None  # the library refuses CUDA in such a process anyway
     return ProcessFacts(pid, ticks, uid, user_name(uid), pid_namespace(pid, proc), ns_pid, environ,
-                        overhead, _command(pid, proc))
+                        _command(pid, proc))
 
 
 class ProcessTable:

@@ -23,6 +23,18 @@ The folder and the files pass the trust rule of :mod:`hami_jupyter.slice.paths`
 exactly as for every other reader (an agent running as root trusts the
 hub's root-owned folder and the users' files in it, not a folder a user
 made); what the rule refuses is reported, never read.
+
+A slice file the agent cannot read or may not trust (its user made it
+writable by everyone, or wrote junk into its header) still has a name, an
+owner and an identity (its directory entry in the root and its ``stat``,
+facts), and, under a hub, a limits file that is root's. Such a slice is
+kept as *limits only* (:attr:`SliceSeen.hub_limits`): its user's processes
+are charged to it as processes without the preload library (none of its
+slots can be believed), held to the strictest cap of the limits file (which
+GPU a per-GPU entry is for only the slice file says). Issue 39: refused
+outright, it left her kernel and a bypass beside it unattributed, 10.6 GiB
+against an 8 GiB cap for over 50 s, and another user's kernel was parked in
+her place. Without a limits file there is nothing trusted to hold it to.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...slice.file import SliceFile, SliceFileError
+from ...slice.file import SliceFile, SliceFileError, read_limits_file
 from ...slice.layout import HAMI_LIMITS_SUFFIX
 from ...slice.paths import SUFFIX, UntrustedPath, check_file, check_folder, valid_name
 
@@ -48,6 +60,12 @@ class SliceSeen:
     owner_uid: int
     snapshot: object = None
     error: str | None = None
+    hub_limits: object = None  # without a snapshot: the limits file's strictest Limits (see the module)
+
+    @property
+    def enforced(self):
+        """Whether its processes are held to a cap: it was read, or its limits file was."""
+        return self.snapshot is not None or self.hub_limits is not None
 
     def device(self, uuid):
         """The snapshot's entry for GPU *uuid*, or None when the slice has not met it."""
@@ -56,11 +74,19 @@ class SliceSeen:
                 return d
         return None
 
-    def limit_bytes(self, uuid):
-        """The memory cap in force on GPU *uuid* (0: none): its own entry, else the
-        default that a GPU the slice meets later gets."""
+    def limits(self, uuid):
+        """The :class:`~hami_jupyter.slice.limits.Limits` in force on GPU *uuid*:
+        its own entry, else the default that a GPU the slice meets later gets;
+        for a limits-only slice, the limits file's strictest."""
+        if self.snapshot is None:
+            return self.hub_limits
         d = self.device(uuid)
-        return (d.limit if d else self.snapshot.fallback_limit).memory_limit
+        return d.limit if d else self.snapshot.fallback_limit
+
+    def limit_bytes(self, uuid):
+        """The memory cap in force on GPU *uuid* (0: none)."""
+        limits = self.limits(uuid)
+        return limits.memory_limit if limits is not None else 0
 
     def reported_bytes(self, uuid):
         """What the slice charged itself on GPU *uuid* (its device ``memory_used``)."""
@@ -72,20 +98,16 @@ class SliceSeen:
         """Whether its limits are not its user's word: a limits file is in force
         (the hub's), or the slice file is the agent's own user's."""
         if self.snapshot is None:
-            return False
+            return self.hub_limits is not None
         return self.snapshot.limits_file is not None or self.owner_uid == os.geteuid()
-
-    def limits(self, uuid):
-        """The :class:`~hami_jupyter.slice.limits.Limits` in force on GPU *uuid*."""
-        d = self.device(uuid)
-        return d.limit if d else self.snapshot.fallback_limit
 
 
 @dataclass
 class SliceSet:
     """Every slice under the root this interval.
 
-    *readable*: name -> :class:`SliceSeen` with a snapshot; *by_identity*:
+    *readable*: name -> :class:`SliceSeen` with a snapshot; *enforced*: those
+    and the limits-only ones (the guard measures these); *by_identity*:
     ``(dev, ino)`` -> SliceSeen, the unreadable ones too (a process that
     names an unreadable slice is not charged elsewhere by mistake);
     *slots*: ``(pid namespace inode, pid there)`` -> ``[(SliceSeen, Slot)]``
@@ -95,6 +117,7 @@ class SliceSet:
     """
 
     readable: dict = field(default_factory=dict)
+    enforced: dict = field(default_factory=dict)
     by_name: dict = field(default_factory=dict)
     by_identity: dict = field(default_factory=dict)
     slots: dict = field(default_factory=dict)
@@ -102,6 +125,8 @@ class SliceSet:
     def add(self, seen):
         self.by_name[seen.name] = seen
         self.by_identity[seen.identity] = seen
+        if seen.enforced:
+            self.enforced[seen.name] = seen
         if seen.snapshot is None:
             return
         self.readable[seen.name] = seen
@@ -142,13 +167,19 @@ class SliceFiles:
             path = self.root / name
             try:
                 st = os.stat(path)
-                check_file(path, st, folder)
             except FileNotFoundError:
                 continue  # removed while we looked
-            except OSError as e:  # UntrustedPath included
-                errors.append(f"slice {base}: skipped: {e.strerror if e.strerror else e}")
+            except OSError as e:
+                errors.append(f"slice {base}: skipped: {e.strerror or e}")
                 continue
             identity = (st.st_dev, st.st_ino)
+            try:
+                check_file(path, st, folder)
+            except UntrustedPath as e:
+                seen = SliceSeen(base, path, identity, st.st_uid, error=str(e))
+                self._limits_only(seen, base + HAMI_LIMITS_SUFFIX in names, errors)
+                found.add(seen)
+                continue
             kept.add(path)
             found.add(self._snapshot(path, base, identity, st.st_uid,
                                      base + HAMI_LIMITS_SUFFIX in names, errors))
@@ -169,11 +200,29 @@ class SliceFiles:
             seen.snapshot = cached[2].snapshot()
         except (SliceFileError, OSError) as e:
             seen.error = str(e) if isinstance(e, SliceFileError) else f"{path}: {e.strerror or e}"
-            errors.append(f"slice {name}: cannot be read: {seen.error}")
             stale = self._open.pop(path, None)
             if stale is not None:
                 stale[2].close()
+            self._limits_only(seen, limits_present, errors)
         return seen
+
+    def _limits_only(self, seen, limits_present, errors):
+        """*seen*, whose file cannot be read or trusted: held to its limits file's
+        strictest cap when it has one (see the module), said in *errors*."""
+        limits = None
+        if limits_present:
+            try:
+                found = read_limits_file(seen.path)
+                limits = found.strictest() if found is not None else None
+            except (SliceFileError, OSError) as e:  # UntrustedPath included
+                errors.append(f"slice {seen.name}: its limits file cannot be read either: {e}")
+        seen.hub_limits = limits
+        if limits is not None:
+            errors.append(f"slice {seen.name}: cannot be read ({seen.error}): its user's processes are held "
+                          "to the cap of its limits file, as processes without the preload library")
+        else:
+            errors.append(f"slice {seen.name}: cannot be read ({seen.error}), and no limits file says its cap: "
+                          "its user's processes are not held to one")
 
     def close(self):
         for _, _, sf in self._open.values():

@@ -4,12 +4,16 @@ For each slice and each GPU, all of it facts:
 
 - **real**: the sum of NVML's figures for the slice's processes on that GPU;
 - **limit**: the slice's memory cap in force on that GPU (its own entry, else
-  the default entry; the hub's limits file when there is one); 0 means no
-  cap, and then the guard never acts;
-- **tolerance**: what the library charges for one CUDA context in that
-  slice (``HAMI_CONTEXT_OVERHEAD`` of its processes under the library, the
-  largest one, never above :data:`MAX_TOLERANCE`), else the guard's default
-  (64 MiB, ``--tolerance``);
+  the default entry; the hub's limits file when there is one), when it is
+  no word of the slice's user (:attr:`~..facts.slices.SliceSeen.limits_trusted`:
+  a limits file is in force, or the slice file is the agent's own user's).
+  A cap the user wrote herself (a slice file of hers and no limits file) is
+  none the guard holds her to: she may write any other. 0 means no cap, and
+  then the guard never acts (issue 39: it enforced what the user wrote);
+- **tolerance**: the guard's own (``--tolerance``, 64 MiB by default), for
+  every slice. Nothing a user sets moves it: at 802aae2 it was the largest
+  ``HAMI_CONTEXT_OVERHEAD`` among a slice's processes, so one process of hers
+  with ``HAMI_CONTEXT_OVERHEAD=1g`` hid a 1 GiB bypass (issue 39);
 - **allowance**: what the agent saw the slice hold while it was within its
   cap: memory every process got within the cap in force when it got it. The
   agent keeps it from look to look (in its report, so a restart keeps it
@@ -33,9 +37,10 @@ while its slice was within its cap, and shrinking past it the same way.
 Why a tolerance at all: the library charges what a program allocates, while
 the driver reports the process's whole footprint, and the two part by about
 one context. One context's worth keeps an honest slice from ever being over,
-and is far below what a bypass takes. A process declares its context's size
-in its own environment, which its user sets: so only processes under the
-library count, and no declaration passes :data:`MAX_TOLERANCE`.
+and is far below what a bypass takes. How large a context is on the GPUs of
+a node is the administrator's to say (``--tolerance``), beside the library's
+``HAMI_CONTEXT_OVERHEAD`` in the kernels' environment: a process's own
+environment is its user's to set, and is not read here.
 
 Only over slices are acted on, and only their own processes: every process
 considered here was attributed to that slice (:mod:`..facts.attribution`).
@@ -62,7 +67,6 @@ from dataclasses import dataclass, field
 
 MiB = 1 << 20
 DEFAULT_TOLERANCE = 64 * MiB
-MAX_TOLERANCE = 1 << 30  # no GPU's context takes more (an H100's takes about 0.5 GiB)
 OK, OVER, HELD = "ok", "over", "held"
 
 
@@ -113,6 +117,8 @@ class SliceGpu:
     tolerance_bytes: int
     processes: list = field(default_factory=list)
     allowance_bytes: int | None = None  # see the module; None: no history of it
+    limits_trusted: bool = True  # False: its limits are its user's word, and limit_bytes is 0
+    error: str | None = None  # why its slice file could not be read (held to its limits file)
 
     @property
     def held_bytes(self):
@@ -146,7 +152,7 @@ class SliceGpu:
         return {"real_bytes": self.real_bytes, "reported_bytes": self.reported_bytes,
                 "limit_bytes": self.limit_bytes, "tolerance_bytes": self.tolerance_bytes,
                 "held_bytes": self.held_bytes, "allowance_bytes": self.allowance_bytes,
-                "state": self.state,
+                "state": self.state, "limits_trusted": self.limits_trusted,
                 "processes": [p.as_report() for p in sorted(self.processes, key=lambda p: p.pid)]}
 
 
@@ -154,13 +160,6 @@ def is_over(real, limit, tolerance, held=0):
     """Over the cap: a cap is set (0 is none) and real passes it, or the bytes
     held from before a lowered cap if more, by more than the tolerance."""
     return limit > 0 and real > max(limit, held) + tolerance
-
-
-def tolerance_for(overheads, default=DEFAULT_TOLERANCE):
-    """The largest context overhead the slice's processes declare, never above
-    :data:`MAX_TOLERANCE`, else *default*."""
-    known = [min(o, MAX_TOLERANCE) for o in overheads if o]
-    return max(known) if known else default
 
 
 def protected_pids():
@@ -224,30 +223,25 @@ def measure(gpus, placed, slices, default_tolerance=DEFAULT_TOLERANCE, memory=No
     *gpus*: the UUIDs whose processes were read; *placed*: the look's
     :class:`~..facts.look.Placed` entries; *slices*: the
     :class:`~..facts.slices.SliceSet`; *memory*: the allowances kept so far
-    (:class:`Allowances`). Every readable slice gets an entry for each GPU read
-    that it has met or where it has processes; a GPU that could not be read
-    gets none (nothing is known there, so nothing is acted on).
+    (:class:`Allowances`); *default_tolerance*: the guard's tolerance (every
+    slice's). Every enforced slice gets an entry for each GPU read that it
+    has met or where it has processes; a GPU that could not be read gets none
+    (nothing is known there, so nothing is acted on).
     """
     memory = memory if memory is not None else Allowances()
-    overheads = {}
-    for p in placed:
-        if p.attribution.seen is not None and p.attribution.preload:
-            overheads.setdefault(p.attribution.seen.name, []).append(p.facts.context_overhead)
-    tolerance = {name: tolerance_for(overheads.get(name, ()), default_tolerance)
-                 for name in slices.readable}
-    out = {name: {d.uuid: _slice_gpu(seen, d.uuid, tolerance[name], memory)
-                  for d in seen.snapshot.devices if d.uuid in gpus}
-           for name, seen in slices.readable.items()}
+    out = {name: {d.uuid: _slice_gpu(seen, d.uuid, default_tolerance, memory)
+                  for d in (seen.snapshot.devices if seen.snapshot else ()) if d.uuid in gpus}
+           for name, seen in slices.enforced.items()}
     unattributed = []
     for p in placed:
         seen = p.attribution.seen
         if seen is None:
             unattributed.append({"pid": p.facts.pid, "uuid": p.uuid, "real_bytes": p.used_bytes,
-                                 "user": p.facts.user, "why": p.attribution.why})
+                                 "user": p.facts.user, "uid": p.facts.uid, "why": p.attribution.why})
             continue
         g = out[seen.name].get(p.uuid)
         if g is None:  # a GPU the slice's own processes never met: its default entry holds
-            g = out[seen.name][p.uuid] = _slice_gpu(seen, p.uuid, tolerance[seen.name], memory)
+            g = out[seen.name][p.uuid] = _slice_gpu(seen, p.uuid, default_tolerance, memory)
         g.real_bytes += p.used_bytes
         slot = p.attribution.slot
         charged = None
@@ -262,9 +256,11 @@ def measure(gpus, placed, slices, default_tolerance=DEFAULT_TOLERANCE, memory=No
 
 def _slice_gpu(seen, uuid, tolerance, memory):
     d = seen.device(uuid)
+    trusted = seen.limits_trusted
     return SliceGpu(seen.name, str(seen.path), uuid, d.index if d else None, 0,
-                    seen.reported_bytes(uuid), seen.limit_bytes(uuid), tolerance,
-                    allowance_bytes=memory.slice.get((seen.name, uuid)))
+                    seen.reported_bytes(uuid), seen.limit_bytes(uuid) if trusted else 0, tolerance,
+                    allowance_bytes=memory.slice.get((seen.name, uuid)), limits_trusted=trusted,
+                    error=seen.error if seen.snapshot is None else None)
 
 
 @dataclass

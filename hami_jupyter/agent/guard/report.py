@@ -35,7 +35,7 @@ def build(measured, slices, unattributed, errors, actions, *, interval, action, 
     """
     memory = memory or Allowances()
     listed = {}
-    for name, seen in sorted(slices.readable.items()):
+    for name, seen in sorted(slices.enforced.items()):
         gpus = {}
         for uuid, g in sorted(measured.get(name, {}).items()):
             entry = dict(g.as_report(), allowance_bytes=memory.slice.get((name, uuid)))
@@ -43,6 +43,8 @@ def build(measured, slices, unattributed, errors, actions, *, interval, action, 
                 p["allowed_bytes"] = memory.process.get((name, uuid, p["pid"], p["start_ticks"]))
             gpus[uuid] = entry
         listed[name] = {"path": str(seen.path), "gpus": gpus}
+        if seen.snapshot is None:  # held to its limits file: why (docs/guard.md)
+            listed[name]["unreadable"] = seen.error
     return {
         "written_unix": time.time() if now is None else now,
         "interval": interval,

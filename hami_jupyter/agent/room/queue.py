@@ -68,7 +68,10 @@ class Queues:
             line = self._waiting.setdefault(request.uuid, [])
             line.append(request)
             line.sort(key=self._order)
-            return line.index(request) + (request.uuid in self._serving)
+            # A served request whose requester has closed its end is over but for
+            # its bookkeeping (it took the room granted): not ahead of anyone.
+            serving = self._serving.get(request.uuid)
+            return line.index(request) + (serving is not None and serving.alive())
 
     def _turn(self, request):
         line = self._waiting.get(request.uuid) or []

@@ -93,7 +93,7 @@
 #define HAMI_PARK_REASON_IDLE 1u  /* the Jupyter server's idle policy */
 #define HAMI_PARK_REASON_ASKED 2u /* a user or administrator asked (REST, CLI, panel) */
 #define HAMI_PARK_REASON_ROOM 3u  /* the memory broker: to make room for another user's work */
-#define HAMI_PARK_REASON_GUARD 4u /* the guard: over the cap outside the library */
+#define HAMI_PARK_REASON_GUARD 4u /* the guard: over the cap by the driver's figures */
 
 /* hami-park's own refusals, in its answer "error <code> <why>": what a slot
  * says stands in the way, apart from the driver's CUresults (all below 1000) */
