@@ -2909,6 +2909,37 @@ CUresult cuPointerGetAttributes(unsigned int numAttributes, int *attributes, voi
 	return r;
 }
 
+/* ---- page-locked host memory --------------------------------------------------- */
+
+/* Host memory a device copies from at full speed on a real GPU; here plain
+ * host memory (no device bytes), made in the current context. */
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!pp || !bytesize || flags > 0x7)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c = cur_ctx(NULL);
+	pthread_mutex_unlock(&C.mu);
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*pp = malloc(bytesize);
+	return *pp ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuMemFreeHost(void *p)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	free(p);
+	return CUDA_SUCCESS;
+}
+
 /* ---- peers and IPC ---------------------------------------------------------- */
 
 CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
@@ -4950,6 +4981,8 @@ LOCAL(cuDeviceCanAccessPeer);
 LOCAL(cuCtxEnablePeerAccess);
 LOCAL(cuCtxDisablePeerAccess);
 LOCAL(cuIpcGetMemHandle);
+LOCAL(cuMemHostAlloc);
+LOCAL(cuMemFreeHost);
 LOCAL(cuArrayCreate_v2);
 LOCAL(cuArray3DCreate_v2);
 LOCAL(cuArrayDestroy);
@@ -5107,6 +5140,8 @@ static const struct {
 	{"cuCtxEnablePeerAccess", 4000, local_cuCtxEnablePeerAccess, NULL},
 	{"cuCtxDisablePeerAccess", 4000, local_cuCtxDisablePeerAccess, NULL},
 	{"cuIpcGetMemHandle", 4010, local_cuIpcGetMemHandle, NULL},
+	{"cuMemHostAlloc", 2020, local_cuMemHostAlloc, NULL},
+	{"cuMemFreeHost", 2000, local_cuMemFreeHost, NULL},
 	{"cuArrayCreate", 3020, local_cuArrayCreate_v2, NULL},
 	{"cuArray3DCreate", 3020, local_cuArray3DCreate_v2, NULL},
 	{"cuArrayDestroy", 2000, local_cuArrayDestroy, NULL},
