@@ -59,18 +59,44 @@ static struct {
 	char *dst;
 	const char *src;
 	size_t len;
+	int skip_zeros;
 	unsigned gen, pending, n;
 	int quit;
 	pthread_t t[MAX_COPIERS];
 } pool = { .mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER, .done = PTHREAD_COND_INITIALIZER };
 
-/* Part i of n of the job, on 4 KiB boundaries. */
-static void copy_part(unsigned i, unsigned n, char *dst, const char *src, size_t len)
+static int all_zero(const char *p, size_t n)
+{
+	return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+}
+
+/* Part i of n of the job, on 4 KiB boundaries. A host copy is fresh anonymous
+ * memory, zeros until written: stretches of zeros (ZERO_RUN bytes at a time)
+ * are not written into it, so memory never used on the GPU takes no host
+ * memory either; the rest goes in runs as long as they come. */
+#define ZERO_RUN (64u << 10)
+
+static void copy_part(unsigned i, unsigned n, char *dst, const char *src, size_t len, int skip_zeros)
 {
 	size_t per = (len / n + 4095) & ~(size_t)4095;
-	size_t from = (size_t)i * per;
-	if (from < len)
-		memcpy(dst + from, src + from, len - from < per ? len - from : per);
+	size_t at = (size_t)i * per, end = at + per < len ? at + per : len;
+	if (at >= end)
+		return;
+	if (!skip_zeros) {
+		memcpy(dst + at, src + at, end - at);
+		return;
+	}
+	size_t run = at; /* start of the data not written yet */
+	for (; at < end; at += ZERO_RUN) {
+		size_t k = end - at < ZERO_RUN ? end - at : ZERO_RUN;
+		if (!all_zero(src + at, k))
+			continue;
+		if (at > run)
+			memcpy(dst + run, src + run, at - run);
+		run = at + k;
+	}
+	if (end > run)
+		memcpy(dst + run, src + run, end - run);
 }
 
 static void *copier(void *arg)
@@ -86,9 +112,10 @@ static void *copier(void *arg)
 		char *dst = pool.dst;
 		const char *src = pool.src;
 		size_t len = pool.len;
+		int skip = pool.skip_zeros;
 		unsigned n = pool.n + 1;
 		pthread_mutex_unlock(&pool.mu);
-		copy_part(me + 1, n, dst, src, len);
+		copy_part(me + 1, n, dst, src, len, skip);
 		pthread_mutex_lock(&pool.mu);
 		if (--pool.pending == 0)
 			pthread_cond_signal(&pool.done);
@@ -125,11 +152,11 @@ static void pool_stop(void)
 	pool.n = 0;
 }
 
-/* memcpy, by this thread and the copiers together. */
-static void parallel_copy(void *dst, const void *src, size_t len)
+/* memcpy, by this thread and the copiers together (skip_zeros: into a fresh host copy). */
+static void parallel_copy(void *dst, const void *src, size_t len, int skip_zeros)
 {
 	if (!pool.n || len < PARALLEL_MIN) {
-		memcpy(dst, src, len);
+		copy_part(0, 1, dst, src, len, skip_zeros);
 		return;
 	}
 	pthread_mutex_lock(&pool.mu);
@@ -137,11 +164,12 @@ static void parallel_copy(void *dst, const void *src, size_t len)
 	pool.dst = dst;
 	pool.src = src;
 	pool.len = len;
+	pool.skip_zeros = skip_zeros;
 	pool.pending = n;
 	pool.gen++;
 	pthread_cond_broadcast(&pool.go);
 	pthread_mutex_unlock(&pool.mu);
-	copy_part(0, n + 1, dst, src, len);
+	copy_part(0, n + 1, dst, src, len, skip_zeros);
 	pthread_mutex_lock(&pool.mu);
 	while (pool.pending)
 		pthread_cond_wait(&pool.done, &pool.mu);
@@ -226,7 +254,7 @@ static CUresult stage_finish(struct mover *m, struct stage *s)
 	s->busy = 0;
 	CUresult rc = cu.event_sync(s->done);
 	if (rc == CUDA_SUCCESS && m->to_host)
-		parallel_copy(s->host, s->buf, s->len);
+		parallel_copy(s->host, s->buf, s->len, 1);
 	return rc;
 }
 
@@ -273,7 +301,7 @@ static CUresult move(struct mover *m, CUdeviceptr dev, char *host, uint64_t len)
 			rc = cu.dtoh(s->buf, dev + off, n, m->stream);
 			s->host = host + off;
 		} else {
-			parallel_copy(s->buf, host + off, n);
+			parallel_copy(s->buf, host + off, n, 0);
 			rc = cu.htod(dev + off, s->buf, n, m->stream);
 		}
 		if (rc == CUDA_SUCCESS)

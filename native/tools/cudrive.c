@@ -4488,8 +4488,9 @@ static int cmd_peer(struct stream *s, struct result *r)
 	return 0;
 }
 
-/* touch NAME [COUNT]: COUNT launches of a kernel adding 1 to every byte of
- * NAME, on the NULL stream (the simulated GPU's "hami_sim_touch"). */
+/* touch NAME [COUNT [PAUSE_MS]]: COUNT launches of a kernel adding 1 to every
+ * byte of NAME, on the NULL stream (the simulated GPU's "hami_sim_touch"),
+ * PAUSE_MS apart: a loop a park can come in the middle of. */
 static const char touch_ptx[] = ".version 7.0\n"
 				".target sm_70\n"
 				".address_size 64\n"
@@ -4537,9 +4538,14 @@ static int cmd_touch(struct stream *s, struct result *r)
 		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no device memory named \"%s\"", name);
 		return -1;
 	}
-	unsigned long long count, ok = 0;
+	unsigned long long count, ok = 0, pause_ms = 0;
 	if (opt_count(s, r, &count) < 0)
 		return -1;
+	const char *pause = count ? opt_arg(s) : NULL;
+	if (pause && !parse_u64(pause, &pause_ms)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad PAUSE_MS: \"%s\"", pause);
+		return -1;
+	}
 	res_str(r, "name", name);
 	CUcontext cur;
 	if ((r->rc = current_ctx(r, &cur)) != 0)
@@ -4561,9 +4567,14 @@ static int cmd_touch(struct stream *s, struct result *r)
 	CUdeviceptr p = o->ptr;
 	unsigned long long n = o->size;
 	void *params[2] = {&p, &n};
-	for (unsigned long long i = 0; i < count && r->rc == 0; i++)
+	for (unsigned long long i = 0; i < count && r->rc == 0; i++) {
+		if (i && pause_ms) {
+			struct timespec ts = { (time_t)(pause_ms / 1000), (long)(pause_ms % 1000) * 1000000L };
+			nanosleep(&ts, NULL);
+		}
 		if ((r->rc = launch(toucher.fn, 128, 1, 1, 256, 1, 1, 0, NULL, params, NULL)) == 0)
 			ok++;
+	}
 	if (stale(r->rc))
 		toucher.loaded = false;
 	res_u64(r, "count", ok);

@@ -281,6 +281,10 @@ def slice_env(gpu, path, limit="1g", overhead="64m", **extra):
     # The GPU schedule of SM-share windows is host-wide by default: give each
     # simulated GPU its own, beside its state file.
     env["HAMI_SCHEDULE_DIR"] = str(gpu.state.parent)
+    # HAMI_TEST_FAST_PARK=0|1: the library's HAMI_FAST_PARK for every process
+    # whose test does not choose, so the suites run with either kind of park.
+    if os.environ.get("HAMI_TEST_FAST_PARK") in ("0", "1"):
+        env["HAMI_FAST_PARK"] = os.environ["HAMI_TEST_FAST_PARK"]
     if path is not None:
         env["HAMI_SLICE"] = str(path)
     if limit is not None:

@@ -82,12 +82,15 @@ def holder(cudrive, make_slice):
     return s, p
 
 
-def test_park_moves_the_charge_and_the_gpu_memory_to_host_memory(holder, gpu, hami_build):
-    s, p = holder
+def test_park_moves_the_charge_and_the_gpu_memory_to_host_memory(cudrive, make_slice, gpu, hami_build):
+    """The driver's checkpoint (HAMI_FAST_PARK=0) moves everything, the context
+    too; test_fast_park.py has what a process that parks itself leaves."""
+    s = make_slice(limit="2g", overhead="64m", HAMI_FAST_PARK="0")
+    p = cudrive.with_context(s.env, "alloc 512m a", "write a 90", "alloc 256m b", "write b 165")
     held = SIM_CONTEXT + 768 * MiB
     assert s.used(0) == held and gpu.used(0) == held
     rc, answer = run_park(hami_build, s.env, "park", s.path, p.pid)
-    assert rc == 0 and answer.startswith(f"ok {held} "), answer
+    assert rc == 0 and answer.startswith(f"ok {held} ") and answer.endswith(" checkpoint"), answer
     me = wait_for(lambda: (lambda x: x if sum(x.parked.values()) else None)(slot(s, p.pid)),
                   WAIT_S, what="the charge moved to parked[]")
     dev = slice_device(s.snapshot(), gpu.uuid(0))
