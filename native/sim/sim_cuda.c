@@ -2043,6 +2043,54 @@ CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
 	return copy(DTOD, dstDevice, srcDevice, ByteCount, &hStream);
 }
 
+/* ---- sets ------------------------------------------------------------------ */
+
+/* N bytes at DST set to V, at the call (the Async form too), as copies are;
+ * S names the stream (NULL: the current context). Zeros over whole pages
+ * give the backing file's blocks back instead of writing them. */
+static CUresult memset8(CUdeviceptr dst, unsigned char v, size_t n, const CUstream *s)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c = NULL, *so = NULL;
+	uint64_t ch;
+	unsigned char *d;
+	if (s)
+		r = stream_ctx(*s, &c, &ch, &so);
+	else if (!(c = cur_ctx(NULL)))
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	if (r == CUDA_SUCCESS && c->fault)
+		r = c->fault;
+	if (r == CUDA_SUCCESS && so && so->capture != CAPTURE_NONE)
+		r = capture_fail(so, CUDA_ERROR_NOT_SUPPORTED); /* the sim captures no sets */
+	else if (r == CUDA_SUCCESS && n && (r = dev_bytes_from(c, dst, n, 1, &d)) == CUDA_SUCCESS) {
+		uintptr_t page = 4096, from = ((uintptr_t)d + page - 1) & ~(page - 1),
+			  to = ((uintptr_t)d + n) & ~(page - 1);
+		if (v == 0 && to > from && madvise((void *)from, to - from, MADV_REMOVE) == 0) {
+			memset(d, 0, from - (uintptr_t)d);
+			memset((void *)to, 0, (uintptr_t)d + n - to);
+		} else {
+			memset(d, v, n);
+		}
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+	GATE();
+	return memset8(dstDevice, uc, N, NULL);
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+{
+	GATE();
+	return memset8(dstDevice, uc, N, &hStream);
+}
+
 /* ---- stream-ordered memory ---------------------------------------------- */
 
 /* POOL 0: the current pool of the stream's device. The free happens at the
@@ -4950,6 +4998,8 @@ LOCAL(cuMemcpyDtoHAsync_v2);
 LOCAL(cuMemcpyDtoHAsync_v2_ptsz);
 LOCAL(cuMemcpyDtoDAsync_v2);
 LOCAL(cuMemcpyDtoDAsync_v2_ptsz);
+LOCAL(cuMemsetD8_v2);
+LOCAL(cuMemsetD8Async);
 LOCAL(cuMemAllocAsync);
 LOCAL(cuMemAllocAsync_ptsz);
 LOCAL(cuMemAllocFromPoolAsync);
@@ -5112,6 +5162,8 @@ static const struct {
 	{"cuMemcpyHtoDAsync", 3020, local_cuMemcpyHtoDAsync_v2, local_cuMemcpyHtoDAsync_v2_ptsz},
 	{"cuMemcpyDtoHAsync", 3020, local_cuMemcpyDtoHAsync_v2, local_cuMemcpyDtoHAsync_v2_ptsz},
 	{"cuMemcpyDtoDAsync", 3020, local_cuMemcpyDtoDAsync_v2, local_cuMemcpyDtoDAsync_v2_ptsz},
+	{"cuMemsetD8", 3020, local_cuMemsetD8_v2, NULL},
+	{"cuMemsetD8Async", 3020, local_cuMemsetD8Async, NULL},
 	{"cuMemAllocAsync", 11020, local_cuMemAllocAsync, local_cuMemAllocAsync_ptsz},
 	{"cuMemAllocFromPoolAsync", 11020, local_cuMemAllocFromPoolAsync, local_cuMemAllocFromPoolAsync_ptsz},
 	{"cuMemFreeAsync", 11020, local_cuMemFreeAsync, local_cuMemFreeAsync_ptsz},

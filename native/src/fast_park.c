@@ -50,6 +50,7 @@ typedef CUresult (*event_record_fn)(CUevent, CUstream);
 typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t, CUstream);
 typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t, CUstream);
 typedef CUresult (*mem_info_fn)(size_t *, size_t *);
+typedef CUresult (*memset_fn)(CUdeviceptr, unsigned char, size_t, CUstream);
 
 /* ---- CPU threads that copy between a staging buffer and host copies -------- */
 
@@ -59,7 +60,7 @@ static struct {
 	char *dst;
 	const char *src;
 	size_t len;
-	int skip_zeros;
+	uint8_t *zero;
 	unsigned gen, pending, n;
 	int quit;
 	pthread_t t[MAX_COPIERS];
@@ -70,19 +71,20 @@ static int all_zero(const char *p, size_t n)
 	return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
 }
 
-/* Part i of n of the job, on 4 KiB boundaries. A host copy is fresh anonymous
- * memory, zeros until written: stretches of zeros (ZERO_RUN bytes at a time)
- * are not written into it, so memory never used on the GPU takes no host
- * memory either; the rest goes in runs as long as they come. */
+/* Part i of n of the job, on ZERO_RUN boundaries. Into a host copy (zero:
+ * its map of runs, one byte each, NULL the other way): a host copy is fresh
+ * anonymous memory, zeros until written, so a run of zeros is not written
+ * into it but marked, and memory never used on the GPU takes no host memory;
+ * a resume sets such a chunk on the device instead of copying it. */
 #define ZERO_RUN (64u << 10)
 
-static void copy_part(unsigned i, unsigned n, char *dst, const char *src, size_t len, int skip_zeros)
+static void copy_part(unsigned i, unsigned n, char *dst, const char *src, size_t len, uint8_t *zero)
 {
-	size_t per = (len / n + 4095) & ~(size_t)4095;
+	size_t per = (len / n + ZERO_RUN - 1) / ZERO_RUN * ZERO_RUN;
 	size_t at = (size_t)i * per, end = at + per < len ? at + per : len;
 	if (at >= end)
 		return;
-	if (!skip_zeros) {
+	if (!zero) {
 		memcpy(dst + at, src + at, end - at);
 		return;
 	}
@@ -91,6 +93,7 @@ static void copy_part(unsigned i, unsigned n, char *dst, const char *src, size_t
 		size_t k = end - at < ZERO_RUN ? end - at : ZERO_RUN;
 		if (!all_zero(src + at, k))
 			continue;
+		zero[at / ZERO_RUN] = 1;
 		if (at > run)
 			memcpy(dst + run, src + run, at - run);
 		run = at + k;
@@ -112,10 +115,10 @@ static void *copier(void *arg)
 		char *dst = pool.dst;
 		const char *src = pool.src;
 		size_t len = pool.len;
-		int skip = pool.skip_zeros;
+		uint8_t *zero = pool.zero;
 		unsigned n = pool.n + 1;
 		pthread_mutex_unlock(&pool.mu);
-		copy_part(me + 1, n, dst, src, len, skip);
+		copy_part(me + 1, n, dst, src, len, zero);
 		pthread_mutex_lock(&pool.mu);
 		if (--pool.pending == 0)
 			pthread_cond_signal(&pool.done);
@@ -152,11 +155,12 @@ static void pool_stop(void)
 	pool.n = 0;
 }
 
-/* memcpy, by this thread and the copiers together (skip_zeros: into a fresh host copy). */
-static void parallel_copy(void *dst, const void *src, size_t len, int skip_zeros)
+/* memcpy, by this thread and the copiers together (zero: into a fresh host
+ * copy, whose runs of zeros are marked there, from dst's first run on). */
+static void parallel_copy(void *dst, const void *src, size_t len, uint8_t *zero)
 {
 	if (!pool.n || len < PARALLEL_MIN) {
-		copy_part(0, 1, dst, src, len, skip_zeros);
+		copy_part(0, 1, dst, src, len, zero);
 		return;
 	}
 	pthread_mutex_lock(&pool.mu);
@@ -164,12 +168,12 @@ static void parallel_copy(void *dst, const void *src, size_t len, int skip_zeros
 	pool.dst = dst;
 	pool.src = src;
 	pool.len = len;
-	pool.skip_zeros = skip_zeros;
+	pool.zero = zero;
 	pool.pending = n;
 	pool.gen++;
 	pthread_cond_broadcast(&pool.go);
 	pthread_mutex_unlock(&pool.mu);
-	copy_part(0, n + 1, dst, src, len, skip_zeros);
+	copy_part(0, n + 1, dst, src, len, zero);
 	pthread_mutex_lock(&pool.mu);
 	while (pool.pending)
 		pthread_cond_wait(&pool.done, &pool.mu);
@@ -183,6 +187,7 @@ struct stage {
 	CUevent done;    /* recorded after the copy that uses buf */
 	int busy;
 	void *host;      /* park: where buf's bytes go once the copy is done */
+	uint8_t *zero;   /* park: the runs of zeros there */
 	size_t len;
 };
 
@@ -207,6 +212,7 @@ static struct {
 	set_ctx_fn set_ctx;
 	sync_fn ctx_sync;
 	mem_info_fn mem_info;
+	memset_fn memset;
 } cu;
 
 static int load_driver(void)
@@ -225,7 +231,8 @@ static int load_driver(void)
 	cu.set_ctx = HAMI_REAL(set_ctx_fn, "cuCtxSetCurrent");
 	cu.ctx_sync = HAMI_REAL(sync_fn, "cuCtxSynchronize");
 	cu.mem_info = HAMI_REAL(mem_info_fn, "cuMemGetInfo_v2");
-	return cu.host_alloc && cu.host_free && cu.stream_create && cu.stream_destroy && cu.stream_sync &&
+	cu.memset = HAMI_REAL(memset_fn, "cuMemsetD8Async");
+	return cu.memset && cu.host_alloc && cu.host_free && cu.stream_create && cu.stream_destroy && cu.stream_sync &&
 	       cu.event_create && cu.event_destroy && cu.event_sync && cu.event_record && cu.dtoh && cu.htod &&
 	       cu.set_ctx && cu.ctx_sync && cu.mem_info ? 0 : -1;
 }
@@ -254,7 +261,7 @@ static CUresult stage_finish(struct mover *m, struct stage *s)
 	s->busy = 0;
 	CUresult rc = cu.event_sync(s->done);
 	if (rc == CUDA_SUCCESS && m->to_host)
-		parallel_copy(s->host, s->buf, s->len, 1);
+		parallel_copy(s->host, s->buf, s->len, s->zero);
 	return rc;
 }
 
@@ -287,22 +294,40 @@ static void mover_close(struct mover *m)
 	memset(m, 0, sizeof(*m));
 }
 
-/* len bytes between device address dev and host copy host, through the stages. */
-static CUresult move(struct mover *m, CUdeviceptr dev, char *host, uint64_t len)
+/* Whether the runs of [off, off + n) of a host copy were all zeros. */
+static int zero_chunk(const uint8_t *zero, uint64_t off, size_t n)
 {
-	for (uint64_t off = 0; off < len;) {
-		size_t n = len - off < STAGE_BYTES ? (size_t)(len - off) : (size_t)STAGE_BYTES;
+	for (uint64_t r = off / ZERO_RUN, end = (off + n + ZERO_RUN - 1) / ZERO_RUN; r < end; r++)
+		if (!zero[r])
+			return 0;
+	return 1;
+}
+
+/* Block b's bytes between the device and its host copy, through the stages;
+ * on the way back a chunk that was all zeros is set on the device instead. */
+static CUresult move(struct mover *m, const struct hami_vm_block *b)
+{
+	char *host = b->host;
+	for (uint64_t off = 0; off < b->size;) {
+		size_t n = b->size - off < STAGE_BYTES ? (size_t)(b->size - off) : (size_t)STAGE_BYTES;
+		CUresult rc;
+		if (!m->to_host && zero_chunk(b->zero, off, n)) {
+			if ((rc = cu.memset(b->base + off, 0, n, m->stream)) != CUDA_SUCCESS)
+				return rc;
+			off += n;
+			continue;
+		}
 		struct stage *s = &m->st[m->next];
 		m->next = (m->next + 1) % STAGES;
-		CUresult rc = stage_finish(m, s);
-		if (rc != CUDA_SUCCESS)
+		if ((rc = stage_finish(m, s)) != CUDA_SUCCESS)
 			return rc;
 		if (m->to_host) {
-			rc = cu.dtoh(s->buf, dev + off, n, m->stream);
+			rc = cu.dtoh(s->buf, b->base + off, n, m->stream);
 			s->host = host + off;
+			s->zero = b->zero + off / ZERO_RUN;
 		} else {
-			parallel_copy(s->buf, host + off, n, 0);
-			rc = cu.htod(dev + off, s->buf, n, m->stream);
+			parallel_copy(s->buf, host + off, n, NULL);
+			rc = cu.htod(b->base + off, s->buf, n, m->stream);
 		}
 		if (rc == CUDA_SUCCESS)
 			rc = cu.event_record(s->done, m->stream);
@@ -317,21 +342,30 @@ static CUresult move(struct mover *m, CUdeviceptr dev, char *host, uint64_t len)
 
 /* ---- host copies ---------------------------------------------------------- */
 
-static void *host_copy(uint64_t bytes)
+/* b's host copy and its map of runs of zeros; -1 without memory for them. */
+static int host_copy(struct hami_vm_block *b)
 {
-	void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-		       -1, 0);
+	void *p = mmap(NULL, b->size ? b->size : 1, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (p == MAP_FAILED)
-		return NULL;
-	madvise(p, bytes, MADV_HUGEPAGE); /* fewer page faults while it fills (where the kernel has them) */
-	return p;
+		return -1;
+	madvise(p, b->size, MADV_HUGEPAGE); /* fewer page faults while it fills (where the kernel has them) */
+	b->zero = calloc(b->size / ZERO_RUN + 1, 1);
+	if (!b->zero) {
+		munmap(p, b->size ? b->size : 1);
+		return -1;
+	}
+	b->host = p;
+	return 0;
 }
 
 static void host_free(struct hami_vm_block *b)
 {
 	if (b->host)
 		munmap(b->host, b->size ? b->size : 1);
+	free(b->zero);
 	b->host = NULL;
+	b->zero = NULL;
 }
 
 /* ---- what may be moved ------------------------------------------------------ */
@@ -417,7 +451,7 @@ static CUresult bring_back(struct hami_vm_block *b, size_t n)
 			if (b[i].ctx != ctxs[c] || b[i].handle || !b[i].host)
 				continue;
 			if ((rc = hami_vm_map(&b[i])) == CUDA_SUCCESS)
-				rc = move(&m, b[i].base, b[i].host, b[i].size);
+				rc = move(&m, &b[i]);
 		}
 		if (rc == CUDA_SUCCESS)
 			rc = mover_drain(&m);
@@ -471,10 +505,10 @@ int hami_fast_park(struct hami_slot *s, CUresult *error)
 		for (size_t i = 0; rc == CUDA_SUCCESS && i < n; i++) {
 			if (b[i].ctx != ctxs[c])
 				continue;
-			if (!(b[i].host = host_copy(b[i].size)))
+			if (host_copy(&b[i]) < 0)
 				rc = CUDA_ERROR_OUT_OF_MEMORY;
 			else
-				rc = move(&m, b[i].base, b[i].host, b[i].size);
+				rc = move(&m, &b[i]);
 		}
 		if (rc == CUDA_SUCCESS)
 			rc = mover_drain(&m);
@@ -507,11 +541,11 @@ int hami_fast_park(struct hami_slot *s, CUresult *error)
 	}
 	if (rc != CUDA_SUCCESS && parked) /* it could not come back: the rest goes too */
 		for (size_t i = 0; i < n; i++)
-			if (b[i].handle && (b[i].host = host_copy(b[i].size)) != NULL) {
+			if (b[i].handle && host_copy(&b[i]) == 0) {
 				struct mover m;
 				CUresult r = mover_open(&m, b[i].ctx, 1);
 				if (r == CUDA_SUCCESS)
-					r = move(&m, b[i].base, b[i].host, b[i].size);
+					r = move(&m, &b[i]);
 				if (r == CUDA_SUCCESS)
 					r = mover_drain(&m);
 				mover_close(&m);

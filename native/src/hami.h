@@ -347,6 +347,7 @@ struct hami_vm_block {
 	int ordinal;       /* CUDA device */
 	int sdev;          /* slice device, -1 if none */
 	void *host;        /* its bytes while parked (fast_park.c) */
+	uint8_t *zero;     /* ... and which of their runs were all zeros */
 };
 extern pthread_mutex_t hami_vm_lock;
 int hami_vm_enabled(void);

@@ -601,6 +601,22 @@ _UNITS = {
 }
 
 
+def context_parked(context):
+    """What a park takes off the GPU of a process's context: all of it with the
+    driver's checkpoint, nothing when the process parks itself (the fast park,
+    which HAMI_TEST_FAST_PARK=1 turns on for the suites)."""
+    return 0 if os.environ.get("HAMI_TEST_FAST_PARK") == "1" else context
+
+
+def allocation_footprint(size, preload=True):
+    """What cuMemAlloc(size) takes on the simulated GPU: exactly the size
+    (the simulated driver's allocations), rounded up to the 2 MiB granularity
+    when the library backs it for the fast park (HAMI_TEST_FAST_PARK=1)."""
+    if preload and os.environ.get("HAMI_TEST_FAST_PARK") == "1" and size >= 2 * MiB:
+        return (size + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
+    return size
+
+
 def mentions_size(text, nbytes):
     """True when *text* states *nbytes*: in bytes, or in a binary unit to 3 digits."""
     for number, unit in _SIZE_RE.findall(text):
