@@ -376,13 +376,25 @@ static void host_free(struct hami_vm_block *b)
 #define UNMOVABLE_KINDS ((1u << HAMI_KIND_MEMORY) | (1u << HAMI_KIND_POOL) | (1u << HAMI_KIND_ARRAY) | \
 			 (1u << HAMI_KIND_MIPMAP) | (1u << HAMI_KIND_HANDLE) | (1u << HAMI_KIND_GRAPH_POOL))
 
-static uint64_t block_charge(const struct hami_vm_block *b, int *sdev)
+/* What the hook charged for b (its record), on *sdev. */
+static uint64_t block_record(const struct hami_vm_block *b, int *sdev)
 {
 	struct hami_record r;
 	if (hami_record_get(HAMI_KIND_MEMORY, b->base, &r) < 0 || r.sdev < 0 || r.sdev >= HAMI_SLICE_MAX_DEVICES)
 		return 0;
 	*sdev = r.sdev;
 	return r.bytes;
+}
+
+/* Everything b is charged: the hook's charge and its rounding. */
+static uint64_t block_charge(const struct hami_vm_block *b, int *sdev)
+{
+	uint64_t bytes = block_record(b, sdev);
+	if (b->extra && b->sdev >= 0) {
+		*sdev = b->sdev;
+		bytes += b->extra;
+	}
+	return bytes;
 }
 
 const char *hami_fast_park_refusal(void)
@@ -402,7 +414,7 @@ const char *hami_fast_park_refusal(void)
 		kept += charged[d];
 	for (size_t i = 0; i < n; i++) {
 		int sdev;
-		uint64_t c = block_charge(&all[i], &sdev);
+		uint64_t c = block_record(&all[i], &sdev);
 		kept = kept > c ? kept - c : 0;
 	}
 	free(all);

@@ -346,6 +346,7 @@ struct hami_vm_block {
 	CUcontext ctx;     /* current when it was made */
 	int ordinal;       /* CUDA device */
 	int sdev;          /* slice device, -1 if none */
+	uint64_t extra;    /* span - size, charged by vm_backing.c beside the hook's charge (0 if none) */
 	void *host;        /* its bytes while parked (fast_park.c) */
 	uint8_t *zero;     /* ... and which of their runs were all zeros */
 };

@@ -8,6 +8,11 @@
  * memory, and a resume map new memory at the very same addresses
  * (fast_park.c), while the reservation keeps the addresses the program's.
  *
+ * A size that is not a multiple of the granularity takes the rounding too:
+ * that is charged beside the hook's charge (and credited by the free), so
+ * the slice's cap holds on what the GPU really gives; when it has no room for
+ * it the allocation is made the old way.
+ *
  * What is not backed this way goes to the driver as before, and stays on the
  * GPU while parked: allocations smaller than the granularity (2 MiB: the
  * rounding would cost more than the allocation), a device without the
@@ -273,15 +278,23 @@ static CUresult backed(CUdeviceptr *dptr, uint64_t bytes)
 		return NOT_BACKED;
 	struct hami_vm_block b = { .size = bytes, .span = span, .ctx = ctx, .ordinal = dev,
 				   .sdev = hami_ordinal_device(dev) };
-	if (reserve(&b.base, span, 0, 0, 0) != CUDA_SUCCESS)
-		return NOT_BACKED;
-	CUresult rc = hami_vm_map(&b);
+	/* The rounding is memory too: charged beside what the hook charged, or,
+	 * when the slice has no room for it, the allocation is made the old way. */
+	if (b.sdev >= 0 && span > bytes) {
+		if (hami_charge(b.sdev, span - bytes, NULL) != CUDA_SUCCESS)
+			return NOT_BACKED;
+		b.extra = span - bytes;
+	}
+	CUresult rc = reserve(&b.base, span, 0, 0, 0) == CUDA_SUCCESS ? hami_vm_map(&b) : NOT_BACKED;
 	if (rc == CUDA_SUCCESS && insert(&b) < 0) {
 		hami_vm_unmap(&b);
 		rc = NOT_BACKED;
 	}
 	if (rc != CUDA_SUCCESS) {
-		addr_free(b.base, span);
+		if (b.base)
+			addr_free(b.base, span);
+		if (b.extra)
+			hami_credit(b.sdev, b.extra);
 		return rc == CUDA_ERROR_OUT_OF_MEMORY ? rc : NOT_BACKED;
 	}
 	*dptr = b.base;
@@ -328,6 +341,8 @@ CUresult hami_vm_free(CUdeviceptr p, CUresult (*driver)(CUdeviceptr))
 	}
 	if (addr_free)
 		addr_free(b.base, b.span);
+	if (b.extra)
+		hami_credit(b.sdev, b.extra);
 	return CUDA_SUCCESS;
 }
 

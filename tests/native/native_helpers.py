@@ -601,18 +601,24 @@ _UNITS = {
 }
 
 
+def fast_park_tested():
+    """Whether the suites run with the fast park on (HAMI_TEST_FAST_PARK=1):
+    processes then park themselves, moving the memory they made for it (2 MiB
+    and more) and leaving their context and the rest on the GPU."""
+    return os.environ.get("HAMI_TEST_FAST_PARK") == "1"
+
+
 def context_parked(context):
     """What a park takes off the GPU of a process's context: all of it with the
-    driver's checkpoint, nothing when the process parks itself (the fast park,
-    which HAMI_TEST_FAST_PARK=1 turns on for the suites)."""
-    return 0 if os.environ.get("HAMI_TEST_FAST_PARK") == "1" else context
+    driver's checkpoint, nothing when the process parks itself."""
+    return 0 if fast_park_tested() else context
 
 
 def allocation_footprint(size, preload=True):
     """What cuMemAlloc(size) takes on the simulated GPU: exactly the size
     (the simulated driver's allocations), rounded up to the 2 MiB granularity
     when the library backs it for the fast park (HAMI_TEST_FAST_PARK=1)."""
-    if preload and os.environ.get("HAMI_TEST_FAST_PARK") == "1" and size >= 2 * MiB:
+    if preload and fast_park_tested() and size >= 2 * MiB:
         return (size + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
     return size
 

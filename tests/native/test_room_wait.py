@@ -31,6 +31,7 @@ from native_helpers import (
     GiB,
     MiB,
     SIM_CONTEXT,
+    fast_park_tested,
     slice_device,
     slot_of,
     wait_for,
@@ -390,7 +391,9 @@ def test_a_parked_process_whose_resume_finds_no_room_asks_the_broker(cudrive, gp
     for line in ("init", "ctx 0", "alloc 1g a", "alloc 1m b", "write b 90"):
         p.ok(line)
     parked = park(hami_build, s, p.pid, "idle")
-    assert parked == SIM_CONTEXT + GiB + MiB
+    held = SIM_CONTEXT + GiB + MiB
+    # The fast park moves the 1 GiB and leaves the context and the 1 MiB (too small to move).
+    assert parked == (GiB if fast_park_tested() else held)
     wait_for(lambda: sum(slot(s, p.pid).parked.values()), WAIT_S, what="the charge moved to parked")
     h = hog(cudrive, gpu, "3500m")  # the GPU fills meanwhile: 532 MiB free
     seen = {}
@@ -408,7 +411,7 @@ def test_a_parked_process_whose_resume_finds_no_room_asks_the_broker(cudrive, gp
     assert seen["slot"][0] == req.since and seen["slot"][1:] == (parked, HAMI_PARK_WAIT_GPU, 2)
     me = slot(s, p.pid)
     assert me.park_state == HAMI_PARK_RUNNING and me.room_wait_since_unix_ns == 0
-    assert s.used(0) == parked and gpu.process_used(p.pid, 0) == parked
+    assert s.used(0) == held and gpu.process_used(p.pid, 0) == held
 
 
 # ---- the driver's own memory and the interrupt -------------------------------------------
