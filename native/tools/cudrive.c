@@ -39,7 +39,7 @@
  *                               (race stops after SECONDS too: a sanitizer build is many
  *                               times slower, a test that needs the race to last wants time)
  *   churn SIZE SECONDS          allocate SIZE and free it again, over and over, as a loop that
- *                               makes one tensor a step does: loops, ok, oom, other
+ *                               makes one tensor a step does: loops, ok, oom, other, elapsed_ns
  *   getproc BASENAME VERSION FLAGS | getproc1 BASENAME VERSION FLAGS
  *   dlsym NAME | nvmldlsym NAME | resolve dlsym|next|default|procaddr|procaddr1 [VERSION [FLAGS]]
  *                               (next, default: dlsym(RTLD_NEXT / RTLD_DEFAULT, ...) from cudrive)
@@ -2011,7 +2011,7 @@ static int cmd_churn(struct stream *s, struct result *r)
 	NEED(alloc, fn_mem_alloc, F_MEM_ALLOC);
 	NEED(release, fn_mem_free, F_MEM_FREE);
 	unsigned long long loops = 0, ok = 0, oom = 0, other = 0;
-	uint64_t deadline = now_ns() + (uint64_t)(secs * 1e9);
+	uint64_t began = now_ns(), deadline = began + (uint64_t)(secs * 1e9);
 	while ((loops & 255) != 0 || now_ns() < deadline) {
 		CUdeviceptr p = 0;
 		CUresult rc = alloc(&p, (size_t)size);
@@ -2030,6 +2030,7 @@ static int cmd_churn(struct stream *s, struct result *r)
 	res_u64(r, "ok", ok);
 	res_u64(r, "oom", oom);
 	res_u64(r, "other", other);
+	res_u64(r, "elapsed_ns", now_ns() - began);
 	return 0;
 }
 
