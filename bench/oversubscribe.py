@@ -1,7 +1,7 @@
 """More users than the GPU's memory divides into (issue 28), on a real GPU.
 
     python3 bench/oversubscribe.py [--sessions 16] [--gib 8] [--bursts 4] [--steps 20]
-                                   [--idle 15,45] [--min-idle 5] [--headroom SIZE] [--seed 1]
+                                   [--idle 15,45] [--min-idle 5] [--headroom SIZE] [--fast-park 0|1] [--seed 1]
                                    [--reference FILE] [--logs DIR] [--run-limit S] [--out FILE] [--csv FILE]
 
 One GPU (cuda:0), PyTorch, run as root from the repository root. It builds
@@ -28,6 +28,11 @@ park first (a park of 8 GiB took 4.7 s on an H100, a resume 2.3 s: a park
 and a resume in a row are past issue 28's 6 s target, a resume alone is
 within it). ``--headroom 0`` runs the broker without (it parks only when
 asked), for the figures to compare with. The report says which headroom ran.
+
+``--fast-park 1`` runs the sessions with HAMI_FAST_PARK=1: each parks itself
+at the host link's speed when the broker parks it (docs/parking.md, "The
+fast park"); 0 (the default) parks them with the driver's checkpoint. The
+report says which ran.
 
 Reported: the headroom the broker ran with; steps that failed (target 0);
 per cell the delay from its start to its first step's end beyond that
@@ -150,6 +155,8 @@ def parse_args():
     p.add_argument("--min-idle", type=float, default=5.0, help="the broker's --min-idle-seconds")
     p.add_argument("--headroom", default=None, metavar="SIZE",
                    help="the broker's --headroom (default: one working set, GIB; 0: none)")
+    p.add_argument("--fast-park", default="0", choices=("0", "1"),
+                   help="the sessions' HAMI_FAST_PARK: 1, they park themselves; 0, the driver's checkpoint")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--reference", default=None, metavar="FILE",
                    help="reference losses: read when FILE holds every session's, else computed and written")
@@ -256,7 +263,8 @@ class Session:
     def __init__(self, i, args, path, sock, logs):
         env = plain_env()
         env.update(LD_PRELOAD=str(REPO / "native" / "build" / "libvgpu.so"), HAMI_SLICE=str(path),
-                   HAMI_ROOM_WAIT="300", HAMI_BROKER_SOCKET=str(sock), TORCH_SHOW_CPP_STACKTRACES="1")
+                   HAMI_ROOM_WAIT="300", HAMI_BROKER_SOCKET=str(sock), TORCH_SHOW_CPP_STACKTRACES="1",
+                   HAMI_FAST_PARK=args.fast_park)
         self.i = i
         # A file, not a pipe: a session that says much must never block on a full pipe.
         self.stderr_path = Path(logs) / f"session-{i:02d}.stderr"
@@ -472,7 +480,7 @@ def main():
         else pynvml.nvmlDeviceGetName(gpu).decode(),
         "gpu_bytes": total, "sessions": args.sessions, "gib": args.gib, "asked_gib": args.sessions * args.gib,
         "bursts": args.bursts, "steps": args.steps, "idle": [lo, hi], "min_idle": args.min_idle,
-        "headroom": headroom, "headroom_bytes": headroom_bytes, "seed": args.seed,
+        "headroom": headroom, "headroom_bytes": headroom_bytes, "fast_park": args.fast_park, "seed": args.seed,
         "setup_s": t_ready - t_start, "run_s": t_end - t_ready, "incomplete": incomplete,
         "cells_planned": args.sessions * args.bursts,
         "cells": sum(len(s.cells) for s in sessions), "failed_steps": failed,
