@@ -55,6 +55,26 @@
  *                               its context, capture mode and captures between blocks. The caller
  *                               waits for the block, then prints {"op":"worker","name":..,"blocks":N}
  *
+ * Virtual memory (the driver's rules; the fast park stands on them):
+ *   vmalloc SIZE DEV [NAME]     memory a program maps itself, as PyTorch's expandable segments do:
+ *                               cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess (rw for
+ *                               DEV), SIZE rounded up to the granularity; `free NAME` undoes it all
+ *   vm reserve NAME SIZE [ALIGN [ADDR]] | vm map RANGE OFFSET HANDLE [SIZE [HANDLE_OFFSET]] |
+ *   vm unmap RANGE OFFSET SIZE | vm access RANGE OFFSET SIZE DEV none|r|rw |
+ *   vm getaccess RANGE OFFSET DEV | vm retain RANGE OFFSET [NAME] | vm gran DEV
+ *                               the calls one by one (a HANDLE is memcreate's; `free RANGE` is
+ *                               cuMemAddressFree); write, check and touch take a range whole
+ *   touch NAME [COUNT [PAUSE_MS]]
+ *                               COUNT kernels adding 1 to every byte of NAME (the simulated GPU's
+ *                               "hami_sim_touch"; a PTX kernel of that name on a real GPU),
+ *                               PAUSE_MS apart
+ *   range NAME [OFFSET] | ptrattr NAME [OFFSET] | ipc NAME | peer DEV
+ *                               cuMemGetAddressRange_v2 (base_offset from NAME's start, size);
+ *                               cuPointerGetAttributes (context, type, ordinal, ipc, start_offset,
+ *                               size, mapped, managed, buffer_id); cuIpcGetMemHandle of NAME;
+ *                               cuCtxEnablePeerAccess to DEV's primary context
+ *   simfail CALL N              the simulated GPU's hamiSimFail: the Nth next call of CALL fails
+ *
  * Process checkpoints (another process's GPU memory to host memory and back):
  *   ckpt lock PID [TIMEOUT_MS]  cuCheckpointProcessLock (no TIMEOUT_MS: NULL args, no timeout);
  *                               waited_ms: how long the call took
