@@ -503,11 +503,21 @@ int hami_fast_park(struct hami_slot *s, CUresult *error)
 	for (size_t c = 0; rc == CUDA_SUCCESS && c < nctx && !withdrawn(s); c++)
 		if ((rc = cu.set_ctx(ctxs[c])) == CUDA_SUCCESS)
 			rc = cu.ctx_sync();
+	/* A context it cannot synchronize (gone, or its work failed): the
+	 * driver's checkpoint judges that process, as before the fast park. */
 	uint32_t taken = HAMI_FAST_TAKEN;
-	if (!__atomic_compare_exchange_n(&s->park_fast, &taken, HAMI_FAST_COPYING, 0, __ATOMIC_ACQ_REL,
-					 __ATOMIC_ACQUIRE)) {
+	if (!__atomic_compare_exchange_n(&s->park_fast, &taken, rc == CUDA_SUCCESS ? HAMI_FAST_COPYING
+										     : HAMI_FAST_REFUSED,
+					 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
 		free(b); /* the parker checkpoints instead: no driver call any more */
 		return HAMI_FAST_WITHDRAWN;
+	}
+	if (rc != CUDA_SUCCESS) {
+		hami_capture_relaxed_end(mode);
+		free(b);
+		hami_log(HAMI_LOG_INFO, "asked to park itself: a context's work could not be waited for (error %d); "
+			 "the parker checkpoints it", rc);
+		return HAMI_FAST_REFUSED;
 	}
 	pool_start();
 	/* 1: every block's bytes to host memory; nothing is released yet. */

@@ -296,7 +296,7 @@ int hami_threads_in_driver(uint64_t *calls); /* 1: a thread is inside a hooked c
 
 /* fast_park.c: a park the process does itself (parking thread only). */
 const char *hami_fast_park_refusal(void); /* why this process cannot park itself now, or NULL */
-int hami_fast_park(struct hami_slot *s, CUresult *error); /* HAMI_FAST_DONE, _FAILED (*error) or _WITHDRAWN */
+int hami_fast_park(struct hami_slot *s, CUresult *error); /* HAMI_FAST_DONE, _REFUSED, _FAILED (*error), _WITHDRAWN */
 CUresult hami_fast_resume(void);
 uint64_t hami_fast_parked_bytes(int sdev);  /* GPU memory the parked blocks of sdev need back */
 int hami_fast_free_memory(int sdev, uint64_t *free_bytes); /* the driver's free memory on sdev: 0, or -1 */

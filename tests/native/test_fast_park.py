@@ -275,6 +275,18 @@ def test_a_graph_with_memory_nodes_runs_again_after_a_park(cudrive, fast_slice, 
     assert p.ok("check a 7")["equal"]
 
 
+def test_memory_of_a_context_that_went_is_left_to_the_checkpoint(cudrive, fast_slice, gpu, hami_build):
+    """The program destroyed a context its backed memory was made in (without
+    freeing it): that context's work cannot be waited for, so the process
+    refuses to park itself and the checkpoint parks it, data intact."""
+    s = fast_slice()
+    p = cudrive.with_context(s.env, "alloc 64m a", "write a 5", "ctxcreate 0 c1", "alloc 64m b",
+                             "ctxdestroy c1", "ctx 0")
+    rc, answer = run_park(hami_build, s.env, "park", s.path, p.pid)
+    assert rc == 0 and answer.endswith(" checkpoint"), answer
+    assert p.ok("check a 5", timeout=WAIT_S)["equal"]
+
+
 def test_without_the_fast_park_nothing_is_backed_and_the_checkpoint_parks(cudrive, make_slice, gpu,
                                                                           hami_build):
     s = make_slice(limit="2g", overhead="64m", HAMI_FAST_PARK="0")

@@ -152,15 +152,15 @@ def test_a_resume_waits_for_room_in_the_slice(holder, cudrive, make_slice, hami_
 def test_a_resume_waits_for_free_memory_on_the_gpu(cudrive, make_slice, hami_build, gpu):
     s = make_slice(name="small", limit="12g", overhead="64m")
     p = cudrive.start(s.env)
-    # 8 GiB never written (the simulated driver keeps no contents for it) and 1 MiB written.
-    for line in ("init", "ctx 0", "alloc 8g a", "alloc 1m b", "write b 7"):
+    # 2 GiB never written (the simulated driver keeps no contents for it) and 1 MiB written.
+    for line in ("init", "ctx 0", "alloc 2g a", "alloc 1m b", "write b 7"):
         p.ok(line)
     assert run_park(hami_build, s.env, "park", s.path, p.pid)[0] == 0
     wait_for(lambda: sum(slot(s, p.pid).parked.values()), WAIT_S, what="parked")
     hog = cudrive.start(gpu.env())  # no slice: another tenant of the 16 GiB GPU
     hog.ok("init")
     hog.ok("ctx 0")
-    hog.ok("alloc 12g all")
+    hog.ok("alloc 14g all")
     p.send("check b 7")
     wait_for(lambda: slot(s, p.pid).park_wait == HAMI_PARK_WAIT_GPU, WAIT_S,
              what="the resume waiting for free memory on the GPU")
