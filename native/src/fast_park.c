@@ -434,16 +434,22 @@ static int withdrawn(struct hami_slot *s)
 	return __atomic_load_n(&s->park_fast, __ATOMIC_ACQUIRE) != HAMI_FAST_TAKEN;
 }
 
-/* The distinct contexts of blocks, in the order first met. */
-static size_t contexts_of(const struct hami_vm_block *b, size_t n, CUcontext *out, size_t cap)
+#define MAX_CONTEXTS 64
+
+/* The distinct contexts of blocks, in the order first met; MAX_CONTEXTS + 1
+ * when there are more than that (the caller then moves nothing). */
+static size_t contexts_of(const struct hami_vm_block *b, size_t n, CUcontext *out)
 {
 	size_t k = 0;
 	for (size_t i = 0; i < n; i++) {
 		size_t j = 0;
 		while (j < k && out[j] != b[i].ctx)
 			j++;
-		if (j == k && k < cap)
-			out[k++] = b[i].ctx;
+		if (j < k)
+			continue;
+		if (k == MAX_CONTEXTS)
+			return MAX_CONTEXTS + 1;
+		out[k++] = b[i].ctx;
 	}
 	return k;
 }
@@ -453,9 +459,9 @@ static size_t contexts_of(const struct hami_vm_block *b, size_t n, CUcontext *ou
  * this call mapped is unmapped again: the blocks stay parked. */
 static CUresult bring_back(struct hami_vm_block *b, size_t n)
 {
-	CUcontext ctxs[64];
-	size_t nctx = contexts_of(b, n, ctxs, 64);
-	CUresult rc = CUDA_SUCCESS;
+	CUcontext ctxs[MAX_CONTEXTS];
+	size_t nctx = contexts_of(b, n, ctxs);
+	CUresult rc = nctx > MAX_CONTEXTS ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS;
 	for (size_t c = 0; rc == CUDA_SUCCESS && c < nctx; c++) {
 		struct mover m;
 		rc = mover_open(&m, ctxs[c], 0);
@@ -495,16 +501,17 @@ int hami_fast_park(struct hami_slot *s, CUresult *error)
 	}
 	struct hami_vm_block *b;
 	size_t n = hami_vm_snapshot(&b);
-	CUcontext ctxs[64];
-	size_t nctx = contexts_of(b, n, ctxs, 64);
+	CUcontext ctxs[MAX_CONTEXTS];
+	size_t nctx = contexts_of(b, n, ctxs);
 	int mode = hami_capture_relaxed_begin(); /* a capture under way elsewhere stays valid */
-	CUresult rc = CUDA_SUCCESS;
+	CUresult rc = nctx > MAX_CONTEXTS ? CUDA_ERROR_NOT_SUPPORTED : CUDA_SUCCESS; /* refused below */
 	/* The GPU work in flight ends before anything of its memory moves. */
 	for (size_t c = 0; rc == CUDA_SUCCESS && c < nctx && !withdrawn(s); c++)
 		if ((rc = cu.set_ctx(ctxs[c])) == CUDA_SUCCESS)
 			rc = cu.ctx_sync();
-	/* A context it cannot synchronize (gone, or its work failed): the
-	 * driver's checkpoint judges that process, as before the fast park. */
+	/* A context it cannot synchronize (gone, or its work failed), or more
+	 * of them than it keeps track of: the driver's checkpoint judges that
+	 * process, as before the fast park. */
 	uint32_t taken = HAMI_FAST_TAKEN;
 	if (!__atomic_compare_exchange_n(&s->park_fast, &taken, rc == CUDA_SUCCESS ? HAMI_FAST_COPYING
 										     : HAMI_FAST_REFUSED,
@@ -542,10 +549,10 @@ int hami_fast_park(struct hami_slot *s, CUresult *error)
 	hami_threads_in_driver(&calls_now);
 	if (rc == CUDA_SUCCESS && calls_now != calls)
 		rc = CUDA_ERROR_NOT_READY;
-	/* 2: each block's device memory released. */
+	/* 2: each block's device memory released (never one without its host copy). */
 	size_t released = 0;
 	for (size_t i = 0; rc == CUDA_SUCCESS && i < n; i++)
-		if ((rc = hami_vm_unmap(&b[i])) == CUDA_SUCCESS || !b[i].handle)
+		if (b[i].host && ((rc = hami_vm_unmap(&b[i])) == CUDA_SUCCESS || !b[i].handle))
 			released++;
 	if (rc != CUDA_SUCCESS && released) {
 		/* Half-way: what went comes back, as a resume brings it; what cannot
