@@ -1,7 +1,7 @@
 """More users than the GPU's memory divides into (issues 28, 32, 38), on a real GPU.
 
     python3 bench/oversubscribe.py [--gib 16] [--sessions N] [--headroom 16g,0] [--bursts 4] [--steps 20]
-                                   [--idle 15,45] [--min-idle 5] [--host-reserve 2g] [--seed 1]
+                                   [--idle 15,45] [--min-idle 5] [--host-reserve 2g] [--fast-park 0|1] [--seed 1]
                                    [--reference FILE] [--logs DIR] [--run-limit S] [--setup-limit S]
                                    [--time-limit S] [--out FILE] [--csv FILE] [--footprint SIZE]
     python3 bench/oversubscribe.py --dry-run [--gpu-memory SIZE] [--host-available SIZE] [...]
@@ -64,6 +64,11 @@ steps done by every session at the moment it was parked); and each of issue
 38's targets, met or not: 0 failed set-ups, all cells run, 0 failed steps,
 0 failed parks, losses bit for bit, obstructed cells p95 <= 6 s with a
 headroom and <= 15 s without, no cell waiting more than 30 s.
+
+``--fast-park 1`` (the default) runs the sessions with HAMI_FAST_PARK=1: each
+parks itself at the host link's speed when the agent parks it (docs/parking.md,
+"The fast park"); 0 parks them with the driver's checkpoint. The report says
+which ran.
 
 --reference FILE keeps the reference losses and the measured footprint:
 read from FILE when it holds them (the footprint only if measured on the
@@ -183,6 +188,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=20, help="training steps per cell")
     p.add_argument("--idle", default="15,45", help="idle seconds between cells: LOW,HIGH")
     p.add_argument("--min-idle", type=float, default=5.0, help="the agent's --min-idle-seconds")
+    p.add_argument("--fast-park", default="1", choices=("0", "1"),
+                   help="the sessions' HAMI_FAST_PARK: 1 (the default), they park themselves at the host "
+                        "link's speed; 0, the driver's checkpoint parks them")
     p.add_argument("--headroom", default=None, metavar="SIZES",
                    help="the agent's --headroom, one row each, in order: a comma list of sizes "
                         "(default: one working set, GIB; 0: none; 16g,0: both rows of issue 38)")
@@ -486,7 +494,8 @@ class Session:
     def __init__(self, i, args, path, sock, logs):
         env = plain_env()
         env.update(LD_PRELOAD=str(REPO / "native" / "build" / "libvgpu.so"), HAMI_SLICE=str(path),
-                   HAMI_ROOM_WAIT="300", HAMI_BROKER_SOCKET=str(sock), TORCH_SHOW_CPP_STACKTRACES="1")
+                   HAMI_ROOM_WAIT="300", HAMI_BROKER_SOCKET=str(sock), TORCH_SHOW_CPP_STACKTRACES="1",
+                   HAMI_FAST_PARK=args.fast_park)
         self.i = i
         # A file, not a pipe: a session that says much must never block on a full pipe.
         self.stderr_path = Path(logs) / f"session-{i:02d}.stderr"
@@ -968,6 +977,7 @@ def main(argv=None):
         "gpu": name, "gpu_bytes": total, "sessions": sizing.sessions, "gib": args.gib,
         "asked_gib": sizing.sessions * args.gib, "bursts": args.bursts, "steps": args.steps, "idle": list(idle),
         "min_idle": args.min_idle, "seed": args.seed, "host_reserve_bytes": host_reserve,
+        "fast_park": args.fast_park,
         "sizing": {"footprint_bytes": sizing.footprint, "footprint_from": sizing.footprint_from,
                    "session_host_bytes": sizing.session_host, "session_host_from": sizing.session_host_from,
                    "host_available_bytes": avail, "host_margin_bytes": plan.host_margin(avail),

@@ -1,31 +1,41 @@
-"""Parking on a real GPU: seconds per GiB, bit-for-bit training, the freed memory in use.
+"""Parking on a real GPU: both paths side by side, the link's own speed, bit for bit.
 
-    python3 bench/parking.py [--sizes 1,8,32] [--repeats 3] [--cycles 20] [--out FILE]
+    python3 bench/parking.py [--sizes 8,16] [--repeats 2] [--paths fast,checkpoint]
+                             [--cycles 10] [--only link,sizes,training,others] [--out FILE]
 
-One GPU (cuda:0), PyTorch needed, run as root or as the user of the
+One GPU (cuda:0), PyTorch and pynvml needed, run as root or as the user of the
 processes it parks. It builds native/ (libvgpu.so, hami-park), then:
 
+0. link: the ceiling. Without the preload library, one process copies 1 GiB
+   between a pinned host buffer and device memory (cudaMemcpyAsync from
+   pinned memory, each way, several times): the host link's own GiB/s.
 1. sizes: a process under the preload library (its own slice, no cap) holds
-   N GiB of random bf16 data; hami-park parks it (lock + checkpoint) and the
-   process's own next CUDA call brings it back (its housekeeper reserves,
-   restores, unlocks). Per size and repeat: park seconds, resume seconds (from
-   the call to its return), bytes NVML shows for the process while parked,
-   and whether the data's checksum survived.
-2. training: the same small model trained twice with the same seeds and
-   deterministic algorithms, once straight and once parked and resumed
-   between steps (--cycles times), holding ~8 GiB; the losses must match bit
-   for bit.
-3. others: while a 16 GiB process is parked, a process of another slice
-   allocates what the GPU then has free (more than it could before), frees
-   it, and the parked one resumes.
+   N GiB of random bf16 data, made chunk by chunk from known seeds. For each
+   path, in turn (fast, checkpoint, fast, ...): HAMI_FAST_PARK=1 (the process
+   parks itself, docs/parking.md) or 0 (the driver's checkpoint). The park
+   (hami_jupyter.slice.parking.park_kernel, as the server and the agent park)
+   is timed; while parked, the bytes NVML still lists for the process and the
+   driver's word on it (running: it parked itself; checkpointed: the
+   checkpoint did) are read; then its own next CUDA call (a synchronize)
+   brings it back, timed; then every chunk is made again from its seed and
+   compared, bit for bit.
+2. training: a small model trained twice with the same seeds and
+   deterministic algorithms beside ~7 GiB of ballast, once straight and once
+   parked and resumed between steps (--cycles times), on the first path
+   given; the losses must match bit for bit.
+3. others: while a 16 GiB process is parked (first path), a process of
+   another slice allocates what the GPU then has free (more than it could
+   before), frees it, and the parked one resumes intact.
 
-Prints every figure, a markdown table, and writes JSON (--out, default
-native/build/bench/parking.json). Every wait is bounded.
+Prints every figure and markdown tables, and writes JSON (--out, default
+native/build/bench/parking.json). Every wait is bounded. The targets (issue
+40) are in docs/benchmarks.md.
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,31 +45,33 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 GiB = 1 << 30
+PATHS = {"fast": "1", "checkpoint": "0"}
 
 WORKER = r'''
-import os, sys, time, json, hashlib
+import os, sys, time, json
 import torch
 mode, gib = sys.argv[1], float(sys.argv[2])
 torch.manual_seed(1234)
+CHUNK = 1 << 28  # bf16 elements: 512 MiB
 def say(**kw):
     print(json.dumps(kw), flush=True)
-def fingerprint(data):
-    """Every byte counted (int64 sums of the int16 view, 256 MiB at a time, so
-    no copy of the whole) and a sample hashed."""
-    total = sum(int(c.sum(dtype=torch.int64)) for c in data.view(torch.int16).split(1 << 27))
-    sample = data.view(torch.uint8)[::4096].cpu().numpy().tobytes()
-    return total, hashlib.sha256(sample).hexdigest()
+def chunk_of(i, n):
+    g = torch.Generator(device="cuda").manual_seed(1000 + i)
+    return torch.randn(n, dtype=torch.bfloat16, device="cuda", generator=g)
 if mode == "hold":
-    n = int(gib * (1 << 30) / 2)
-    data = torch.randn(n, dtype=torch.bfloat16, device="cuda")
-    before = fingerprint(data)
+    data = torch.empty(int(gib * (1 << 30)) // 2, dtype=torch.bfloat16, device="cuda")
+    for i, part in enumerate(data.split(CHUNK)):
+        part.copy_(chunk_of(i, part.numel()))
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # what is parked is the data and the context, no cached blocks
     say(ready=True)
     for line in sys.stdin:
         t0 = time.monotonic()
-        after = fingerprint(data)
-        say(resumed=time.monotonic() - t0, same=(after == before))
+        torch.cuda.synchronize()  # the first CUDA call since the park: it brings the memory back
+        resumed = time.monotonic() - t0
+        same = all(torch.equal(part, chunk_of(i, part.numel())) for i, part in enumerate(data.split(CHUNK)))
+        torch.cuda.empty_cache()
+        say(resumed=resumed, same=same)
 elif mode == "train":
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
@@ -87,6 +99,21 @@ elif mode == "grab":
         say(grabbed=want, free_before=free)
     except torch.cuda.OutOfMemoryError:
         say(grabbed=0, free_before=free)
+elif mode == "link":
+    dev = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    rows = {}
+    for name, dst, src in (("to_host", host, dev), ("to_device", dev, host)):
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(int(sys.argv[2])):
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        rows[name] = 1.0 / sorted(times)[len(times) // 2]  # 1 GiB over the median time
+    say(**{f"{k}_gib_s": round(v, 2) for k, v in rows.items()})
 '''
 
 
@@ -95,17 +122,21 @@ def build():
                    check=True, stdout=subprocess.DEVNULL)
 
 
+def base_env():
+    return {k: v for k, v in os.environ.items() if not k.startswith(("HAMI_", "CUDA_DEVICE_"))}
+
+
 class Worker:
     """A python worker under the preload library, in a slice of its own."""
 
-    def __init__(self, tmp, name, mode, gib, limit=None):
+    def __init__(self, tmp, name, mode, gib, path="fast", limit=None):
         from hami_jupyter import native
 
         self.slice = Path(tmp) / f"{name}.slice"
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HAMI_", "CUDA_DEVICE_"))}
+        env = base_env()
         env.update(LD_PRELOAD=str(native.library_path()), HAMI_SLICE=str(self.slice),
-                   HAMI_KERNEL_ID=f"bench-{name}", PYTHONUNBUFFERED="1",
-                   CUBLAS_WORKSPACE_CONFIG=":4096:8")
+                   HAMI_KERNEL_ID=f"bench-{name}", PYTHONUNBUFFERED="1", CUBLAS_WORKSPACE_CONFIG=":4096:8",
+                   HAMI_FAST_PARK=PATHS[path])
         if limit:
             env["CUDA_DEVICE_MEMORY_LIMIT"] = limit
         self.kernel_id = env["HAMI_KERNEL_ID"]
@@ -156,33 +187,56 @@ def park(worker):
     return time.monotonic() - t0, result.bytes
 
 
+def driver_state(pid):
+    from hami_jupyter.slice import parking
+
+    try:
+        return parking.checkpoint_state(pid)
+    except parking.ParkError as e:
+        return f"unknown ({e})"
+
+
+def link(args, tmp, out):
+    env = base_env()
+    done = subprocess.run([sys.executable, "-c", WORKER, "link", "8"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"the link worker failed: {done.stderr[-2000:]}")
+    out["link"] = json.loads(done.stdout.strip().splitlines()[-1])
+    print(json.dumps({"link": out["link"]}), flush=True)
+
+
 def sizes(args, tmp, out):
     rows = []
     for gib in args.sizes:
         for rep in range(args.repeats):
-            w = Worker(tmp, f"size{gib}-{rep}", "hold", gib)
-            try:
-                ready = w.read()
-                assert ready.get("ready"), ready
-                seconds, moved = park(w)
-                parked_nvml = nvml_bytes(w.proc.pid)
-                t0 = time.monotonic()
-                w.send()  # the worker's own CUDA calls bring it back
-                answer = w.read()
-                resume_s = time.monotonic() - t0
-                row = {"gib": gib, "repeat": rep, "park_s": round(seconds, 3),
-                       "resume_s": round(resume_s, 3), "moved_bytes": moved,
-                       "nvml_bytes_parked": parked_nvml, "intact": answer["same"]}
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-            finally:
-                w.close()
+            order = args.paths if rep % 2 == 0 else list(reversed(args.paths))
+            for path in order:
+                w = Worker(tmp, f"size{gib}-{rep}-{path}", "hold", gib, path)
+                try:
+                    ready = w.read()
+                    assert ready.get("ready"), ready
+                    seconds, moved = park(w)
+                    parked_nvml = nvml_bytes(w.proc.pid)
+                    state = driver_state(w.proc.pid)
+                    w.send()  # the worker's own CUDA call brings it back
+                    answer = w.read()
+                    row = {"gib": gib, "repeat": rep, "path": path, "park_s": round(seconds, 3),
+                           "resume_s": round(answer["resumed"], 3), "moved_bytes": moved,
+                           "nvml_bytes_parked": parked_nvml, "driver_state_parked": state,
+                           "intact": answer["same"]}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+                finally:
+                    w.close()
     out["sizes"] = rows
 
 
 def training(args, tmp, out):
+    path = args.paths[0]
+
     def run(parked):
-        w = Worker(tmp, f"train-{'parked' if parked else 'straight'}", "train", 8)
+        w = Worker(tmp, f"train-{'parked' if parked else 'straight'}", "train", 8, path)
         losses, park_s, resume_s = [], [], []
         try:
             assert w.read().get("ready")
@@ -201,20 +255,20 @@ def training(args, tmp, out):
 
     straight, _, _ = run(False)
     parked, park_s, resume_s = run(True)
-    out["training"] = {"steps": len(straight), "cycles": args.cycles, "identical": straight == parked,
-                       "losses_straight": straight, "losses_parked": parked,
-                       "park_s_median": sorted(park_s)[len(park_s) // 2] if park_s else None,
-                       "resume_s_median": sorted(resume_s)[len(resume_s) // 2] if resume_s else None}
-    print(json.dumps({k: v for k, v in out["training"].items() if not k.startswith("losses")}),
-          flush=True)
+    out["training"] = {"path": path, "steps": len(straight), "cycles": args.cycles,
+                       "identical": straight == parked, "losses_straight": straight, "losses_parked": parked,
+                       "park_s_median": statistics.median(park_s) if park_s else None,
+                       "resume_s_median": statistics.median(resume_s) if resume_s else None}
+    print(json.dumps({k: v for k, v in out["training"].items() if not k.startswith("losses")}), flush=True)
 
 
 def others(args, tmp, out):
     import torch
 
+    path = args.paths[0]
     total = torch.cuda.get_device_properties(0).total_memory
     hold_gib = min(16, total / GiB / 2)
-    w = Worker(tmp, "parked16", "hold", hold_gib)
+    w = Worker(tmp, "parked16", "hold", hold_gib, path)
     try:
         assert w.read().get("ready")
         want = (total / GiB) - hold_gib * 0.5  # more than fits while the holder is on the GPU
@@ -229,7 +283,7 @@ def others(args, tmp, out):
         resumed = w.read()
     finally:
         w.close()
-    out["others"] = {"holder_gib": hold_gib, "wanted_gib": round(want, 2),
+    out["others"] = {"path": path, "holder_gib": hold_gib, "wanted_gib": round(want, 2),
                      "grabbed_while_running": grabbed_before["grabbed"],
                      "grabbed_while_parked": grabbed_after["grabbed"],
                      "free_while_parked": grabbed_after["free_before"],
@@ -237,38 +291,53 @@ def others(args, tmp, out):
     print(json.dumps(out["others"]), flush=True)
 
 
-def table(out):
-    lines = ["| size | park s (median) | resume s (median) | park GiB/s | resume GiB/s | NVML while parked | intact |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for gib in sorted({r["gib"] for r in out.get("sizes", [])}):
-        rows = [r for r in out["sizes"] if r["gib"] == gib]
-        park = sorted(r["park_s"] for r in rows)[len(rows) // 2]
-        resume = sorted(r["resume_s"] for r in rows)[len(rows) // 2]
-        lines.append(f"| {gib} GiB | {park:.2f} | {resume:.2f} | {gib / park:.2f} | {gib / resume:.2f} | "
-                     f"{max(r['nvml_bytes_parked'] for r in rows)} B | "
-                     f"{all(r['intact'] for r in rows)} |")
+def tables(out):
+    lines = []
+    if "link" in out:
+        lines += ["| the link, pinned host memory (median of 8 x 1 GiB) | to host GiB/s | to device GiB/s |",
+                  "| --- | ---: | ---: |",
+                  f"| cudaMemcpyAsync, no preload | {out['link'].get('to_host_gib_s')} | "
+                  f"{out['link'].get('to_device_gib_s')} |", ""]
+    if out.get("sizes"):
+        lines += ["| size | path | park s (median) | resume s (median) | park GiB/s | resume GiB/s | "
+                  "NVML while parked (max) | driver says | intact |",
+                  "| ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+        for gib in sorted({r["gib"] for r in out["sizes"]}):
+            for path in dict.fromkeys(r["path"] for r in out["sizes"]):
+                rows = [r for r in out["sizes"] if r["gib"] == gib and r["path"] == path]
+                if not rows:
+                    continue
+                p = statistics.median(r["park_s"] for r in rows)
+                q = statistics.median(r["resume_s"] for r in rows)
+                lines.append(f"| {gib} GiB | {path} | {p:.2f} | {q:.2f} | {gib / p:.1f} | {gib / q:.1f} | "
+                             f"{max(r['nvml_bytes_parked'] for r in rows) / 2**20:.0f} MiB | "
+                             f"{', '.join(sorted({r['driver_state_parked'] for r in rows}))} | "
+                             f"{all(r['intact'] for r in rows)} |")
     return "\n".join(lines)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1,8,32", type=lambda s: [float(x) for x in s.split(",")])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--cycles", type=int, default=20)
-    ap.add_argument("--only", default="sizes,training,others")
+    ap.add_argument("--sizes", default="8,16", type=lambda s: [float(x) for x in s.split(",")])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--paths", default="fast,checkpoint", type=lambda s: s.split(","))
+    ap.add_argument("--cycles", type=int, default=10)
+    ap.add_argument("--only", default="link,sizes,training,others")
     ap.add_argument("--out", type=Path, default=REPO / "native" / "build" / "bench" / "parking.json")
     args = ap.parse_args()
+    unknown = [p for p in args.paths if p not in PATHS]
+    if unknown:
+        ap.error(f"--paths: {', '.join(unknown)} (fast, checkpoint)")
     build()
-    out = {"gpu": None}
     import torch
 
-    out["gpu"] = torch.cuda.get_device_name(0)
+    out = {"gpu": torch.cuda.get_device_name(0), "paths": args.paths}
     with tempfile.TemporaryDirectory(prefix="hami-park-bench-") as tmp:
         for part in args.only.split(","):
-            {"sizes": sizes, "training": training, "others": others}[part](args, tmp, out)
+            {"link": link, "sizes": sizes, "training": training, "others": others}[part](args, tmp, out)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(out, indent=1))
-    print(table(out))
+    print(tables(out))
     print(f"written: {args.out}")
 
 

@@ -59,7 +59,7 @@ C_FIELDS = {
         "decoders[]", "frames_decoded", "frames_mapped", "decode_ns", "park_state", "park_wanted",
         "park_wait", "park_error", "park_unix_ns", "gpu_active_unix_ns", "parked[]", "driver_bytes[]",
         "changes", "park_reason", "room_wait_device", "room_wait_since_unix_ns",
-        "room_wait_bytes", "reserved[]",
+        "room_wait_bytes", "park_fast", "park_fast_able", "reserved[]",
     ],
     "hami_slice_file": ["header", "limits", "device[]", "slot[]"],
     "hami_limits_file": ["magic[]", "version_major", "version_minor", "file_size", "reserved[]", "limits"],

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from .layout import (
     FILE_SIZE,
     HAMI_DEVICE_READY,
+    HAMI_FAST_DONE,
     HAMI_PARK_PARKED,
     HAMI_PARK_PARKING,
     HAMI_LIMITS_MAGIC,
@@ -142,8 +143,11 @@ class _SlotReading:
     def charge_unmoved(self):
         """The parking tool publishes PARKED when the driver has checkpointed
         the process; the process then moves its charge to *parked*. True in
-        between: the memory still counts as on the GPU."""
-        return self.park_state == HAMI_PARK_PARKED and any((self.memory_used or {}).values())
+        between: the memory still counts as on the GPU. A process that parked
+        itself (the fast park) moved the charge before PARKED was published:
+        what stays in *memory_used* then is what it left on the GPU."""
+        return (self.park_state == HAMI_PARK_PARKED and self.park_fast != HAMI_FAST_DONE
+                and any((self.memory_used or {}).values()))
 
     def park_stage(self):
         """park_state as a reader should see it: still parking until the

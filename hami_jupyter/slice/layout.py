@@ -16,7 +16,7 @@ import os
 
 HAMI_SLICE_MAGIC = b"HAMISLCE"  # 8 bytes, no terminator
 HAMI_SLICE_VERSION_MAJOR = 1
-HAMI_SLICE_VERSION_MINOR = 7
+HAMI_SLICE_VERSION_MINOR = 8
 
 HAMI_LIMITS_MAGIC = b"HAMILIMT"  # the companion limits file, 8 bytes
 HAMI_LIMITS_VERSION_MAJOR = 1
@@ -78,6 +78,16 @@ HAMI_LEDGER_NAME = "room.ledger"
 HAMI_LEDGER_MAX_GPUS = 16
 HAMI_LEDGER_MAX_GRANTS = 16
 HAMI_LEDGER_STALE_NS = 5000000000  # the agent writes every 0.5 s
+
+# hami_slot.park_fast (1.8): the fast park, which the process does itself
+HAMI_FAST_NONE = 0
+HAMI_FAST_ASKED = 1  # a parker asks the process to park itself
+HAMI_FAST_TAKEN = 2  # the process works at it
+HAMI_FAST_COPYING = 3  # it moves its memory; no withdrawal any more
+HAMI_FAST_DONE = 4  # parked by itself: the charge of what it moved is in parked[]
+HAMI_FAST_REFUSED = 5  # it cannot: the parker checkpoints it
+HAMI_FAST_FAILED = 6  # a step failed; nothing lost, it runs on unparked
+HAMI_FAST_WITHDRAWN = 7  # the parker stopped waiting before COPYING
 
 
 # ---- layout: the structs of slice_file.h, same names and order -------------
@@ -188,7 +198,9 @@ class HamiSlot(ctypes.Structure):
         ("room_wait_device", ctypes.c_uint32),  # 1.7: slice device index of a wait for GPU room
         ("room_wait_since_unix_ns", ctypes.c_uint64),  # 1.7: nonzero while waiting for GPU room
         ("room_wait_bytes", ctypes.c_uint64),  # 1.7: the bytes it waits for
-        ("reserved", ctypes.c_uint8 * 368),
+        ("park_fast", ctypes.c_uint32),  # 1.8: HAMI_FAST_*, a parker's request and the process's answer
+        ("park_fast_able", ctypes.c_uint32),  # 1.8: nonzero: the process parks itself when asked
+        ("reserved", ctypes.c_uint8 * 360),
     ]
 
 

@@ -126,7 +126,8 @@ def park_one(path, pid, lock_timeout_ms=LOCK_TIMEOUT_MS, reason="asked"):
         raise ParkError(f"hami-park did not finish parking process {pid}") from None
     answer = (done.stdout.strip().splitlines() or [""])[-1]
     if answer.startswith("ok "):
-        _, moved, seconds = answer.split()
+        # "ok BYTES SECONDS [fast|checkpoint]": the path is hami-park's word on how
+        _, moved, seconds = answer.split()[:3]
         return int(moved), float(seconds)
     raise _refusal(done)
 

@@ -3,9 +3,10 @@
  * CUDA driver's process checkpoint API (docs/parking.md).
  *
  *   hami-park park SLICE_FILE PID [LOCK_TIMEOUT_MS [REASON]]
- *                                                     lock, checkpoint; the slot says PARKED and
- *                                                     why: REASON idle (the default), asked, room
- *                                                     or guard
+ *                                                     the process parks itself when its library
+ *                                                     can (the fast park), else lock, checkpoint;
+ *                                                     the slot says PARKED and why: REASON idle
+ *                                                     (the default), asked, room or guard
  *   hami-park hold PID [LOCK_TIMEOUT_MS]              lock, checkpoint, and nothing else: a process
  *                                                     the guard parks (it may have no slot, and only
  *                                                     an administrator's restore brings it back)
@@ -34,6 +35,15 @@
  * that died (and then runs "recover"). The reason goes to park_reason before
  * PARKED is published. Everything else of the slot, the charge included, the
  * target itself moves (and it clears park_reason when it resumes).
+ *
+ * The fast park (docs/parking.md): a target whose slot says it can
+ * (park_fast_able) is first asked, through its slot's park_fast, to move its
+ * memory itself. It takes the request within ANSWER_MS or is checkpointed;
+ * while it waits for its threads and its GPU work (up to LOCK_TIMEOUT_MS) the
+ * request may still be withdrawn for the checkpoint; once it copies, it
+ * answers DONE (parked) or FAILED (nothing lost, it runs on). It refuses when
+ * it holds memory it cannot move: then it is checkpointed. The answer line
+ * ends with the path taken: "ok BYTES SECONDS fast|checkpoint".
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -54,6 +64,7 @@
 #include "hami/slice_file.h"
 
 #define DEFAULT_LOCK_TIMEOUT_MS 10000 /* a kernel busy that long is not idle */
+#define ANSWER_MS 3000                /* a process that has not taken a fast park's request by then does not answer */
 
 typedef CUresult (*init_fn)(unsigned int);
 typedef CUresult (*lock_fn)(int, CUcheckpointLockArgs *);
@@ -311,6 +322,69 @@ static uint32_t parse_reason(const char *text)
 	return HAMI_PARK_REASON_NONE;
 }
 
+enum { FAST_NO, FAST_PARKED, FAST_FAILED };
+
+/* Whether slot i's owner is alive (its lock on the slot's first byte is held). */
+static int owner_alive(int fd, int i)
+{
+	return ofd(fd, slot_at(i), F_WRLCK, F_OFD_GETLK) == 1;
+}
+
+static unsigned answer_ms(void)
+{
+	const char *v = getenv("HAMI_FAST_PARK_ANSWER_MS");
+	char *end;
+	unsigned long ms = v ? strtoul(v, &end, 10) : 0;
+	return v && *v && !*end && ms > 0 && ms <= 600000 ? (unsigned)ms : ANSWER_MS;
+}
+
+/*
+ * Ask the target to park itself (park_state PARKING, our lock held): FAST_NO
+ * when it cannot or does not answer in time (the caller checkpoints it; the
+ * request withdrawn), FAST_PARKED with *bytes moved, or FAST_FAILED with why.
+ */
+static int fast_park(int fd, int i, struct hami_slot *s, unsigned timeout_ms, uint64_t *bytes, char *why,
+		     size_t cap)
+{
+	uint32_t v = HAMI_FAST_NONE;
+	if (!__atomic_load_n(&s->park_fast_able, __ATOMIC_ACQUIRE) ||
+	    !__atomic_compare_exchange_n(&s->park_fast, &v, HAMI_FAST_ASKED, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return FAST_NO;
+	double t0 = now_s(), answer = t0 + answer_ms() / 1000.0;
+	double busy = timeout_ms ? t0 + timeout_ms / 1000.0 : 1e300; /* 0: as the lock, no limit */
+	for (unsigned polls = 0;; polls++) {
+		v = __atomic_load_n(&s->park_fast, __ATOMIC_ACQUIRE);
+		double now = now_s();
+		if (v == HAMI_FAST_DONE) {
+			*bytes = 0;
+			for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++)
+				*bytes += __atomic_load_n(&s->parked[d], __ATOMIC_ACQUIRE);
+			return FAST_PARKED;
+		}
+		if (v == HAMI_FAST_REFUSED || v == HAMI_FAST_FAILED) {
+			__atomic_store_n(&s->park_fast, HAMI_FAST_NONE, __ATOMIC_RELEASE);
+			if (v == HAMI_FAST_FAILED)
+				snprintf(why, cap, "its own park failed half-way (error %d)",
+					 __atomic_load_n(&s->park_error, __ATOMIC_RELAXED));
+			return v == HAMI_FAST_FAILED ? FAST_FAILED : FAST_NO;
+		}
+		if ((v == HAMI_FAST_ASKED && now > answer) || (v == HAMI_FAST_TAKEN && now > busy)) {
+			if (__atomic_compare_exchange_n(&s->park_fast, &v, HAMI_FAST_WITHDRAWN, 0, __ATOMIC_ACQ_REL,
+							__ATOMIC_ACQUIRE))
+				return FAST_NO; /* it did not answer, or stayed busy: the checkpoint's lock judges */
+			continue;
+		}
+		if (v != HAMI_FAST_ASKED && v != HAMI_FAST_TAKEN && v != HAMI_FAST_COPYING)
+			return FAST_NO;
+		if (polls % 64 == 0 && !owner_alive(fd, i)) {
+			snprintf(why, cap, "it ended while parking itself");
+			return FAST_FAILED;
+		}
+		struct timespec ts = { 0, 1000000L };
+		nanosleep(&ts, NULL);
+	}
+}
+
 static int park(const char *path, int pid, unsigned timeout_ms, uint32_t reason)
 {
 	int fd, i;
@@ -344,6 +418,26 @@ static int park(const char *path, int pid, unsigned timeout_ms, uint32_t reason)
 	 * driver within this; the lock then waits for it instead of trapping it. */
 	struct timespec settle = { 0, 10 * 1000000L };
 	nanosleep(&settle, NULL);
+	char why[160] = "";
+	uint64_t moved = 0;
+	int fast = fast_park(fd, i, s, timeout_ms, &moved, why, sizeof(why));
+	if (fast == FAST_FAILED) {
+		__atomic_store_n(&s->park_state, HAMI_PARK_RUNNING, __ATOMIC_RELEASE);
+		return fail(CUDA_ERROR_UNKNOWN, "process %d was not parked: %s; nothing is lost, it runs on, unparked",
+			    pid, why);
+	}
+	if (fast == FAST_PARKED) {
+		__atomic_store_n(&s->park_error, 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&s->park_reason, reason, __ATOMIC_RELAXED);
+		__atomic_store_n(&s->park_unix_ns, (uint64_t)time(NULL) * 1000000000ull, __ATOMIC_RELAXED);
+		__atomic_store_n(&s->park_state, HAMI_PARK_PARKED, __ATOMIC_RELEASE);
+		printf("ok %llu %.3f fast\n", (unsigned long long)moved, now_s() - t0);
+		return 0;
+	}
+	/* The checkpoint: what the fast park's wait used of the lock's time is spent. */
+	double spent_ms = (now_s() - t0) * 1000.0;
+	if (timeout_ms && spent_ms > 10)
+		timeout_ms = spent_ms >= timeout_ms ? 1 : timeout_ms - (unsigned)spent_ms;
 	if (load_driver() != 0) {
 		__atomic_store_n(&s->park_state, HAMI_PARK_RUNNING, __ATOMIC_RELEASE);
 		return 1;
@@ -369,7 +463,7 @@ static int park(const char *path, int pid, unsigned timeout_ms, uint32_t reason)
 	__atomic_store_n(&s->park_reason, reason, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->park_unix_ns, (uint64_t)time(NULL) * 1000000000ull, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->park_state, HAMI_PARK_PARKED, __ATOMIC_RELEASE); /* publishes the reason too */
-	printf("ok %llu %.3f\n", (unsigned long long)bytes, now_s() - t0);
+	printf("ok %llu %.3f checkpoint\n", (unsigned long long)bytes, now_s() - t0);
 	return 0; /* exit drops the lock, after PARKED is published */
 }
 

@@ -67,7 +67,6 @@ typedef struct {
 } CUlaunchConfig;
 
 
-enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1 };
 
 /* cuArray3DCreate flags the sim looks at. */
 enum { CUDA_ARRAY3D_LAYERED = 0x01, CUDA_ARRAY3D_CUBEMAP = 0x04 };
@@ -104,6 +103,9 @@ int hamiSimGraphicsProcess(int graphics);
 /* *COUNT: the events this process holds (created, not destroyed, their
  * context alive). */
 int hamiSimEvents(unsigned long long *count);
+/* The Nth next call of CALL in this process fails with CUDA_ERROR_UNKNOWN and
+ * does nothing (a failure injected half-way through a park); N 0: none. */
+int hamiSimFail(const char *call, unsigned n);
 
 /* ---- NVML ----------------------------------------------------------------- */
 

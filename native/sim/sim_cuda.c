@@ -23,6 +23,7 @@
 #include <strings.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "sim_api.h"
 #include "sim_mem.h"
@@ -120,6 +121,18 @@ struct obj {
 	int is_default, dying;
 	uint64_t reserved, used, reserved_high, used_high, threshold, max_size;
 	char *name; /* function */
+	/* memory handle (cuMemCreate): its bytes are an extent of the backing
+	 * file; it lives while the program holds a reference (refs: the create
+	 * and each cuMemRetainAllocationHandle) or a mapping uses it (maps) */
+	uint64_t vsize, voff;
+	unsigned char *vhost;
+	int vdirty;
+	uint32_t refs, maps;
+	CUmemAllocationProp prop;
+	/* ctx: the sticky error of a fault (an illegal address), 0 while none;
+	 * the physical devices whose memory it may reach (peer access) */
+	CUresult fault;
+	uint32_t peers;
 };
 
 struct slot {
@@ -140,10 +153,27 @@ struct alloc {
 	uint64_t off;
 	unsigned char *host;
 	int dirty; /* written by a copy: the extent's data must go on free */
+	int managed; /* cuMemAllocManaged */
 	/* A graph allocation a run left live: its memory is the graph pool's
 	 * (footprint bytes, mapped to the executable GEXEC, 0 once destroyed). */
 	int graph;
 	uint64_t gexec, footprint;
+};
+
+/* An address range cuMemAddressReserve handed out. */
+struct vres {
+	CUdeviceptr base;
+	uint64_t size;
+};
+
+/* Physical memory mapped into a reserved range (cuMemMap): HANDLE's bytes from
+ * OFFSET on. ACCESS: bit d set when physical device d may read it, WRITE when
+ * it may also write (cuMemSetAccess; none at first). */
+struct vmap {
+	CUdeviceptr base;
+	uint64_t size;
+	uint64_t handle, offset;
+	uint32_t access, write;
 };
 
 /* A device's graph memory pool (this process's). reserved is charged to the
@@ -173,6 +203,12 @@ static struct {
 	uint64_t internal[SIM_MAX_DEVICES]; /* hamiSimDriverInternal's bytes */
 	uint64_t own[SIM_MAX_DEVICES];      /* modules' code and contexts' local memory */
 	int eager;                          /* CUDA_MODULE_LOADING=EAGER: code loads with its module */
+	/* virtual memory management: reserved ranges and the mappings in them,
+	 * each sorted by base */
+	struct vres *vr;
+	size_t nvr, cap_vr;
+	struct vmap *vm;
+	size_t nvm, cap_vm;
 	unsigned ncaptures;                 /* streams capturing (active or invalidated) */
 	uint64_t capture_ids;
 	uint64_t ctx_ids;
@@ -181,6 +217,8 @@ static struct {
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 static void held_drop(struct obj *so);
+static struct vmap *vm_find(CUdeviceptr p, size_t *at);
+static struct vres *vr_find(CUdeviceptr p);
 
 /* The calling thread's context stack; the top is the current context. */
 static __thread uint64_t t_stack[CTX_STACK];
@@ -720,6 +758,9 @@ static int capture_range_ok(struct obj *so, CUdeviceptr p, size_t n)
 	struct alloc *a = al_find(p, 0);
 	if (a)
 		return n <= a->base + a->size - p;
+	struct vmap *m = vm_find(p, NULL);
+	if (m)
+		return n <= m->base + m->size - p;
 	struct obj *g = obj_get(so->cap_graph, K_GRAPH);
 	for (size_t i = 0; g && i < g->nnodes; i++) {
 		const struct gnode *k = &g->nodes[i];
@@ -1013,6 +1054,14 @@ static void cu_child(void)
 	for (size_t i = 0; i < C.nal; i++)
 		if (C.al[i].live && C.al[i].host)
 			munmap(C.al[i].host, C.al[i].size);
+	for (uint32_t i = 0; i < C.nslots; i++)
+		if (C.slots[i].o && C.slots[i].o->kind == K_MEMHANDLE && C.slots[i].o->vhost)
+			munmap(C.slots[i].o->vhost, C.slots[i].o->vsize);
+	free(C.vr);
+	free(C.vm);
+	C.vr = NULL;
+	C.vm = NULL;
+	C.nvr = C.cap_vr = C.nvm = C.cap_vm = 0;
 	sim_mem_forget();
 	for (uint32_t i = 0; i < C.nslots; i++) {
 		if (C.slots[i].o) {
@@ -1611,9 +1660,12 @@ CUresult cuCtxSynchronize(void)
 		struct obj *c = cur_ctx(NULL);
 		uint64_t end = !c ? 0 : c->held_streams ? HELD_END : c->last_end;
 		int dev = c ? c->dev : -1;
+		CUresult sticky = c ? c->fault : CUDA_SUCCESS;
 		pthread_mutex_unlock(&C.mu);
 		if (!c)
 			return CUDA_ERROR_INVALID_CONTEXT;
+		if (sticky)
+			return sticky;
 		if (end != HELD_END) {
 			synchronize(end, dev);
 			return CUDA_SUCCESS;
@@ -1621,6 +1673,59 @@ CUresult cuCtxSynchronize(void)
 		sleep_until(sim_now_ns() + HELD_POLL_NS);
 	}
 }
+
+/* ---- injected failures (hamiSimFail) ------------------------------------- */
+
+#define FAIL_SLOTS 8
+
+static struct {
+	char name[48];
+	unsigned left; /* calls of NAME until the one that fails (1: the next) */
+} fails[FAIL_SLOTS];
+
+/* Whether this call of NAME is one hamiSimFail asked to fail (it fails once). */
+static int fail_now(const char *name)
+{
+	int hit = 0;
+	pthread_mutex_lock(&C.mu);
+	for (int i = 0; i < FAIL_SLOTS; i++) {
+		if (!fails[i].left || strcmp(fails[i].name, name) != 0)
+			continue;
+		if (--fails[i].left == 0)
+			hit = 1;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return hit;
+}
+
+/* The Nth next call of CALL (cuMemCreate, cuMemMap, cuMemUnmap, cuMemSetAccess,
+ * cuMemRelease, cuMemcpyDtoHAsync_v2, cuMemcpyHtoDAsync_v2) in this process
+ * answers CUDA_ERROR_UNKNOWN and does nothing; N 0 takes the wish back. */
+int hamiSimFail(const char *call, unsigned n)
+{
+	if (!atomic_load(&C.inited))
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!call || strlen(call) >= sizeof(fails[0].name))
+		return CUDA_ERROR_INVALID_VALUE;
+	int r = CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&C.mu);
+	for (int i = 0; i < FAIL_SLOTS; i++) {
+		if (fails[i].left && strcmp(fails[i].name, call) != 0)
+			continue;
+		snprintf(fails[i].name, sizeof(fails[i].name), "%s", call);
+		fails[i].left = n;
+		r = CUDA_SUCCESS;
+		break;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+#define FAIL_IF_ASKED(name)                      \
+	do {                                     \
+		if (fail_now(name))              \
+			return CUDA_ERROR_UNKNOWN; \
+	} while (0)
 
 /* ---- memory ------------------------------------------------------------- */
 
@@ -1637,7 +1742,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	pthread_mutex_lock(&C.mu);
 	uint64_t ch;
 	struct obj *c = cur_ctx(&ch);
-	r = c ? alloc_plain(dptr, bytesize, bytesize, ch, c->dev) : CUDA_ERROR_INVALID_CONTEXT;
+	r = !c ? CUDA_ERROR_INVALID_CONTEXT : c->fault ? c->fault : alloc_plain(dptr, bytesize, bytesize, ch, c->dev);
 	pthread_mutex_unlock(&C.mu);
 	return r;
 }
@@ -1660,7 +1765,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInByt
 	pthread_mutex_lock(&C.mu);
 	uint64_t ch;
 	struct obj *c = cur_ctx(&ch);
-	r = c ? alloc_plain(dptr, bytes, bytes, ch, c->dev) : CUDA_ERROR_INVALID_CONTEXT;
+	r = !c ? CUDA_ERROR_INVALID_CONTEXT : c->fault ? c->fault : alloc_plain(dptr, bytes, bytes, ch, c->dev);
 	pthread_mutex_unlock(&C.mu);
 	if (r == CUDA_SUCCESS)
 		*pPitch = pitch;
@@ -1681,7 +1786,9 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
 	pthread_mutex_lock(&C.mu);
 	uint64_t ch;
 	struct obj *c = cur_ctx(&ch);
-	r = c ? alloc_plain(dptr, bytesize, bytesize, ch, c->dev) : CUDA_ERROR_INVALID_CONTEXT;
+	r = !c ? CUDA_ERROR_INVALID_CONTEXT : c->fault ? c->fault : alloc_plain(dptr, bytesize, bytesize, ch, c->dev);
+	if (r == CUDA_SUCCESS)
+		al_find(*dptr, 1)->managed = 1;
 	pthread_mutex_unlock(&C.mu);
 	return r;
 }
@@ -1739,32 +1846,115 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr 
 		return r;
 	pthread_mutex_lock(&C.mu);
 	struct alloc *a = al_find(dptr, 0);
+	struct vres *v = a ? NULL : vr_find(dptr);
 	if (!cur_ctx(NULL)) {
 		r = CUDA_ERROR_INVALID_CONTEXT;
-	} else if (!a) {
+	} else if (!a && !v) {
 		r = CUDA_ERROR_NOT_FOUND;
-	} else {
+	} else { /* a reserved range answers for itself, mapped or not */
 		if (pbase)
-			*pbase = a->base;
+			*pbase = a ? a->base : v->base;
 		if (psize)
-			*psize = a->size;
+			*psize = a ? a->size : v->size;
 	}
 	pthread_mutex_unlock(&C.mu);
 	return r;
 }
 
-/* The bytes of [P, P + N) if they lie in one live allocation of ours; its
- * extent is mapped at the first copy. C.mu held. */
-static CUresult dev_bytes(CUdeviceptr p, size_t n, int write, unsigned char **out)
+/* The reserved range (cuMemAddressReserve) holding P, or NULL. C.mu held. */
+static struct vres *vr_find(CUdeviceptr p)
+{
+	size_t lo = 0, hi = C.nvr;
+	while (lo < hi) { /* first base > p */
+		size_t mid = lo + (hi - lo) / 2;
+		if (C.vr[mid].base <= p)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == 0)
+		return NULL;
+	struct vres *r = &C.vr[lo - 1];
+	return p - r->base < r->size ? r : NULL;
+}
+
+/* The mapping (cuMemMap) holding P, or NULL; *at: where one starting after P
+ * would go. C.mu held. */
+static struct vmap *vm_find(CUdeviceptr p, size_t *at)
+{
+	size_t lo = 0, hi = C.nvm;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (C.vm[mid].base <= p)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (at)
+		*at = lo;
+	if (lo == 0)
+		return NULL;
+	struct vmap *m = &C.vm[lo - 1];
+	return p - m->base < m->size ? m : NULL;
+}
+
+/* The CUDA ordinal of physical device DEV in this process, or -1. */
+static int ordinal_of(int dev)
+{
+	for (unsigned i = 0; i < C.nvis; i++)
+		if (C.vis[i] == dev)
+			return (int)i;
+	return -1;
+}
+
+/* A fault: an access to memory the device may not reach. Like the real
+ * driver's illegal address, it is sticky: the context's later calls answer
+ * it too. */
+static CUresult fault(struct obj *c)
+{
+	if (c)
+		c->fault = CUDA_ERROR_ILLEGAL_ADDRESS;
+	return CUDA_ERROR_ILLEGAL_ADDRESS;
+}
+
+/* The bytes of [P, P + N), reached from context C (NULL: any), if they lie in
+ * one live allocation of ours or in one mapping of a reserved range that C's
+ * device may reach (read, or WRITE too). An address outside everything is
+ * CUDA_ERROR_INVALID_VALUE, as before; inside a reserved range but not mapped
+ * there, or without access, it is a fault. The allocation's (or the memory
+ * handle's) extent is mapped at the first touch. C.mu held. */
+static CUresult dev_bytes_from(struct obj *c, CUdeviceptr p, size_t n, int write, unsigned char **out)
 {
 	struct alloc *a = al_find(p, 0);
-	if (!a || n > a->base + a->size - p)
+	if (a) {
+		if (n > a->base + a->size - p)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (!a->host && !(a->host = sim_mem_map(a->off, a->size)))
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		a->dirty |= write;
+		*out = a->host + (p - a->base);
+		return CUDA_SUCCESS;
+	}
+	if (!vr_find(p))
 		return CUDA_ERROR_INVALID_VALUE;
-	if (!a->host && !(a->host = sim_mem_map(a->off, a->size)))
+	struct vmap *m = vm_find(p, NULL);
+	if (!m || n > m->base + m->size - p)
+		return fault(c);
+	if (c && (!(m->access & (1u << c->dev)) || (write && !(m->write & (1u << c->dev)))))
+		return fault(c);
+	struct obj *h = obj_get(m->handle, K_MEMHANDLE);
+	if (!h)
+		return fault(c);
+	if (!h->vhost && !(h->vhost = sim_mem_map(h->voff, h->vsize)))
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	a->dirty |= write;
-	*out = a->host + (p - a->base);
+	h->vdirty |= write;
+	*out = h->vhost + m->offset + (p - m->base);
 	return CUDA_SUCCESS;
+}
+
+static CUresult dev_bytes(CUdeviceptr p, size_t n, int write, unsigned char **out)
+{
+	return dev_bytes_from(NULL, p, n, write, out);
 }
 
 enum copy_kind { HTOD, DTOH, DTOD };
@@ -1782,12 +1972,14 @@ static CUresult copy(enum copy_kind kind, uint64_t dst, uint64_t src, size_t n, 
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&C.mu);
 	unsigned char *d = (unsigned char *)(uintptr_t)dst, *from = (unsigned char *)(uintptr_t)src;
-	struct obj *c, *so = NULL;
+	struct obj *c = NULL, *so = NULL;
 	uint64_t ch;
 	if (s)
 		r = stream_ctx(*s, &c, &ch, &so);
-	else if (!cur_ctx(NULL))
+	else if (!(c = cur_ctx(NULL)))
 		r = CUDA_ERROR_INVALID_CONTEXT;
+	if (r == CUDA_SUCCESS && c->fault)
+		r = c->fault;
 	if (r == CUDA_SUCCESS && so && so->capture != CAPTURE_NONE) {
 		/* Captured: checked against what the graph may touch, and no
 		 * byte moves, now or when the graph runs. */
@@ -1800,9 +1992,9 @@ static CUresult copy(enum copy_kind kind, uint64_t dst, uint64_t src, size_t n, 
 		return r;
 	}
 	if (r == CUDA_SUCCESS && n && kind != DTOH)
-		r = dev_bytes(dst, n, 1, &d);
+		r = dev_bytes_from(c, dst, n, 1, &d);
 	if (r == CUDA_SUCCESS && n && kind != HTOD)
-		r = dev_bytes(src, n, 0, &from);
+		r = dev_bytes_from(c, src, n, 0, &from);
 	if (r == CUDA_SUCCESS && n)
 		memmove(d, from, n);
 	pthread_mutex_unlock(&C.mu);
@@ -1850,6 +2042,7 @@ CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream)
 {
 	GATE();
+	FAIL_IF_ASKED("cuMemcpyHtoDAsync_v2");
 	return copy(HTOD, dstDevice, HP(srcHost), ByteCount, &hStream);
 }
 
@@ -1862,6 +2055,7 @@ CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, s
 CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream)
 {
 	GATE();
+	FAIL_IF_ASKED("cuMemcpyDtoHAsync_v2");
 	return copy(DTOH, HP(dstHost), srcDevice, ByteCount, &hStream);
 }
 
@@ -1881,6 +2075,54 @@ CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
 {
 	GATE();
 	return copy(DTOD, dstDevice, srcDevice, ByteCount, &hStream);
+}
+
+/* ---- sets ------------------------------------------------------------------ */
+
+/* N bytes at DST set to V, at the call (the Async form too), as copies are;
+ * S names the stream (NULL: the current context). Zeros over whole pages
+ * give the backing file's blocks back instead of writing them. */
+static CUresult memset8(CUdeviceptr dst, unsigned char v, size_t n, const CUstream *s)
+{
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c = NULL, *so = NULL;
+	uint64_t ch;
+	unsigned char *d;
+	if (s)
+		r = stream_ctx(*s, &c, &ch, &so);
+	else if (!(c = cur_ctx(NULL)))
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	if (r == CUDA_SUCCESS && c->fault)
+		r = c->fault;
+	if (r == CUDA_SUCCESS && so && so->capture != CAPTURE_NONE)
+		r = capture_fail(so, CUDA_ERROR_NOT_SUPPORTED); /* the sim captures no sets */
+	else if (r == CUDA_SUCCESS && n && (r = dev_bytes_from(c, dst, n, 1, &d)) == CUDA_SUCCESS) {
+		uintptr_t page = 4096, from = ((uintptr_t)d + page - 1) & ~(page - 1),
+			  to = ((uintptr_t)d + n) & ~(page - 1);
+		if (v == 0 && to > from && madvise((void *)from, to - from, MADV_REMOVE) == 0) {
+			memset(d, 0, from - (uintptr_t)d);
+			memset((void *)to, 0, (uintptr_t)d + n - to);
+		} else {
+			memset(d, v, n);
+		}
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N)
+{
+	GATE();
+	return memset8(dstDevice, uc, N, NULL);
+}
+
+CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+{
+	GATE();
+	return memset8(dstDevice, uc, N, &hStream);
 }
 
 /* ---- stream-ordered memory ---------------------------------------------- */
@@ -2207,14 +2449,75 @@ CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 
 /* ---- virtual memory management ------------------------------------------ */
 
+/*
+ * As the driver documents them (CUDA 10.2+): cuMemAddressReserve hands out an
+ * address range and nothing else; cuMemCreate makes physical memory (charged
+ * to the device); cuMemMap puts a handle's bytes at an address of a reserved
+ * range, which no device may touch until cuMemSetAccess grants it; cuMemUnmap
+ * takes whole mappings out again; memory lives while a handle reference or a
+ * mapping holds it (cuMemRelease of a mapped handle frees nothing yet).
+ * Addresses, sizes and offsets go in multiples of the granularity (GRAN).
+ */
+
+/* Double *ARR's room (*CAP elements of ELEM bytes); -1, nothing changed, without memory. */
+static int grow_array(void **arr, size_t *cap, size_t elem)
+{
+	size_t n = *cap ? *cap * 2 : 64;
+	void *a = realloc(*arr, n * elem);
+	if (!a)
+		return -1;
+	*arr = a;
+	*cap = n;
+	return 0;
+}
+
+static int gran_ok(uint64_t v)
+{
+	return v % GRAN == 0;
+}
+
+/* A handle the program may name: live, and not released by it. */
+static struct obj *mh_get(uint64_t h)
+{
+	struct obj *o = obj_get(h, K_MEMHANDLE);
+	return o && o->refs ? o : NULL;
+}
+
+/* Free handle H's memory once nothing holds it any more. C.mu held. */
+static void mh_settle(uint64_t h)
+{
+	struct obj *o = obj_get(h, K_MEMHANDLE);
+	if (!o || o->refs || o->maps)
+		return;
+	if (o->bytes)
+		sim_uncharge((unsigned)o->dev, o->bytes);
+	sim_mem_release(o->voff, o->vsize, o->vhost, o->vdirty);
+	obj_free(h);
+}
+
+/* Whether [P, P + N) touches a live plain allocation or a reserved range. */
+static int va_in_use(CUdeviceptr p, uint64_t n)
+{
+	for (size_t i = 0; i < C.nal; i++)
+		if (C.al[i].live && C.al[i].base < p + n && p < C.al[i].base + round_up(C.al[i].size, GRAN))
+			return 1;
+	for (size_t i = 0; i < C.nvr; i++)
+		if (C.vr[i].base < p + n && p < C.vr[i].base + C.vr[i].size)
+			return 1;
+	return 0;
+}
+
 CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop, int option)
 {
 	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
-	if (!granularity || !prop)
+	if (!granularity || !prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+	    (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
 		return CUDA_ERROR_INVALID_VALUE;
+	if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && phys(prop->location.id) < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
 	*granularity = GRAN;
 	return CUDA_SUCCESS;
 }
@@ -2227,7 +2530,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
 	CUresult r = ready();
 	if (r)
 		return r;
-	if (!handle || !prop || !size || size % GRAN || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+	FAIL_IF_ASKED("cuMemCreate");
+	if (!handle || !prop || !size || size % GRAN || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || flags)
 		return CUDA_ERROR_INVALID_VALUE;
 	int dev = -1;
 	switch (prop->location.type) {
@@ -2244,34 +2548,563 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CU
 	}
 	pthread_mutex_lock(&C.mu);
 	struct obj *o;
-	uint64_t h = obj_new(K_MEMHANDLE, &o);
-	if (!h) {
+	uint64_t off = 0, h = 0;
+	if (sim_mem_reserve(size, &off) < 0 || !(h = obj_new(K_MEMHANDLE, &o))) {
+		if (h == 0 && off)
+			sim_mem_release(off, size, NULL, 0);
 		r = CUDA_ERROR_OUT_OF_MEMORY;
 	} else if (dev >= 0 && (r = charge(dev, size)) != CUDA_SUCCESS) {
+		sim_mem_release(off, size, NULL, 0);
 		obj_free(h);
 	} else {
 		o->dev = dev;
 		o->bytes = dev >= 0 ? size : 0;
+		o->vsize = size;
+		o->voff = off;
+		o->refs = 1;
+		o->prop = *prop;
 		*handle = h;
 	}
 	pthread_mutex_unlock(&C.mu);
 	return r;
 }
 
+/* The program's reference goes; the memory with it unless a mapping still uses it. */
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
 	GATE();
 	CUresult r = ready();
 	if (r)
 		return r;
+	FAIL_IF_ASKED("cuMemRelease");
 	pthread_mutex_lock(&C.mu);
-	struct obj *o = obj_get(handle, K_MEMHANDLE);
+	struct obj *o = mh_get(handle);
 	if (o) {
-		if (o->bytes)
-			sim_uncharge((unsigned)o->dev, o->bytes);
-		obj_free(handle);
+		o->refs--;
+		mh_settle(handle);
 	} else {
 		r = CUDA_ERROR_INVALID_VALUE;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* ALIGNMENT 0: the granularity; ADDR: the start wanted, taken when it is free
+ * (aligned, in the device address space, touching nothing), else ignored. */
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+			     unsigned long long flags)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!ptr || !size || !gran_ok(size) || (alignment & (alignment - 1)) || flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t align = alignment > GRAN ? alignment : GRAN;
+	pthread_mutex_lock(&C.mu);
+	CUdeviceptr base = 0;
+	if (addr && addr % align == 0 && addr >= VA_BASE && addr < VA_END && size <= VA_END - addr &&
+	    !va_in_use(addr, size))
+		base = addr;
+	if (!base) {
+		uint64_t start = round_up(C.next_va, align);
+		if (start < VA_END && size <= VA_END - start && VA_END - start - size >= GRAN) {
+			base = start;
+			C.next_va = start + size + GRAN; /* a gap: an overrun is outside every range */
+		}
+	}
+	if (!base || (C.nvr == C.cap_vr && grow_array((void **)&C.vr, &C.cap_vr, sizeof(*C.vr)) < 0)) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	} else {
+		size_t at = 0;
+		while (at < C.nvr && C.vr[at].base < base)
+			at++;
+		memmove(&C.vr[at + 1], &C.vr[at], (C.nvr - at) * sizeof(*C.vr));
+		C.vr[at] = (struct vres){.base = base, .size = size};
+		C.nvr++;
+		*ptr = base;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* The whole range as reserved, with nothing mapped in it any more (the sim's
+ * choice: a range still holding mappings is refused). */
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct vres *v = vr_find(ptr);
+	size_t at;
+	struct vmap *m = vm_find(ptr, &at);
+	if (!v || v->base != ptr || v->size != size || m || (at < C.nvm && C.vm[at].base < ptr + size)) {
+		r = CUDA_ERROR_INVALID_VALUE;
+	} else {
+		size_t i = (size_t)(v - C.vr);
+		memmove(&C.vr[i], &C.vr[i + 1], (C.nvr - i - 1) * sizeof(*C.vr));
+		C.nvr--;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+		  unsigned long long flags)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	FAIL_IF_ASKED("cuMemMap");
+	if (!size || !gran_ok(ptr) || !gran_ok(size) || !gran_ok(offset) || flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *o = mh_get(handle);
+	struct vres *v = vr_find(ptr);
+	size_t at;
+	struct vmap *m = vm_find(ptr, &at);
+	if (!o || offset > o->vsize || size > o->vsize - offset || !v || size > v->base + v->size - ptr || m ||
+	    (at < C.nvm && C.vm[at].base < ptr + size)) {
+		r = CUDA_ERROR_INVALID_VALUE; /* not a handle, past its end, outside a range, or mapped already */
+	} else if (C.nvm == C.cap_vm && grow_array((void **)&C.vm, &C.cap_vm, sizeof(*C.vm)) < 0) {
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	} else {
+		memmove(&C.vm[at + 1], &C.vm[at], (C.nvm - at) * sizeof(*C.vm));
+		C.vm[at] = (struct vmap){.base = ptr, .size = size, .handle = handle, .offset = offset};
+		C.nvm++;
+		o->maps++;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* The mappings [*first, *last) that make up exactly [P, P + N), whole and
+ * back to back; 0 when N cuts one or leaves a hole. C.mu held. */
+static int vm_whole(CUdeviceptr p, uint64_t n, size_t *first, size_t *last)
+{
+	size_t at;
+	struct vmap *m = vm_find(p, &at);
+	if (!n || !m || m->base != p)
+		return 0;
+	size_t i = (size_t)(m - C.vm);
+	CUdeviceptr end = p;
+	*first = i;
+	while (i < C.nvm && C.vm[i].base == end && end - p < n) {
+		end += C.vm[i].size;
+		i++;
+	}
+	*last = i;
+	return end - p == n;
+}
+
+/* The latest end of this process's work queued on DEV (C.mu held). */
+static uint64_t dev_work_end(int dev)
+{
+	uint64_t end = 0;
+	for (uint32_t i = 0; i < C.nslots; i++) {
+		struct obj *o = C.slots[i].o;
+		if (o && o->kind == K_CTX && o->active && o->dev == dev && o->last_end > end)
+			end = o->last_end;
+	}
+	return end;
+}
+
+/* Synchronous, as the driver says: it returns once the work this process
+ * queued on the memory's device has ended. */
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	FAIL_IF_ASKED("cuMemUnmap");
+	pthread_mutex_lock(&C.mu);
+	size_t first, last;
+	uint64_t end = 0;
+	if (!vm_whole(ptr, size, &first, &last)) {
+		r = CUDA_ERROR_INVALID_VALUE;
+	} else {
+		for (size_t i = first; i < last; i++) {
+			struct obj *o = obj_get(C.vm[i].handle, K_MEMHANDLE);
+			if (o && o->dev >= 0 && dev_work_end(o->dev) > end)
+				end = dev_work_end(o->dev);
+		}
+	}
+	pthread_mutex_unlock(&C.mu);
+	if (r)
+		return r;
+	sleep_until(end);
+	pthread_mutex_lock(&C.mu);
+	if (!vm_whole(ptr, size, &first, &last)) { /* another thread unmapped it meanwhile */
+		pthread_mutex_unlock(&C.mu);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	uint64_t gone[64];
+	size_t n = 0;
+	for (size_t i = first; i < last; i++) {
+		struct obj *o = obj_get(C.vm[i].handle, K_MEMHANDLE);
+		if (o)
+			o->maps--;
+		if (n < 64)
+			gone[n++] = C.vm[i].handle;
+	}
+	memmove(&C.vm[first], &C.vm[last], (C.nvm - last) * sizeof(*C.vm));
+	C.nvm -= last - first;
+	for (size_t i = 0; i < n; i++)
+		mh_settle(gone[i]);
+	pthread_mutex_unlock(&C.mu);
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	FAIL_IF_ASKED("cuMemSetAccess");
+	if (!desc || !count)
+		return CUDA_ERROR_INVALID_VALUE;
+	for (size_t i = 0; i < count; i++) {
+		if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+			return CUDA_ERROR_INVALID_VALUE;
+		if (phys(desc[i].location.id) < 0)
+			return CUDA_ERROR_INVALID_DEVICE;
+		if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE && desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+		    desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+			return CUDA_ERROR_INVALID_VALUE;
+	}
+	pthread_mutex_lock(&C.mu);
+	size_t first, last;
+	if (!vm_whole(ptr, size, &first, &last)) {
+		r = CUDA_ERROR_INVALID_VALUE; /* the range must be fully mapped */
+	} else {
+		for (size_t i = first; i < last; i++) {
+			for (size_t k = 0; k < count; k++) {
+				uint32_t bit = 1u << phys(desc[k].location.id);
+				C.vm[i].access &= ~bit;
+				C.vm[i].write &= ~bit;
+				if (desc[k].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE)
+					C.vm[i].access |= bit;
+				if (desc[k].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+					C.vm[i].write |= bit;
+			}
+		}
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE)
+		return CUDA_ERROR_INVALID_VALUE;
+	int dev = phys(location->id);
+	if (dev < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&C.mu);
+	struct vmap *m = vm_find(ptr, NULL);
+	if (!m)
+		r = CUDA_ERROR_INVALID_VALUE;
+	else
+		*flags = (m->write & (1u << dev)) ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+			 : (m->access & (1u << dev)) ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* A new reference to the handle mapped at ADDR (any address in the mapping). */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!handle)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct vmap *m = vm_find((CUdeviceptr)(uintptr_t)addr, NULL);
+	struct obj *o = m ? obj_get(m->handle, K_MEMHANDLE) : NULL;
+	if (!o) {
+		r = CUDA_ERROR_INVALID_VALUE;
+	} else {
+		o->refs++;
+		*handle = m->handle;
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!prop)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *o = mh_get(handle);
+	if (o)
+		*prop = o->prop;
+	else
+		r = CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* ---- pointers ------------------------------------------------------------- */
+
+/*
+ * What the driver tells about an address: a plain allocation is its own
+ * range; in a reserved range, the range is the reservation (mapped there or
+ * not), as the real driver answers, and MAPPED says whether the address is
+ * backed now. Memory of neither kind: CUDA_ERROR_INVALID_VALUE. A mapped
+ * range belongs to no context (the sim's choice: CONTEXT is NULL there). C.mu held.
+ */
+static CUresult pointer_attribute(void *data, int attr, CUdeviceptr p)
+{
+	struct alloc *a = al_find(p, 0);
+	struct vres *v = a ? NULL : vr_find(p);
+	struct vmap *m = v ? vm_find(p, NULL) : NULL;
+	struct obj *h = m ? obj_get(m->handle, K_MEMHANDLE) : NULL;
+	struct obj *c = cur_ctx(NULL);
+	if (!a && !v)
+		return CUDA_ERROR_INVALID_VALUE;
+	int dev = a ? a->dev : h ? h->dev : -1;
+	uint64_t u = 0;
+	switch (attr) {
+	case CU_POINTER_ATTRIBUTE_CONTEXT:
+		*(CUcontext *)data = a ? (CUcontext)(uintptr_t)a->ctx : NULL;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+		*(unsigned *)data = (a || !h || dev >= 0) ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+		if (!c)
+			return CUDA_ERROR_INVALID_CONTEXT;
+		*(CUdeviceptr *)data = p;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+		return CUDA_ERROR_INVALID_VALUE;
+	case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+		u = a ? a->base : m ? m->base : v->base;
+		break;
+	case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+		*(int *)data = a && a->managed;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+		if (dev < 0)
+			return CUDA_ERROR_INVALID_VALUE;
+		*(int *)data = ordinal_of(dev);
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+		*(int *)data = a && !a->managed && !a->pool && !a->graph;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+		*(CUdeviceptr *)data = a ? a->base : v->base;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+		*(size_t *)data = a ? a->size : v->size;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_MAPPED:
+		*(int *)data = a || m;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES:
+		u = h ? (uint64_t)h->prop.requestedHandleTypes : 0;
+		break;
+	case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+		*(unsigned *)data = a ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+				  : !m || !c || !(m->access & (1u << c->dev)) ? CU_MEM_ACCESS_FLAGS_PROT_NONE
+				  : (m->write & (1u << c->dev)) ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+								: CU_MEM_ACCESS_FLAGS_PROT_READ;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_MAPPING_SIZE:
+		if (!a && !m)
+			return CUDA_ERROR_INVALID_VALUE;
+		*(size_t *)data = a ? a->size : m->size;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR:
+		if (!a && !m)
+			return CUDA_ERROR_INVALID_VALUE;
+		*(CUdeviceptr *)data = a ? a->base : m->base;
+		return CUDA_SUCCESS;
+	default:
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	*(unsigned long long *)data = u;
+	return CUDA_SUCCESS;
+}
+
+CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!data)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	r = pointer_attribute(data, attribute, ptr);
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* Unlike the single form, an address the driver does not know is no error:
+ * its attributes read as zeros. */
+CUresult cuPointerGetAttributes(unsigned int numAttributes, int *attributes, void **data, CUdeviceptr ptr)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!attributes || !data)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	int known = al_find(ptr, 0) || vr_find(ptr);
+	for (unsigned i = 0; i < numAttributes && r == CUDA_SUCCESS; i++) {
+		if (!data[i])
+			continue;
+		unsigned char scratch[16] = {0};
+		CUresult one = known ? pointer_attribute(scratch, attributes[i], ptr) : CUDA_SUCCESS;
+		if (attributes[i] < CU_POINTER_ATTRIBUTE_CONTEXT || attributes[i] > CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR)
+			r = CUDA_ERROR_INVALID_VALUE;
+		else if (one == CUDA_ERROR_INVALID_CONTEXT)
+			r = one;
+		size_t width = attributes[i] == CU_POINTER_ATTRIBUTE_MEMORY_TYPE ||
+				       attributes[i] == CU_POINTER_ATTRIBUTE_ACCESS_FLAGS ? sizeof(unsigned)
+			       : attributes[i] == CU_POINTER_ATTRIBUTE_IS_MANAGED ||
+				       attributes[i] == CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL ||
+				       attributes[i] == CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE ||
+				       attributes[i] == CU_POINTER_ATTRIBUTE_MAPPED ? sizeof(int) : 8;
+		if (r == CUDA_SUCCESS)
+			memcpy(data[i], one == CUDA_SUCCESS ? scratch : (unsigned char[16]){0}, width);
+	}
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* ---- page-locked host memory --------------------------------------------------- */
+
+/* Host memory a device copies from at full speed on a real GPU; here plain
+ * host memory (no device bytes), made in the current context. */
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!pp || !bytesize || flags > 0x7)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c = cur_ctx(NULL);
+	pthread_mutex_unlock(&C.mu);
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	*pp = malloc(bytesize);
+	return *pp ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuMemFreeHost(void *p)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	free(p);
+	return CUDA_SUCCESS;
+}
+
+/* ---- peers and IPC ---------------------------------------------------------- */
+
+CUresult cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!canAccessPeer)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (phys(dev) < 0 || phys(peerDev) < 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	*canAccessPeer = phys(dev) != phys(peerDev);
+	return CUDA_SUCCESS;
+}
+
+/* The current context may reach the memory of PEER's device: plain
+ * allocations at once; a mapped range still needs cuMemSetAccess for the
+ * current context's device, as with the real driver. */
+CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (flags)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c = cur_ctx(NULL), *p = obj_get(H(peer), K_CTX);
+	if (!c)
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	else if (!p || !p->active)
+		r = CUDA_ERROR_INVALID_HANDLE;
+	else if (p->dev == c->dev)
+		r = CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+	else if (c->peers & (1u << p->dev))
+		r = CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+	else
+		c->peers |= 1u << p->dev;
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+CUresult cuCtxDisablePeerAccess(CUcontext peer)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	pthread_mutex_lock(&C.mu);
+	struct obj *c = cur_ctx(NULL), *p = obj_get(H(peer), K_CTX);
+	if (!c)
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	else if (!p || !(c->peers & (1u << p->dev)))
+		r = CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+	else
+		c->peers &= ~(1u << p->dev);
+	pthread_mutex_unlock(&C.mu);
+	return r;
+}
+
+/* Only a plain allocation's base exports (the real driver refuses memory of
+ * reserved ranges, pools and managed memory alike). The handle names this
+ * process and the address; nothing opens it here. */
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+	GATE();
+	CUresult r = ready();
+	if (r)
+		return r;
+	if (!pHandle)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&C.mu);
+	struct alloc *a = al_find(dptr, 1);
+	if (!cur_ctx(NULL)) {
+		r = CUDA_ERROR_INVALID_CONTEXT;
+	} else if (!a || a->managed || a->pool || a->graph) {
+		r = CUDA_ERROR_INVALID_VALUE;
+	} else {
+		memset(pHandle, 0, sizeof(*pHandle));
+		uint64_t words[2] = {(uint64_t)getpid(), dptr};
+		memcpy(pHandle->reserved, "HAMISIPC", 8);
+		memcpy(pHandle->reserved + 8, words, sizeof(words));
 	}
 	pthread_mutex_unlock(&C.mu);
 	return r;
@@ -2488,7 +3321,9 @@ static CUresult stream_end(CUstream s, uint64_t *end, int *dev)
 	pthread_mutex_lock(&C.mu);
 	struct obj *c, *so;
 	uint64_t ch;
-	if ((r = stream_ctx(s, &c, &ch, &so)) == CUDA_SUCCESS) {
+	if ((r = stream_ctx(s, &c, &ch, &so)) == CUDA_SUCCESS && c->fault)
+		r = c->fault;
+	if (r == CUDA_SUCCESS) {
 		if (so && so->capture != CAPTURE_NONE) {
 			so->capture = CAPTURE_INVALIDATED;
 			r = SIM_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
@@ -2837,6 +3672,26 @@ static CUresult capture_add(struct obj *so, uint64_t kernels, uint64_t ns)
 	return CUDA_SUCCESS;
 }
 
+/* A "hami_sim_touch" kernel adds 1 to each of the *(uint64_t *)params[1]
+ * bytes at *(CUdeviceptr *)params[0], at the launch (as copies move bytes at
+ * the call): memory a kernel reads and writes. Memory it may not reach is a
+ * fault, reported by the launch itself (the real driver reports it at the
+ * next synchronize) and sticky on the context. C.mu held. */
+static CUresult touch(struct obj *c, void **params)
+{
+	CUdeviceptr p;
+	uint64_t n;
+	unsigned char *bytes;
+	if (!params || !params[0] || !params[1])
+		return CUDA_ERROR_INVALID_VALUE;
+	memcpy(&p, params[0], sizeof(p));
+	memcpy(&n, params[1], sizeof(n));
+	CUresult r = n ? dev_bytes_from(c, p, n, 1, &bytes) : CUDA_SUCCESS;
+	for (uint64_t i = 0; r == CUDA_SUCCESS && i < n; i++)
+		bytes[i]++;
+	return r;
+}
+
 /* Queue the kernel's simulated time on the device and return at once (on a
  * capturing stream: add it to the capture). "hami_sim_busy*" kernels take
  * *(uint64_t *)kernelParams[0] ns; others one HAMI_SIM_NS_PER_WAVE per wave of
@@ -2860,7 +3715,14 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
 	}
 	if ((r = stream_ctx(s, &c, &ch, &so)) != CUDA_SUCCESS)
 		goto out;
+	if (c->fault) {
+		r = c->fault;
+		goto out;
+	}
 	if ((r = module_code(mod)) != CUDA_SUCCESS || (r = local_memory(c, fo->name)) != CUDA_SUCCESS)
+		goto out;
+	if (strncmp(fo->name, "hami_sim_touch", 14) == 0 && !(so && so->capture != CAPTURE_NONE) &&
+	    (r = touch(c, params)) != CUDA_SUCCESS)
 		goto out;
 	if (strncmp(fo->name, "hami_sim_busy", 13) == 0) {
 		if (!params || !params[0]) {
@@ -3674,6 +4536,10 @@ static CUresult graph_launch(CUgraphExec e, CUstream s)
 		r = CUDA_ERROR_INVALID_CONTEXT; /* instantiated in another context */
 		goto out;
 	}
+	if (c->fault) {
+		r = c->fault;
+		goto out;
+	}
 	if (so && so->capture != CAPTURE_NONE) {
 		if (x->nnodes && so->capture == CAPTURE_ACTIVE)
 			r = capture_fail(so, CUDA_ERROR_NOT_SUPPORTED);
@@ -4175,6 +5041,8 @@ LOCAL(cuMemcpyDtoHAsync_v2);
 LOCAL(cuMemcpyDtoHAsync_v2_ptsz);
 LOCAL(cuMemcpyDtoDAsync_v2);
 LOCAL(cuMemcpyDtoDAsync_v2_ptsz);
+LOCAL(cuMemsetD8_v2);
+LOCAL(cuMemsetD8Async);
 LOCAL(cuMemAllocAsync);
 LOCAL(cuMemAllocAsync_ptsz);
 LOCAL(cuMemAllocFromPoolAsync);
@@ -4192,6 +5060,22 @@ LOCAL(cuDeviceSetMemPool);
 LOCAL(cuMemGetAllocationGranularity);
 LOCAL(cuMemCreate);
 LOCAL(cuMemRelease);
+LOCAL(cuMemAddressReserve);
+LOCAL(cuMemAddressFree);
+LOCAL(cuMemMap);
+LOCAL(cuMemUnmap);
+LOCAL(cuMemSetAccess);
+LOCAL(cuMemGetAccess);
+LOCAL(cuMemRetainAllocationHandle);
+LOCAL(cuMemGetAllocationPropertiesFromHandle);
+LOCAL(cuPointerGetAttribute);
+LOCAL(cuPointerGetAttributes);
+LOCAL(cuDeviceCanAccessPeer);
+LOCAL(cuCtxEnablePeerAccess);
+LOCAL(cuCtxDisablePeerAccess);
+LOCAL(cuIpcGetMemHandle);
+LOCAL(cuMemHostAlloc);
+LOCAL(cuMemFreeHost);
 LOCAL(cuArrayCreate_v2);
 LOCAL(cuArray3DCreate_v2);
 LOCAL(cuArrayDestroy);
@@ -4321,6 +5205,8 @@ static const struct {
 	{"cuMemcpyHtoDAsync", 3020, local_cuMemcpyHtoDAsync_v2, local_cuMemcpyHtoDAsync_v2_ptsz},
 	{"cuMemcpyDtoHAsync", 3020, local_cuMemcpyDtoHAsync_v2, local_cuMemcpyDtoHAsync_v2_ptsz},
 	{"cuMemcpyDtoDAsync", 3020, local_cuMemcpyDtoDAsync_v2, local_cuMemcpyDtoDAsync_v2_ptsz},
+	{"cuMemsetD8", 3020, local_cuMemsetD8_v2, NULL},
+	{"cuMemsetD8Async", 3020, local_cuMemsetD8Async, NULL},
 	{"cuMemAllocAsync", 11020, local_cuMemAllocAsync, local_cuMemAllocAsync_ptsz},
 	{"cuMemAllocFromPoolAsync", 11020, local_cuMemAllocFromPoolAsync, local_cuMemAllocFromPoolAsync_ptsz},
 	{"cuMemFreeAsync", 11020, local_cuMemFreeAsync, local_cuMemFreeAsync_ptsz},
@@ -4335,6 +5221,22 @@ static const struct {
 	{"cuMemGetAllocationGranularity", 10020, local_cuMemGetAllocationGranularity, NULL},
 	{"cuMemCreate", 10020, local_cuMemCreate, NULL},
 	{"cuMemRelease", 10020, local_cuMemRelease, NULL},
+	{"cuMemAddressReserve", 10020, local_cuMemAddressReserve, NULL},
+	{"cuMemAddressFree", 10020, local_cuMemAddressFree, NULL},
+	{"cuMemMap", 10020, local_cuMemMap, NULL},
+	{"cuMemUnmap", 10020, local_cuMemUnmap, NULL},
+	{"cuMemSetAccess", 10020, local_cuMemSetAccess, NULL},
+	{"cuMemGetAccess", 10020, local_cuMemGetAccess, NULL},
+	{"cuMemRetainAllocationHandle", 11000, local_cuMemRetainAllocationHandle, NULL},
+	{"cuMemGetAllocationPropertiesFromHandle", 10020, local_cuMemGetAllocationPropertiesFromHandle, NULL},
+	{"cuPointerGetAttribute", 4000, local_cuPointerGetAttribute, NULL},
+	{"cuPointerGetAttributes", 7000, local_cuPointerGetAttributes, NULL},
+	{"cuDeviceCanAccessPeer", 4000, local_cuDeviceCanAccessPeer, NULL},
+	{"cuCtxEnablePeerAccess", 4000, local_cuCtxEnablePeerAccess, NULL},
+	{"cuCtxDisablePeerAccess", 4000, local_cuCtxDisablePeerAccess, NULL},
+	{"cuIpcGetMemHandle", 4010, local_cuIpcGetMemHandle, NULL},
+	{"cuMemHostAlloc", 2020, local_cuMemHostAlloc, NULL},
+	{"cuMemFreeHost", 2000, local_cuMemFreeHost, NULL},
 	{"cuArrayCreate", 3020, local_cuArrayCreate_v2, NULL},
 	{"cuArray3DCreate", 3020, local_cuArray3DCreate_v2, NULL},
 	{"cuArrayDestroy", 2000, local_cuArrayDestroy, NULL},

@@ -425,6 +425,8 @@ int sim_ckpt_lock(int pid, uint64_t timeout_ms)
 		sim_shared_wait(&p->inflight, n, deadline - now < CKPT_POLL_NS ? deadline - now : CKPT_POLL_NS);
 	}
 	step(p, SIM_CKPT_LOCKING, r == SIM_OK ? SIM_CKPT_LOCKED : SIM_CKPT_RUNNING);
+	if (r == SIM_OK)
+		atomic_fetch_add(&p->locks, 1);
 	if (r != SIM_OK)
 		sim_shared_wake(&p->ckpt); /* the calls held back go on */
 out:

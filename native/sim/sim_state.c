@@ -674,6 +674,7 @@ static void reclaim(struct sim_proc *p)
 	atomic_store(&p->ckpt, SIM_CKPT_RUNNING);
 	atomic_store(&p->inflight, 0);
 	atomic_store(&p->graphics, 0);
+	atomic_store(&p->locks, 0);
 	for (unsigned d = 0; d < SIM_MAX_DEVICES; d++) {
 		atomic_store(&p->parked[d], 0);
 		atomic_store(&p->graph[d], 0);
@@ -781,6 +782,7 @@ int sim_self(void)
 		atomic_store(&p->ckpt, SIM_CKPT_RUNNING);
 		atomic_store(&p->inflight, 0);
 		atomic_store(&p->graphics, 0);
+		atomic_store(&p->locks, 0);
 		for (unsigned d = 0; d < SIM_MAX_DEVICES; d++) {
 			atomic_store(&p->parked[d], 0);
 			atomic_store(&p->graph[d], 0);

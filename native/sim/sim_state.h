@@ -30,9 +30,10 @@
 #include <stdint.h>
 
 #define SIM_MAGIC "HAMISIM1" /* 8 bytes, no terminator */
-#define SIM_VERSION 5u /* 2: NVDEC decoder counts and frame counters; 3: checkpoints;
+#define SIM_VERSION 6u /* 2: NVDEC decoder counts and frame counters; 3: checkpoints;
                          * 4: graph memory, driver-internal bytes, graphics processes;
-                         * 5: a checkpoint needs free device memory */
+                         * 5: a checkpoint needs free device memory;
+                         * 6: the count of checkpoint locks a process met */
 #define SIM_MAX_DEVICES 16
 #define SIM_MAX_PROCS 128
 #define SIM_UUID_LEN 48 /* "GPU-" + 36 + NUL fits */
@@ -131,6 +132,7 @@ struct sim_proc {
 	_Atomic uint64_t graph[SIM_MAX_DEVICES];
 	_Atomic uint64_t internal[SIM_MAX_DEVICES];
 	_Atomic uint32_t graphics; /* NVML lists it as a graphics process, not a compute one */
+	_Atomic uint32_t locks;    /* checkpoint locks that took it, ever: a witness of which way it was parked */
 	_Atomic uint64_t busy_ns[SIM_MAX_DEVICES];
 	_Atomic uint64_t util[SIM_MAX_DEVICES][SIM_UTIL_SLOTS];
 };

@@ -118,8 +118,9 @@ static int status(void)
 		uint64_t host = 0;
 		for (unsigned d = 0; d < ndev; d++)
 			host += atomic_load(&p->parked[d]);
-		printf("], \"checkpoint\": \"%s\", \"in_flight\": %u, \"host_bytes\": %llu, \"parked\": ",
-		       ckpt_name(atomic_load(&p->ckpt)), (unsigned)atomic_load(&p->inflight), (unsigned long long)host);
+		printf("], \"checkpoint\": \"%s\", \"locks\": %u, \"in_flight\": %u, \"host_bytes\": %llu, "
+		       "\"parked\": ", ckpt_name(atomic_load(&p->ckpt)), (unsigned)atomic_load(&p->locks),
+		       (unsigned)atomic_load(&p->inflight), (unsigned long long)host);
 		json_u64_array(p->parked, ndev);
 		/* Parts of its footprint no allocation returned: the graph memory
 		 * pool's reserve and what its driver holds by itself. */

@@ -191,6 +191,25 @@ static void read_room_wait(void)
 	config.room_wait_s = n;
 }
 
+/* Until the GPU suite has passed with it, the fast park is off unless asked for. */
+#define FAST_PARK_DEFAULT 0
+#define FAST_PARK_KEEP_DEFAULT (256ull << 20)
+
+/* HAMI_FAST_PARK: 0 or 1 (docs/preload.md); HAMI_FAST_PARK_KEEP: a size. */
+static void read_fast_park(void)
+{
+	const char *v = getenv("HAMI_FAST_PARK");
+	config.fast_park = FAST_PARK_DEFAULT;
+	if (v && (strcmp(v, "0") == 0 || strcmp(v, "1") == 0))
+		config.fast_park = v[0] == '1';
+	else if (v)
+		bad_setting("HAMI_FAST_PARK", v, "not 0 or 1 (1: allocations are made so that a park moves them "
+			    "itself, at the host link's speed)");
+	int has = 0;
+	config.fast_park_keep = FAST_PARK_KEEP_DEFAULT;
+	read_size("HAMI_FAST_PARK_KEEP", &has, &config.fast_park_keep);
+}
+
 /* HAMI_BROKER_SOCKET: an absolute path that fits a Unix socket address. */
 static void read_broker_socket(void)
 {
@@ -289,6 +308,7 @@ static void read_config(void)
 	read_limit("HAMI_PROCESS_MEMORY_LIMIT", &config.has_process_limit, &config.process_limit);
 	read_room_wait();
 	read_broker_socket();
+	read_fast_park();
 
 	const char *slice_var = getenv("HAMI_SLICE") ? "HAMI_SLICE" : "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 	const char *slice = getenv(slice_var);

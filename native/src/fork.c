@@ -29,6 +29,7 @@ static pthread_mutex_t *const taken[] = {
 	&hami_claim_lock,
 	&hami_slot_lock,
 	&hami_records_mutex,
+	&hami_vm_lock,
 };
 
 static pthread_mutex_t *const made_anew[] = {
@@ -59,6 +60,7 @@ static void child(void)
 	for (size_t i = 0; i < NANEW; i++)
 		pthread_mutex_init(made_anew[i], NULL);
 	hami_records_reset();
+	hami_vm_after_fork();
 	hami_slice_after_fork();
 	hami_park_after_fork();
 	hami_room_after_fork();

@@ -77,6 +77,8 @@ struct hami_config {
 	uint64_t process_limit;    /* HAMI_PROCESS_MEMORY_LIMIT: this process's own cap per GPU, inside the slice's */
 	uint32_t room_wait_s;      /* HAMI_ROOM_WAIT: seconds to wait for GPU room (room.c); 0: never */
 	const char *broker_socket; /* HAMI_BROKER_SOCKET, else <hub slice root>/broker.sock */
+	int fast_park;             /* HAMI_FAST_PARK: allocations backed so that the process parks itself */
+	uint64_t fast_park_keep;   /* HAMI_FAST_PARK_KEEP: allocations it cannot move that a fast park leaves on the GPU */
 	const char *slice_path;    /* HAMI_SLICE or CUDA_DEVICE_MEMORY_SHARED_CACHE; NULL: private */
 	char slice_name[HAMI_SLICE_NAME_LEN];
 	char kernel_id[HAMI_SLICE_KERNEL_ID_LEN];
@@ -108,7 +110,10 @@ extern const struct hami_hook hami_gate_hooks[]; /* park_gate_hooks.c: gate only
 extern const size_t hami_gate_hook_count;
 extern const struct hami_hook hami_driver_memory_hooks[]; /* driver_memory_hooks.c: wait for room only */
 extern const size_t hami_driver_memory_hook_count;
+extern const struct hami_hook hami_vm_hooks[]; /* vm_hooks.c: questions about backed memory */
+extern const size_t hami_vm_hook_count;
 void *hami_gate_thunk(const char *name, void *real); /* park_gate_thunks.c */
+int hami_gate_thunks_available(void); /* 1: every driver entry point handed out passes the gate */
 void *hami_hook_by_name(const char *name);
 void *hami_hook_for_real(void *real_fn);
 int hami_hooked_base(const char *symbol);
@@ -344,6 +349,14 @@ struct hami_call_mark *hami_call_mark_new(void);
 void hami_park_tick(void);
 void hami_park_start(void); /* the parking thread, once the process has a slot */
 void hami_park_after_fork(void);
+int hami_threads_in_driver(uint64_t *calls); /* 1: a thread is inside a hooked call; *calls: calls so far */
+
+/* fast_park.c: a park the process does itself (parking thread only). */
+const char *hami_fast_park_refusal(void); /* why this process cannot park itself now, or NULL */
+int hami_fast_park(struct hami_slot *s, CUresult *error); /* HAMI_FAST_DONE, _REFUSED, _FAILED (*error), _WITHDRAWN */
+CUresult hami_fast_resume(void);
+uint64_t hami_fast_parked_bytes(int sdev);  /* GPU memory the parked blocks of sdev need back */
+int hami_fast_free_memory(int sdev, uint64_t *free_bytes); /* the driver's free memory on sdev: 0, or -1 */
 
 static inline struct hami_call_mark *hami_call_begin(void)
 {
@@ -376,6 +389,41 @@ static inline void hami_call_cleanup(struct hami_call_mark **m)
 #define HAMI_IN_DRIVER() \
 	struct hami_call_mark *hami_in_driver_ __attribute__((cleanup(hami_call_cleanup))) = hami_call_begin()
 
+/*
+ * vm_backing.c: allocations backed by a reserved address range with physical
+ * memory mapped in (HAMI_FAST_PARK=1), so that the process can park itself
+ * (fast_park.c). A block is one allocation the program got; while parked its
+ * physical memory is gone (handle 0) and host holds its bytes.
+ */
+struct hami_vm_block {
+	CUdeviceptr base;  /* what the program got: the reservation's start */
+	uint64_t size;     /* as asked */
+	uint64_t span;     /* reserved and mapped: size rounded up to the granularity */
+	CUmemGenericAllocationHandle handle; /* 0 while parked */
+	CUcontext ctx;     /* current when it was made */
+	int ordinal;       /* CUDA device */
+	int sdev;          /* slice device, -1 if none */
+	uint64_t extra;    /* span - size, charged by vm_backing.c beside the hook's charge (0 if none) */
+	void *host;        /* its bytes while parked (fast_park.c) */
+	uint8_t *zero;     /* ... and which of their runs were all zeros */
+};
+extern pthread_mutex_t hami_vm_lock;
+int hami_vm_enabled(void);
+void hami_vm_disable(void); /* later allocations the old way */
+CUresult hami_vm_alloc(CUdeviceptr *dptr, size_t bytes, CUresult (*driver)(CUdeviceptr *, size_t));
+CUresult hami_vm_alloc_pitch(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height, unsigned elem,
+			     CUresult (*driver)(CUdeviceptr *, size_t *, size_t, size_t, unsigned));
+CUresult hami_vm_free(CUdeviceptr p, CUresult (*driver)(CUdeviceptr));
+CUresult hami_vm_free_async(CUdeviceptr p, CUstream stream, int per_thread,
+			    CUresult (*driver)(CUdeviceptr, CUstream));
+int hami_vm_find(CUdeviceptr p, struct hami_vm_block *out); /* the block holding p: 0, or -1 */
+size_t hami_vm_snapshot(struct hami_vm_block **out);        /* a malloc'd copy of the table */
+void hami_vm_update(const struct hami_vm_block *b);         /* write a block back (same base) */
+CUresult hami_vm_map(struct hami_vm_block *b);   /* new physical memory at b->base, access set */
+CUresult hami_vm_unmap(struct hami_vm_block *b); /* b's physical memory unmapped and released */
+void hami_vm_peer_added(int ordinal, int peer);  /* peer may reach ordinal's memory */
+void hami_vm_after_fork(void);
+
 /* records.c: what this process was charged for, by handle */
 enum hami_kind {
 	HAMI_KIND_MEMORY = 1, /* cuMemAlloc, pitch, managed: credited by cuMemFree */
@@ -399,6 +447,8 @@ struct hami_record {
 int hami_record_put(const struct hami_record *r);
 int hami_record_take(uint32_t kind, uint64_t key, struct hami_record *out);
 int hami_record_get(uint32_t kind, uint64_t key, struct hami_record *out);
+/* Bytes charged by the records of the kinds in mask (1u << kind), per slice device. */
+void hami_record_sums(uint32_t mask, uint64_t out[HAMI_SLICE_MAX_DEVICES]);
 void hami_settle_free(int known, const struct hami_record *r, CUresult rc);
 void hami_records_reset(void);
 
@@ -417,6 +467,7 @@ extern pthread_mutex_t hami_thunks_lock;  /* park_gate_thunks.c: the thunk table
 extern pthread_mutex_t hami_claim_lock;   /* slice.c: GPU entry claims */
 extern pthread_mutex_t hami_slot_lock;    /* slice.c: slot locks, sweeps */
 extern pthread_mutex_t hami_records_mutex; /* records.c: the handle table */
+/* vm_backing.c's hami_vm_lock: the table of backed allocations (declared with its interface) */
 /* room.c's hami_room_lock: the table of waits for GPU room (declared with room.c's interface) */
 void hami_slice_after_fork(void);
 

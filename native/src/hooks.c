@@ -94,9 +94,10 @@ static const struct hami_hook hooks[] = {
 #define HOOK_COUNT (sizeof(hooks) / sizeof(hooks[0]))
 
 static void *real_of[HOOK_COUNT];
-/* Hooks that guard no limit: the parking gate's (park_gate_hooks.c) and the
- * waits for the driver's own memory (driver_memory_hooks.c). */
-#define MAX_OTHER_HOOKS 128 /* 55 + 16 */
+/* Hooks that guard no limit: the parking gate's (park_gate_hooks.c), the
+ * waits for the driver's own memory (driver_memory_hooks.c) and the answers
+ * about memory backed for the fast park (vm_hooks.c). */
+#define MAX_OTHER_HOOKS 128 /* 69 + 16 + 5 */
 static const struct hami_hook *other[MAX_OTHER_HOOKS];
 static void *other_real_of[MAX_OTHER_HOOKS];
 static size_t other_count;
@@ -115,6 +116,8 @@ void *hami_hook_by_name(const char *name)
 	void *hook = by_name(hooks, HOOK_COUNT, name);
 	if (!hook)
 		hook = by_name(hami_gate_hooks, hami_gate_hook_count, name);
+	if (!hook)
+		hook = by_name(hami_vm_hooks, hami_vm_hook_count, name);
 	return hook ? hook : by_name(hami_driver_memory_hooks, hami_driver_memory_hook_count, name);
 }
 
@@ -131,6 +134,8 @@ static void resolve_reals(void)
 		other[other_count++] = &hami_gate_hooks[i];
 	for (size_t i = 0; i < hami_driver_memory_hook_count && other_count < MAX_OTHER_HOOKS; i++)
 		other[other_count++] = &hami_driver_memory_hooks[i];
+	for (size_t i = 0; i < hami_vm_hook_count && other_count < MAX_OTHER_HOOKS; i++)
+		other[other_count++] = &hami_vm_hooks[i];
 	for (size_t i = 0; i < other_count; i++)
 		other_real_of[i] = real_sym(other[i]->name);
 }

@@ -4,7 +4,9 @@
  * free. A free of something we never saw still goes to the driver. When the
  * slice had room but the GPU had not (or the node agent's room ledger keeps
  * what is free for others), the call waits for the memory broker to make room
- * and is tried again (HAMI_TAKE), the reservation kept meanwhile.
+ * and is tried again (HAMI_TAKE), the reservation kept meanwhile. With
+ * HAMI_FAST_PARK=1 the plain and pitched allocations are backed by
+ * vm_backing.c where the hooks call the driver, charged the same.
  */
 #include <pthread.h>
 #include <string.h>
@@ -74,7 +76,7 @@ static CUresult charged_alloc(CUdeviceptr *dptr, size_t bytes, const char *what,
 		return rc;
 	if (sdev >= 0 && bytes && (rc = hami_charge(sdev, bytes, what)) != CUDA_SUCCESS)
 		return rc;
-	HAMI_TAKE(rc, sdev, bytes, what, managed ? managed(dptr, bytes, flags) : fn(dptr, bytes));
+	HAMI_TAKE(rc, sdev, bytes, what, managed ? managed(dptr, bytes, flags) : hami_vm_alloc(dptr, bytes, fn));
 	if (sdev < 0 || !bytes)
 		return rc;
 	if (rc != CUDA_SUCCESS)
@@ -116,7 +118,7 @@ HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 		guess = UINT64_MAX; /* no GPU holds it: the charge refuses it */
 	if (sdev >= 0 && guess && (rc = hami_charge(sdev, guess, "cuMemAllocPitch")) != CUDA_SUCCESS)
 		return rc;
-	HAMI_TAKE(rc, sdev, guess, "cuMemAllocPitch", fn(dptr, pitch, width, height, elementSize));
+	HAMI_TAKE(rc, sdev, guess, "cuMemAllocPitch", hami_vm_alloc_pitch(dptr, pitch, width, height, elementSize, fn));
 	if (sdev < 0 || !guess)
 		return rc;
 	if (rc != CUDA_SUCCESS) {
@@ -126,7 +128,7 @@ HAMI_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
 	uint64_t actual;
 	if (hami_mul(*pitch, height, &actual) < 0 ||
 	    (actual > guess && hami_charge(sdev, actual - guess, "cuMemAllocPitch") != CUDA_SUCCESS)) {
-		HAMI_REAL(free_fn, "cuMemFree_v2")(*dptr);
+		hami_vm_free(*dptr, HAMI_REAL(free_fn, "cuMemFree_v2"));
 		hami_credit(sdev, guess);
 		*dptr = 0;
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -145,7 +147,7 @@ HAMI_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 		return CUDA_ERROR_NOT_FOUND;
 	struct hami_record r;
 	int known = hami_record_take(HAMI_KIND_MEMORY, dptr, &r) == 0;
-	CUresult rc = fn(dptr);
+	CUresult rc = hami_vm_free(dptr, fn);
 	hami_settle_free(known, &r, rc);
 	return rc;
 }
@@ -316,7 +318,7 @@ static CUresult free_async(CUdeviceptr dptr, CUstream stream, int per_thread, fr
 	}
 	/* cuMemFreeAsync may also free memory from cuMemAlloc. */
 	int known = hami_record_take(HAMI_KIND_MEMORY, dptr, &r) == 0;
-	CUresult rc = fn(dptr, stream);
+	CUresult rc = hami_vm_free_async(dptr, stream, per_thread, fn);
 	hami_settle_free(known, &r, rc);
 	return rc;
 }

@@ -20,9 +20,16 @@
  *    a wait for the memory broker to make room (room.c), then the restore is
  *    tried again;
  *  - a parker that died half-way (PARKING, and nobody holds its lock) is
- *    undone by "hami-park recover".
+ *    undone by "hami-park recover";
+ *  - the fast park: a parker that asks (park_fast ASKED) gets this process
+ *    to move the memory it backed itself (fast_park.c) while its other
+ *    threads wait at the gate, or a refusal when it cannot (the parker then
+ *    checkpoints it); such a process resumes itself the same way.
  *
- * Nothing here calls the CUDA driver or NVML: in a locked process both block.
+ * Nothing here calls the CUDA driver or NVML while the driver may hold the
+ * process (a checkpoint park): in a locked process both block. The fast park
+ * calls the driver only while nobody locks the process: before its copy
+ * begins the parker may still withdraw, and from then on it waits.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -60,6 +67,7 @@ static uint64_t next_try_ns;      /* parking thread only */
 static uint32_t last_wait_logged; /* parking thread only */
 static struct hami_room room = HAMI_ROOM_INIT; /* a resume's wait for GPU room (parking thread only) */
 static int thread_started;
+static int fast_parked;           /* this process parked itself (parking thread only) */
 
 /* ---- which threads are inside the driver --------------------------------- */
 
@@ -93,7 +101,7 @@ struct hami_call_mark *hami_call_mark_new(void)
 }
 
 /* Whether any thread is inside the driver now; *calls: every call made so far. */
-static int someone_in_driver(uint64_t *calls)
+int hami_threads_in_driver(uint64_t *calls)
 {
 	int inside = 0;
 	uint64_t sum = 0;
@@ -309,6 +317,67 @@ static int resume_turn(struct hami_slot *s, uint64_t keep[HAMI_SLICE_MAX_DEVICES
 	return 0;
 }
 
+/*
+ * Whether GPU sdev has bytes for a fast resume now: its turn, and room beyond
+ * what the room ledger keeps for parks and for others, as an allocation
+ * (room_ledger.c: this process is not locked, so NVML answers it). 1: room, or
+ * no way to tell (the driver's own refusal then says).
+ */
+static int gpu_has_room(int sdev, uint64_t bytes)
+{
+	if (hami_room_turn(&room, sdev, bytes) != CUDA_SUCCESS)
+		return 0;
+	uint64_t free_bytes;
+	return hami_fast_free_memory(sdev, &free_bytes) < 0 || free_bytes >= bytes;
+}
+
+/* Still parked, nothing reserved: the broker may park others for it, never
+ * this process. Its OK: try again at once. */
+static void wait_for_gpu(struct hami_slot *s, int short_of)
+{
+	next_try_ns = hami_monotonic_ns() + RETRY_NS;
+	if (short_of >= 0 &&
+	    hami_room_wait(&room, short_of, __atomic_load_n(&s->parked[short_of], __ATOMIC_ACQUIRE), NULL,
+			   resume_wanted))
+		next_try_ns = 0;
+}
+
+/* The same as the end of a restore, for a process that parked itself. */
+static void resumed(struct hami_slot *s);
+
+/* A process that parked itself brings its memory back itself: room on each
+ * GPU first, then the blocks mapped again and their bytes copied back. */
+static void fast_resume(struct hami_slot *s)
+{
+	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++) {
+		if (!__atomic_load_n(&s->parked[d], __ATOMIC_ACQUIRE) || gpu_has_room(d, hami_fast_parked_bytes(d)))
+			continue;
+		unreserve(s, HAMI_SLICE_MAX_DEVICES);
+		set_wait(s, HAMI_PARK_WAIT_GPU);
+		wait_for_gpu(s, d);
+		return;
+	}
+	__atomic_store_n(&s->park_state, HAMI_PARK_RESUMING, __ATOMIC_RELEASE);
+	CUresult rc = hami_fast_resume();
+	if (rc != CUDA_SUCCESS) {
+		unreserve(s, HAMI_SLICE_MAX_DEVICES);
+		__atomic_store_n(&s->park_error, rc, __ATOMIC_RELAXED);
+		__atomic_store_n(&s->park_state, HAMI_PARK_PARKED, __ATOMIC_RELEASE);
+		hami_log(rc == CUDA_ERROR_OUT_OF_MEMORY ? HAMI_LOG_INFO : HAMI_LOG_ERROR,
+			 "bringing the parked memory back failed (error %d); it stays in host memory and is tried "
+			 "again", rc);
+		set_wait(s, rc == CUDA_ERROR_OUT_OF_MEMORY ? HAMI_PARK_WAIT_GPU : HAMI_PARK_WAIT_NONE);
+		if (rc == CUDA_ERROR_OUT_OF_MEMORY)
+			wait_for_gpu(s, short_device(s, ""));
+		else
+			next_try_ns = hami_monotonic_ns() + RETRY_NS;
+		return;
+	}
+	fast_parked = 0;
+	__atomic_store_n(&s->park_fast, HAMI_FAST_NONE, __ATOMIC_RELAXED);
+	resumed(s);
+}
+
 static void resume(struct hami_slot *s)
 {
 	uint64_t now = hami_monotonic_ns();
@@ -325,16 +394,17 @@ static void resume(struct hami_slot *s)
 		set_wait(s, HAMI_PARK_WAIT_SLICE);
 		return;
 	}
+	if (fast_parked) {
+		fast_resume(s);
+		return;
+	}
 	uint64_t keep[HAMI_SLICE_MAX_DEVICES];
 	int turn_on = -1;
 	if (resume_turn(s, keep, &turn_on) < 0) {
 		/* Others were first: the broker serves this resume in its turn. */
 		unreserve(s, HAMI_SLICE_MAX_DEVICES);
 		set_wait(s, HAMI_PARK_WAIT_GPU);
-		next_try_ns = hami_monotonic_ns() + RETRY_NS;
-		if (hami_room_wait(&room, turn_on, __atomic_load_n(&s->parked[turn_on], __ATOMIC_ACQUIRE), NULL,
-				   resume_wanted))
-			next_try_ns = 0;
+		wait_for_gpu(s, turn_on);
 		return;
 	}
 	/* Each GPU must have the bytes free beyond what is kept: hami-park asks
@@ -360,18 +430,16 @@ static void resume(struct hami_slot *s)
 		__atomic_store_n(&s->park_error, rc, __ATOMIC_RELAXED);
 		__atomic_store_n(&s->park_state, HAMI_PARK_PARKED, __ATOMIC_RELEASE);
 		set_wait(s, rc == CUDA_ERROR_OUT_OF_MEMORY ? HAMI_PARK_WAIT_GPU : HAMI_PARK_WAIT_NONE);
-		next_try_ns = hami_monotonic_ns() + RETRY_NS;
-		int short_of = rc == CUDA_ERROR_OUT_OF_MEMORY ? short_device(s, answer) : -1;
-		/* Still parked, nothing reserved: the broker may park others for it,
-		 * never this process. Its OK: try again at once. */
-		if (short_of >= 0 &&
-		    hami_room_wait(&room, short_of, __atomic_load_n(&s->parked[short_of], __ATOMIC_ACQUIRE), NULL,
-				   resume_wanted))
-			next_try_ns = 0;
+		wait_for_gpu(s, rc == CUDA_ERROR_OUT_OF_MEMORY ? short_device(s, answer) : -1);
 		return;
 	}
+	resumed(s);
+}
+
+static void resumed(struct hami_slot *s)
+{
 	hami_room_end(&room);
-	for (d = 0; d < HAMI_SLICE_MAX_DEVICES; d++)
+	for (int d = 0; d < HAMI_SLICE_MAX_DEVICES; d++)
 		__atomic_store_n(&s->parked[d], 0, __ATOMIC_RELAXED);
 	moved = 0;
 	last_wait_logged = HAMI_PARK_WAIT_NONE;
@@ -384,6 +452,42 @@ static void resume(struct hami_slot *s)
 	hami_log(HAMI_LOG_INFO, "resumed: this process's GPU memory is back on the GPU");
 }
 
+/* ---- the fast park ------------------------------------------------------------- */
+
+/* A parker asks this process to park itself (park_state PARKING, the parker
+ * holding its lock): refuse at once when it cannot, else move its memory. */
+static void fast_answer(struct hami_slot *s)
+{
+	uint32_t asked = HAMI_FAST_ASKED;
+	const char *why = hami_fast_park_refusal();
+	if (why) {
+		hami_log(HAMI_LOG_INFO, "asked to park itself: it cannot (%s); the parker checkpoints it", why);
+		__atomic_compare_exchange_n(&s->park_fast, &asked, HAMI_FAST_REFUSED, 0, __ATOMIC_ACQ_REL,
+					    __ATOMIC_ACQUIRE);
+		return;
+	}
+	if (!__atomic_compare_exchange_n(&s->park_fast, &asked, HAMI_FAST_TAKEN, 0, __ATOMIC_ACQ_REL,
+					 __ATOMIC_ACQUIRE))
+		return; /* withdrawn meanwhile */
+	CUresult error;
+	int outcome = hami_fast_park(s, &error);
+	if (outcome == HAMI_FAST_DONE) {
+		moved = 1;
+		fast_parked = 1;
+		hami_log(HAMI_LOG_INFO, "parked: this process moved its GPU memory to host memory itself");
+	} else if (outcome == HAMI_FAST_FAILED) {
+		__atomic_store_n(&s->park_error, error, __ATOMIC_RELAXED);
+		hami_log(HAMI_LOG_WARN, "parking itself failed half-way (error %d); nothing is lost, it runs on "
+			 "unparked", error);
+	}
+	if (outcome == HAMI_FAST_WITHDRAWN) {
+		uint32_t w = HAMI_FAST_WITHDRAWN;
+		__atomic_compare_exchange_n(&s->park_fast, &w, HAMI_FAST_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		return;
+	}
+	__atomic_store_n(&s->park_fast, (uint32_t)outcome, __ATOMIC_RELEASE);
+}
+
 void hami_park_tick(void)
 {
 	struct hami_slot *s = __atomic_load_n(&hami_parkable_slot, __ATOMIC_ACQUIRE);
@@ -392,7 +496,7 @@ void hami_park_tick(void)
 	/* The heartbeat a parker checks: this thread, which resumes, is running. */
 	__atomic_store_n(&s->active_unix_ns, hami_now_ns(), __ATOMIC_RELAXED);
 	uint64_t calls;
-	int inside = someone_in_driver(&calls);
+	int inside = hami_threads_in_driver(&calls);
 	if (calls != calls_seen) {
 		calls_seen = calls;
 		__atomic_store_n(&s->gpu_active_unix_ns, hami_now_ns(), __ATOMIC_RELAXED);
@@ -405,7 +509,23 @@ void hami_park_tick(void)
 	if (inside)
 		__atomic_store_n(&s->park_wanted, 1, __ATOMIC_RELEASE);
 	int parker = hami_slot_byte_locked(slot_index_of(s), offsetof(struct hami_slot, park_state));
+	uint32_t fast = __atomic_load_n(&s->park_fast, __ATOMIC_ACQUIRE);
+	if (fast == HAMI_FAST_WITHDRAWN) { /* the parker checkpoints instead: the request is over */
+		__atomic_compare_exchange_n(&s->park_fast, &fast, HAMI_FAST_NONE, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		fast = HAMI_FAST_NONE;
+	}
+	if (state == HAMI_PARK_PARKING && fast == HAMI_FAST_ASKED && parker == 1) {
+		fast_answer(s);
+		return;
+	}
+	if (state == HAMI_PARK_PARKING && fast == HAMI_FAST_DONE && parker == 0) {
+		/* It parked itself and its parker died before saying so: parked all the same. */
+		__atomic_store_n(&s->park_unix_ns, hami_now_ns(), __ATOMIC_RELAXED);
+		__atomic_store_n(&s->park_state, HAMI_PARK_PARKED, __ATOMIC_RELEASE);
+		return;
+	}
 	if (state == HAMI_PARK_PARKING && parker == 0) {
+		__atomic_store_n(&s->park_fast, HAMI_FAST_NONE, __ATOMIC_RELAXED);
 		/* The parker died half-way: never leave the process locked. */
 		char answer[512];
 		hami_log(HAMI_LOG_WARN, "the process that was parking this one is gone: undoing its work");
@@ -470,6 +590,7 @@ void hami_park_after_fork(void)
 	thread_started = 0;
 	__atomic_store_n(&hami_parkable_slot, NULL, __ATOMIC_RELEASE);
 	moved = 0;
+	fast_parked = 0;
 	calls_seen = 0;
 	next_try_ns = 0;
 	if (room.fd >= 0)

@@ -72,6 +72,23 @@ GATED(cuMemsetD16Async_ptsz, (dptr d, unsigned short v, size_t n, CUstream st), 
 GATED(cuMemsetD32Async, (dptr d, unsigned int v, size_t n, CUstream st), (d, v, n, st))
 GATED(cuMemsetD32Async_ptsz, (dptr d, unsigned int v, size_t n, CUstream st), (d, v, n, st))
 
+/* 2D sets and stream memory operations: they touch device memory too, which a
+ * process that parked itself has released until its resume */
+GATED(cuMemsetD2D8_v2, (dptr d, size_t p, unsigned char v, size_t w, size_t h), (d, p, v, w, h))
+GATED(cuMemsetD2D8_v2_ptds, (dptr d, size_t p, unsigned char v, size_t w, size_t h), (d, p, v, w, h))
+GATED(cuMemsetD2D16_v2, (dptr d, size_t p, unsigned short v, size_t w, size_t h), (d, p, v, w, h))
+GATED(cuMemsetD2D16_v2_ptds, (dptr d, size_t p, unsigned short v, size_t w, size_t h), (d, p, v, w, h))
+GATED(cuMemsetD2D32_v2, (dptr d, size_t p, unsigned int v, size_t w, size_t h), (d, p, v, w, h))
+GATED(cuMemsetD2D32_v2_ptds, (dptr d, size_t p, unsigned int v, size_t w, size_t h), (d, p, v, w, h))
+GATED(cuStreamWaitValue32, (CUstream st, dptr a, cuuint32_t v, unsigned int f), (st, a, v, f))
+GATED(cuStreamWaitValue32_ptsz, (CUstream st, dptr a, cuuint32_t v, unsigned int f), (st, a, v, f))
+GATED(cuStreamWaitValue32_v2, (CUstream st, dptr a, cuuint32_t v, unsigned int f), (st, a, v, f))
+GATED(cuStreamWaitValue32_v2_ptsz, (CUstream st, dptr a, cuuint32_t v, unsigned int f), (st, a, v, f))
+GATED(cuStreamWriteValue32, (CUstream st, dptr a, cuuint32_t v, unsigned int f), (st, a, v, f))
+GATED(cuStreamWriteValue32_ptsz, (CUstream st, dptr a, cuuint32_t v, unsigned int f), (st, a, v, f))
+GATED(cuStreamWriteValue32_v2, (CUstream st, dptr a, cuuint32_t v, unsigned int f), (st, a, v, f))
+GATED(cuStreamWriteValue32_v2_ptsz, (CUstream st, dptr a, cuuint32_t v, unsigned int f), (st, a, v, f))
+
 /* waiting */
 GATED(cuCtxSynchronize, (void), ())
 GATED(cuStreamSynchronize, (CUstream st), (st))
@@ -132,6 +149,20 @@ const struct hami_hook hami_gate_hooks[] = {
 	GATE(cuMemsetD16Async_ptsz),
 	GATE(cuMemsetD32Async),
 	GATE(cuMemsetD32Async_ptsz),
+	GATE(cuMemsetD2D8_v2),
+	GATE(cuMemsetD2D8_v2_ptds),
+	GATE(cuMemsetD2D16_v2),
+	GATE(cuMemsetD2D16_v2_ptds),
+	GATE(cuMemsetD2D32_v2),
+	GATE(cuMemsetD2D32_v2_ptds),
+	GATE(cuStreamWaitValue32),
+	GATE(cuStreamWaitValue32_ptsz),
+	GATE(cuStreamWaitValue32_v2),
+	GATE(cuStreamWaitValue32_v2_ptsz),
+	GATE(cuStreamWriteValue32),
+	GATE(cuStreamWriteValue32_ptsz),
+	GATE(cuStreamWriteValue32_v2),
+	GATE(cuStreamWriteValue32_v2_ptsz),
 	GATE(cuCtxSynchronize),
 	GATE(cuStreamSynchronize),
 	GATE(cuStreamSynchronize_ptsz),

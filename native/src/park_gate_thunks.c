@@ -123,6 +123,11 @@ static int never_gated(const char *name)
 
 #endif
 
+int hami_gate_thunks_available(void)
+{
+	return HAVE_THUNKS;
+}
+
 /* The thunk in front of the real driver function *real* named *name*, or *real*
  * itself (no thunks here, the pool spent, or a name never gated). */
 void *hami_gate_thunk(const char *name, void *real)

@@ -115,6 +115,20 @@ int hami_record_take(uint32_t kind, uint64_t key, struct hami_record *out)
 	return r ? 0 : -1;
 }
 
+void hami_record_sums(uint32_t mask, uint64_t out[HAMI_SLICE_MAX_DEVICES])
+{
+	memset(out, 0, HAMI_SLICE_MAX_DEVICES * sizeof(out[0]));
+	pthread_mutex_lock(&lock);
+	for (size_t i = 0; i < capacity; i++) {
+		const struct hami_record *r = &table[i];
+		if (r->kind == EMPTY || r->kind == DELETED || r->kind >= 32 || !(mask & (1u << r->kind)) ||
+		    r->sdev < 0 || r->sdev >= HAMI_SLICE_MAX_DEVICES)
+			continue;
+		out[r->sdev] += r->bytes;
+	}
+	pthread_mutex_unlock(&lock);
+}
+
 /* After fork: the child owns no device memory of its own yet. */
 void hami_records_reset(void)
 {

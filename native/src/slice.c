@@ -548,6 +548,8 @@ static void reclaim_slot(struct hami_slice_file *f, int i, int dead)
 	}
 	__atomic_store_n(&s->park_state, HAMI_PARK_RUNNING, __ATOMIC_RELAXED);
 	__atomic_store_n(&s->park_wanted, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->park_fast, HAMI_FAST_NONE, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->park_fast_able, 0, __ATOMIC_RELAXED);
 	if (dead && __atomic_load_n(&s->state, __ATOMIC_ACQUIRE) == HAMI_SLOT_LIVE)
 		hami_log(HAMI_LOG_INFO, "slice \"%s\": reclaimed slot %d of dead process %d",
 			 f->header.name, i, s->pid);
@@ -737,6 +739,9 @@ static int claim_slot(struct hami_slice_file *f)
 		s->park_wanted = s->park_wait = 0;
 		s->park_error = 0;
 		s->park_unix_ns = 0;
+		s->park_fast = HAMI_FAST_NONE;
+		/* A parker asks this process to park itself only when its library can. */
+		s->park_fast_able = hami_config()->fast_park && hami_gate_thunks_available();
 		s->gpu_active_unix_ns = s->started_unix_ns;
 		memset(s->parked, 0, sizeof(s->parked));
 		memset(s->driver_bytes, 0, sizeof(s->driver_bytes));

@@ -39,7 +39,7 @@
  *                               (race stops after SECONDS too: a sanitizer build is many
  *                               times slower, a test that needs the race to last wants time)
  *   churn SIZE SECONDS          allocate SIZE and free it again, over and over, as a loop that
- *                               makes one tensor a step does: loops, ok, oom, other
+ *                               makes one tensor a step does: loops, ok, oom, other, elapsed_ns
  *   getproc BASENAME VERSION FLAGS | getproc1 BASENAME VERSION FLAGS
  *   dlsym NAME | nvmldlsym NAME | resolve dlsym|next|default|procaddr|procaddr1 [VERSION [FLAGS]]
  *                               (next, default: dlsym(RTLD_NEXT / RTLD_DEFAULT, ...) from cudrive)
@@ -55,6 +55,26 @@
  *                               at its first block with the caller's current context; it keeps
  *                               its context, capture mode and captures between blocks. The caller
  *                               waits for the block, then prints {"op":"worker","name":..,"blocks":N}
+ *
+ * Virtual memory (the driver's rules; the fast park stands on them):
+ *   vmalloc SIZE DEV [NAME]     memory a program maps itself, as PyTorch's expandable segments do:
+ *                               cuMemCreate, cuMemAddressReserve, cuMemMap, cuMemSetAccess (rw for
+ *                               DEV), SIZE rounded up to the granularity; `free NAME` undoes it all
+ *   vm reserve NAME SIZE [ALIGN [ADDR]] | vm map RANGE OFFSET HANDLE [SIZE [HANDLE_OFFSET]] |
+ *   vm unmap RANGE OFFSET SIZE | vm access RANGE OFFSET SIZE DEV none|r|rw |
+ *   vm getaccess RANGE OFFSET DEV | vm retain RANGE OFFSET [NAME] | vm gran DEV
+ *                               the calls one by one (a HANDLE is memcreate's; `free RANGE` is
+ *                               cuMemAddressFree); write, check and touch take a range whole
+ *   touch NAME [COUNT [PAUSE_MS]]
+ *                               COUNT kernels adding 1 to every byte of NAME (the simulated GPU's
+ *                               "hami_sim_touch"; a PTX kernel of that name on a real GPU),
+ *                               PAUSE_MS apart
+ *   range NAME [OFFSET] | ptrattr NAME [OFFSET] | ipc NAME | peer DEV
+ *                               cuMemGetAddressRange_v2 (base_offset from NAME's start, size);
+ *                               cuPointerGetAttributes (context, type, ordinal, ipc, start_offset,
+ *                               size, mapped, managed, buffer_id); cuIpcGetMemHandle of NAME;
+ *                               cuCtxEnablePeerAccess to DEV's primary context
+ *   simfail CALL N              the simulated GPU's hamiSimFail: the Nth next call of CALL fails
  *
  * Process checkpoints (another process's GPU memory to host memory and back):
  *   ckpt lock PID [TIMEOUT_MS]  cuCheckpointProcessLock (no TIMEOUT_MS: NULL args, no timeout);
@@ -240,6 +260,19 @@ typedef CUresult (*fn_memcpy_dtoh)(void *, CUdeviceptr, size_t);
 typedef CUresult (*fn_ckpt_lock)(int, CUcheckpointLockArgs *);
 typedef CUresult (*fn_ckpt_step)(int, void *); /* checkpoint, restore, unlock: args always NULL */
 typedef CUresult (*fn_ckpt_state)(int, CUprocessState *);
+typedef CUresult (*fn_addr_reserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+typedef CUresult (*fn_addr_free)(CUdeviceptr, size_t);
+typedef CUresult (*fn_mem_map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+typedef CUresult (*fn_mem_unmap)(CUdeviceptr, size_t);
+typedef CUresult (*fn_set_access)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+typedef CUresult (*fn_get_access)(unsigned long long *, const CUmemLocation *, CUdeviceptr);
+typedef CUresult (*fn_retain_handle)(CUmemGenericAllocationHandle *, void *);
+typedef CUresult (*fn_granularity)(size_t *, const CUmemAllocationProp *, int);
+typedef CUresult (*fn_address_range)(CUdeviceptr *, size_t *, CUdeviceptr);
+typedef CUresult (*fn_pointer_attrs)(unsigned int, int *, void **, CUdeviceptr);
+typedef CUresult (*fn_ipc_handle)(CUipcMemHandle *, CUdeviceptr);
+typedef CUresult (*fn_peer_enable)(CUcontext, unsigned int);
+typedef int (*fn_sim_fail)(const char *, unsigned int);
 
 typedef struct CUevent_st *CUevent;
 
@@ -610,6 +643,18 @@ enum fn_id {
 	F_STREAM_QUERY,
 	F_STREAM_WAIT_VALUE,
 	F_STREAM_WRITE_VALUE,
+	F_ADDR_RESERVE,
+	F_ADDR_FREE,
+	F_MEM_MAP,
+	F_MEM_UNMAP,
+	F_SET_ACCESS,
+	F_GET_ACCESS,
+	F_RETAIN_HANDLE,
+	F_GRANULARITY,
+	F_ADDRESS_RANGE,
+	F_POINTER_ATTRS,
+	F_IPC_HANDLE,
+	F_PEER_ENABLE,
 	F_COUNT
 };
 
@@ -695,6 +740,18 @@ static const struct fn_entry fn_table[F_COUNT] = {
 	/* The _v2 forms (CUDA 11.7); cuGetProcAddress gives them from 11070. */
 	[F_STREAM_WAIT_VALUE] = {"cuStreamWaitValue32_v2", "cuStreamWaitValue32"},
 	[F_STREAM_WRITE_VALUE] = {"cuStreamWriteValue32_v2", "cuStreamWriteValue32"},
+	[F_ADDR_RESERVE] = {"cuMemAddressReserve", "cuMemAddressReserve"},
+	[F_ADDR_FREE] = {"cuMemAddressFree", "cuMemAddressFree"},
+	[F_MEM_MAP] = {"cuMemMap", "cuMemMap"},
+	[F_MEM_UNMAP] = {"cuMemUnmap", "cuMemUnmap"},
+	[F_SET_ACCESS] = {"cuMemSetAccess", "cuMemSetAccess"},
+	[F_GET_ACCESS] = {"cuMemGetAccess", "cuMemGetAccess"},
+	[F_RETAIN_HANDLE] = {"cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle"},
+	[F_GRANULARITY] = {"cuMemGetAllocationGranularity", "cuMemGetAllocationGranularity"},
+	[F_ADDRESS_RANGE] = {"cuMemGetAddressRange_v2", "cuMemGetAddressRange"},
+	[F_POINTER_ATTRS] = {"cuPointerGetAttributes", "cuPointerGetAttributes"},
+	[F_IPC_HANDLE] = {"cuIpcGetMemHandle", "cuIpcGetMemHandle"},
+	[F_PEER_ENABLE] = {"cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess"},
 };
 
 static void *fn_cache[F_COUNT];
@@ -872,11 +929,13 @@ enum obj_kind {
 	K_CTX,      /* cuCtxDestroy_v2 */
 	K_DECODER,  /* cuvidDestroyDecoder */
 	K_PARSER,   /* cuvidDestroyVideoParser */
-	K_STREAM    /* cuStreamDestroy_v2 */
+	K_STREAM,   /* cuStreamDestroy_v2 */
+	K_RANGE,    /* cuMemAddressReserve: cuMemAddressFree */
+	K_VMEM      /* vmalloc, a program's own mapped memory: cuMemUnmap, cuMemRelease, cuMemAddressFree */
 };
 
 static const char *kind_name[] = {"mem", "async", "array", "mipmap", "handle", "pool", "ctx", "decoder", "parser",
-				  "stream"};
+				  "stream", "range", "vmem"};
 
 #define NAME_LEN 64
 
@@ -946,8 +1005,8 @@ static const char *const command_words[] = {
 	"unmapframe", "mapframe32", "unmapframe32", "reconfigure", "decodestatus", "parser", "unparser",
 	"ctxlock", "cuviddlsym", "write", "check", "ckpt", "freeasync", "capturemode", "ungraph", "graphupload",
 	"graphmem", "graphmemreset", "graphtrim", "nvmlgraphics", "internal", "graphics", "worker", "endworker",
-	"stream", "launchon", "streamsync", "streamquery", "waitvalue", "writevalue", "alternate", "events", "handle",
-	NULL};
+	"stream", "launchon", "streamsync", "streamquery", "waitvalue", "writevalue", "alternate", "events",
+	"vmalloc", "vm", "touch", "range", "ptrattr", "ipc", "peer", "simfail", "handle", NULL};
 
 static bool is_command_word(const char *w)
 {
@@ -1587,6 +1646,8 @@ static int cmd_mipmap(struct stream *s, struct result *r)
 static CUresult destroy_cuvid(struct result *r, struct obj *o);
 
 /* The matching free for the object's kind; the object is forgotten on success. */
+static CUresult destroy_vm(struct result *r, struct obj *o);
+
 static CUresult destroy_obj(struct result *r, struct obj *o)
 {
 	CUresult rc;
@@ -1594,6 +1655,8 @@ static CUresult destroy_obj(struct result *r, struct obj *o)
 	enum fn_id id;
 	if (o->kind == K_DECODER || o->kind == K_PARSER)
 		return destroy_cuvid(r, o);
+	if (o->kind == K_RANGE || o->kind == K_VMEM)
+		return destroy_vm(r, o);
 	switch (o->kind) {
 	case K_MEM: id = F_MEM_FREE; break;
 	case K_ASYNC: id = F_MEM_FREE_ASYNC; break;
@@ -1969,7 +2032,7 @@ static int cmd_churn(struct stream *s, struct result *r)
 	NEED(alloc, fn_mem_alloc, F_MEM_ALLOC);
 	NEED(release, fn_mem_free, F_MEM_FREE);
 	unsigned long long loops = 0, ok = 0, oom = 0, other = 0;
-	uint64_t deadline = now_ns() + (uint64_t)(secs * 1e9);
+	uint64_t began = now_ns(), deadline = began + (uint64_t)(secs * 1e9);
 	while ((loops & 255) != 0 || now_ns() < deadline) {
 		CUdeviceptr p = 0;
 		CUresult rc = alloc(&p, (size_t)size);
@@ -1988,6 +2051,7 @@ static int cmd_churn(struct stream *s, struct result *r)
 	res_u64(r, "ok", ok);
 	res_u64(r, "oom", oom);
 	res_u64(r, "other", other);
+	res_u64(r, "elapsed_ns", now_ns() - began);
 	return 0;
 }
 
@@ -4143,6 +4207,415 @@ static int cmd_cuviddlsym(struct stream *s, struct result *r)
 	return 0;
 }
 
+/* ---- virtual memory management ------------------------------------------------ */
+
+static CUmemAllocationProp device_prop(int ordinal)
+{
+	CUmemAllocationProp prop;
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = ordinal;
+	return prop;
+}
+
+/* A named range or mapped memory, and OFFSET inside it. */
+static struct obj *vm_obj(struct result *r, const char *name, const char *what)
+{
+	struct obj *o = obj_find(name);
+	if (!o || (o->kind != K_RANGE && o->kind != K_VMEM)) {
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no %s named \"%s\"", what, name);
+		return NULL;
+	}
+	return o;
+}
+
+/* Ranges: cuMemAddressFree. Mapped memory of vmalloc: unmapped, released, freed. */
+static CUresult destroy_vm(struct result *r, struct obj *o)
+{
+	fn_addr_free addr_free = (fn_addr_free)need(r, F_ADDR_FREE);
+	if (!addr_free)
+		return CUDA_ERROR_NOT_FOUND;
+	CUresult rc = CUDA_SUCCESS;
+	if (o->kind == K_VMEM) {
+		fn_mem_unmap unmap = (fn_mem_unmap)need(r, F_MEM_UNMAP);
+		fn_mem_release release = (fn_mem_release)need(r, F_MEM_RELEASE);
+		if (!unmap || !release)
+			return CUDA_ERROR_NOT_FOUND;
+		if ((rc = unmap(o->ptr, o->size)) != 0 || (rc = release(o->handle)) != 0)
+			return rc;
+	}
+	if ((rc = addr_free(o->ptr, o->size)) == 0)
+		obj_remove(o);
+	return rc;
+}
+
+/* vmalloc SIZE DEV [NAME]: memory a program maps itself, as PyTorch's
+ * expandable segments do: cuMemCreate, cuMemAddressReserve, cuMemMap,
+ * cuMemSetAccess (read-write for DEV); SIZE rounded up to the granularity. */
+static int cmd_vmalloc(struct stream *s, struct result *r)
+{
+	char name[NAME_LEN];
+	SIZE_ARG(size, "SIZE");
+	INT_ARG(ord, "DEV");
+	if (new_name(s, r, name, "v") < 0)
+		return -1;
+	NEED(gran, fn_granularity, F_GRANULARITY);
+	NEED(create, fn_mem_create, F_MEM_CREATE);
+	NEED(reserve, fn_addr_reserve, F_ADDR_RESERVE);
+	NEED(map, fn_mem_map, F_MEM_MAP);
+	NEED(access, fn_set_access, F_SET_ACCESS);
+	CUmemAllocationProp prop = device_prop((int)ord);
+	size_t g = 0;
+	if ((r->rc = gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) != 0)
+		return 0;
+	unsigned long long span = (size + g - 1) / g * g;
+	CUmemGenericAllocationHandle h = 0;
+	CUdeviceptr p = 0;
+	CUmemAccessDesc desc = {.location = prop.location, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+	res_u64(r, "size", span);
+	if ((r->rc = create(&h, span, &prop, 0)) != 0)
+		return 0;
+	if ((r->rc = reserve(&p, span, 0, 0, 0)) != 0 || (r->rc = map(p, span, 0, h, 0)) != 0 ||
+	    (r->rc = access(p, span, &desc, 1)) != 0) {
+		res_str(r, "detail", "reserve, map or set access failed");
+		return 0; /* what was made is left behind: a test of failures looks at it */
+	}
+	struct obj *o = store(r, name, K_VMEM);
+	if (o) {
+		o->ptr = p;
+		o->size = span;
+		o->handle = h;
+	}
+	res_u64(r, "ptr", p);
+	return 0;
+}
+
+static const char *const access_names[] = {"none", "r", "", "rw"};
+
+/* vm reserve NAME SIZE [ALIGN [ADDR]] | vm map RANGE OFFSET HANDLE [SIZE [HANDLE_OFFSET]] |
+ * vm unmap RANGE OFFSET SIZE | vm access RANGE OFFSET SIZE DEV none|r|rw |
+ * vm getaccess RANGE OFFSET DEV | vm retain RANGE OFFSET NAME | vm gran DEV:
+ * the virtual memory calls one by one, to show the driver's rules. */
+static int cmd_vm(struct stream *s, struct result *r)
+{
+	ARG(what, "reserve|map|unmap|access|getaccess|retain|gran");
+	res_str(r, "call", what);
+	if (strcmp(what, "gran") == 0) {
+		INT_ARG(ord, "DEV");
+		NEED(gran, fn_granularity, F_GRANULARITY);
+		CUmemAllocationProp prop = device_prop((int)ord);
+		size_t g = 0;
+		if ((r->rc = gran(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) == 0)
+			res_u64(r, "granularity", g);
+		return 0;
+	}
+	if (strcmp(what, "reserve") == 0) {
+		ARG(name, "NAME");
+		SIZE_ARG(size, "SIZE");
+		unsigned long long align = 0, addr = 0;
+		const char *a = opt_arg(s), *b = a ? opt_arg(s) : NULL;
+		if ((a && !parse_size(a, &align)) || (b && !parse_u64(b, &addr))) {
+			usage_error(r->op, "CUDRIVE_USAGE", "bad ALIGN or ADDR");
+			return -1;
+		}
+		if (strlen(name) >= NAME_LEN || obj_find(name)) {
+			usage_error(r->op, "CUDRIVE_NAME_IN_USE", "bad or used name: \"%s\"", name);
+			return -1;
+		}
+		NEED(reserve, fn_addr_reserve, F_ADDR_RESERVE);
+		CUdeviceptr p = 0;
+		res_u64(r, "size", size);
+		if ((r->rc = reserve(&p, size, align, addr, 0)) == 0) {
+			struct obj *o = store(r, name, K_RANGE);
+			if (o) {
+				o->ptr = p;
+				o->size = size;
+			}
+			res_u64(r, "ptr", p);
+		}
+		return 0;
+	}
+	ARG(rname, "RANGE");
+	struct obj *range = vm_obj(r, rname, "range");
+	if (!range)
+		return -1;
+	if (strcmp(what, "map") == 0) {
+		SIZE_ARG(off, "OFFSET");
+		ARG(hname, "HANDLE");
+		struct obj *h = obj_find(hname);
+		if (!h || h->kind != K_HANDLE) {
+			usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no handle named \"%s\"", hname);
+			return -1;
+		}
+		unsigned long long size = h->size, hoff = 0;
+		const char *a = opt_arg(s), *b = a ? opt_arg(s) : NULL;
+		if ((a && !parse_size(a, &size)) || (b && !parse_size(b, &hoff))) {
+			usage_error(r->op, "CUDRIVE_USAGE", "bad SIZE or HANDLE_OFFSET");
+			return -1;
+		}
+		NEED(map, fn_mem_map, F_MEM_MAP);
+		r->rc = map(range->ptr + off, size, hoff, h->handle, 0);
+		return 0;
+	}
+	SIZE_ARG(off, "OFFSET");
+	if (strcmp(what, "unmap") == 0) {
+		SIZE_ARG(size, "SIZE");
+		NEED(unmap, fn_mem_unmap, F_MEM_UNMAP);
+		r->rc = unmap(range->ptr + off, size);
+		return 0;
+	}
+	if (strcmp(what, "access") == 0) {
+		SIZE_ARG(size, "SIZE");
+		INT_ARG(ord, "DEV");
+		ARG(how, "none|r|rw");
+		int flags = strcmp(how, "rw") == 0 ? 3 : strcmp(how, "r") == 0 ? 1 : strcmp(how, "none") == 0 ? 0 : -1;
+		if (flags < 0) {
+			usage_error(r->op, "CUDRIVE_USAGE", "bad access \"%s\" (none, r, rw)", how);
+			return -1;
+		}
+		NEED(access, fn_set_access, F_SET_ACCESS);
+		CUmemAccessDesc desc = {.location = {CU_MEM_LOCATION_TYPE_DEVICE, (int)ord}, .flags = flags};
+		r->rc = access(range->ptr + off, size, &desc, 1);
+		return 0;
+	}
+	if (strcmp(what, "getaccess") == 0) {
+		INT_ARG(ord, "DEV");
+		NEED(get, fn_get_access, F_GET_ACCESS);
+		CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, (int)ord};
+		unsigned long long flags = 0;
+		if ((r->rc = get(&flags, &loc, range->ptr + off)) == 0)
+			res_str(r, "access", flags < 4 ? access_names[flags] : "?");
+		return 0;
+	}
+	if (strcmp(what, "retain") == 0) {
+		char name[NAME_LEN];
+		if (new_name(s, r, name, "h") < 0)
+			return -1;
+		NEED(retain, fn_retain_handle, F_RETAIN_HANDLE);
+		CUmemGenericAllocationHandle h = 0;
+		if ((r->rc = retain(&h, (void *)(uintptr_t)(range->ptr + off))) == 0) {
+			struct obj *o = store(r, name, K_HANDLE);
+			if (o)
+				o->handle = h;
+			res_u64(r, "handle", h);
+		}
+		return 0;
+	}
+	usage_error(r->op, "CUDRIVE_USAGE", "unknown vm call \"%s\"", what);
+	return -1;
+}
+
+/* Device memory by name (any kind that has an address), and an optional OFFSET into it. */
+static struct obj *addr_args(struct stream *s, struct result *r, unsigned long long *off)
+{
+	const char *name = next_arg(s);
+	if (!name) {
+		usage_error(r->op, "CUDRIVE_USAGE", "missing argument: NAME");
+		return NULL;
+	}
+	struct obj *o = obj_find(name);
+	if (!o || !o->ptr) {
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no device memory named \"%s\"", name);
+		return NULL;
+	}
+	const char *a = opt_arg(s);
+	*off = 0;
+	if (a && !parse_size(a, off)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad OFFSET: \"%s\"", a);
+		return NULL;
+	}
+	res_str(r, "name", name);
+	return o;
+}
+
+/* range NAME [OFFSET]: cuMemGetAddressRange_v2 of an address in NAME: base
+ * (and base_offset, from NAME's own start) and size. */
+static int cmd_range(struct stream *s, struct result *r)
+{
+	unsigned long long off;
+	struct obj *o = addr_args(s, r, &off);
+	if (!o)
+		return -1;
+	NEED(f, fn_address_range, F_ADDRESS_RANGE);
+	CUdeviceptr base = 0;
+	size_t size = 0;
+	if ((r->rc = f(&base, &size, o->ptr + off)) == 0) {
+		res_u64(r, "base", base);
+		res_i64(r, "base_offset", (long long)(base - o->ptr));
+		res_u64(r, "size", size);
+	}
+	return 0;
+}
+
+/* ptrattr NAME [OFFSET]: cuPointerGetAttributes of the attributes programs ask. */
+static int cmd_ptrattr(struct stream *s, struct result *r)
+{
+	unsigned long long off;
+	struct obj *o = addr_args(s, r, &off);
+	if (!o)
+		return -1;
+	NEED(f, fn_pointer_attrs, F_POINTER_ATTRS);
+	CUcontext ctx = NULL;
+	unsigned type = 0;
+	int ordinal = -1, ipc = 0, mapped = 0, managed = 0;
+	CUdeviceptr start = 0;
+	size_t size = 0;
+	unsigned long long buffer = 0;
+	int attrs[] = {CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+		       CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+		       CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+		       CU_POINTER_ATTRIBUTE_MAPPED, CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_IS_MANAGED};
+	void *data[] = {&ctx, &type, &ordinal, &ipc, &start, &size, &mapped, &buffer, &managed};
+	if ((r->rc = f(sizeof(attrs) / sizeof(attrs[0]), attrs, data, o->ptr + off)) == 0) {
+		res_hex(r, "context", ctx);
+		res_u64(r, "type", type);
+		res_i64(r, "ordinal", ordinal);
+		res_i64(r, "ipc", ipc);
+		res_i64(r, "start_offset", (long long)(start - o->ptr));
+		res_u64(r, "size", size);
+		res_i64(r, "mapped", mapped);
+		res_i64(r, "managed", managed);
+		res_raw(r, ",\"buffer_id\":%s", buffer ? "true" : "false");
+	}
+	return 0;
+}
+
+/* ipc NAME: cuIpcGetMemHandle of NAME's base. */
+static int cmd_ipc(struct stream *s, struct result *r)
+{
+	unsigned long long off;
+	struct obj *o = addr_args(s, r, &off);
+	if (!o)
+		return -1;
+	NEED(f, fn_ipc_handle, F_IPC_HANDLE);
+	CUipcMemHandle h;
+	r->rc = f(&h, o->ptr + off);
+	return 0;
+}
+
+/* peer DEV: the current context may reach DEV's memory (cuCtxEnablePeerAccess
+ * with DEV's primary context, retained here). */
+static int cmd_peer(struct stream *s, struct result *r)
+{
+	INT_ARG(ord, "DEV");
+	NEED(retain, fn_primary_retain, F_PRIMARY_RETAIN);
+	NEED(enable, fn_peer_enable, F_PEER_ENABLE);
+	CUdevice dev;
+	CUcontext peer = NULL;
+	res_i64(r, "dev", ord);
+	if ((r->rc = device_get(r, ord, &dev)) != 0 || (r->rc = retain(&peer, dev)) != 0)
+		return 0;
+	r->rc = enable(peer, 0);
+	return 0;
+}
+
+/* touch NAME [COUNT [PAUSE_MS]]: COUNT launches of a kernel adding 1 to every
+ * byte of NAME, on the NULL stream (the simulated GPU's "hami_sim_touch"),
+ * PAUSE_MS apart: a loop a park can come in the middle of. */
+static const char touch_ptx[] = ".version 7.0\n"
+				".target sm_70\n"
+				".address_size 64\n"
+				".visible .entry hami_sim_touch(.param .u64 p, .param .u64 n)\n"
+				"{\n"
+				"\t.reg .pred %done;\n"
+				"\t.reg .b16 %v;\n"
+				"\t.reg .b32 %rt, %rn, %rc, %rg;\n"
+				"\t.reg .b64 %a, %i, %n, %step, %t;\n"
+				"\tld.param.u64 %a, [p];\n"
+				"\tld.param.u64 %n, [n];\n"
+				"\tcvta.to.global.u64 %a, %a;\n"
+				"\tmov.u32 %rt, %tid.x;\n"
+				"\tmov.u32 %rn, %ntid.x;\n"
+				"\tmov.u32 %rc, %ctaid.x;\n"
+				"\tmov.u32 %rg, %nctaid.x;\n"
+				"\tmul.wide.u32 %i, %rc, %rn;\n"
+				"\tcvt.u64.u32 %t, %rt;\n"
+				"\tadd.u64 %i, %i, %t;\n"
+				"\tmul.wide.u32 %step, %rg, %rn;\n"
+				"LOOP:\n"
+				"\tsetp.ge.u64 %done, %i, %n;\n"
+				"\t@%done bra DONE;\n"
+				"\tadd.u64 %t, %a, %i;\n"
+				"\tld.global.u8 %v, [%t];\n"
+				"\tadd.u16 %v, %v, 1;\n"
+				"\tst.global.u8 [%t], %v;\n"
+				"\tadd.u64 %i, %i, %step;\n"
+				"\tbra LOOP;\n"
+				"DONE:\n"
+				"\tret;\n"
+				"}\n";
+
+static struct {
+	bool loaded;
+	CUcontext ctx;
+	CUfunction fn;
+} toucher;
+
+static int cmd_touch(struct stream *s, struct result *r)
+{
+	ARG(name, "NAME");
+	struct obj *o = obj_find(name);
+	if (!o || !o->ptr) {
+		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no device memory named \"%s\"", name);
+		return -1;
+	}
+	unsigned long long count, ok = 0, pause_ms = 0;
+	if (opt_count(s, r, &count) < 0)
+		return -1;
+	const char *pause = count ? opt_arg(s) : NULL;
+	if (pause && !parse_u64(pause, &pause_ms)) {
+		usage_error(r->op, "CUDRIVE_USAGE", "bad PAUSE_MS: \"%s\"", pause);
+		return -1;
+	}
+	res_str(r, "name", name);
+	CUcontext cur;
+	if ((r->rc = current_ctx(r, &cur)) != 0)
+		return 0;
+	if (!toucher.loaded || toucher.ctx != cur) {
+		fn_module_load load = (fn_module_load)need(r, F_MODULE_LOAD_DATA);
+		fn_module_function getfn = (fn_module_function)need(r, F_MODULE_GET_FUNCTION);
+		CUmodule mod = NULL;
+		if (!load || !getfn) {
+			r->rc = CUDA_ERROR_NOT_FOUND;
+			return 0;
+		}
+		if ((r->rc = load(&mod, touch_ptx)) != 0 || (r->rc = getfn(&toucher.fn, mod, "hami_sim_touch")) != 0)
+			return 0;
+		toucher.loaded = true;
+		toucher.ctx = cur;
+	}
+	NEED(launch, fn_launch, F_LAUNCH_KERNEL);
+	CUdeviceptr p = o->ptr;
+	unsigned long long n = o->size;
+	void *params[2] = {&p, &n};
+	for (unsigned long long i = 0; i < count && r->rc == 0; i++) {
+		if (i && pause_ms) {
+			struct timespec ts = { (time_t)(pause_ms / 1000), (long)(pause_ms % 1000) * 1000000L };
+			nanosleep(&ts, NULL);
+		}
+		if ((r->rc = launch(toucher.fn, 128, 1, 1, 256, 1, 1, 0, NULL, params, NULL)) == 0)
+			ok++;
+	}
+	if (stale(r->rc))
+		toucher.loaded = false;
+	res_u64(r, "count", ok);
+	return 0;
+}
+
+/* simfail CALL N: the simulated GPU's hamiSimFail: the Nth next call of CALL
+ * in this process fails (CUDA_ERROR_UNKNOWN), once. */
+static int cmd_simfail(struct stream *s, struct result *r)
+{
+	ARG(call, "CALL");
+	U64_ARG(n, "N");
+	res_str(r, "call", call);
+	fn_sim_fail f = (fn_sim_fail)sim_knob(r, "hamiSimFail");
+	if (f)
+		r->rc = f(call, (unsigned)n);
+	return 0;
+}
+
 /* ---- memory contents and checkpoints -------------------------------------------- */
 
 #define CONTENT_CHUNK (4u << 20) /* host buffer of write and check */
@@ -4161,7 +4634,7 @@ static struct obj *content_args(struct stream *s, struct result *r, unsigned cha
 		return NULL;
 	}
 	struct obj *o = obj_find(name);
-	if (!o || (o->kind != K_MEM && o->kind != K_ASYNC)) {
+	if (!o || (o->kind != K_MEM && o->kind != K_ASYNC && o->kind != K_RANGE && o->kind != K_VMEM)) {
 		usage_error(r->op, "CUDRIVE_NO_SUCH_NAME", "no device memory named \"%s\"", name);
 		return NULL;
 	}
@@ -4772,6 +5245,14 @@ static const struct {
 	{"writevalue", cmd_writevalue},
 	{"alternate", cmd_alternate},
 	{"events", cmd_events},
+	{"vmalloc", cmd_vmalloc},
+	{"vm", cmd_vm},
+	{"touch", cmd_touch},
+	{"range", cmd_range},
+	{"ptrattr", cmd_ptrattr},
+	{"ipc", cmd_ipc},
+	{"peer", cmd_peer},
+	{"simfail", cmd_simfail},
 	{"handle", cmd_handle},
 };
 

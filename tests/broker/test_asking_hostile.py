@@ -144,7 +144,7 @@ def test_no_wait_for_a_busy_gpu_with_room_wait_zero(slices, holder, cudrive, sta
     another process's park is the program's at once."""
     slices.make("alice", "8g", "1g")
     slices.make("carol", "8g", "1g")
-    alice = holder(slices.env("alice", kernel="k-alice"), "4g", age_s=HOUR)
+    alice = holder(slices.env("alice", kernel="k-alice", HAMI_FAST_PARK=0), "4g", age_s=HOUR)  # the checkpoint's
     carol = cudrive.start(slices.env("carol", kernel="k-carol", HAMI_ROOM_WAIT=0))
     carol.ok("init")
     carol.ok("ctx 0")

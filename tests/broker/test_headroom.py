@@ -11,7 +11,7 @@ import os
 import time
 
 from broker_helpers import GiB, MiB, audit_of, broker_env, held_park_tool, parked, running, slot
-from native_helpers import wait_for
+from native_helpers import context_parked, wait_for
 
 from hami_jupyter import audit
 from hami_jupyter.agent.headroom import CHECK_S
@@ -72,7 +72,7 @@ def test_the_idlest_are_parked_until_the_headroom_is_free_and_no_more(slices, ho
     assert parked(idlest.slice, idlest.pid) and parked(second.slice, second.pid)
     assert running(third.slice, third.pid)
     kept = headroom_of(report, uuid)
-    assert kept["free_bytes"] == free + 8 * GiB + 2 * CONTEXT == 16 * GiB - gpu.used(0)
+    assert kept["free_bytes"] == free + 8 * GiB + 2 * context_parked(CONTEXT) == 16 * GiB - gpu.used(0)
     looks_after(broker, uuid, kept["checked_unix"])
     assert running(third.slice, third.pid)  # kept: no park more
 
@@ -82,7 +82,7 @@ def test_the_idlest_are_parked_until_the_headroom_is_free_and_no_more(slices, ho
     parks = audit_of(root, "broker-park")
     assert [(r["kernel"], r["requester"]["for"], r["requester"]["user"], r["requester"]["headroom_bytes"])
             for r in parks] == [("k-alice", "headroom", None, 6 * GiB), ("k-bob", "headroom", None, 6 * GiB)]
-    assert [r["requester"]["free_bytes"] for r in parks] == [free, free + 4 * GiB + CONTEXT]
+    assert [r["requester"]["free_bytes"] for r in parks] == [free, free + 4 * GiB + context_parked(CONTEXT)]
     assert all(r["who"] == "hami-jupyter broker" and r["uid"] == os.getuid() and r["uuid"] == uuid
                and r["why"].startswith(f"to make room for the 6.0 GiB headroom of GPU {uuid}") for r in parks)
     assert not audit_of(root, "broker-served", "broker-refused")  # nobody asked

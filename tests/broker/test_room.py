@@ -11,6 +11,7 @@ import re
 import time
 
 from broker_helpers import GiB, MiB, audit_of, parked, running, slot
+from native_helpers import context_parked
 
 from hami_jupyter import audit
 from hami_jupyter.agent.protocol import parse_answer
@@ -65,7 +66,7 @@ def test_the_idlest_kernel_that_may_be_parked_makes_the_room(slices, holder, cli
     assert parked(slices.path("alice"), idlest.pid)
     assert slot(idlest.slice, idlest.pid).park_reason == HAMI_PARK_REASON_ROOM  # what alice is told
     assert all(running(p.slice, p.pid) for p in others)
-    assert gpu.used(0) == 16 * GiB - free - 4 * GiB - CONTEXT
+    assert gpu.used(0) == 16 * GiB - free - 4 * GiB - context_parked(CONTEXT)
 
     refused, park, served = audit_of(root, "broker-refused", "broker-park", "broker-served")
     assert refused["requester"]["slice"] == "carol" and refused["requester"]["pid"] == asker.pid

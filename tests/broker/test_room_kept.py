@@ -137,7 +137,8 @@ def test_a_park_the_driver_refuses_for_device_memory_is_tried_again_and_never_he
     tenant frees memory her park is tried again and made."""
     slices.make("carol", "16g", "1g")
     slices.make("alice", "8g", "1g")
-    alice = holder(slices.env("alice", kernel="k-alice"), "6g", age_s=HOUR)
+    # Parked by the driver's checkpoint, which needs device memory (the fast park needs none).
+    alice = holder(slices.env("alice", kernel="k-alice", HAMI_FAST_PARK=0), "6g", age_s=HOUR)
     other = filler(cudrive, gpu, leave=4 * MiB)
     broker = start_broker()  # the keeper wants its reserve back: alice's kernel is the one to park
     wait_for(lambda: audit_of(root, "broker-park-failed"), WAIT_S, what="alice's park failing")
@@ -162,7 +163,8 @@ def test_a_set_up_storm_during_a_headroom_park_waits_for_the_move(slices, holder
     slices.make("alice", "8g", "1g")
     for name in ("s1", "s2", "s3"):
         slices.make(name, "2g", "2g")
-    alice = holder(slices.env("alice", kernel="k-alice"), "4g", age_s=HOUR)
+    # The driver's checkpoint moves her state (a process that parks itself locks nobody out).
+    alice = holder(slices.env("alice", kernel="k-alice", HAMI_FAST_PARK=0), "4g", age_s=HOUR)
     starters = [cudrive.start(slices.env(n, kernel=f"k-{n}", HAMI_BROKER_SOCKET=root / "broker.sock"))
                 for n in ("s1", "s2", "s3")]
     for s in starters:
@@ -180,3 +182,36 @@ def test_a_set_up_storm_during_a_headroom_park_waits_for_the_move(slices, holder
         assert done["rc"] == 0, f"{done}\n{s.stderr()[-3000:]}"
         assert any("is busy" in line for line in s.hami_lines()), s.hami_lines()
     wait_for(lambda: parked(alice.slice, alice.pid), WAIT_S, what="alice parked for the headroom")
+
+
+def test_a_kernel_that_parked_itself_is_neither_parked_again_nor_held(slices, holder, client, cudrive,
+                                                                       start_broker, socket_path, gpu, root):
+    """alice's idle kernel parks itself for carol (the fast park: her memory in
+    host memory, her context left on the GPU, the driver never locked it).
+    Then another tenant fills the GPU, and carol asks for 32 MiB, which alice's
+    context alone would cover. The agent must not take alice's slot's refusal
+    (it says she is parked) for a claim against the facts and hold her with the
+    driver's checkpoint, which only an administrator would undo: carol is
+    answered NO, and alice comes back at her next call by herself."""
+    uuid = gpu.uuid(0)
+    slices.make("carol", "16g", "1g")
+    slices.make("alice", "8g", "32m")  # what she leaves on the GPU (her context) is above her guarantee
+    asker = client(slices.env("carol", kernel="k-carol"))
+    alice = holder(slices.env("alice", kernel="k-alice", HAMI_FAST_PARK=1), "6g", age_s=HOUR)
+    start_broker("--reserve", "0", "--min-idle-seconds", "2")
+    asker.ask("first", socket_path, uuid, 16 * GiB - gpu.used(0) + 2 * GiB)
+    assert asker.final("first", timeout=WAIT_S)[1].startswith("OK ")
+    assert parked(alice.slice, alice.pid)
+    [sim] = [p for p in gpu.status()["processes"] if p["pid"] == alice.pid]
+    assert (sim["locks"], sim["checkpoint"]) == (0, "running")  # it parked itself
+    other = filler(cudrive, gpu, leave=0)
+    time.sleep(4)  # past the grace a slot's word on being away gets alone, and idle (the park moved bytes)
+    asker.ask("second", socket_path, uuid, 32 * MiB)
+    before, answer = asker.final("second", timeout=WAIT_S)
+    assert answer.startswith("NO "), answer
+    [sim] = [p for p in gpu.status()["processes"] if p["pid"] == alice.pid]
+    assert (sim["locks"], sim["checkpoint"]) == (0, "running"), "alice was held with the checkpoint"
+    assert len(audit_of(root, "broker-park")) == 1
+    other.ok("freeall")
+    alice.ok("sync")  # her next call brings her memory back
+    assert running(alice.slice, alice.pid)

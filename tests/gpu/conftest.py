@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from gpu_helpers import REPO, SCENARIOS, parse_result
+from gpu_helpers import REPO, SCENARIOS, fast_park_env, parse_result
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +38,7 @@ def slice_env(preload_lib, tmp_path):
         env["HAMI_SLICE"] = str(tmp_path / name)
         env["CUDA_DEVICE_MEMORY_LIMIT"] = str(limit)
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(fast_park_env())
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
@@ -70,6 +71,8 @@ def hami_kernel(tmp_path, monkeypatch, preload_lib):
     for name in list(os.environ):
         if name.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "CUDA_DEVICE_SM")):
             monkeypatch.delenv(name)
+    for name, value in fast_park_env().items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("JUPYTER_PATH", str(REPO / "share" / "jupyter"))
     monkeypatch.setenv("HAMI_SLICE_ROOT", str(tmp_path))
     started = []

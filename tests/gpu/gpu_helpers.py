@@ -1,12 +1,24 @@
 """Helpers of the GPU tests (fixtures are in conftest.py)."""
 
 import json
+import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = Path(__file__).resolve().parent / "gpu_scenarios.py"
 GiB = 1 << 30
 MiB = 1 << 20
+
+
+def fast_park_env():
+    """HAMI_TEST_FAST_PARK=0|1: the library's HAMI_FAST_PARK for every process
+    a GPU test starts under it (the tests drop the caller's HAMI_* settings)."""
+    value = os.environ.get("HAMI_TEST_FAST_PARK")
+    return {"HAMI_FAST_PARK": value} if value in ("0", "1") else {}
+
+
+def fast_park_tested():
+    return fast_park_env().get("HAMI_FAST_PARK") == "1"
 
 
 def parse_result(name, out, err, rc):

@@ -8,7 +8,7 @@ JupyterLab would.
 import json
 
 import pytest
-from gpu_helpers import run_in_kernel
+from gpu_helpers import fast_park_env, run_in_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -63,6 +63,8 @@ def test_plain_kernelspec_under_the_hub_runs_torch_in_the_hubs_slice(tmp_path, m
     for name in list(os.environ):
         if name.startswith(("HAMI_", "CUDA_DEVICE_MEMORY", "CUDA_DEVICE_SM")):
             monkeypatch.delenv(name)
+    for name, value in fast_park_env().items():
+        monkeypatch.setenv(name, value)
     root = tmp_path / "hub"
     path = prepare_user_slice("alice", parse_size_spec("gpu", {"memory": "4g"}), os.getuid(), os.getgid(),
                               str(root))

@@ -19,7 +19,7 @@ import time
 import urllib.request
 
 import pytest
-from gpu_helpers import REPO, run_in_kernel
+from gpu_helpers import REPO, fast_park_env, run_in_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -149,7 +149,7 @@ def test_the_server_parks_an_idle_kernel_and_its_next_cell_brings_it_back(preloa
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HAMI_", "CUDA_DEVICE_MEMORY"))}
     env.update(JUPYTER_PATH=str(REPO / "share" / "jupyter"), JUPYTER_CONFIG_DIR=str(tmp_path),
                HAMI_SLICE_ROOT=str(tmp_path / "slices"), HAMI_MEMORY_LIMIT="16g",
-               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), **fast_park_env())
     log = open(tmp_path / "server.log", "w")
     server = subprocess.Popen([sys.executable, "-m", "jupyter_server", "--allow-root", "--no-browser",
                                f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",

@@ -12,6 +12,7 @@ import os
 import random
 
 from guard_helpers import CONTEXT, MiB, audit_records
+from native_helpers import allocation_footprint
 
 SEED = int(os.environ.get("HAMI_GUARD_SEED", "20261125"))
 WORKLOADS = 100
@@ -46,9 +47,9 @@ def test_random_workloads_within_their_caps_are_never_touched(gpu, slices, start
         for name, device, preload, size in batch:
             running.append(holder(slices.env(name, preload=preload), device, size))
         expected = {}
-        for name, device, _, size in batch:
+        for name, device, preload, size in batch:
             key = (name, uuids[device])
-            expected[key] = expected.get(key, 0) + size + CONTEXT
+            expected[key] = expected.get(key, 0) + allocation_footprint(size, preload) + CONTEXT
 
         def charged(r):
             return all(r["slices"][n]["gpus"].get(u, {}).get("real_bytes") == b

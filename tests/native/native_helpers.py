@@ -281,6 +281,10 @@ def slice_env(gpu, path, limit="1g", overhead="64m", **extra):
     # The GPU schedule of SM-share windows is host-wide by default: give each
     # simulated GPU its own, beside its state file.
     env["HAMI_SCHEDULE_DIR"] = str(gpu.state.parent)
+    # HAMI_TEST_FAST_PARK=0|1: the library's HAMI_FAST_PARK for every process
+    # whose test does not choose, so the suites run with either kind of park.
+    if os.environ.get("HAMI_TEST_FAST_PARK") in ("0", "1"):
+        env["HAMI_FAST_PARK"] = os.environ["HAMI_TEST_FAST_PARK"]
     if path is not None:
         env["HAMI_SLICE"] = str(path)
     if limit is not None:
@@ -611,6 +615,28 @@ _UNITS = {
     "GiB": GiB, "GB": GiB, "G": GiB, "g": GiB,
     "TiB": 1 << 40, "TB": 1 << 40, "T": 1 << 40, "t": 1 << 40,
 }
+
+
+def fast_park_tested():
+    """Whether the suites run with the fast park on (HAMI_TEST_FAST_PARK=1):
+    processes then park themselves, moving the memory they made for it (2 MiB
+    and more) and leaving their context and the rest on the GPU."""
+    return os.environ.get("HAMI_TEST_FAST_PARK") == "1"
+
+
+def context_parked(context):
+    """What a park takes off the GPU of a process's context: all of it with the
+    driver's checkpoint, nothing when the process parks itself."""
+    return 0 if fast_park_tested() else context
+
+
+def allocation_footprint(size, preload=True):
+    """What cuMemAlloc(size) takes on the simulated GPU: exactly the size
+    (the simulated driver's allocations), rounded up to the 2 MiB granularity
+    when the library backs it for the fast park (HAMI_TEST_FAST_PARK=1)."""
+    if preload and fast_park_tested() and size >= 2 * MiB:
+        return (size + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
+    return size
 
 
 def mentions_size(text, nbytes):

@@ -2,7 +2,8 @@
 
 import pytest
 
-from native_helpers import CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GiB, MiB, SIM_CONTEXT
+from native_helpers import (CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, GiB, MiB, SIM_CONTEXT,
+                            allocation_footprint)
 
 
 @pytest.fixture
@@ -76,7 +77,7 @@ def test_mem_alloc(proc):
 def test_mem_alloc_pitch_charges_pitch_times_height(proc):
     rec = proc.ok("pitch 1000 3000 4 a")
     assert rec["pitch"] >= 1000
-    assert_charge(proc, SIM_CONTEXT + rec["pitch"] * 3000)
+    assert_charge(proc, SIM_CONTEXT + allocation_footprint(rec["pitch"] * 3000))
     proc.ok("free a")
     assert_charge(proc, SIM_CONTEXT)
 

@@ -71,3 +71,15 @@ def test_room_wait_takes_whole_seconds(cudrive, make_slice, value):
     s = make_slice(limit="1g", overhead="64m", HAMI_ROOM_WAIT=value)
     res = cudrive.run("init ctx 0 alloc 64m", s.env)
     assert res.rcs("alloc") == [CUDA_SUCCESS] and not res.hami_lines(), res.describe()
+
+
+@pytest.mark.parametrize("value", ["", "2", "yes", " 1"])
+def test_malformed_fast_park_is_refused(cudrive, make_slice, gpu, value):
+    """HAMI_FAST_PARK is 0 or 1: anything else fails closed like a limit."""
+    s = make_slice(limit="1g", overhead="64m", HAMI_FAST_PARK=value)
+    _check_refused(cudrive, gpu, s.env, "HAMI_FAST_PARK", value)
+
+
+def test_malformed_fast_park_keep_is_refused(cudrive, make_slice, gpu):
+    s = make_slice(limit="1g", overhead="64m", HAMI_FAST_PARK="1", HAMI_FAST_PARK_KEEP="lots")
+    _check_refused(cudrive, gpu, s.env, "HAMI_FAST_PARK_KEEP", "lots")

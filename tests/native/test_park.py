@@ -83,12 +83,15 @@ def holder(cudrive, make_slice):
     return s, p
 
 
-def test_park_moves_the_charge_and_the_gpu_memory_to_host_memory(holder, gpu, hami_build):
-    s, p = holder
+def test_park_moves_the_charge_and_the_gpu_memory_to_host_memory(cudrive, make_slice, gpu, hami_build):
+    """The driver's checkpoint (HAMI_FAST_PARK=0) moves everything, the context
+    too; test_fast_park.py has what a process that parks itself leaves."""
+    s = make_slice(limit="2g", overhead="64m", HAMI_FAST_PARK="0")
+    p = cudrive.with_context(s.env, "alloc 512m a", "write a 90", "alloc 256m b", "write b 165")
     held = SIM_CONTEXT + 768 * MiB
     assert s.used(0) == held and gpu.used(0) == held
     rc, answer = run_park(hami_build, s.env, "park", s.path, p.pid)
-    assert rc == 0 and answer.startswith(f"ok {held} "), answer
+    assert rc == 0 and answer.startswith(f"ok {held} ") and answer.endswith(" checkpoint"), answer
     me = wait_for(lambda: (lambda x: x if sum(x.parked.values()) else None)(slot(s, p.pid)),
                   WAIT_S, what="the charge moved to parked[]")
     dev = slice_device(s.snapshot(), gpu.uuid(0))
@@ -150,15 +153,15 @@ def test_a_resume_waits_for_room_in_the_slice(holder, cudrive, make_slice, hami_
 def test_a_resume_waits_for_free_memory_on_the_gpu(cudrive, make_slice, hami_build, gpu):
     s = make_slice(name="small", limit="12g", overhead="64m")
     p = cudrive.start(s.env)
-    # 8 GiB never written (the simulated driver keeps no contents for it) and 1 MiB written.
-    for line in ("init", "ctx 0", "alloc 8g a", "alloc 1m b", "write b 7"):
+    # 2 GiB never written (the simulated driver keeps no contents for it) and 1 MiB written.
+    for line in ("init", "ctx 0", "alloc 2g a", "alloc 1m b", "write b 7"):
         p.ok(line)
     assert run_park(hami_build, s.env, "park", s.path, p.pid)[0] == 0
     wait_for(lambda: sum(slot(s, p.pid).parked.values()), WAIT_S, what="parked")
     hog = cudrive.start(gpu.env())  # no slice: another tenant of the 16 GiB GPU
     hog.ok("init")
     hog.ok("ctx 0")
-    hog.ok("alloc 12g all")
+    hog.ok("alloc 14g all")
     p.send("check b 7")
     wait_for(lambda: slot(s, p.pid).park_wait == HAMI_PARK_WAIT_GPU, WAIT_S,
              what="the resume waiting for free memory on the GPU")

@@ -31,6 +31,7 @@ from native_helpers import (
     GiB,
     MiB,
     SIM_CONTEXT,
+    fast_park_tested,
     slice_device,
     slot_of,
     wait_for,
@@ -231,8 +232,9 @@ def test_past_the_slices_own_limit_the_broker_is_never_asked(cudrive, gpu, room_
     p = waiter(cudrive, s)
     assert p.cmd("alloc 3g x", timeout=WAIT_S)["rc"] == CUDA_ERROR_OUT_OF_MEMORY
     assert b.requests == []
-    [line] = p.hami_lines()
-    assert "cap in use" in line and "broker" not in line, line
+    lines = p.hami_lines()  # one refusal: its plain words, then the technical line
+    assert any("cap in use" in line for line in lines), lines
+    assert not any("broker" in line or "waiting" in line for line in lines), lines
 
 
 # ---- the broker makes room ------------------------------------------------------------------
@@ -390,7 +392,9 @@ def test_a_parked_process_whose_resume_finds_no_room_asks_the_broker(cudrive, gp
     for line in ("init", "ctx 0", "alloc 1g a", "alloc 1m b", "write b 90"):
         p.ok(line)
     parked = park(hami_build, s, p.pid, "idle")
-    assert parked == SIM_CONTEXT + GiB + MiB
+    held = SIM_CONTEXT + GiB + MiB
+    # The fast park moves the 1 GiB and leaves the context and the 1 MiB (too small to move).
+    assert parked == (GiB if fast_park_tested() else held)
     wait_for(lambda: sum(slot(s, p.pid).parked.values()), WAIT_S, what="the charge moved to parked")
     h = hog(cudrive, gpu, "3500m")  # the GPU fills meanwhile: 532 MiB free
     seen = {}
@@ -408,7 +412,7 @@ def test_a_parked_process_whose_resume_finds_no_room_asks_the_broker(cudrive, gp
     assert seen["slot"][0] == req.since and seen["slot"][1:] == (parked, HAMI_PARK_WAIT_GPU, 2)
     me = slot(s, p.pid)
     assert me.park_state == HAMI_PARK_RUNNING and me.room_wait_since_unix_ns == 0
-    assert s.used(0) == parked and gpu.process_used(p.pid, 0) == parked
+    assert s.used(0) == held and gpu.process_used(p.pid, 0) == held
 
 
 # ---- the driver's own memory and the interrupt -------------------------------------------

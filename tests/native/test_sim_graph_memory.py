@@ -22,6 +22,7 @@ from native_helpers import (
     DEFAULT_TIMEOUT,
     MiB,
     SIM_CONTEXT,
+    allocation_footprint,
     SIM_MEMORY,
     SimGpu,
     check_sanitizers,
@@ -371,8 +372,9 @@ def test_driver_internal_bytes_follow_cuda_visible_devices_and_need_init(cudrive
 # ---- NVML's processes -------------------------------------------------------------------
 
 
-def _footprint(p):
-    """Give P memory of every kind on device 0; the bytes it then holds there."""
+def _footprint(p, preload=False):
+    """Give P memory of every kind on device 0; the bytes it then holds there
+    (PRELOAD: under the library, whose fast park rounds a plain allocation)."""
     p.ok("alloc 3m plain")
     p.ok("async 3m pooled")  # the default pool reserves 4 MiB (2 MiB steps)
     p.ok("array 1024 1024 u8 1 arr")  # 1 MiB
@@ -383,7 +385,7 @@ def _footprint(p):
     p.ok("graph G")
     p.ok("graphlaunch G")  # 10 + 4 MiB of graph memory, left allocated
     p.ok("internal 0 5m")
-    return SIM_CONTEXT + 3 * MiB + 4 * MiB + 1 * MiB + 14 * MiB + 5 * MiB
+    return SIM_CONTEXT + allocation_footprint(3 * MiB, preload) + 4 * MiB + 1 * MiB + 14 * MiB + 5 * MiB
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])
@@ -399,7 +401,7 @@ def test_nvml_lists_every_byte_a_process_holds(cudrive, gpu, version):
 def test_nvml_lists_a_process_under_the_preload_library_with_its_real_bytes(cudrive, gpu, make_slice):
     s = make_slice(limit="4g", overhead="64m")
     p = _target(cudrive, gpu, env=s.env)
-    held = _footprint(p)
+    held = _footprint(p, preload=True)
     assert _nvml(cudrive, gpu, 0) == {p.pid: held}
     assert _proc(gpu, p.pid)["used"][0] == held == gpu.used(0)
 

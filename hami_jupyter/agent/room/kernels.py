@@ -25,8 +25,9 @@ these hold (:func:`judge`):
   not say it is being parked or coming back while the driver holds it so
   (locked or checkpointed: someone else's park or its own resume), or for less
   than :data:`AWAY_GRACE_S` (a park's first steps come before the driver's
-  lock). A slot that says so longer while NVML lists its bytes and the driver
-  has it running is not believed;
+  lock), or that it parked itself (the fast park) while NVML lists no more
+  than :data:`PARKED_ITSELF_MAX` for it. A slot that says so otherwise while
+  NVML lists its bytes and the driver has it running is not believed;
 - none of its processes asks the agent for room itself (it is in the queue,
   or was answered a moment ago: it asks again in a second);
 - it is idle: its last GPU activity as the agent knows it is at least
@@ -45,10 +46,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...slice import registry
-from ...slice.layout import HAMI_PARK_PARKED, HAMI_PARK_PARKING, HAMI_PARK_RUNNING
+from ...slice.layout import HAMI_FAST_DONE, HAMI_PARK_PARKED, HAMI_PARK_PARKING, HAMI_PARK_RUNNING
 from ...slice.size import format_size
 
 AWAY_GRACE_S = 3.0  # a slot saying its process is away, the driver disagreeing, is believed this long
+# A process parked by itself (the fast park: its memory in host memory, its
+# context and small allocations left on the GPU) runs for the driver; its slot
+# saying so is believed while NVML lists no more than this for it: parking it
+# again would free little, and a checkpoint (the hold) would leave it for an
+# administrator to bring back.
+PARKED_ITSELF_MAX = 2 << 30
 
 
 @dataclass
@@ -167,11 +174,16 @@ def gather(look, uuid, activity, now, asking=frozenset(), acting=frozenset()):
 def _away(p, activity, now, driver_states):
     """Whether process *p*'s slot, saying it is off the GPU while NVML lists its
     bytes, is believed: for :data:`AWAY_GRACE_S`, and after that only while the
-    driver holds it locked or checkpointed."""
+    driver holds it locked or checkpointed, or while it says it parked itself
+    and NVML lists no more than :data:`PARKED_ITSELF_MAX` for it."""
     away = activity.away_for(p.facts, now)
     if not away:
         return False
-    return away < AWAY_GRACE_S or driver_states.get(p.facts.pid) in ("locked", "checkpointed")
+    if away < AWAY_GRACE_S or driver_states.get(p.facts.pid) in ("locked", "checkpointed"):
+        return True
+    slot = p.attribution.slot
+    return (slot.park_state == HAMI_PARK_PARKED and slot.park_fast == HAMI_FAST_DONE
+            and p.used_bytes <= PARKED_ITSELF_MAX)
 
 
 @dataclass(frozen=True)

@@ -42,11 +42,15 @@ enum {
 	CUDA_ERROR_INVALID_CONTEXT = 201,
 	CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
 	CUDA_ERROR_INVALID_IMAGE = 200,
+	CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
 	CUDA_ERROR_OPERATING_SYSTEM = 304,
 	CUDA_ERROR_INVALID_HANDLE = 400,
 	CUDA_ERROR_ILLEGAL_STATE = 401,
 	CUDA_ERROR_NOT_FOUND = 500,
 	CUDA_ERROR_NOT_READY = 600,
+	CUDA_ERROR_ILLEGAL_ADDRESS = 700, /* a kernel or copy touched memory it may not: sticky on its context */
+	CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
+	CUDA_ERROR_PEER_ACCESS_NOT_ENABLED = 705,
 	CUDA_ERROR_NOT_PERMITTED = 800,
 	CUDA_ERROR_NOT_SUPPORTED = 801,
 	CUDA_ERROR_TIMEOUT = 909,
@@ -138,6 +142,56 @@ typedef struct {
 		unsigned char reserved[4];
 	} allocFlags;
 } CUmemAllocationProp;
+
+/* Virtual memory management (CUDA 10.2): an address range is reserved
+ * (cuMemAddressReserve), physical memory made (cuMemCreate) and mapped into it
+ * (cuMemMap), and each device given access (cuMemSetAccess) before use. */
+typedef enum {
+	CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
+	CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
+} CUmemAllocationGranularity_flags;
+
+typedef enum {
+	CU_MEM_ACCESS_FLAGS_PROT_NONE = 0,
+	CU_MEM_ACCESS_FLAGS_PROT_READ = 1,
+	CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+} CUmemAccess_flags;
+
+typedef struct {
+	CUmemLocation location;
+	CUmemAccess_flags flags;
+} CUmemAccessDesc;
+
+enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1 }; /* CUmemAllocationProp.type */
+
+/* cuPointerGetAttribute(s) */
+typedef enum {
+	CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+	CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+	CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
+	CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
+	CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
+	CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+	CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+	CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
+	CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+	CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+	CU_POINTER_ATTRIBUTE_MAPPED = 13,
+	CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES = 14,
+	CU_POINTER_ATTRIBUTE_ACCESS_FLAGS = 16,
+	CU_POINTER_ATTRIBUTE_MAPPING_SIZE = 18,
+	CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR = 19
+} CUpointer_attribute;
+
+enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 };
+
+/* cuIpcGetMemHandle's handle: 64 opaque bytes. */
+typedef struct {
+	char reserved[64];
+} CUipcMemHandle;
+
+/* cuMemHostAlloc flags: page-locked host memory the device copies from at full speed. */
+enum { CU_MEMHOSTALLOC_PORTABLE = 0x01 };
 
 /* cuMemPoolGetAttribute attributes used to follow pool growth. */
 typedef enum {

@@ -33,7 +33,7 @@
 
 #define HAMI_SLICE_MAGIC "HAMISLCE" /* 8 bytes, no terminator */
 #define HAMI_SLICE_VERSION_MAJOR 1u
-#define HAMI_SLICE_VERSION_MINOR 7u
+#define HAMI_SLICE_VERSION_MINOR 8u
 
 #define HAMI_LIMITS_MAGIC "HAMILIMT" /* the companion limits file, 8 bytes */
 #define HAMI_LIMITS_VERSION_MAJOR 1u
@@ -100,6 +100,21 @@
 #define HAMI_PARK_REFUSED_STATE 1001  /* the slot says the process is not running on the GPU */
 #define HAMI_PARK_REFUSED_PARKER 1002 /* another parker holds the slot */
 #define HAMI_PARK_REFUSED_HOST 1003   /* host memory too low for the slot's charge */
+
+/*
+ * hami_slot.park_fast (1.8): the fast park, a park the process does itself
+ * (docs/parking.md). The parker (hami-park, holding park_state PARKING) asks;
+ * the process answers. Until COPYING the parker may withdraw and checkpoint
+ * instead; from COPYING on it waits for DONE or FAILED.
+ */
+#define HAMI_FAST_NONE 0u
+#define HAMI_FAST_ASKED 1u     /* a parker asks the process to park itself */
+#define HAMI_FAST_TAKEN 2u     /* the process works at it: its threads out of the driver, GPU work done */
+#define HAMI_FAST_COPYING 3u   /* it moves its memory to host memory; no withdrawal any more */
+#define HAMI_FAST_DONE 4u      /* parked by itself: the charge of what it moved is in parked[] */
+#define HAMI_FAST_REFUSED 5u   /* it cannot (memory it cannot move, or no fast park here): checkpoint it */
+#define HAMI_FAST_FAILED 6u    /* a step failed; nothing lost, it runs on unparked */
+#define HAMI_FAST_WITHDRAWN 7u /* the parker stopped waiting before COPYING (it checkpoints instead) */
 
 struct hami_slice_header {
 	char magic[8];
@@ -206,7 +221,10 @@ struct hami_slot {
 	uint32_t room_wait_device; /* slice device index a thread of the process waits for room on */
 	uint64_t room_wait_since_unix_ns; /* nonzero while it waits for GPU room: when the wait began */
 	uint64_t room_wait_bytes;  /* the bytes it waits for */
-	uint8_t reserved[368];
+	/* (1.8) the fast park: the process moves its own memory (docs/parking.md) */
+	uint32_t park_fast;      /* HAMI_FAST_*: a parker's request and the process's answer */
+	uint32_t park_fast_able; /* nonzero: the process parks itself when asked (HAMI_FAST_PARK=1) */
+	uint8_t reserved[360];
 };
 
 /* The whole file, in order. */
