@@ -401,6 +401,53 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
 	return NVML_SUCCESS;
 }
 
+/* ---- power ---------------------------------------------------------------- */
+
+/*
+ * HAMI_SIM_POWER=IDLE,FULL,CAP (watts; read at each call, like
+ * HAMI_SIM_PROCESS_UTIL): the device draws IDLE + (FULL - IDLE) x the part
+ * of the last second it was busy, at most CAP, its enforced power limit. A
+ * FULL above CAP is a GPU whose cap holds back its full load (it clocks
+ * lower then, as an H100 running a matmul loop does), so that work busy only
+ * part of the time draws what a model of the boost reads as a speed-up.
+ * Unset or malformed: power is not supported, as on GPUs without readings.
+ */
+static int power_model(unsigned *idle, unsigned *full, unsigned *cap)
+{
+	const char *v = getenv("HAMI_SIM_POWER");
+	char tail;
+	return v && sscanf(v, "%u,%u,%u%c", idle, full, cap, &tail) == 3 && *idle < *cap && *cap <= 100000;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
+{
+	unsigned i, idle, full, cap;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!power)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (!power_model(&idle, &full, &cap))
+		return NVML_ERROR_NOT_SUPPORTED;
+	double w = idle + ((double)full - idle) * sim_util_pct(sim_st()->dev[i].util) / 100.0;
+	*power = (unsigned)((w > cap ? cap : w) * 1000.0);
+	return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit)
+{
+	unsigned i, idle, full, cap;
+	nvmlReturn_t r = dev_index(device, &i);
+	if (r)
+		return r;
+	if (!limit)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	if (!power_model(&idle, &full, &cap))
+		return NVML_ERROR_NOT_SUPPORTED;
+	*limit = cap * 1000;
+	return NVML_SUCCESS;
+}
+
 /* ---- processes ---------------------------------------------------------- */
 
 /* HAMI_SIM_PROCESS_LIST_NS: how long a process-list call takes; the list is
