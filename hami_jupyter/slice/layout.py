@@ -16,7 +16,7 @@ import os
 
 HAMI_SLICE_MAGIC = b"HAMISLCE"  # 8 bytes, no terminator
 HAMI_SLICE_VERSION_MAJOR = 1
-HAMI_SLICE_VERSION_MINOR = 7
+HAMI_SLICE_VERSION_MINOR = 8
 
 HAMI_LIMITS_MAGIC = b"HAMILIMT"  # the companion limits file, 8 bytes
 HAMI_LIMITS_VERSION_MAJOR = 1
@@ -139,7 +139,7 @@ class HamiSliceDevice(ctypes.Structure):
         ("sm_waits", ctypes.c_uint32),
         ("sm_waits_steered", ctypes.c_uint32),
         ("reserved0", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64),
+        ("sm_restart_ns", ctypes.c_uint64),  # 1.8: when sm_open_ppm was last started afresh
     ]
 
 

@@ -47,6 +47,9 @@
 #define ELASTIC_CONTENDED 10 /* idle below this while others run: they want their time */
 #define ELASTIC_BACKOFF 10   /* how fast a contended elastic slice steps back to its share */
 #define NOT_BINDING_MARGIN 10 /* percent below the share that counts as not binding */
+#define FREE_MARGIN 2        /* percent above its share a hard slice running free may stay free */
+#define RESTART_HOLD_NS 300000000ull /* samples read this soon after a restart cover time before it */
+#define SPIN_KERNELS_LATE 16 /* kernels this many sleep overshoots long are waited for asleep */
 #define OVERLAP_SLACK 10     /* per-process figures adding up past the device's: not per process */
 #define BLUR_SLACK 15        /* percent above the window a slice's own work cannot reach */
 #define MAX_SAMPLES 128
@@ -111,6 +114,17 @@ static uint32_t start_ppm(int sdev, uint32_t share)
 	return ppm > FULL_PPM ? FULL_PPM : ppm < MIN_PPM ? MIN_PPM : (uint32_t)ppm;
 }
 
+/* Start the open fraction afresh at PPM. NVML's samples read in the next
+ * RESTART_HOLD_NS still cover time before this (a sample covers the 200 ms
+ * before its stamp and reaches a reader within a tick): steered by them, the
+ * controller took a change from 25 to 75 % for one that had not landed and
+ * opened the window to 90 % and more (seen on an H200). */
+static void restart_ppm(struct hami_slice_device *d, uint32_t ppm)
+{
+	__atomic_store_n(&d->sm_restart_ns, hami_monotonic_ns(), __ATOMIC_RELEASE);
+	__atomic_store_n(&d->sm_open_ppm, ppm, __ATOMIC_RELEASE);
+}
+
 /* The open fraction in force; a new share restarts it from the share itself. */
 static uint32_t open_ppm(int sdev, struct hami_slice_device *d, uint32_t share)
 {
@@ -120,7 +134,7 @@ static uint32_t open_ppm(int sdev, struct hami_slice_device *d, uint32_t share)
 		ppm = start_ppm(sdev, share);
 		if (__atomic_compare_exchange_n(&d->sm_tuned_for, &tuned, share, 0, __ATOMIC_ACQ_REL,
 						__ATOMIC_ACQUIRE))
-			__atomic_store_n(&d->sm_open_ppm, ppm, __ATOMIC_RELEASE);
+			restart_ppm(d, ppm);
 	}
 	return ppm;
 }
@@ -188,6 +202,11 @@ static uint64_t clamp_ns(uint64_t v, uint64_t lo, uint64_t hi)
  * kernel from now: the oldest runs already). A launch not done by then is
  * held by something else (other slices' work, a stream wait). Without a
  * kernel time the looks come after pauses doubling from 20 us to 1 ms.
+ * Only short kernels are worth a spin (shorter than SPIN_KERNELS_LATE sleep
+ * overshoots, about 1 ms): a late wake-up costs a longer one a small part of
+ * its time, and spinning for it cost a whole core (a thread draining a queue
+ * of one 20 ms kernel before a launch that would not fit its window looked
+ * again and again for up to 1.5 kernels).
  * *END: when it ended as far as the thread can tell: the last look that saw
  * it run, or if the first look found it ended, the time it woke for; never
  * a late look, which would make every later sleep end later.
@@ -198,7 +217,7 @@ static int await_oldest(const struct queue *q, event_fn query, uint64_t *end)
 	uint64_t start = hami_monotonic_ns(), limit = wait_limit_ns(q), k = q->kernel_ns;
 	uint64_t pause = k ? clamp_ns(k / 8, POLL_FIRST_NS, POLL_MAX_NS) : POLL_FIRST_NS;
 	uint64_t due = k && q->end_ns ? q->end_ns + (uint64_t)(q->ended + 1) * k : 0;
-	int spin = (uint64_t)(q->count - 1) * k < 2 * sleep_late_ns;
+	int spin = (uint64_t)(q->count - 1) * k < 2 * sleep_late_ns && k < SPIN_KERNELS_LATE * sleep_late_ns;
 	uint64_t early = k / 16 + (spin ? sleep_late_ns : 0), past = k / 2 > SPIN_MIN_NS ? k / 2 : SPIN_MIN_NS;
 	uint64_t wake = due > start + early ? due - early : start, looked = start;
 	uint64_t spin_until = !spin ? start : due ? due + past : start + k + past;
@@ -603,9 +622,17 @@ static int read_samples(struct hami_slice_file *f, int sdev, nvmlDevice_t dev, u
  * well below its share for lack of work is "not binding" (f = 100 %: the
  * launch path skips the gate), and the first sample that shows it above its
  * share again restarts f from the share, so a burst is held within 200 ms.
+ * A hard slice that ran free near its share (PREV, the sample before, was
+ * not well below it) is a loop that keeps the GPU busy about its share by
+ * itself, as launch-bound loops do at a high share: it stays free within
+ * FREE_MARGIN of its share, and beyond gives back only its excess (f =
+ * target / used). Restarted from the share, such a loop lost a quarter of
+ * its pace for the second f took to open again, and then ran free again
+ * (an H200 at 75 %: 84 % of its pace where 98 % was due, its 1-s windows
+ * between 72.7 and 97.4 %).
  */
 static void steer(int sdev, struct hami_slice_device *d, const struct hami_device_limit *l, uint32_t used,
-		  uint32_t others, uint32_t speedup)
+		  uint32_t prev, uint32_t others, uint32_t speedup)
 {
 	if (l->sm_share == 0 || l->sm_share >= 100)
 		return;
@@ -630,8 +657,14 @@ static void steer(int sdev, struct hami_slice_device *d, const struct hami_devic
 			target = fill;
 	}
 	if (ppm >= FULL_PPM && (int)used > target) {
-		/* Leaving the not-binding state: start again from the share. */
-		__atomic_store_n(&d->sm_open_ppm, start_ppm(sdev, l->sm_share), __ATOMIC_RELEASE);
+		/* Leaving the not-binding state. */
+		int hard = l->mode == HAMI_MODE_HARD, near = (int)prev + NOT_BINDING_MARGIN >= target;
+		if (hard && near && (int)used <= target + FREE_MARGIN)
+			return;
+		uint32_t next = start_ppm(sdev, l->sm_share);
+		if (hard && near)
+			next = (uint32_t)((uint64_t)FULL_PPM * (uint64_t)target / used);
+		restart_ppm(d, next < MIN_PPM ? MIN_PPM : next);
 		return;
 	}
 	if ((int)used + NOT_BINDING_MARGIN < target && !held) {
@@ -716,7 +749,7 @@ void hami_sm_tick(void)
 		    !__atomic_compare_exchange_n(&d->sm_sample_us, &claimed, v.newest, 0, __ATOMIC_ACQ_REL,
 						 __ATOMIC_ACQUIRE))
 			continue;
-		__atomic_store_n(&d->sm_util, v.slice, __ATOMIC_RELAXED);
+		uint32_t prev = __atomic_exchange_n(&d->sm_util, v.slice, __ATOMIC_RELAXED);
 		__atomic_store_n(&d->sm_others_util, v.others, __ATOMIC_RELAXED);
 		uint32_t window = open_ppm(sdev, d, l.sm_share) / (FULL_PPM / 100);
 		if (l.sm_share > 0 && l.sm_share < 100 && window < 100 && v.slice > window + BLUR_SLACK &&
@@ -740,7 +773,10 @@ void hami_sm_tick(void)
 				__atomic_store_n(&d->sm_open_ppm, l.sm_share * (FULL_PPM / 100), __ATOMIC_RELEASE);
 			continue;
 		}
-		steer(sdev, d, &l, v.slice, v.others, speedup);
+		uint64_t restarted = __atomic_load_n(&d->sm_restart_ns, __ATOMIC_ACQUIRE);
+		if (hami_monotonic_ns() < restarted + RESTART_HOLD_NS)
+			continue; /* the sample covers time before the restart (restart_ppm) */
+		steer(sdev, d, &l, v.slice, prev, v.others, speedup);
 	}
 	/* Our windows' place among the other slices' on each GPU. */
 	for (int o = 0; o < hami_ordinal_count(); o++) {

@@ -9,6 +9,7 @@ GPU, which is what a user of the slice gets.
 
 import concurrent.futures
 import os
+import time
 
 import pytest
 
@@ -18,10 +19,10 @@ KERNEL_NS = 1_000_000  # 1 ms kernels
 TOLERANCE = 0.05       # +-5 points on the simulated GPU (a shared 2-core CI machine)
 
 
-def _burner(cudrive, env):
+def _burner(cudrive, env, device=0):
     p = cudrive.start(env)
     p.ok("init")
-    p.ok("ctx 0")
+    p.ok(f"ctx {device}")
     return p
 
 
@@ -304,7 +305,8 @@ def test_a_launch_paced_slice_is_held_to_its_share_of_the_gpus_time(cudrive, mak
 # H100's cuLaunchKernel) and 5 us of the framework's own work, and a layer is
 # a 20 us kernel (a matmul) then two of 5 us (relu, bias). The host, not the
 # GPU, sets the pace, and the GPU idles part of the time even alone (u, about
-# 0.85 here, 0.87 for bench/sm_share.py's short kernels on an H100).
+# 0.85 here on a quiet host, 0.77 to 0.99 for bench/sm_share.py's short
+# kernels on an H100 and an H200).
 SHORT_CYCLE, SHORT_HOST_NS, LAUNCH_NS = "20000,5000,5000", 5_000, 4_000
 
 
@@ -315,6 +317,12 @@ def _short_pace(p, seconds):
     return rec["launches"] * 1e9 / rec["elapsed_ns"], rec["share"]
 
 
+def _together(procs, seconds):
+    """_short_pace of every process in PROCS over the same SECONDS."""
+    with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:
+        return list(pool.map(lambda p: _short_pace(p, seconds), procs))
+
+
 @pytest.mark.share_accuracy
 @pytest.mark.parametrize("share", [25, 50, 75])
 def test_a_launch_bound_loop_keeps_its_share_of_its_own_pace(cudrive, make_slice, share):
@@ -323,17 +331,117 @@ def test_a_launch_bound_loop_keeps_its_share_of_its_own_pace(cudrive, make_slice
     # kernels are shorter than a sleep overshoots (70 us on this host), and
     # the library's wait for its launch queue slept: on an H100 these loops
     # kept 24 % of their pace at 50 % (57 % due) and 53 % at 75 % (86 %).
-    free = _burner(cudrive, make_slice(name="free", limit=None, overhead="0", HAMI_SIM_LAUNCH_NS=LAUNCH_NS).env)
-    before = _short_pace(free, 2)
+    # At 75 % such a loop keeps the GPU busy about its share by itself: when
+    # it ran free and went over, its window started again from the share and
+    # took a second to open again (an H200: 84 % of its pace where 98 % was
+    # due, 1-s windows from 72.7 to 97.4 %).
+    # Its own pace is the same loop's without a share on the second GPU,
+    # measured over the same seconds: a loaded two-core host moves both alike
+    # (measured before and after instead, it once gave 0.834 of the pace
+    # where 0.866 was due while another process spun).
+    free = _burner(cudrive, make_slice(name="free", limit=None, overhead="0", HAMI_SIM_LAUNCH_NS=LAUNCH_NS).env,
+                   device=1)
     p = _burner(cudrive, _sm_slice(make_slice, "short", share, "hard", HAMI_SIM_LAUNCH_NS=LAUNCH_NS).env)
-    _short_pace(p, 2)  # the controller settles
-    windows = [_short_pace(p, 1)[0] for _ in range(4)]
-    after = _short_pace(free, 2)
-    pace, u = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
-    assert 0.6 <= u <= 0.95, f"the loop is not paced by its launches as planned: {u:.2f} busy alone"
-    due = min(1.0, share / 100 / u)
-    got = [w / pace for w in windows]
-    mean = sum(got) / len(got)
-    detail = f"{mean:.3f} of its pace, 1-s windows {[round(g, 3) for g in got]}, due {due:.3f} (u {u:.2f})"
-    assert abs(mean - due) <= TOLERANCE, detail
-    assert all(abs(g - due) <= 2 * TOLERANCE for g in got), detail
+    _together([p, free], 2)  # the controller settles
+    seconds = [_together([p, free], 1) for _ in range(4)]
+    got = [mine[0] / alone[0] for mine, alone in seconds]
+    due = [min(1.0, share / 100 / alone[1]) for _mine, alone in seconds]
+    busy = [mine[1] for mine, _alone in seconds]
+    mean, mean_due = sum(got) / len(got), sum(due) / len(due)
+    detail = (f"{mean:.3f} of its pace, 1-s windows {[round(g, 3) for g in got]}, due {[round(d, 3) for d in due]} "
+              f"(u {[round(alone[1], 2) for _m, alone in seconds]}), busy {[round(b, 3) for b in busy]}")
+    assert mean >= mean_due - TOLERANCE, detail
+    assert all(g >= d - 2 * TOLERANCE for g, d in zip(got, due)), detail
+    assert all(b <= share / 100 + TOLERANCE for b in busy), detail
+
+
+def _gpu_windows(gpu, width_s=0.1, device=0):
+    """[(start, busy share)] of every width_s window of the last 10 s, from the
+    simulated GPU's own record of what it ran (``hami-simctl busy``: busy ns per
+    50-ms slot), windows aligned on CLOCK_MONOTONIC, start in s (time.monotonic())."""
+    import json
+
+    rec = json.loads(gpu.simctl("busy"))
+    slot = rec["slot_ns"]
+    per = int(round(width_s * 1e9 / slot))
+    busy, first = rec["devices"][device], rec["first_ns"] // slot
+    skip = (-first) % per  # the first slot that starts a window
+    return [((first + i) * slot / 1e9, sum(busy[i:i + per]) / (per * slot))
+            for i in range(skip, len(busy) - per + 1, per)]
+
+
+@pytest.mark.share_accuracy
+def test_a_live_change_lands_within_a_tenth_of_a_second(cudrive, make_slice, gpu):
+    # After a change from 25 to 75 % and back, every 100-ms window from 100 ms
+    # after the change is within 5 points of the new share. On an H200 the
+    # controller took samples that still covered the old share for the new
+    # one's: the first windows after 25 -> 75 ran at 90, 89, 87, 86, 82 %.
+    from hami_jupyter.slice.change import set_sm_share
+
+    s = _sm_slice(make_slice, "team", 25)
+    p = _burner(cudrive, s.env)
+    _burn(p, 2)  # settled at 25 %
+    p.send(f"burn launch {KERNEL_NS} 5.5 64")
+    time.sleep(1.5)
+    up = time.monotonic()
+    set_sm_share(s.path, gpu.uuid(0), 75)
+    time.sleep(2)
+    down = time.monotonic()
+    set_sm_share(s.path, gpu.uuid(0), 25)
+    rec = p.read(timeout=30)
+    assert rec["rc"] == 0, rec
+    end = time.monotonic() - 0.2  # the burn's last kernels drain
+    windows = _gpu_windows(gpu)
+    after_up = [(t, b) for t, b in windows if up + 0.1 <= t and t + 0.1 <= down]
+    after_down = [(t, b) for t, b in windows if down + 0.1 <= t and t + 0.1 <= end]
+    shown = " ".join(f"{b:.2f}" for t, b in windows if t >= up - 0.3 and t <= end)
+    assert len(after_up) >= 15 and len(after_down) >= 15, shown
+    assert all(abs(b - 0.75) <= TOLERANCE for _, b in after_up), f"25 -> 75 at {up:.2f}: {shown}"
+    assert all(abs(b - 0.25) <= TOLERANCE for _, b in after_down), f"75 -> 25 at {down:.2f}: {shown}"
+
+
+@pytest.mark.share_accuracy
+def test_a_hard_share_is_of_the_gpus_time_whatever_its_power_says(cudrive, make_slice):
+    # A power-capped GPU busy part of the time clocks higher than under full
+    # load. The share promises busy time, and a slice keeps what the boost
+    # gives it; weighing busy time by a speed-up read from power (the default
+    # before, HAMI_SM_SHARE_OF=work now) held slices below their share of
+    # the GPU's time wherever power misjudged their work. Here the simulated
+    # GPU's power (100 W idle, 900 W at full load, capped at 700 W) reads as
+    # a speed-up of about 1.14 at 75 %, and its kernels get none.
+    power = {"HAMI_SIM_POWER": "100,900,700"}
+    p = _burner(cudrive, _sm_slice(make_slice, "time", 75, "hard", **power).env)
+    _burn(p, 2)
+    got = _burn(p, 3)
+    p.close()
+    assert abs(got - 0.75) <= TOLERANCE, f"{got:.3f} of the GPU's time at a 75 % share"
+    w = _burner(cudrive, _sm_slice(make_slice, "work", 75, "hard", HAMI_SM_SHARE_OF="work", **power).env)
+    _burn(w, 2)
+    weighed = _burn(w, 3)
+    assert weighed <= 0.75 - TOLERANCE, f"weighed by the speed-up: {weighed:.3f} of the GPU's time"
+
+
+def _cpu_seconds(pid):
+    """CPU time (user + system) process PID has used, all its threads, from /proc."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_waiting_for_long_kernels_costs_little_cpu(cudrive, make_slice):
+    # Beside another slice, a launch that would not end before its window
+    # closes first waits for the thread's queued kernel. That wait looked at
+    # the kernel again and again without sleeping, from the start when it
+    # could not foresee the kernel's end (after every closed window): a loop
+    # of 20-ms kernels at 50 % kept a whole core busy (0.81 of its wall time
+    # on this host). A late wake-up costs such kernels a small part of their
+    # time: only short ones are worth a spin.
+    kernel_ms = 20
+    long = _burner(cudrive, _sm_slice(make_slice, "long", 50).env)
+    other = _burner(cudrive, _sm_slice(make_slice, "other", 30).env)
+    other.send(f"burn launch {KERNEL_NS} 7 64")
+    _burn(long, 1, ns=kernel_ms * 1_000_000)
+    cpu, wall = _cpu_seconds(long.pid), time.monotonic()
+    _burn(long, 4, ns=kernel_ms * 1_000_000)
+    cpu, wall = _cpu_seconds(long.pid) - cpu, time.monotonic() - wall
+    assert other.read(timeout=30)["rc"] == 0
+    assert cpu <= 0.3 * wall, f"{cpu:.2f} s of CPU in {wall:.2f} s waiting for {kernel_ms}-ms kernels"

@@ -33,7 +33,7 @@
 
 #define HAMI_SLICE_MAGIC "HAMISLCE" /* 8 bytes, no terminator */
 #define HAMI_SLICE_VERSION_MAJOR 1u
-#define HAMI_SLICE_VERSION_MINOR 7u
+#define HAMI_SLICE_VERSION_MINOR 8u
 
 #define HAMI_LIMITS_MAGIC "HAMILIMT" /* the companion limits file, 8 bytes */
 #define HAMI_LIMITS_VERSION_MAJOR 1u
@@ -159,7 +159,10 @@ struct hami_slice_device {
 	uint32_t sm_waits;       /* launches held for the open window (wraps): demand seen */
 	uint32_t sm_waits_steered; /* sm_waits when the controller last steered */
 	uint32_t reserved0;
-	uint64_t reserved;
+	/* (1.8) CLOCK_MONOTONIC ns when sm_open_ppm was last started afresh (a new
+	 * share, or the share binding again): samples read soon after cover the
+	 * time before it and steer nothing */
+	uint64_t sm_restart_ns;
 };
 
 /* One process of the slice. */
