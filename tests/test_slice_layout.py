@@ -51,7 +51,7 @@ C_FIELDS = {
         "state", "sm_count", "uuid[]", "memory_total", "memory_used", "memory_peak",
         "sm_util", "decoders", "sm_sample_us", "sm_open_ppm", "sm_tuned_for",
         "sm_others_util", "sm_waits", "sm_waits_steered", "reserved0",
-        "reserved",
+        "sm_restart_ns",
     ],
     "hami_slot": [
         "state", "pid", "pid_ns", "uid", "txn", "started_unix_ns",

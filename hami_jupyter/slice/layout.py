@@ -163,7 +163,7 @@ class HamiSliceDevice(ctypes.Structure):
         ("sm_waits", ctypes.c_uint32),
         ("sm_waits_steered", ctypes.c_uint32),
         ("reserved0", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64),
+        ("sm_restart_ns", ctypes.c_uint64),  # 1.8: when sm_open_ppm was last started afresh
     ]
 
 

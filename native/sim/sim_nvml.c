@@ -403,11 +403,21 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
 
 /* ---- power and temperature ------------------------------------------------ */
 
-/* What a whole-GPU view reads beside utilization (nvdashboard's figures). The
- * sim has no sensors: both follow the device's utilization over the last
- * complete period, as a real GPU's do, within an H100 SXM's range. */
-#define SIM_POWER_IDLE_MW 70000u
-#define SIM_POWER_LIMIT_MW 700000u
+/*
+ * What a whole-GPU view reads beside utilization (nvdashboard's figures), and
+ * what the SM share's work model reads (sm_work.c). The sim has no sensors:
+ * both follow the device's utilization over the last second, as a real GPU's
+ * do. HAMI_SIM_POWER=IDLE,FULL,CAP (watts; read at each call, like
+ * HAMI_SIM_PROCESS_UTIL): the device draws IDLE + (FULL - IDLE) x the part of
+ * the last second it was busy, at most CAP, its enforced power limit. A FULL
+ * above CAP is a GPU whose cap holds back its full load (it clocks lower then,
+ * as an H100 running a matmul loop does), so that work busy only part of the
+ * time draws what a model of the boost reads as a speed-up. Unset: 70 W idle
+ * to 700 W busy, an H100 SXM's range, never capped below its full load;
+ * malformed: power is not supported, as on GPUs without readings.
+ */
+#define SIM_POWER_IDLE_W 70u
+#define SIM_POWER_FULL_W 700u
 #define SIM_TEMPERATURE_IDLE_C 31u
 
 typedef struct {
@@ -418,32 +428,44 @@ typedef struct {
 #define SIM_NVML_TEMPERATURE_GPU 0
 #define SIM_NVML_TEMPERATURE_V1 (unsigned int)(sizeof(sim_nvmlTemperature_v1_t) | (1u << 24))
 
-static unsigned device_util(unsigned i)
+static int power_model(unsigned *idle, unsigned *full, unsigned *cap)
 {
-	return sim_sample_pct(sim_st()->dev[i].util, sim_sample_end(sim_now_ns()));
+	const char *v = getenv("HAMI_SIM_POWER");
+	char tail;
+	if (!v) {
+		*idle = SIM_POWER_IDLE_W;
+		*full = *cap = SIM_POWER_FULL_W;
+		return 1;
+	}
+	return sscanf(v, "%u,%u,%u%c", idle, full, cap, &tail) == 3 && *idle < *cap && *cap <= 100000;
 }
 
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t device, unsigned int *power)
 {
-	unsigned i;
+	unsigned i, idle, full, cap;
 	nvmlReturn_t r = dev_index(device, &i);
 	if (r)
 		return r;
 	if (!power)
 		return NVML_ERROR_INVALID_ARGUMENT;
-	*power = SIM_POWER_IDLE_MW + (SIM_POWER_LIMIT_MW - SIM_POWER_IDLE_MW) / 100u * device_util(i);
+	if (!power_model(&idle, &full, &cap))
+		return NVML_ERROR_NOT_SUPPORTED;
+	double w = idle + ((double)full - idle) * sim_util_pct(sim_st()->dev[i].util) / 100.0;
+	*power = (unsigned)((w > cap ? cap : w) * 1000.0);
 	return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t device, unsigned int *limit)
 {
-	unsigned i;
+	unsigned i, idle, full, cap;
 	nvmlReturn_t r = dev_index(device, &i);
 	if (r)
 		return r;
 	if (!limit)
 		return NVML_ERROR_INVALID_ARGUMENT;
-	*limit = SIM_POWER_LIMIT_MW;
+	if (!power_model(&idle, &full, &cap))
+		return NVML_ERROR_NOT_SUPPORTED;
+	*limit = cap * 1000;
 	return NVML_SUCCESS;
 }
 
@@ -462,7 +484,7 @@ static nvmlReturn_t temperature(nvmlDevice_t device, int sensor, unsigned int *o
 		return NVML_ERROR_INVALID_ARGUMENT;
 	if (sensor != SIM_NVML_TEMPERATURE_GPU)
 		return NVML_ERROR_NOT_SUPPORTED;
-	*out = SIM_TEMPERATURE_IDLE_C + device_util(i) * 45u / 100u;
+	*out = SIM_TEMPERATURE_IDLE_C + sim_util_pct(sim_st()->dev[i].util) * 45u / 100u;
 	return NVML_SUCCESS;
 }
 

@@ -1029,6 +1029,11 @@ unsigned sim_sample_pct(_Atomic uint64_t *ring, uint64_t end)
 	return pct_of(sim_sample_busy(ring, end), SIM_SAMPLE_NS);
 }
 
+uint64_t sim_slot_busy(_Atomic uint64_t *ring, uint64_t slot)
+{
+	return slots_sum(ring, slot, 1);
+}
+
 /* The device runs kernels one after another, whoever queued them: reserve
  * [max(now, busy_until), +dur) with compare-and-swap. */
 uint64_t sim_launch(unsigned d, uint64_t dur)

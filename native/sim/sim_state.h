@@ -222,6 +222,9 @@ SIM_HIDDEN uint64_t sim_sample_end(uint64_t now);
 SIM_HIDDEN uint64_t sim_sample_busy(_Atomic uint64_t *ring, uint64_t end);
 /* The same as a percent of the period, rounded, 0..100. */
 SIM_HIDDEN unsigned sim_sample_pct(_Atomic uint64_t *ring, uint64_t end);
+/* Busy ns RING shows in slot SLOT ([SLOT, SLOT + 1) * SIM_UTIL_SLOT_NS); 0 for a
+ * slot the ring no longer holds. */
+SIM_HIDDEN uint64_t sim_slot_busy(_Atomic uint64_t *ring, uint64_t slot);
 SIM_HIDDEN uint64_t sim_now_ns(void);
 
 /* ---- device memory contents and checkpoints (see sim_mem.c) ------------- */

@@ -5,6 +5,9 @@
  *                                           contexts, NVDEC decoders and frames,
  *                                           checkpoint state and host bytes, graph
  *                                           pool and driver-internal bytes, graphics)
+ *   hami-simctl [--state PATH] busy         JSON: each device's busy ns in each
+ *                                           50-ms slot of the last 10 s (the GPU's
+ *                                           own record, whoever queued the work)
  *   hami-simctl [--state PATH] reset-peak   peak_used := used, every device
  *   hami-simctl [--state PATH] reset        new state file (none may use it)
  *
@@ -23,9 +26,11 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: hami-simctl [--state PATH] status|reset-peak|reset\n"
+	fprintf(f, "usage: hami-simctl [--state PATH] status|busy|reset-peak|reset\n"
 		   "  status      print devices and live processes as JSON (dead ones are swept first),\n"
 		   "              with each process's checkpoint state and host bytes\n"
+		   "  busy        print each device's busy ns in each 50-ms slot of the last 10 s as JSON\n"
+		   "              (first_ns: CLOCK_MONOTONIC start of the first slot)\n"
 		   "  reset-peak  set every device's peak_used to its current used\n"
 		   "  reset       replace the state file with a fresh one; refused while a live\n"
 		   "              process uses it\n"
@@ -135,6 +140,30 @@ static int status(void)
 	return fflush(stdout) == 0 ? 0 : 1;
 }
 
+/* Complete slots "busy" prints: 10 s, well inside what the ring keeps. */
+#define BUSY_HISTORY_SLOTS 200u
+
+/* Each device's busy time per 50-ms slot, the newest complete slot last: a
+ * record of what the GPU ran, at a finer grain than NVML's 200-ms samples
+ * (tests read the share a slice got in 100-ms windows from it). */
+static int busy(void)
+{
+	struct sim_state *st = sim_st();
+	uint64_t cur = sim_now_ns() / SIM_UTIL_SLOT_NS;
+	uint64_t first = cur > BUSY_HISTORY_SLOTS ? cur - BUSY_HISTORY_SLOTS : 0;
+	printf("{\"slot_ns\": %llu, \"first_ns\": %llu, \"devices\": [", (unsigned long long)SIM_UTIL_SLOT_NS,
+	       (unsigned long long)(first * SIM_UTIL_SLOT_NS));
+	for (unsigned d = 0; d < st->hdr.ndev; d++) {
+		printf("%s[", d ? ", " : "");
+		for (uint64_t slot = first; slot < cur; slot++)
+			printf("%s%llu", slot > first ? ", " : "",
+			       (unsigned long long)sim_slot_busy(st->dev[d].util, slot));
+		putchar(']');
+	}
+	printf("]}\n");
+	return fflush(stdout) == 0 ? 0 : 1;
+}
+
 static int reset_peak(void)
 {
 	struct sim_state *st = sim_st();
@@ -238,7 +267,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "hami-simctl: empty state path\n");
 		return 2;
 	}
-	if (strcmp(cmd, "status") && strcmp(cmd, "reset-peak") && strcmp(cmd, "reset")) {
+	if (strcmp(cmd, "status") && strcmp(cmd, "busy") && strcmp(cmd, "reset-peak") && strcmp(cmd, "reset")) {
 		fprintf(stderr, "hami-simctl: unknown command \"%s\"\n", cmd);
 		usage(stderr);
 		return 2;
@@ -256,5 +285,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "hami-simctl: cannot use state file %s\n", path);
 		return 1;
 	}
+	if (strcmp(cmd, "busy") == 0)
+		return busy();
 	return strcmp(cmd, "status") == 0 ? status() : reset_peak();
 }

@@ -79,19 +79,23 @@ uint32_t hami_sm_work_last(int sdev)
 	return milli ? milli : HAMI_SM_WORK_ONE;
 }
 
-/* HAMI_SM_SHARE_OF=time: a hard share is of the GPU's time, as before the
- * work was weighed (for comparison, and for GPUs the model does not fit). */
+/* A hard share is of the GPU's busy time (the default: what the share
+ * promises, docs/sm-share.md); HAMI_SM_SHARE_OF=work weighs each busy
+ * second by the model's speed-up instead. The speed-up is read from power,
+ * and held slices below their share of the GPU's time wherever power
+ * misjudged their work; with a time share a slice that the GPU's boost
+ * serves better than its share keeps that. */
 int hami_sm_share_of_time(void)
 {
 	static int cached = -1; /* any thread: read and set atomically */
 	int known = __atomic_load_n(&cached, __ATOMIC_RELAXED);
 	if (known < 0) {
 		const char *v = getenv("HAMI_SM_SHARE_OF");
-		known = v && strcmp(v, "time") == 0;
+		known = !(v && strcmp(v, "work") == 0);
 		int unset = -1;
 		if (__atomic_compare_exchange_n(&cached, &unset, known, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED) &&
-		    v && !known && strcmp(v, "work") != 0)
-			hami_log(HAMI_LOG_WARN, "HAMI_SM_SHARE_OF=%s is neither work nor time: work it is", v);
+		    v && known && *v && strcmp(v, "time") != 0)
+			hami_log(HAMI_LOG_WARN, "HAMI_SM_SHARE_OF=%s is neither time nor work: time it is", v);
 	}
 	return known;
 }

@@ -180,7 +180,10 @@ struct hami_slice_device {
 	uint32_t sm_waits;       /* launches held for the open window (wraps): demand seen */
 	uint32_t sm_waits_steered; /* sm_waits when the controller last steered */
 	uint32_t reserved0;
-	uint64_t reserved;
+	/* (1.8) CLOCK_MONOTONIC ns when sm_open_ppm was last started afresh (a new
+	 * share, or the share binding again): samples read soon after cover the
+	 * time before it and steer nothing */
+	uint64_t sm_restart_ns;
 };
 
 /* One process of the slice. */
