@@ -170,3 +170,77 @@ def test_ddp_with_a_cap_too_small_for_nccl_buffers_fails_clearly(env2, physical_
     assert any("out of memory" in e.lower() for e in errs), "no rank said it ran out of memory"
     assert any('hami: slice "' in e and "out of memory" in e for e in errs), \
         "the library's line naming the slice and its cap is missing"
+
+
+TWO_GPU_HOLDER = """
+import sys, torch
+held = [torch.empty(3 << 30, dtype=torch.uint8, device=f"cuda:{d}") for d in (0, 1)]
+for d, t in enumerate(held):
+    t[: 64 << 20].fill_(7 + d); t[-(64 << 20):].fill_(11 + d)
+torch.cuda.synchronize()
+print("held", flush=True)
+for line in sys.stdin:
+    ok = all(bool((t[: 64 << 20] == 7 + d).all()) and bool((t[-(64 << 20):] == 11 + d).all())
+             for d, t in enumerate(held))
+    print("intact" if ok else "CHANGED", flush=True)
+"""
+
+
+def _nvml_bytes(pid):
+    """``{uuid: bytes}`` NVML lists for process *pid* on each GPU, and each GPU's free bytes."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        held, free = {}, {}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(h)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            held[uuid] = sum(p.usedGpuMemory or 0 for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+                             if p.pid == pid)
+            free[uuid] = pynvml.nvmlDeviceGetMemoryInfo(h).free
+        return held, free
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_a_process_on_both_gpus_parks_and_comes_back_intact(env2, physical_uuids, preload_lib, tmp_path):
+    """Issue 43: a PyTorch process holding 3 GiB on each GPU is parked (the fast
+    park, or the checkpoint when the tests run without it) and resumed at its
+    next call: each GPU's memory leaves and comes back (NVML), the data on both
+    intact."""
+    from gpu_helpers import fast_park_tested
+
+    env = env2(limit="8g")
+    proc = subprocess.Popen([sys.executable, "-c", TWO_GPU_HOLDER], env=env, text=True, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        before, free_before = _nvml_bytes(proc.pid)
+        print("before:", {u[:12]: round(b / GiB, 2) for u, b in before.items()})
+        assert all(before[u] >= 3 * GiB for u in physical_uuids[:2])
+        tool = Path(preload_lib).parent / "hami-park"
+        park_env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+        began = time.monotonic()
+        done = subprocess.run([str(tool), "park", env["HAMI_SLICE"], str(proc.pid), "10000", "asked"],
+                              env=park_env, capture_output=True, text=True, timeout=300)
+        print(f"park: {done.stdout.strip()} in {time.monotonic() - began:.2f} s")
+        assert done.stdout.startswith("ok "), done.stdout + done.stderr
+        parked, free_parked = _nvml_bytes(proc.pid)
+        print("parked:", {u[:12]: round(b / GiB, 2) for u, b in parked.items()})
+        for u in physical_uuids[:2]:
+            assert parked[u] < before[u] - 2 * GiB  # the 3 GiB left each GPU (the context may stay)
+            assert free_parked[u] > free_before[u] + 2 * GiB
+        began = time.monotonic()
+        proc.stdin.write("check\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "intact"
+        print(f"resumed and checked in {time.monotonic() - began:.2f} s "
+              f"({'fast park' if fast_park_tested() else 'checkpoint'})")
+        after, _ = _nvml_bytes(proc.pid)
+        for u in physical_uuids[:2]:
+            assert after[u] >= 3 * GiB  # back on each GPU
+    finally:
+        proc.kill()
+        proc.wait(30)
