@@ -197,7 +197,10 @@ def test_a_session_starting_on_a_full_gpu_waits_in_set_up_and_runs(preload_lib, 
         _, free = nvml_bytes(alice.pid)
         print(f"the GPU ({total / GiB:.1f} GiB) has {free / 2**20:.0f} MiB free")
         broker = subprocess.Popen([sys.executable, "-c", BROKER, str(root)], env=base, stdout=log, stderr=log)
-        time.sleep(3)  # alice idle for longer than --min-idle-seconds 2; the broker up
+        time.sleep(3)  # alice idle for longer than --min-idle-seconds 2
+        deadline = time.monotonic() + 60
+        while not (root / "broker.sock").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the broker up: it listens
         carol = python(STARTER, env("carol"), stderr=subprocess.PIPE)
         said, stderr = carol.communicate(timeout=180)
         print("carol:", said.strip())
