@@ -242,7 +242,8 @@ def test_the_guard_ends_a_pytorch_bypass_within_two_seconds(preload_lib, tmp_pat
     if os.geteuid() != 0:
         pytest.skip("the guard and a second user need root")
     pytest.importorskip("torch")
-    from hami_jupyter.slice.create import ensure_slice
+    from hami_jupyter.slice.create import create_limits_file, ensure_slice
+    from hami_jupyter.slice.limits import Limits
     from hami_jupyter.slice.guard_report import read_report
     from hami_jupyter.slice.settings import resolve_limits
 
@@ -252,6 +253,8 @@ def test_the_guard_ends_a_pytorch_bypass_within_two_seconds(preload_lib, tmp_pat
     path = root / f"{user.pw_name}.slice"
     ensure_slice(path, user.pw_name, resolve_limits({"memory_limit": "4g"}, {}))
     os.chown(path, user.pw_uid, user.pw_gid)
+    # The cap the guard holds her to is the administrator's (a root-owned limits file), not her own word.
+    create_limits_file(path, Limits(memory_limit=4 << 30), mode=0o644)
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("HAMI_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     guard_log = open(tmp_path / "guard.log", "w")
@@ -314,7 +317,8 @@ def test_the_guard_parks_a_pytorch_bypass_and_an_administrator_brings_its_data_b
         pytest.skip("the guard and a second user need root")
     pytest.importorskip("torch")
     from hami_jupyter.slice.change import set_memory_limit
-    from hami_jupyter.slice.create import ensure_slice
+    from hami_jupyter.slice.create import create_limits_file, ensure_slice
+    from hami_jupyter.slice.limits import Limits
     from hami_jupyter.slice.guard_report import read_report
     from hami_jupyter.slice.settings import resolve_limits
 
@@ -324,6 +328,8 @@ def test_the_guard_parks_a_pytorch_bypass_and_an_administrator_brings_its_data_b
     path = root / f"{user.pw_name}.slice"
     ensure_slice(path, user.pw_name, resolve_limits({"memory_limit": "4g"}, {}))
     os.chown(path, user.pw_uid, user.pw_gid)
+    # The cap the guard holds her to is the administrator's (a root-owned limits file), not her own word.
+    create_limits_file(path, Limits(memory_limit=4 << 30), mode=0o644)
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("HAMI_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     guard_log = open(tmp_path / "guard.log", "w")
