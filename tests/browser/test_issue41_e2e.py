@@ -33,6 +33,7 @@ import pytest
 
 from hami_jupyter import native
 from hami_jupyter.slice.change import set_limits, set_memory_limit
+from lab_server import running_lab
 from test_jupyterlab_e2e import (ALLOCATE, ADMIN_CELL, ARTIFACTS, CELL_TIMEOUT_MS, CHART_HEIGHT,
                                  STATUS_CELL, STATUS_TIMEOUT_MS, TWO_GPU_KERNEL, _expect, chart,
                                  last_point, limit_y, open_notebook, sample_line, shut_down_kernels)
@@ -41,8 +42,6 @@ from test_jupyterlab_e2e import (ALLOCATE, ADMIN_CELL, ARTIFACTS, CELL_TIMEOUT_M
 def lab(chromium, run_tag, tmp_path_factory):
     """This module's JupyterLab: its kernels forward the library's stderr lines to the
     notebook, as they do outside pytest (item 5 reads them there)."""
-    from conftest import running_lab
-
     yield from running_lab(run_tag, tmp_path_factory, kernel_stderr=True)
 
 
