@@ -119,7 +119,7 @@ class Rooms:
         self._answered = {}  # pid -> (uuid, monotonic time it was last answered NO)
         self._failed_parks = {}  # (uuid, kernel key) -> (monotonic time its park last failed, error code)
         self._parked_bytes = {}  # (pid, start ticks) -> NVML bytes it held when the agent parked it
-        self._fresh_looks = {}  # pid -> monotonic time of the last fresh look its admission took
+        self._fresh_looks = {}  # ("pid", pid) or ("uid", uid) -> monotonic time of its last fresh look
         self._moving = {}  # uuid -> Unix ns until which a process's state is taken to move there
 
     def _gpu_lock(self, uuid):
@@ -161,7 +161,7 @@ class Rooms:
         """The :class:`~.room.request.Request` of peer *pid* for *room*; Refused."""
         look = self.node.look(within=ADMIT_LOOK_S)
         found = self.node.process(pid, look.slices)
-        if found is not None and found[1].slot is None and time.time() - look.unix > 0.01 and self._may_look(pid):
+        if found is not None and found[1].slot is None and time.time() - look.unix > 0.01 and self._may_look(pid, uid):
             # A process that just took its slot (its first wait: for its first
             # context) is not in a look taken before: look again, once a while.
             look = self.node.look(within=0)
@@ -176,20 +176,20 @@ class Rooms:
             self._heard.setdefault((pid, room.since_ns), heard)
         return Request(conn=conn, **fields)
 
-    def _may_look(self, pid):
-        """Whether an admission for *pid* may take a fresh look of the node (one
-        per :data:`FRESH_LOOK_S` per process, and for every process together one per
-        :data:`ADMIT_LOOK_S`): a look holds the node's lock, and a process
-        without a slot asking in a loop must not hold the watch and everyone's
-        requests up."""
+    def _may_look(self, pid, uid):
+        """Whether an admission for *pid* may take a fresh look of the node: once
+        per :data:`FRESH_LOOK_S` per process, and four times a second per user: a
+        look holds the node's lock, and a process without a slot asking in a loop
+        must not hold the watch and everyone's requests up (another user's new
+        process still gets its look)."""
         now = time.monotonic()
         with self._lock:
             if len(self._fresh_looks) > OKS_KEPT:
-                self._fresh_looks = {p: t for p, t in self._fresh_looks.items() if now - t < FRESH_LOOK_S}
-            last_any = max(self._fresh_looks.values(), default=0.0)
-            if now - self._fresh_looks.get(pid, 0.0) < FRESH_LOOK_S or now - last_any < ADMIT_LOOK_S:
+                self._fresh_looks = {k: t for k, t in self._fresh_looks.items() if now - t < FRESH_LOOK_S}
+            if (now - self._fresh_looks.get(("pid", pid), 0.0) < FRESH_LOOK_S
+                    or now - self._fresh_looks.get(("uid", uid), 0.0) < 0.25):
                 return False
-            self._fresh_looks[pid] = now
+            self._fresh_looks[("pid", pid)] = self._fresh_looks[("uid", uid)] = now
         log.debug("broker: a fresh look for the admission of pid %d", pid)
         return True
 
