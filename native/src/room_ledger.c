@@ -44,7 +44,7 @@ static struct {
 	uint64_t looked_unix_ns;
 	uint64_t bytes;
 } taken[HAMI_SLICE_MAX_DEVICES];
-static uint64_t last_open_ns;                 /* monotonic; guarded by open_lock */
+static uint64_t last_open_ns;                 /* monotonic; written under open_lock, read without */
 static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
 static int told_refused;
 
@@ -114,8 +114,8 @@ static const struct hami_room_ledger *current(void)
 	if (now - __atomic_load_n(&last_open_ns, __ATOMIC_RELAXED) < REOPEN_NS)
 		return NULL;
 	pthread_mutex_lock(&open_lock);
-	if (now - last_open_ns >= REOPEN_NS) {
-		last_open_ns = now;
+	if (now - __atomic_load_n(&last_open_ns, __ATOMIC_RELAXED) >= REOPEN_NS) {
+		__atomic_store_n(&last_open_ns, now, __ATOMIC_RELAXED);
 		const struct hami_room_ledger *next = map_ledger();
 		/* The old mapping is left in place: another thread may be reading it. */
 		if (next && next != l)
