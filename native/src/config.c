@@ -208,6 +208,14 @@ static void read_fast_park(void)
 	int has = 0;
 	config.fast_park_keep = FAST_PARK_KEEP_DEFAULT;
 	read_size("HAMI_FAST_PARK_KEEP", &has, &config.fast_park_keep);
+	config.fast_park_copiers = -1;
+	v = getenv("HAMI_FAST_PARK_COPIERS");
+	uint32_t n;
+	if (v && parse_small(v, 4, &n) == 0)
+		config.fast_park_copiers = (int)n;
+	else if (v)
+		bad_setting("HAMI_FAST_PARK_COPIERS", v, "not a number of copying threads (0-4, digits only; unset: "
+			    "half the CPUs, at most 4, none on 2 CPUs)");
 }
 
 /* HAMI_BROKER_SOCKET: an absolute path that fits a Unix socket address. */

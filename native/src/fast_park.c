@@ -130,12 +130,17 @@ static void *copier(void *arg)
 static void pool_start(void)
 {
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-	unsigned want = cpus > 2 ? (unsigned)(cpus / 2 < MAX_COPIERS ? cpus / 2 : MAX_COPIERS) : 0;
+	int asked = hami_config()->fast_park_copiers;
+	unsigned want = asked >= 0 ? (unsigned)asked
+		      : cpus > 2 ? (unsigned)(cpus / 2 < MAX_COPIERS ? cpus / 2 : MAX_COPIERS) : 0;
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, &old); /* the copiers take no signal of the program's */
 	pool.quit = 0;
 	pool.n = 0;
+	/* New copiers start having seen job 0: the jobs of an earlier park (whose
+	 * buffers are gone) must not look new to them. */
+	pool.gen = 0;
 	for (unsigned i = 0; i < want; i++) {
 		if (pthread_create(&pool.t[i], NULL, copier, (void *)(uintptr_t)i) != 0)
 			break;

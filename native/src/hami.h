@@ -19,6 +19,10 @@
 #define HAMI_MIB (1024ull * 1024ull)
 /* CUDA devices a process sees; per-GPU limit variables and slice devices stop at HAMI_SLICE_MAX_DEVICES (16) */
 #define HAMI_MAX_CUDA_DEVICES 64
+/* The stack of a thread of ours that calls the driver or NVML: how deep the
+ * real driver's calls run is not documented, so a normal thread's stack
+ * (reserved address space; only what is used is touched). */
+#define HAMI_DRIVER_THREAD_STACK (8u << 20)
 
 /* log.c */
 enum { HAMI_LOG_ERROR = 0, HAMI_LOG_WARN, HAMI_LOG_INFO, HAMI_LOG_DEBUG, HAMI_LOG_TRACE };
@@ -79,6 +83,7 @@ struct hami_config {
 	const char *broker_socket; /* HAMI_BROKER_SOCKET, else <hub slice root>/broker.sock */
 	int fast_park;             /* HAMI_FAST_PARK: allocations backed so that the process parks itself */
 	uint64_t fast_park_keep;   /* HAMI_FAST_PARK_KEEP: allocations it cannot move that a fast park leaves on the GPU */
+	int fast_park_copiers;     /* HAMI_FAST_PARK_COPIERS: CPU threads that help copy, 0-4; -1: by the CPU count */
 	const char *slice_path;    /* HAMI_SLICE or CUDA_DEVICE_MEMORY_SHARED_CACHE; NULL: private */
 	char slice_name[HAMI_SLICE_NAME_LEN];
 	char kernel_id[HAMI_SLICE_KERNEL_ID_LEN];
@@ -245,6 +250,7 @@ void hami_wait_mask(sigset_t *mask);
  * must ask the broker first (w->turn says why). */
 CUresult hami_room_turn(struct hami_room *w, int sdev, uint64_t bytes);
 int hami_ledger_gpu(const char *uuid, struct hami_ledger_gpu *out); /* 0, or -1: none believed */
+int hami_ledger_gpu_now(const char *uuid, struct hami_ledger_gpu *out); /* the same, a new agent looked for at once */
 uint64_t hami_ledger_granted(const struct hami_ledger_gpu *g, uint64_t ticket); /* its bytes, 0 */
 /* NULL when a take of *bytes* with *free* on the GPU keeps the ledger's rule; else why not. */
 const char *hami_ledger_refusal(const struct hami_ledger_gpu *g, uint64_t ticket, int within, uint64_t free,

@@ -302,7 +302,7 @@ static int resume_turn(struct hami_slot *s, uint64_t keep[HAMI_SLICE_MAX_DEVICES
 	for (int d = 0; f && d < HAMI_SLICE_MAX_DEVICES; d++) {
 		struct hami_ledger_gpu g;
 		keep[d] = 0;
-		if (!__atomic_load_n(&s->parked[d], __ATOMIC_ACQUIRE) || hami_ledger_gpu(f->device[d].uuid, &g) < 0 ||
+		if (!__atomic_load_n(&s->parked[d], __ATOMIC_ACQUIRE) || hami_ledger_gpu_now(f->device[d].uuid, &g) < 0 ||
 		    !g.turns)
 			continue;
 		uint64_t mine = hami_ledger_granted(&g, room.ticket);
@@ -551,7 +551,9 @@ void hami_park_tick(void)
 /*
  * The parking thread: the housekeeper's NVML calls block while the process is
  * locked, so parking has a thread of its own that calls neither CUDA nor NVML
- * and so runs all through a park: it moves the charge, and it resumes.
+ * while the driver holds the process, and so runs all through a park: it moves
+ * the charge, and it resumes. A process that parks itself is never locked:
+ * then this thread moves the memory through the driver, and asks NVML for room.
  */
 static void *parking_thread(void *arg)
 {
@@ -575,7 +577,7 @@ void hami_park_start(void)
 	pthread_attr_t attr;
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	pthread_attr_setstacksize(&attr, 256 * 1024);
+	pthread_attr_setstacksize(&attr, HAMI_DRIVER_THREAD_STACK); /* the fast park calls the driver here */
 	if (pthread_create(&t, &attr, parking_thread, NULL) != 0) {
 		hami_log(HAMI_LOG_WARN, "cannot start the parking thread: this process cannot be resumed, "
 			 "so it is never parked");

@@ -698,7 +698,7 @@ static void start_housekeeper(void)
 	pthread_attr_t attr;
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	pthread_attr_setstacksize(&attr, 1024 * 1024); /* NVML calls run here: give it a normal-sized stack */
+	pthread_attr_setstacksize(&attr, HAMI_DRIVER_THREAD_STACK); /* NVML calls run here */
 	if (pthread_create(&t, &attr, housekeeper, NULL) == 0)
 		housekeeper_running = 1;
 	else

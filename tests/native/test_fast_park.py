@@ -114,6 +114,27 @@ def test_a_process_parked_and_resumed_mid_loop_keeps_its_data(cudrive, fast_slic
     assert "parked: this process moved its GPU memory to host memory itself" in "\n".join(p.hami_lines())
 
 
+def test_copying_threads_park_and_resume_again_and_again(cudrive, fast_slice, hami_build):
+    """With CPU threads helping to copy (a host of more than 2 CPUs has them),
+    every park and resume starts them afresh; none may take an earlier park's
+    finished copy for new work. (On a 16-CPU H200 host the first resume after
+    a park died of SIGSEGV in such a thread, reading the park's freed buffers.)"""
+    s = fast_slice(HAMI_FAST_PARK_COPIERS="3")
+    p = cudrive.with_context(s.env, "alloc 64m a", "write a 90", "alloc 32m b", "write b 165")
+    for _ in range(3):
+        rc, answer = run_park(hami_build, s.env, "park", s.path, p.pid)
+        assert rc == 0 and answer.startswith(f"ok {HELD} ") and answer.endswith(" fast"), answer
+        assert p.ok("check a 90", timeout=WAIT_S)["equal"] and p.ok("check b 165")["equal"]
+        assert slot(s, p.pid).park_state == HAMI_PARK_RUNNING
+
+
+def test_a_bad_number_of_copying_threads_is_refused_plainly(cudrive, fast_slice):
+    s = fast_slice(HAMI_FAST_PARK_COPIERS="9")
+    p = cudrive.start(s.env)
+    assert p.cmd("init")["rc"] != 0
+    assert 'HAMI_FAST_PARK_COPIERS="9" is not a number of copying threads' in p.stderr()
+
+
 def test_a_thread_that_touches_memory_while_parked_waits_and_brings_it_back(holder, gpu, hami_build):
     s, p = holder
     rc, answer = run_park(hami_build, s.env, "park", s.path, p.pid)
