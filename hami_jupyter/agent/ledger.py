@@ -143,6 +143,21 @@ class Ledger:
             self._write(e, change)
             self._view.written_unix_ns = now_ns
 
+    def someone_waits(self, uuid, waiting):
+        """Say at once that *waiting* requests wait for room on *uuid* (turns
+        on): the next look's :meth:`publish` may come after the agent has
+        begun to make room, and a resume reading the ledger in between would
+        take that room first."""
+        with self._lock:
+            e = self._entry(uuid)
+            if e is None:
+                return
+
+            def change(e):
+                e.waiting = max(e.waiting, waiting)
+                e.turns = 1
+            self._write(e, change)
+
     def heartbeat(self, now_ns=None):
         with self._lock:
             self._view.written_unix_ns = now_ns or time.time_ns()

@@ -204,6 +204,8 @@ class Rooms:
             request.answer(protocol.no(str(e)))
             return
         ticket = None
+        if self.ledger is not None:  # before any room is made for it: no resume takes that room
+            self.ledger.someone_waits(request.uuid, ahead + 1)
         self.changed.set()
         try:
             if ahead:

@@ -104,17 +104,19 @@ static int fresh(const struct hami_room_ledger *l)
 }
 
 /* The ledger, when one is believed now. A stale mapping (an agent that
- * stopped; a new one writes a new file) is dropped and looked for again. */
-static const struct hami_room_ledger *current(void)
+ * stopped; a new one writes a new file) is dropped and looked for again, at
+ * most once a REOPEN_NS, or at once when *now_or_never*: a resume, which
+ * takes GiBs at a time, must not miss an agent that started a moment ago. */
+static const struct hami_room_ledger *look_up(int now_or_never)
 {
 	const struct hami_room_ledger *l = __atomic_load_n(&ledger, __ATOMIC_ACQUIRE);
 	if (l && fresh(l))
 		return l;
 	uint64_t now = hami_monotonic_ns();
-	if (now - __atomic_load_n(&last_open_ns, __ATOMIC_RELAXED) < REOPEN_NS)
+	if (!now_or_never && now - __atomic_load_n(&last_open_ns, __ATOMIC_RELAXED) < REOPEN_NS)
 		return NULL;
 	pthread_mutex_lock(&open_lock);
-	if (now - __atomic_load_n(&last_open_ns, __ATOMIC_RELAXED) >= REOPEN_NS) {
+	if (now_or_never || now - __atomic_load_n(&last_open_ns, __ATOMIC_RELAXED) >= REOPEN_NS) {
 		__atomic_store_n(&last_open_ns, now, __ATOMIC_RELAXED);
 		const struct hami_room_ledger *next = map_ledger();
 		/* The old mapping is left in place: another thread may be reading it. */
@@ -124,6 +126,11 @@ static const struct hami_room_ledger *current(void)
 	pthread_mutex_unlock(&open_lock);
 	l = __atomic_load_n(&ledger, __ATOMIC_ACQUIRE);
 	return l && fresh(l) ? l : NULL;
+}
+
+static const struct hami_room_ledger *current(void)
+{
+	return look_up(0);
 }
 
 /* A consistent copy of GPU uuid's entry (the agent writes it as a seqlock). */
@@ -141,9 +148,20 @@ static int copy_gpu(const struct hami_ledger_gpu *src, struct hami_ledger_gpu *o
 	return -1; /* a writer that keeps writing: not believed this time */
 }
 
+static int ledger_gpu(const struct hami_room_ledger *l, const char *uuid, struct hami_ledger_gpu *out);
+
 int hami_ledger_gpu(const char *uuid, struct hami_ledger_gpu *out)
 {
-	const struct hami_room_ledger *l = current();
+	return ledger_gpu(current(), uuid, out);
+}
+
+int hami_ledger_gpu_now(const char *uuid, struct hami_ledger_gpu *out)
+{
+	return ledger_gpu(look_up(1), uuid, out);
+}
+
+static int ledger_gpu(const struct hami_room_ledger *l, const char *uuid, struct hami_ledger_gpu *out)
+{
 	if (!l || !uuid || !uuid[0])
 		return -1;
 	for (int i = 0; i < HAMI_LEDGER_MAX_GPUS; i++) {
@@ -219,12 +237,13 @@ static int loose(int sdev, const struct hami_ledger_gpu *g, uint64_t bytes)
 	return g->free_bytes > keep && g->free_bytes - keep >= mine;
 }
 
+/* A context's or a resume's turn (rare, and large: the ledger is looked for at once). */
 CUresult hami_room_turn(struct hami_room *w, int sdev, uint64_t bytes)
 {
 	struct hami_slice_file *f = hami_slice();
 	struct hami_ledger_gpu g;
 	if (!bytes || !f || sdev < 0 || sdev >= HAMI_SLICE_MAX_DEVICES ||
-	    hami_ledger_gpu(f->device[sdev].uuid, &g) < 0 || loose(sdev, &g, bytes))
+	    hami_ledger_gpu_now(f->device[sdev].uuid, &g) < 0 || loose(sdev, &g, bytes))
 		return CUDA_SUCCESS;
 	int within = hami_within_guarantee(sdev);
 	uint64_t free = UINT64_MAX;
