@@ -237,14 +237,15 @@ def _serve(rooms, watch, stop, socket_path, root, host_reserve, headroom, interv
     reporter = _RoomReport(rooms, root, keeper, socket_path=socket_path, host_reserve=host_reserve,
                            headroom=headroom)
     threads.append(threading.Thread(target=reporter.run, name="agent-room-report", daemon=True))
-    for t in threads:
-        t.start()
+    # The settings first: the threads' first words (a headroom short, say) come after them.
     log.info("broker: making room at %s for the slices under %s: parks kernels idle for %g s, "
              "keeps %s of host memory free, %s kept free on each GPU for parks, %s, room ledger %s, "
              "audit log %s", socket_path, root, rooms.min_idle, format_size(host_reserve),
              format_size(rooms.reserve),
              f"a headroom of {format_size(headroom)} kept free on each GPU" if headroom
              else "no headroom (parks only when asked)", rooms.ledger.path, rooms.records.audit_path)
+    for t in threads:
+        t.start()
     try:
         Server(listening, rooms).run()
     finally:
