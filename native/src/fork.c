@@ -30,6 +30,7 @@ static pthread_mutex_t *const taken[] = {
 	&hami_slot_lock,
 	&hami_records_mutex,
 	&hami_vm_lock,
+	&hami_ledger_open_lock, /* innermost: nothing is taken under it */
 };
 
 static pthread_mutex_t *const made_anew[] = {

@@ -249,6 +249,7 @@ void hami_wait_mask(sigset_t *mask);
  * this process may take *bytes* on sdev now; CUDA_ERROR_OUT_OF_MEMORY when it
  * must ask the broker first (w->turn says why). */
 CUresult hami_room_turn(struct hami_room *w, int sdev, uint64_t bytes);
+CUresult hami_room_turn_now(struct hami_room *w, int sdev, uint64_t bytes); /* a resume: the ledger looked for at once */
 int hami_ledger_gpu(const char *uuid, struct hami_ledger_gpu *out); /* 0, or -1: none believed */
 int hami_ledger_gpu_now(const char *uuid, struct hami_ledger_gpu *out); /* the same, a new agent looked for at once */
 uint64_t hami_ledger_granted(const struct hami_ledger_gpu *g, uint64_t ticket); /* its bytes, 0 */
@@ -469,6 +470,7 @@ extern pthread_mutex_t hami_context_lock; /* context_hooks.c: primary context re
 extern pthread_mutex_t hami_pool_lock;    /* memory_hooks.c: pool charges */
 extern pthread_mutex_t hami_graph_lock;   /* graph_memory.c: graph pool charges */
 extern pthread_mutex_t hami_open_lock;    /* slice.c: read-only attach for NVML */
+extern pthread_mutex_t hami_ledger_open_lock; /* room_ledger.c: mapping the room ledger */
 extern pthread_mutex_t hami_thunks_lock;  /* park_gate_thunks.c: the thunk table */
 extern pthread_mutex_t hami_claim_lock;   /* slice.c: GPU entry claims */
 extern pthread_mutex_t hami_slot_lock;    /* slice.c: slot locks, sweeps */

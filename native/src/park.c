@@ -325,7 +325,7 @@ static int resume_turn(struct hami_slot *s, uint64_t keep[HAMI_SLICE_MAX_DEVICES
  */
 static int gpu_has_room(int sdev, uint64_t bytes)
 {
-	if (hami_room_turn(&room, sdev, bytes) != CUDA_SUCCESS)
+	if (hami_room_turn_now(&room, sdev, bytes) != CUDA_SUCCESS)
 		return 0;
 	uint64_t free_bytes;
 	return hami_fast_free_memory(sdev, &free_bytes) < 0 || free_bytes >= bytes;

@@ -45,7 +45,8 @@ static struct {
 	uint64_t bytes;
 } taken[HAMI_SLICE_MAX_DEVICES];
 static uint64_t last_open_ns;                 /* monotonic; written under open_lock, read without */
-static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t hami_ledger_open_lock = PTHREAD_MUTEX_INITIALIZER;
+#define open_lock hami_ledger_open_lock
 static int told_refused;
 
 /* "<folder of the broker's socket>/room.ledger" */
@@ -237,13 +238,13 @@ static int loose(int sdev, const struct hami_ledger_gpu *g, uint64_t bytes)
 	return g->free_bytes > keep && g->free_bytes - keep >= mine;
 }
 
-/* A context's or a resume's turn (rare, and large: the ledger is looked for at once). */
-CUresult hami_room_turn(struct hami_room *w, int sdev, uint64_t bytes)
+static CUresult room_turn(struct hami_room *w, int sdev, uint64_t bytes, int look_now)
 {
 	struct hami_slice_file *f = hami_slice();
 	struct hami_ledger_gpu g;
 	if (!bytes || !f || sdev < 0 || sdev >= HAMI_SLICE_MAX_DEVICES ||
-	    hami_ledger_gpu_now(f->device[sdev].uuid, &g) < 0 || loose(sdev, &g, bytes))
+	    (look_now ? hami_ledger_gpu_now : hami_ledger_gpu)(f->device[sdev].uuid, &g) < 0 ||
+	    loose(sdev, &g, bytes))
 		return CUDA_SUCCESS;
 	int within = hami_within_guarantee(sdev);
 	uint64_t free = UINT64_MAX;
@@ -259,4 +260,18 @@ CUresult hami_room_turn(struct hami_room *w, int sdev, uint64_t bytes)
 	if (!within && g.waiting && !hami_ledger_granted(&g, w->ticket))
 		snprintf(w->turn, sizeof(w->turn), "%s", why);
 	return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* An allocation's or a context's turn: the ledger as last looked for (at
+ * most once a second when there is none: these calls are many). */
+CUresult hami_room_turn(struct hami_room *w, int sdev, uint64_t bytes)
+{
+	return room_turn(w, sdev, bytes, 0);
+}
+
+/* A resume's turn (one every second at most, and GiBs at a time): an agent
+ * that started a moment ago is looked for at once. */
+CUresult hami_room_turn_now(struct hami_room *w, int sdev, uint64_t bytes)
+{
+	return room_turn(w, sdev, bytes, 1);
 }
