@@ -161,9 +161,10 @@ class Rooms:
         """The :class:`~.room.request.Request` of peer *pid* for *room*; Refused."""
         look = self.node.look(within=ADMIT_LOOK_S)
         found = self.node.process(pid, look.slices)
-        if found is not None and found[1].slot is None and time.time() - look.unix > 0.01 and self._may_look(pid, uid):
+        if found is not None and found[1].slot is None and self._may_look(pid, uid):
             # A process that just took its slot (its first wait: for its first
-            # context) is not in a look taken before: look again, once a while.
+            # context) is not in a look taken before, nor in one that read the
+            # slices just before, however recently it ended: look again, once a while.
             look = self.node.look(within=0)
             found = self.node.process(pid, look.slices)
         now = time.time()
