@@ -12,8 +12,7 @@
 #     (native/build-asan) and with ThreadSanitizer (native/build-tsan; the TSan
 #     runtime, Debian's libtsan2, is installed when missing and we may), and
 #     tests/native and tests/adversarial run against each build (less the SM
-#     share's timing tests, which only the release build measures; TSan also
-#     leaves out the simulator's own tests and the one-thread parsing tests).
+#     share's timing tests, which only the release build measures).
 # At the end each pass's summary is printed; the exit status is nonzero when
 # any pass failed (a failing pass never hides the ones after it).
 set -euo pipefail
@@ -81,14 +80,7 @@ tsan_pass() {
     fi
     rm -rf "$probe"
     make -C native -j"$jobs" BUILD=tsan all sim tools
-    # Races are where the library's threads meet; the simulator's own tests and
-    # the one-thread parsing tests (env, slice and limits files, sizes) have
-    # none to find, and the ASan pass runs them against a sanitizer already.
-    HAMI_TEST_BUILD=tsan run_pytest -m "not share_accuracy" tests/native tests/adversarial \
-        --ignore-glob='tests/native/test_sim_*.py' --ignore=tests/native/test_grammar.py \
-        --ignore=tests/native/test_config_errors.py --ignore=tests/native/test_size_overflow.py \
-        --ignore=tests/native/test_slice_file_errors.py --ignore=tests/native/test_limits_file.py \
-        --ignore=tests/adversarial/test_env_fuzz.py --ignore=tests/adversarial/test_corrupt_slices.py
+    HAMI_TEST_BUILD=tsan run_pytest -m "not share_accuracy" tests/native tests/adversarial
 }
 
 if [ "$#" -eq 0 ]; then
