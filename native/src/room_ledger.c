@@ -149,18 +149,7 @@ static int copy_gpu(const struct hami_ledger_gpu *src, struct hami_ledger_gpu *o
 	return -1; /* a writer that keeps writing: not believed this time */
 }
 
-static int ledger_gpu(const struct hami_room_ledger *l, const char *uuid, struct hami_ledger_gpu *out);
-
-int hami_ledger_gpu(const char *uuid, struct hami_ledger_gpu *out)
-{
-	return ledger_gpu(current(), uuid, out);
-}
-
-int hami_ledger_gpu_now(const char *uuid, struct hami_ledger_gpu *out)
-{
-	return ledger_gpu(look_up(1), uuid, out);
-}
-
+/* GPU uuid's entry of ledger l (NULL: none believed): 0, or -1. */
 static int ledger_gpu(const struct hami_room_ledger *l, const char *uuid, struct hami_ledger_gpu *out)
 {
 	if (!l || !uuid || !uuid[0])
@@ -174,6 +163,17 @@ static int ledger_gpu(const struct hami_room_ledger *l, const char *uuid, struct
 	}
 	return -1;
 }
+
+int hami_ledger_gpu(const char *uuid, struct hami_ledger_gpu *out)
+{
+	return ledger_gpu(current(), uuid, out);
+}
+
+int hami_ledger_gpu_now(const char *uuid, struct hami_ledger_gpu *out)
+{
+	return ledger_gpu(look_up(1), uuid, out);
+}
+
 
 /* The slice's use on sdev is within its guarantee (the limit when none is set). */
 int hami_within_guarantee(int sdev)
